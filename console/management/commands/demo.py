@@ -1,0 +1,289 @@
+"""`python manage.py demo`: the whole system on one machine, on its embedded default."""
+
+import json
+import os
+import secrets
+import signal
+import sys
+import time
+from pathlib import Path
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+from django.db import close_old_connections
+
+from console import actions as console_actions
+from console import roles
+from console.models import ApiToken
+from console.stack import Child, StackError, Supervisor, port_in_use, python, start_embedded_redis, wait_http
+from recovery import actions
+from recovery.choices import NodeState, Tier
+from recovery.models import ApiKey, Node, key_digest
+from workers import catalog
+
+STOP_ORDER = ["traffic", "gateway"]  # stop the load first; nodes next (they deregister), servers last
+
+
+class Command(BaseCommand):
+    help = "Start Lifeline on this machine: Redis, web, Celery worker and beat, gateway, emulated nodes and traffic."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--host", default="127.0.0.1", help="address every server binds (default: loopback only)")
+        parser.add_argument("--port", type=int, default=8000, help="console (web) port")
+        parser.add_argument("--gateway-port", type=int, default=8100, help="gateway port")
+        parser.add_argument("--nodes", type=int, default=8, help="emulated serving nodes to start")
+        parser.add_argument("--racks", type=int, default=2)
+        parser.add_argument("--model", default="Qwen3-32B", choices=sorted(catalog.MODELS))
+        parser.add_argument("--gpus", default="H100-SXM,H200-SXM", help="GPU type per rack, cycled (catalog keys)")
+        parser.add_argument("--tp", type=int, default=2, choices=catalog.TP_DEGREES, help="tensor-parallel degree of each node")
+        parser.add_argument("--no-traffic", action="store_true", help="do not start the traffic generator")
+        parser.add_argument("--rate", type=float, default=2.0, help="traffic: mean requests per second")
+        parser.add_argument("--time-scale", type=float, default=1.0, help="multiplies emulated GPU time; 1 is real time")
+        parser.add_argument("--restart-delay", type=float, default=10.0, help="seconds before a node that died is started again; negative: never")
+        parser.add_argument("--worker-concurrency", type=int, default=2)
+
+    def handle(self, *args, **opts):
+        self.opts = opts
+        self._check(opts)
+        var_dir = settings.VAR_DIR
+        var_dir.mkdir(parents=True, exist_ok=True)
+        self.demo_file = var_dir / "demo.json"
+        self.supervisor = Supervisor(var_dir / "log")
+        self.stopping = False
+        signal.signal(signal.SIGINT, self._on_signal)
+        signal.signal(signal.SIGTERM, self._on_signal)
+        try:
+            self._run(opts, var_dir)
+        except StackError as exc:
+            raise CommandError(str(exc)) from None
+        except KeyboardInterrupt:
+            pass
+        finally:
+            self.stdout.write("Stopping Lifeline…")
+            node_names = [n for n in self.supervisor.children if n.startswith("node-")]
+            self.supervisor.stop(order=STOP_ORDER + node_names)
+            close_old_connections()
+            self.stdout.write("Stopped: no process left running.")
+
+    def _on_signal(self, signum, frame):
+        if self.stopping:
+            return
+        self.stopping = True
+        raise KeyboardInterrupt
+
+    def _check(self, opts):
+        if opts["nodes"] < 0 or opts["racks"] < 1:
+            raise CommandError("--nodes must be 0 or more and --racks at least 1")
+        if opts["time_scale"] <= 0:
+            raise CommandError("--time-scale must be positive")
+        gpus = [g.strip() for g in opts["gpus"].split(",") if g.strip()]
+        for gpu in gpus:
+            try:
+                catalog.Deployment.of(opts["model"], gpu, opts["tp"])
+            except catalog.CatalogError as exc:
+                raise CommandError(f"--gpus/--tp: {exc}") from None
+        opts["gpu_list"] = gpus
+        for port, option in ((opts["port"], "--port"), (opts["gateway_port"], "--gateway-port")):
+            if port_in_use(opts["host"], port):
+                raise CommandError(
+                    f"port {port} on {opts['host']} is in use (another Lifeline, or another server): "
+                    f"stop it, or choose another port with {option}"
+                )
+
+    # ------------------------------------------------------------------------------------
+    def _run(self, opts, var_dir: Path):
+        host = opts["host"]
+        started = time.monotonic()
+        redis_url = settings.REDIS_URL
+        if redis_url:
+            self.stdout.write(f"Using the Redis at REDIS_URL ({_redact(redis_url)}).")
+        else:
+            redis_url = start_embedded_redis(self.supervisor, var_dir / "redis")
+            settings.REDIS_URL = redis_url  # this process publishes keys and routing too
+            self.stdout.write(f"Started an embedded Redis at {redis_url}.")
+        self.stdout.write(f"Database: {_describe_db()}; migrating…")
+        call_command("migrate", interactive=False, verbosity=0)
+
+        previous = _read_json(self.demo_file)
+        logins = self._demo_users(previous)
+        api_token = self._api_token(previous)
+        gateway_key = self._gateway_key(previous)
+        node_token = settings.LIFELINE_NODE_TOKEN or previous.get("node_token") or secrets.token_urlsafe(24)
+        actions.sync_hot_state()
+
+        web_url = f"http://{host}:{opts['port']}"
+        gateway_url = f"http://{host}:{opts['gateway_port']}"
+        env = self._child_env(redis_url, node_token)
+        web = self.supervisor.spawn(
+            Child("web", [python(), "-m", "daphne", "-b", host, "-p", str(opts["port"]), "-v", "0", "console.asgi:application"], env, restart_delay_s=2)
+        )
+        worker = [python(), "-m", "celery", "-A", "console", "worker", "-l", "INFO", "-c", str(opts["worker_concurrency"]),
+                  "-n", f"worker-{settings.LIFELINE_NAMESPACE}@%h", "--without-gossip", "--without-mingle"]
+        self.supervisor.spawn(Child("worker", worker, env, restart_delay_s=2))
+        self.supervisor.spawn(Child("beat", [python(), "-m", "celery", "-A", "console", "beat", "-l", "INFO", "--pidfile="], env, restart_delay_s=2))
+        gateway = self.supervisor.spawn(
+            Child("gateway", [python(), "manage.py", "gateway", "--host", host, "--port", str(opts["gateway_port"])], env, restart_delay_s=2)
+        )
+        wait_http(f"{web_url}/healthz", 60, web, self.supervisor)
+        wait_http(f"{gateway_url}/healthz", 60, gateway, self.supervisor)
+
+        restart = opts["restart_delay"] if opts["restart_delay"] >= 0 else None
+        for i in range(opts["nodes"]):
+            rack_index = i * opts["racks"] // max(opts["nodes"], 1)
+            argv = [
+                python(), "-m", "workers.node", "--name", f"node-{i + 1:02d}", "--rack", f"rack-{chr(ord('a') + rack_index)}",
+                "--model", opts["model"], "--gpu", opts["gpu_list"][rack_index % len(opts["gpu_list"])], "--tp", str(opts["tp"]),
+                "--host", host, "--port", "0", "--control-url", web_url, "--time-scale", str(opts["time_scale"]),
+            ]
+            self.supervisor.spawn(Child(f"node-{i + 1:02d}", argv, env, restart_delay_s=restart))
+        self._wait_nodes_serving(opts["nodes"], 60)
+
+        if not opts["no_traffic"]:
+            traffic_env = {**env, "LIFELINE_GATEWAY_KEY": gateway_key}
+            argv = [python(), "-m", "workers.traffic", "--gateway", gateway_url, "--model", opts["model"], "--rate", str(opts["rate"])]
+            self.supervisor.spawn(Child("traffic", argv, traffic_env, restart_delay_s=5))
+
+        self.info = {
+            "urls": {
+                "console": f"{web_url}/",
+                "cluster": f"{web_url}/cluster/",
+                "api_cluster": f"{web_url}/api/cluster",
+                "admin": f"{web_url}/admin/",
+                "gateway": f"{gateway_url}/v1",
+            },
+            "logins": logins,
+            "api_token": api_token,
+            "api_token_user": "admin",
+            "gateway_key": gateway_key,
+            "node_token": node_token,
+            "redis_url": redis_url,
+            "database": _describe_db(),
+            "log_dir": str(self.supervisor.log_dir),
+            "traffic": None if opts["no_traffic"] else {"rate": opts["rate"]},
+        }
+        self._write_info()
+        self._banner(time.monotonic() - started)
+        while True:
+            time.sleep(0.5)
+            restarted = self.supervisor.poll()
+            if restarted:
+                for child in restarted:
+                    self.stdout.write(f"restarted {child.name} (pid {child.pid})")
+                self._write_info()
+
+    def _child_env(self, redis_url: str, node_token: str) -> dict:
+        env = dict(os.environ)
+        env.update(
+            {
+                "DJANGO_SETTINGS_MODULE": "console.settings",
+                "REDIS_URL": redis_url,
+                "LIFELINE_VAR_DIR": str(settings.VAR_DIR),
+                "LIFELINE_NAMESPACE": settings.LIFELINE_NAMESPACE,
+                "LIFELINE_NODE_TOKEN": node_token,
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        return env
+
+    def _wait_nodes_serving(self, count: int, timeout_s: float):
+        names = [n for n in self.supervisor.children if n.startswith("node-")]
+        deadline = time.monotonic() + timeout_s
+        while True:
+            serving = set(Node.objects.filter(name__in=names, state=NodeState.SERVING).values_list("name", flat=True))
+            if len(serving) >= count:
+                return
+            for name in names:
+                if self.supervisor.exited(name):
+                    raise StackError(f"{name} exited while starting: see {self.supervisor.children[name].log_path}")
+            if time.monotonic() > deadline:
+                missing = sorted(set(names) - serving)
+                raise StackError(f"nodes not serving after {timeout_s:.0f} s: {', '.join(missing)}; see {self.supervisor.log_dir}")
+            time.sleep(0.2)
+
+    def _nodes_info(self) -> list[dict]:
+        rows = {n.name: n for n in Node.objects.select_related("rack")}
+        info = []
+        for name, child in self.supervisor.children.items():
+            if not name.startswith("node-"):
+                continue
+            node = rows.get(name)
+            info.append(
+                {"name": name, "pid": child.pid, "address": node.address if node else None, "rack": node.rack.name if node else None, "command": child.argv}
+            )
+        return info
+
+    def _write_info(self):
+        info = dict(self.info)
+        info["nodes"] = self._nodes_info()
+        info["pids"] = {name: child.pid for name, child in self.supervisor.children.items()}
+        tmp = self.demo_file.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it holds passwords and tokens
+        with os.fdopen(fd, "w") as handle:
+            json.dump(info, handle, indent=2)
+        os.replace(tmp, self.demo_file)
+
+    def _banner(self, took_s: float):
+        urls = self.info["urls"]
+        logins = "   ".join(f"{item['username']} / {item['password']}" for item in self.info["logins"])
+        traffic = "off" if self.opts["no_traffic"] else f"{self.opts['rate']:g} req/s"
+        lines = [
+            "",
+            f"Lifeline is running ({took_s:.0f} s to start).",
+            f"  Console   {urls['cluster']}",
+            f"  Logins    {logins}",
+            f"  API       {urls['api_cluster']}    Authorization: Bearer {self.info['api_token']}",
+            f"  Gateway   {urls['gateway']}    Authorization: Bearer {self.info['gateway_key']}",
+            f"  Nodes     {self.opts['nodes']} emulated {self.opts['model']} nodes in {self.opts['racks']} racks; traffic {traffic}",
+            f"  Details   {self.demo_file}    logs in {self.supervisor.log_dir}",
+            "Press Ctrl-C to stop.",
+            "",
+        ]
+        self.stdout.write("\n".join(lines))
+        sys.stdout.flush()
+
+    # --- demo accounts -------------------------------------------------------------------
+    def _demo_users(self, previous: dict) -> list[dict]:
+        known = {item["username"]: item["password"] for item in previous.get("logins", []) if "username" in item}
+        logins = []
+        for role in roles.ROLES:
+            password = known.get(role) or f"{role}-{secrets.token_urlsafe(6)}"
+            console_actions.set_user_role(role, role, password=password)
+            logins.append({"role": role, "username": role, "password": password})
+        return logins
+
+    def _api_token(self, previous: dict) -> str:
+        token = previous.get("api_token")
+        if token and ApiToken.authenticate(token) is not None:
+            return token
+        _, token = ApiToken.issue(get_user_model().objects.get(username="admin"), "demo")
+        return token
+
+    def _gateway_key(self, previous: dict) -> str:
+        key = previous.get("gateway_key")
+        if key and ApiKey.objects.filter(digest=key_digest(key), revoked_at__isnull=True).exists():
+            return key
+        _, key = actions.create_api_key("demo", Tier.STANDARD, "demo traffic")
+        return key
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _describe_db() -> str:
+    db = settings.DATABASES["default"]
+    if db["ENGINE"].endswith("sqlite3"):
+        return f"SQLite at {db['NAME']}"
+    return f"PostgreSQL {db['NAME']} at {db['HOST']}:{db['PORT']}"
+
+
+def _redact(url: str) -> str:
+    if "@" in url:
+        scheme, _, rest = url.partition("://")
+        return f"{scheme}://***@{rest.split('@', 1)[1]}"
+    return url

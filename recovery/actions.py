@@ -1,0 +1,267 @@
+"""State changes of the control plane. Every node lifecycle step goes through
+`transition_node`, which claims the change with a conditional update, writes
+the transition row, and publishes after the transaction commits.
+"""
+
+import datetime as dt
+import logging
+import time
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from recovery import events, hot
+from recovery.choices import NodeState
+from recovery.models import ApiKey, Cluster, Gpu, Node, NodeTransition, Rack, key_digest
+from recovery.policy import lifecycle
+from workers import catalog
+from workers.protocol import Heartbeat, ProtocolError, Registration
+
+log = logging.getLogger(__name__)
+
+
+class UnknownNode(LookupError):
+    def __init__(self, name: str):
+        super().__init__(f"unknown node {name!r}: it must register first (POST /api/nodes/register)")
+
+
+class ClosedSession(Exception):
+    """A heartbeat or registration for a session the control plane has closed."""
+
+
+def _epoch(ts: float) -> dt.datetime:
+    return dt.datetime.fromtimestamp(ts, tz=dt.UTC)
+
+
+def transition_node(
+    node: Node,
+    new_state: str,
+    cause: str,
+    *,
+    actor: str = "system",
+    new_session: str | None = None,
+    now: dt.datetime | None = None,
+    **fields,
+) -> bool:
+    """Move `node` to `new_state` if nobody else moved it first.
+
+    Returns False (and changes nothing) when the row is no longer in the
+    state and session this caller saw. Extra `fields` are saved with the
+    change. Publishes the change once the surrounding transaction commits.
+    """
+    lifecycle.check(node.state, new_state, new_session is not None)
+    now = now or timezone.now()
+    updates = {"state": new_state, "state_changed_at": now, **fields}
+    if new_session is not None:
+        updates["session"] = new_session
+    with transaction.atomic():
+        claimed = Node.objects.filter(pk=node.pk, state=node.state, session=node.session).update(**updates)
+        if not claimed:
+            return False
+        NodeTransition.objects.create(
+            node=node,
+            session=new_session or node.session,
+            old_state=node.state,
+            new_state=new_state,
+            at=now,
+            cause=cause,
+            actor=actor,
+        )
+        for name, value in updates.items():
+            setattr(node, name, value)
+        transaction.on_commit(lambda: _after_state_change(node))
+    log.info("node %s -> %s: %s", node.name, new_state, cause)
+    return True
+
+
+def _after_state_change(node: Node) -> None:
+    hot.record_node(node.name, node.session, node.state, node.address, watch=node.state in lifecycle.ALIVE)
+    publish_routing()
+    events.node_changed(node.pk)
+
+
+def routing_entries() -> dict[str, dict]:
+    """The routing table gateways use: the nodes that may take traffic now."""
+    rows = Node.objects.filter(state=NodeState.SERVING).select_related("rack").order_by("name")
+    return {
+        n.name: {"address": n.address, "model": n.model_key, "rack": n.rack.name, "weight": 1.0, "session": n.session}
+        for n in rows
+    }
+
+
+def publish_routing() -> None:
+    hot.publish_routing(routing_entries())
+
+
+# --- registration and heartbeats ---------------------------------------------------
+def register_node(reg: Registration) -> Node:
+    """Register a node session. A known name keeps its row and history."""
+    deployment = _deployment(reg)
+    now = timezone.now()
+    with transaction.atomic():
+        cluster = Cluster.default()
+        rack, _ = Rack.objects.get_or_create(cluster=cluster, name=reg.rack)
+        details = {
+            "rack": rack,
+            "address": reg.address,
+            "host": reg.host,
+            "pid": reg.pid,
+            "model_key": deployment.model.key,
+            "gpu_key": deployment.gpu.key,
+            "tp": reg.tp,
+            "engine": reg.engine,
+            "capabilities": list(reg.capabilities),
+            "last_seen_at": now,
+        }
+        node = Node.objects.select_for_update().filter(name=reg.name).first()
+        if node is None:
+            node = Node.objects.create(
+                cluster=cluster, name=reg.name, session=reg.session, state=NodeState.JOIN,
+                registered_at=now, session_started_at=now, state_changed_at=now, **details,
+            )
+            NodeTransition.objects.create(
+                node=node, session=reg.session, old_state="", new_state=NodeState.JOIN, at=now,
+                cause=f"first registration from {reg.address} (pid {reg.pid} on {reg.host})",
+            )
+            transaction.on_commit(lambda: _after_state_change(node))
+        elif node.session == reg.session:
+            if node.state not in lifecycle.ALIVE:
+                raise ClosedSession(
+                    f"session {reg.session[:8]} of {reg.name} was closed when the node went {node.state} "
+                    f"at {node.state_changed_at:%H:%M:%S}; register again with a new session"
+                )
+            # The same session again (its first answer was lost): refresh the details only.
+            Node.objects.filter(pk=node.pk).update(**details)
+            transaction.on_commit(lambda: _after_state_change(node))
+        else:
+            moved = f"; address {node.address} -> {reg.address}" if node.address != reg.address else ""
+            cause = f"new session {reg.session[:8]} registered (pid {reg.pid} on {reg.host}), replacing {node.session[:8]} which was {node.state}{moved}"
+            transition_node(node, NodeState.JOIN, cause, new_session=reg.session, now=now, session_started_at=now, **details)
+        _replace_gpus(node, reg)
+    node.refresh_from_db()
+    return node
+
+
+def _deployment(reg: Registration) -> catalog.Deployment:
+    try:
+        model = catalog.model(reg.model)
+    except catalog.CatalogError as exc:
+        raise ProtocolError("model", str(exc)) from None
+    try:
+        gpu = catalog.gpu(reg.gpu)
+    except catalog.CatalogError as exc:
+        raise ProtocolError("gpu", str(exc)) from None
+    try:
+        return catalog.Deployment(model, gpu, reg.tp)
+    except catalog.CatalogError as exc:
+        raise ProtocolError("tp", str(exc)) from None
+
+
+def _replace_gpus(node: Node, reg: Registration) -> None:
+    seen = set()
+    for g in reg.gpus:
+        Gpu.objects.update_or_create(node=node, index=g.index, defaults={"uuid": g.uuid, "name": g.name, "memory_bytes": g.memory_bytes})
+        seen.add(g.index)
+    node.gpus.exclude(index__in=seen).delete()
+
+
+def record_heartbeat(name: str, beat: Heartbeat) -> str:
+    """Note a heartbeat; the first one that reports the model ready makes the node SERVING.
+
+    Returns the node's state after the beat.
+    """
+    now = time.time()
+    entry = hot.node(name)
+    if entry is None or "session" not in entry:
+        # Redis lost the node (restarted, flushed): rebuild its entry from the database.
+        node = Node.objects.filter(name=name).first()
+        if node is None:
+            raise UnknownNode(name)
+        hot.record_node(node.name, node.session, node.state, node.address, watch=node.state in lifecycle.ALIVE)
+        entry = {"session": node.session, "state": node.state}
+    if entry["session"] != beat.session:
+        raise ClosedSession(f"session {beat.session[:8]} is not the current session of {name} ({entry['session'][:8]}): register again")
+    if entry["state"] not in lifecycle.ALIVE:
+        raise ClosedSession(f"{name} was marked {entry['state']}; its session is closed: register again with a new session")
+    load = beat.load
+    hot.heartbeat(name, now, beat.model_state, vars(load))
+    state = entry["state"]
+    if state == NodeState.JOIN and beat.model_state == "serving":
+        node = Node.objects.get(name=name)
+        if node.session == beat.session and transition_node(
+            node, NodeState.SERVING, "model loaded: heartbeat reports serving", last_seen_at=_epoch(now)
+        ):
+            state = NodeState.SERVING
+    events.node_load(
+        name,
+        {"running": load.running, "waiting": load.waiting, "kv_used": load.kv_blocks_used, "kv_total": load.kv_blocks_total,
+         "step_ms": load.step_ms, "model_state": beat.model_state, "at": now},
+    )
+    return state
+
+
+def deregister_node(name: str, session: str, reason: str) -> Node:
+    node = Node.objects.filter(name=name).first()
+    if node is None:
+        raise UnknownNode(name)
+    if node.session != session:
+        raise ClosedSession(f"session {session[:8]} is not the current session of {name}: nothing to deregister")
+    if node.state != NodeState.LEFT:
+        transition_node(node, NodeState.LEFT, f"node left: {reason}", last_seen_at=timezone.now())
+    return node
+
+
+def mark_silent_nodes_down() -> list[str]:
+    """DOWN for every JOIN or SERVING node whose heartbeats stopped longer than the allowed miss."""
+    miss = settings.LIFELINE_HEARTBEAT_MISS_S
+    now = time.time()
+    downed = []
+    for name, _ in hot.silent_nodes(now - miss):
+        seen = hot.last_seen(name)  # re-read: a beat may have landed since the scan
+        if seen is None or not lifecycle.is_silent(seen, now, miss):
+            continue
+        node = Node.objects.filter(name=name).first()
+        if node is None or node.state not in lifecycle.ALIVE:
+            hot.unwatch(name)
+            continue
+        cause = f"no heartbeat for {now - seen:.1f} s (allowed {miss:g} s); last at {_epoch(seen):%H:%M:%S.%f}"[:-3] + " UTC"
+        if transition_node(node, NodeState.DOWN, cause, last_seen_at=_epoch(seen)):
+            downed.append(name)
+    return downed
+
+
+def mark_long_down_nodes_left() -> list[str]:
+    """LEFT for nodes DOWN longer than LIFELINE_LEFT_AFTER_S: they are not coming back on their own."""
+    after = settings.LIFELINE_LEFT_AFTER_S
+    cutoff = timezone.now() - dt.timedelta(seconds=after)
+    left = []
+    for node in Node.objects.filter(state=NodeState.DOWN, state_changed_at__lt=cutoff):
+        if transition_node(node, NodeState.LEFT, f"down for more than {after:g} s"):
+            left.append(node.name)
+    return left
+
+
+# --- gateway keys ------------------------------------------------------------------
+def create_api_key(tenant: str, tier: str, label: str = "", created_by=None) -> tuple[ApiKey, str]:
+    """A new gateway key; the secret is returned once and only its digest is kept."""
+    secret = ApiKey.new_secret()
+    with transaction.atomic():
+        row = ApiKey.objects.create(
+            tenant=tenant, tier=tier, label=label, prefix=secret[:12], digest=key_digest(secret), created_by=created_by
+        )
+        transaction.on_commit(publish_gateway_keys)
+    return row, secret
+
+
+def publish_gateway_keys() -> None:
+    rows = ApiKey.objects.filter(revoked_at__isnull=True)
+    hot.publish_gateway_keys({k.digest: {"id": k.pk, "tenant": k.tenant, "tier": k.tier} for k in rows})
+
+
+def sync_hot_state() -> None:
+    """Rebuild what Redis holds from the database (after a Redis restart, say)."""
+    for node in Node.objects.all():
+        hot.record_node(node.name, node.session, node.state, node.address, watch=node.state in lifecycle.ALIVE)
+    publish_routing()
+    publish_gateway_keys()

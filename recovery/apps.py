@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class RecoveryConfig(AppConfig):
+    name = "recovery"
+    verbose_name = "Lifeline control plane"

@@ -1,0 +1,1 @@
+"""The gateway: Lifeline's OpenAI-compatible front door (async, no ORM)."""

@@ -1,0 +1,121 @@
+"""Hot state in Redis: heartbeats and load, the routing table, gateway keys.
+
+The database is the system of record; Redis holds what changes every second
+and what the gateway reads without touching the database. Everything here can
+be rebuilt from the database (`sync_hot_state`) except the latest loads,
+which the next heartbeats bring back.
+"""
+
+import json
+import os
+import time
+
+import redis
+from django.conf import settings
+
+from recovery.keys import Keys
+
+
+class RedisNotConfigured(RuntimeError):
+    pass
+
+
+_client: redis.Redis | None = None
+_client_pid: int | None = None
+
+
+def client() -> redis.Redis:
+    """A Redis client for this process (a forked Celery child gets its own)."""
+    global _client, _client_pid
+    if _client is None or _client_pid != os.getpid():
+        if not settings.REDIS_URL:
+            raise RedisNotConfigured(
+                "REDIS_URL is not set: start the embedded default with `python manage.py demo`, "
+                "or set REDIS_URL=redis://host:6379/0"
+            )
+        _client = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True, socket_timeout=5, health_check_interval=30)
+        _client_pid = os.getpid()
+    return _client
+
+
+def keys() -> Keys:
+    return Keys(settings.LIFELINE_NAMESPACE)
+
+LOAD_FIELDS = ("running", "waiting", "kv_blocks_used", "kv_blocks_total", "step_ms", "tokens_per_s")
+
+
+# --- nodes -------------------------------------------------------------------
+def record_node(name: str, session: str, state: str, address: str, watch: bool) -> None:
+    """Mirror a node's identity and state; `watch` puts it under heartbeat watch."""
+    r = client()
+    pipe = r.pipeline()
+    pipe.hset(keys().node(name), mapping={"session": session, "state": state, "address": address})
+    if watch:
+        # A node just registered counts as seen now, so it has the full miss window to send its first beat.
+        pipe.zadd(keys().heartbeats, {name: time.time()}, nx=True)
+    else:
+        pipe.zrem(keys().heartbeats, name)
+    pipe.execute()
+
+
+def unwatch(name: str) -> None:
+    client().zrem(keys().heartbeats, name)
+
+
+def node(name: str) -> dict | None:
+    data = client().hgetall(keys().node(name))
+    return data or None
+
+
+def nodes(names: list[str]) -> dict[str, dict]:
+    if not names:
+        return {}
+    pipe = client().pipeline()
+    for name in names:
+        pipe.hgetall(keys().node(name))
+    return {name: data for name, data in zip(names, pipe.execute()) if data}
+
+
+def heartbeat(name: str, now: float, model_state: str, load: dict) -> None:
+    pipe = client().pipeline()
+    fields = {"last_seen": now, "model_state": model_state}
+    fields.update({f: load[f] for f in LOAD_FIELDS if f in load})
+    pipe.hset(keys().node(name), mapping=fields)
+    pipe.zadd(keys().heartbeats, {name: now}, xx=True)
+    pipe.execute()
+
+
+def silent_nodes(cutoff: float) -> list[tuple[str, float]]:
+    """Watched nodes whose last heartbeat is older than `cutoff` (epoch seconds)."""
+    return client().zrangebyscore(keys().heartbeats, "-inf", cutoff, withscores=True)
+
+
+def last_seen(name: str) -> float | None:
+    return client().zscore(keys().heartbeats, name)
+
+
+# --- routing table --------------------------------------------------------------
+def publish_routing(entries: dict[str, dict]) -> None:
+    """Replace the routing table gateways read, and tell them it changed."""
+    r = client()
+    pipe = r.pipeline()
+    pipe.delete(keys().routing)
+    if entries:
+        pipe.hset(keys().routing, mapping={name: json.dumps(entry) for name, entry in entries.items()})
+    pipe.publish(keys().routing_changed, str(time.time()))
+    pipe.execute()
+
+
+def routing_table() -> dict[str, dict]:
+    return {name: json.loads(raw) for name, raw in client().hgetall(keys().routing).items()}
+
+
+# --- gateway keys ------------------------------------------------------------------
+def publish_gateway_keys(entries: dict[str, dict]) -> None:
+    """Replace the set of valid gateway keys (digest -> tenant and tier)."""
+    pipe = client().pipeline()
+    pipe.delete(keys().gateway_keys)
+    if entries:
+        pipe.hset(keys().gateway_keys, mapping={digest: json.dumps(info) for digest, info in entries.items()})
+    pipe.publish(keys().routing_changed, str(time.time()))
+    pipe.execute()

@@ -1,0 +1,83 @@
+import os
+import secrets
+import sys
+
+import pytest
+
+from console.stack import free_port
+from tests.helpers import BASE_DIR, DemoStack, NodeProcess
+
+ROLE_PASSWORD = "correct-horse-{}"
+
+
+@pytest.fixture
+def cast(db):
+    """One user per role: operator, oncall, manager, admin (password: correct-horse-<role>)."""
+    from console import roles
+    from console.actions import set_user_role
+
+    return {role: set_user_role(role, role, password=ROLE_PASSWORD.format(role)) for role in roles.ROLES}
+
+
+@pytest.fixture
+def node_factory(tmp_path):
+    """Start real node processes; every one is stopped at the end of the test."""
+    started = []
+
+    def start(name: str, *extra: str, env: dict | None = None) -> NodeProcess:
+        node = NodeProcess(name, *extra, env=env, log_dir=tmp_path).start()
+        started.append(node)
+        return node
+
+    yield start
+    for node in started:
+        node.stop()
+
+
+@pytest.fixture(scope="session")
+def e2e_database_url(tmp_path_factory):
+    """A database of its own for the processes a stack starts: PostgreSQL when the suite uses it."""
+    url = os.environ.get("DATABASE_URL", "")
+    if not url.startswith(("postgres://", "postgresql://")):
+        yield f"sqlite:///{tmp_path_factory.mktemp('e2e-db') / 'lifeline.sqlite3'}"
+        return
+    import psycopg
+    from psycopg import sql
+
+    from console import env
+
+    params = env.database("DATABASE_URL", BASE_DIR)
+    name = f"lifeline_e2e_{secrets.token_hex(4)}"
+    admin = dict(host=params["HOST"], port=params["PORT"], user=params["USER"] or None, password=params["PASSWORD"] or None, dbname="postgres", autocommit=True)
+    with psycopg.connect(**admin) as connection:
+        connection.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    yield url.rsplit("/", 1)[0] + "/" + name
+    with psycopg.connect(**admin) as connection:
+        connection.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def demo_argv(*extra: str) -> list[str]:
+    return [sys.executable, "manage.py", "demo", *extra]
+
+
+def demo_env(var_dir, database_url: str, suffix: str) -> dict:
+    return {
+        **os.environ,
+        "DATABASE_URL": database_url,
+        "LIFELINE_VAR_DIR": str(var_dir),
+        "LIFELINE_NAMESPACE": f"{os.environ['LIFELINE_NAMESPACE']}-{suffix}",
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+@pytest.fixture(scope="session")
+def demo_stack(tmp_path_factory, e2e_database_url):
+    """The whole system as `manage.py demo` starts it: web, Celery worker and beat, gateway, 3 nodes."""
+    var_dir = tmp_path_factory.mktemp("stack")
+    argv = demo_argv(
+        "--nodes", "3", "--no-traffic", "--port", str(free_port()), "--gateway-port", str(free_port()),
+        "--restart-delay", "6", "--worker-concurrency", "1",
+    )
+    stack = DemoStack(var_dir, demo_env(var_dir, e2e_database_url, "e2e"), argv).start()
+    yield stack
+    stack.stop()

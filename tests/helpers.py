@@ -1,0 +1,156 @@
+"""Real processes for the tests: serving nodes and whole Lifeline stacks."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+class NodeProcess:
+    """A `python -m workers.node` process; its address comes from its first output line."""
+
+    def __init__(self, name: str, *extra: str, env: dict | None = None, log_dir: Path | None = None):
+        self.name = name
+        self.argv = [sys.executable, "-m", "workers.node", "--name", name, "--port", "0", *extra]
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.log_dir = log_dir
+        self.proc: subprocess.Popen | None = None
+        self.address: str | None = None
+
+    def start(self, timeout_s: float = 20) -> "NodeProcess":
+        stderr = open(self.log_dir / f"{self.name}.log", "ab") if self.log_dir else subprocess.DEVNULL
+        self.proc = subprocess.Popen(self.argv, cwd=BASE_DIR, env=self.env, stdout=subprocess.PIPE, stderr=stderr, text=True)
+        deadline = time.monotonic() + timeout_s
+        line = self.proc.stdout.readline()
+        if not line or time.monotonic() > deadline:
+            raise RuntimeError(f"node {self.name} did not start (exit code {self.proc.poll()})")
+        info = json.loads(line)
+        self.address = info["address"]
+        return self
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def kill(self, signum: int = signal.SIGKILL) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signum)
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        self.kill(signal.SIGTERM)
+        if self.proc and self.proc.stdout:
+            self.proc.stdout.close()
+
+
+def http_json(url: str, *, data=None, headers: dict | None = None, method: str | None = None, timeout: float = 10) -> tuple[int, dict]:
+    body = json.dumps(data).encode() if data is not None else None
+    request = urllib.request.Request(url, data=body, method=method, headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+
+
+def wait_for(predicate, timeout_s: float, interval_s: float = 0.1, message: str = "condition"):
+    """Poll `predicate` until it returns something truthy; return that, or fail after the timeout."""
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {message} (last: {last!r})")
+
+
+@dataclass
+class DemoStack:
+    """`manage.py demo` run as a subprocess, with its own database and var dir."""
+
+    var_dir: Path
+    env: dict
+    argv: list[str]
+    proc: subprocess.Popen | None = None
+    info: dict = field(default_factory=dict)
+
+    def start(self, timeout_s: float = 120) -> "DemoStack":
+        self.var_dir.mkdir(parents=True, exist_ok=True)
+        self.output = open(self.var_dir / "demo.out", "wb")
+        self.proc = subprocess.Popen(self.argv, cwd=BASE_DIR, env=self.env, stdout=self.output, stderr=subprocess.STDOUT, start_new_session=True)
+        info_file = self.var_dir / "demo.json"
+        deadline = time.monotonic() + timeout_s
+        while not info_file.exists():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"demo exited with {self.proc.returncode}:\n{self.log()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"demo did not start in {timeout_s} s:\n{self.log()}")
+            time.sleep(0.2)
+        self.refresh()
+        return self
+
+    def refresh(self) -> dict:
+        self.info = json.loads((self.var_dir / "demo.json").read_text())
+        return self.info
+
+    def log(self) -> str:
+        return (self.var_dir / "demo.out").read_text(errors="replace")[-4000:]
+
+    def api(self, path: str) -> tuple[int, dict]:
+        base = self.info["urls"]["console"].rstrip("/")
+        return http_json(base + path, headers={"Authorization": f"Bearer {self.info['api_token']}"})
+
+    def node(self, name: str) -> dict:
+        status, body = self.api("/api/cluster")
+        assert status == 200, body
+        return next(n for n in body["nodes"] if n["name"] == name)
+
+    def stop(self, timeout_s: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.output.close()
+        return self.proc.returncode
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie is dead for our purposes.
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Pids of live processes whose command line or environment mentions `text`."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            blob = (entry / "cmdline").read_bytes() + (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if text.encode() in blob and pid_alive(int(entry.name)):
+            pids.append(int(entry.name))
+    return pids

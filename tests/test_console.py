@@ -1,0 +1,158 @@
+"""The cluster page, /api/cluster, API tokens and roles."""
+
+import io
+import uuid
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from console.models import ApiToken
+from recovery import actions
+from tests.conftest import ROLE_PASSWORD
+from workers.protocol import Heartbeat, Load, Registration
+
+pytestmark = pytest.mark.django_db
+
+
+def make_node(name, rack="rack-a", serving=True):
+    reg = Registration.parse({
+        "name": name, "session": uuid.uuid4().hex, "address": f"http://10.1.0.{len(name)}:8201", "rack": rack,
+        "model": "Qwen3-32B", "gpu": "H200-SXM", "tp": 2, "pid": 1000 + len(name), "host": "h",
+        "gpus": [{"index": i, "uuid": f"GPU-{name}-{i}", "name": "NVIDIA H200", "memory_bytes": 141 * 10**9} for i in range(2)],
+    })
+    node = actions.register_node(reg)
+    if serving:
+        actions.sync_hot_state()
+        actions.record_heartbeat(name, Heartbeat(session=reg.session, load=Load(running=4, waiting=1, kv_blocks_used=50, kv_blocks_total=200, step_ms=12.5)))
+    return node
+
+
+def test_cluster_page_needs_a_login(client):
+    response = client.get("/cluster/")
+    assert response.status_code == 302 and response["Location"].startswith("/login/")
+
+
+def test_login_page_and_bad_password_message(client, cast):
+    assert client.get("/login/").status_code == 200
+    response = client.post("/login/", {"username": "operator", "password": "nope"})
+    assert b"do not match" in response.content
+    response = client.post("/login/", {"username": "operator", "password": ROLE_PASSWORD.format("operator")})
+    assert response.status_code == 302 and response["Location"] == "/cluster/"
+
+
+def test_cluster_page_shows_racks_nodes_gpus_and_load(client, cast, django_assert_max_num_queries):
+    make_node("node-01", "rack-a")
+    make_node("node-02", "rack-b")
+    make_node("node-03", "rack-b", serving=False)
+    client.force_login(cast["manager"])
+    with django_assert_max_num_queries(12):
+        response = client.get("/cluster/")
+    html = response.content.decode()
+    assert response.status_code == 200
+    assert html.index('data-rack="rack-a"') < html.index('data-rack="rack-b"')
+    assert 'id="node-node-01"' in html and 'data-state="serving"' in html and 'data-state="join"' in html
+    assert "GPU-node-02-1" in html  # GPUs listed per node
+    assert '<dd data-field="running">4</dd>' in html
+    assert '<dd data-field="running">n/a</dd>' in html  # a joining node reports no load yet: n/a, not 0
+    partial = client.get("/cluster/?partial=racks").content.decode()
+    assert "<html" not in partial and 'id="node-node-02"' in partial
+
+
+def test_user_without_a_role_is_refused(client, django_user_model):
+    user = django_user_model.objects.create_user("nobody", password="x-long-password")
+    client.force_login(user)
+    response = client.get("/cluster/")
+    assert response.status_code == 403 and b"no Lifeline role" in response.content
+
+
+def test_api_cluster_with_session_token_or_nothing(client, cast):
+    make_node("node-01")
+    assert client.get("/api/cluster").status_code == 401
+    client.force_login(cast["operator"])
+    body = client.get("/api/cluster").json()
+    node = body["nodes"][0]
+    assert {k: node[k] for k in ("name", "state", "rack", "model", "tp", "pid")} == {
+        "name": "node-01", "state": "serving", "rack": "rack-a", "model": "Qwen3-32B", "tp": 2, "pid": 1007,
+    }
+    assert node["address"].startswith("http://") and len(node["gpus"]) == 2
+    assert node["load"] == {"running": 4, "waiting": 1, "kv_used": 50, "kv_total": 200, "kv_pct": 25.0, "step_ms": 12.5}
+    assert body["summary"]["by_state"]["serving"] == 1 and body["racks"][0]["name"] == "rack-a"
+    client.logout()
+    _, token = ApiToken.issue(cast["manager"])
+    response = client.get("/api/cluster", HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert response.status_code == 200 and response.json()["nodes"][0]["name"] == "node-01"
+    response = client.get("/api/cluster", HTTP_AUTHORIZATION="Bearer llt_forged")
+    assert response.status_code == 401 and "issue_token" in response.json()["error"]["message"]
+
+
+def test_issue_token_prints_a_token_that_carries_the_users_role(client, cast):
+    out = io.StringIO()
+    call_command("issue_token", "oncall", stdout=out)
+    token = out.getvalue().strip()
+    assert token.startswith("llt_")
+    user = ApiToken.authenticate(token)
+    assert user.username == "oncall"
+    from console import roles
+
+    assert roles.role_of(user) == "oncall"
+    row = ApiToken.objects.get(user=user)
+    assert token not in (row.digest, row.prefix)  # only a digest is stored
+    with pytest.raises(CommandError, match="no user 'ghost'"):
+        call_command("issue_token", "ghost")
+
+
+def test_role_checked_json_endpoint():
+    # The decorator refuses a role not named, with the roles that would do.
+    from django.test import RequestFactory
+
+    from console.auth import api_view
+    from console.actions import set_user_role
+
+    @api_view("oncall")
+    def approve(request):
+        from django.http import JsonResponse
+
+        return JsonResponse({"ok": True})
+
+    factory = RequestFactory()
+    request = factory.get("/x")
+    request.user = set_user_role("op", "operator", password="p-long-password")
+    response = approve(request)
+    assert response.status_code == 403 and "needs oncall" in response.content.decode()
+    request.user = set_user_role("oc", "oncall", password="p-long-password")
+    assert approve(request).status_code == 200
+    request.user = set_user_role("ad", "admin", password="p-long-password")
+    assert approve(request).status_code == 200
+
+
+def test_create_user_with_unknown_role_is_refused(cast):
+    with pytest.raises(CommandError, match="unknown role 'root': expected one of operator, oncall, manager, admin"):
+        call_command("create_user", "eve", "--role", "root", "--password", "x")
+    out = io.StringIO()
+    call_command("create_user", "ana", "--role", "oncall", "--password", "ana-password-1", stdout=out)
+    assert out.getvalue().strip() == "ana: oncall"
+    call_command("create_user", "ana", "--role", "manager", stdout=out)  # a role change replaces the old role
+    from django.contrib.auth import get_user_model
+
+    assert list(get_user_model().objects.get(username="ana").groups.values_list("name", flat=True)) == ["manager"]
+
+
+def test_create_api_key_prints_a_key_the_gateway_will_accept(db):
+    from recovery import hot
+    from recovery.models import key_digest
+
+    out = io.StringIO()
+    call_command("create_api_key", "--tenant", "acme", "--tier", "premium", stdout=out)
+    key = out.getvalue().strip()
+    actions.publish_gateway_keys()
+    assert key.startswith("llk_")
+    stored = hot.client().hget(hot.keys().gateway_keys, key_digest(key))
+    assert '"tenant": "acme"' in stored and '"tier": "premium"' in stored
+    with pytest.raises(CommandError, match="unknown tier 'gold'"):
+        call_command("create_api_key", "--tenant", "acme", "--tier", "gold")
+
+
+def test_healthz(client):
+    response = client.get("/healthz")
+    assert response.status_code == 200 and response.json()["checks"] == {"database": "ok", "redis": "ok"}

@@ -1,0 +1,73 @@
+"""The cluster WebSocket: frames for state changes and load, only for users with a role."""
+
+import uuid
+
+import pytest
+from channels.db import database_sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.contrib.auth.models import AnonymousUser
+
+from console.asgi import application
+from recovery import actions
+from workers.protocol import Heartbeat, Load, Registration
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def communicator(user):
+    # Origin must be an allowed host, as a browser on the console would send.
+    ws = WebsocketCommunicator(application, "/ws/cluster/", headers=[(b"origin", b"http://127.0.0.1:8000"), (b"host", b"127.0.0.1:8000")])
+    ws.scope["user"] = user
+    return ws
+
+
+@database_sync_to_async
+def register(name):
+    reg = Registration.parse({
+        "name": name, "session": uuid.uuid4().hex, "address": "http://127.0.0.1:9100", "rack": "rack-z",
+        "model": "Qwen3-32B", "gpu": "H100-SXM", "tp": 1, "pid": 77, "host": "h",
+        "gpus": [{"index": 0, "uuid": "GPU-0", "name": "H100", "memory_bytes": 80 * 10**9}],
+    })
+    actions.register_node(reg)
+    return reg
+
+
+@database_sync_to_async
+def heartbeat(name, session):
+    return actions.record_heartbeat(name, Heartbeat(session=session, load=Load(running=2, waiting=7)))
+
+
+@database_sync_to_async
+def make_user(role):
+    from console.actions import set_user_role
+
+    return set_user_role(f"ws-{role}", role, password="long-password-1")
+
+
+async def test_state_change_and_load_frames():
+    ws = communicator(await make_user("operator"))
+    connected, _ = await ws.connect()
+    assert connected
+    hello = await ws.receive_json_from()
+    assert hello["kind"] == "hello" and hello["now"] > 0
+    reg = await register("node-ws")
+    frame = await ws.receive_json_from(timeout=5)
+    assert frame["kind"] == "node" and frame["name"] == "node-ws" and frame["state"] == "join" and frame["rack"] == "rack-z"
+    assert 'id="node-node-ws"' in frame["html"] and 'data-state="join"' in frame["html"]
+    assert 'data-count="join">1<' in frame["summary"]
+    await heartbeat("node-ws", reg.session)
+    frames = [await ws.receive_json_from(timeout=5) for _ in range(2)]
+    kinds = {f["kind"]: f for f in frames}
+    assert kinds["node"]["state"] == "serving"
+    assert kinds["load"]["name"] == "node-ws" and kinds["load"]["running"] == 2 and kinds["load"]["waiting"] == 7
+    await ws.disconnect()
+
+
+async def test_anonymous_and_roleless_users_are_turned_away(django_user_model):
+    ws = communicator(AnonymousUser())
+    connected, code = await ws.connect()
+    assert not connected and code == 4403
+    user = await database_sync_to_async(django_user_model.objects.create_user)("plain", password="long-password-1")
+    ws = communicator(user)
+    connected, code = await ws.connect()
+    assert not connected and code == 4403

@@ -1,0 +1,101 @@
+"""Settings from the environment: good values parse, bad ones fail at start with a clear message."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from console import env
+from tests.helpers import BASE_DIR
+
+
+@pytest.fixture
+def environ(monkeypatch):
+    def set_(**values):
+        for key, value in values.items():
+            monkeypatch.setenv(key, value)
+
+    return set_
+
+
+def test_postgres_url(environ):
+    environ(DATABASE_URL="postgres://ops:s%40cret@db.internal:6543/lifeline")
+    db = env.database("DATABASE_URL", BASE_DIR / "x.sqlite3")
+    assert db["ENGINE"] == "django.db.backends.postgresql"
+    assert (db["HOST"], db["PORT"], db["NAME"], db["USER"], db["PASSWORD"]) == ("db.internal", "6543", "lifeline", "ops", "s@cret")
+
+
+def test_sqlite_url_and_default(environ, monkeypatch, tmp_path):
+    environ(DATABASE_URL=f"sqlite:///{tmp_path}/a.sqlite3")
+    assert env.database("DATABASE_URL", tmp_path / "d.sqlite3")["NAME"] == f"{tmp_path}/a.sqlite3"
+    monkeypatch.delenv("DATABASE_URL")
+    db = env.database("DATABASE_URL", tmp_path / "d.sqlite3")
+    assert db["ENGINE"] == "django.db.backends.sqlite3" and db["NAME"] == str(tmp_path / "d.sqlite3")
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["mysql://root@localhost/db", "postgres://host-only", "postgres://:5432/db", "sqlite://", "postgres://h:notaport/db", "just words"],
+)
+def test_malformed_database_url_names_the_variable_and_the_form(environ, url):
+    environ(DATABASE_URL=url)
+    with pytest.raises(env.ConfigError) as excinfo:
+        env.database("DATABASE_URL", BASE_DIR / "x")
+    message = str(excinfo.value)
+    assert message.startswith("DATABASE_URL=") and "expected sqlite:///" in message and "postgres://" in message
+
+
+@pytest.mark.parametrize("url", ["http://localhost:6379", "redis://:bad/0", "redis:///0"])
+def test_malformed_redis_url(environ, url):
+    environ(REDIS_URL=url)
+    with pytest.raises(env.ConfigError, match=r"^REDIS_URL=.*expected redis://"):
+        env.redis_url("REDIS_URL")
+
+
+def test_typed_readers(environ):
+    environ(A="2.5", B="yes", C="a, b,,c", D="7")
+    assert env.number("A", 1.0) == 2.5
+    assert env.boolean("B", False) is True
+    assert env.string_list("C", []) == ["a", "b", "c"]
+    assert env.integer("D", 1, minimum=1) == 7
+    environ(A="fast", B="maybe", D="0")
+    with pytest.raises(env.ConfigError, match="A='fast' is not a number"):
+        env.number("A", 1.0)
+    with pytest.raises(env.ConfigError, match="B='maybe' is not a boolean"):
+        env.boolean("B", False)
+    with pytest.raises(env.ConfigError, match="D='0' is out of range"):
+        env.integer("D", 1, minimum=1)
+
+
+def test_secret_from_file(environ, tmp_path):
+    (tmp_path / "token").write_text("s3cret\n")
+    environ(TOKEN_FILE=str(tmp_path / "token"))
+    assert env.secret("TOKEN") == "s3cret"
+    environ(TOKEN_FILE=str(tmp_path / "missing"))
+    with pytest.raises(env.ConfigError, match="TOKEN_FILE=.* cannot be read"):
+        env.secret("TOKEN")
+
+
+def _manage(*args, **extra_env):
+    environ = {**os.environ, **extra_env}
+    return subprocess.run([sys.executable, "manage.py", *args], cwd=BASE_DIR, env=environ, capture_output=True, text=True, timeout=60)
+
+
+def test_bad_database_url_stops_the_process_with_a_message_not_a_traceback():
+    result = _manage("check", DATABASE_URL="mysql://root@localhost/lifeline")
+    assert result.returncode == 2
+    assert "configuration error: DATABASE_URL='mysql://root@localhost/lifeline' uses an unsupported scheme" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_unknown_process_role_is_refused_with_the_choices():
+    result = _manage("serve", LIFELINE_ROLE="scheduler")
+    assert result.returncode != 0
+    assert "LIFELINE_ROLE='scheduler' is not a role: expected one of web, worker, beat, gateway, node" in result.stderr
+
+
+def test_bad_number_in_settings_names_the_variable():
+    result = _manage("check", LIFELINE_HEARTBEAT_MISS_S="soon")
+    assert result.returncode == 2
+    assert "LIFELINE_HEARTBEAT_MISS_S='soon' is not a number" in result.stderr

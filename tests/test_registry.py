@@ -1,0 +1,178 @@
+"""Node registry and lifecycle against the real database and Redis."""
+
+import time
+import uuid
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.conf import settings
+
+from recovery import actions, hot
+from recovery.events import CLUSTER_GROUP
+from recovery.models import Node, NodeTransition
+
+pytestmark = pytest.mark.django_db
+
+
+def registration(name="node-x", session=None, address="http://127.0.0.1:9001", rack="rack-a", **extra):
+    body = {
+        "name": name, "session": session or uuid.uuid4().hex, "address": address, "rack": rack,
+        "model": "Qwen3-32B", "gpu": "H100-SXM", "tp": 2, "pid": 4242, "host": "gpu-host-7",
+        "gpus": [{"index": i, "uuid": f"GPU-{name}-{i}", "name": "NVIDIA H100 80GB HBM3", "memory_bytes": 80 * 10**9} for i in range(2)],
+    }
+    body.update(extra)
+    return body
+
+
+@pytest.fixture
+def node_api(client):
+    headers = {"HTTP_AUTHORIZATION": f"Bearer {settings.LIFELINE_NODE_TOKEN}"}
+
+    def post(path, body, **kw):
+        return client.post(path, body, content_type="application/json", **{**headers, **kw})
+
+    return post
+
+
+def beat(node_api, name, session, model_state="serving", **load):
+    return node_api(f"/api/nodes/{name}/heartbeat", {"session": session, "model_state": model_state, "load": {"running": 1, "waiting": 0, **load}})
+
+
+def test_register_then_heartbeat_makes_the_node_serving(node_api, django_capture_on_commit_callbacks):
+    body = registration()
+    with django_capture_on_commit_callbacks(execute=True):
+        response = node_api("/api/nodes/register", body)
+    assert response.status_code == 200, response.json()
+    assert response.json()["state"] == "join" and response.json()["heartbeat_interval_s"] == settings.LIFELINE_HEARTBEAT_INTERVAL_S
+    node = Node.objects.get(name="node-x")
+    assert [g.uuid for g in node.gpus.all()] == ["GPU-node-x-0", "GPU-node-x-1"]
+    assert node.rack.name == "rack-a" and node.pid == 4242 and node.tp == 2
+
+    with django_capture_on_commit_callbacks(execute=True):
+        response = beat(node_api, "node-x", body["session"], model_state="loading_full")
+    assert response.json()["state"] == "join"  # still loading
+    with django_capture_on_commit_callbacks(execute=True):
+        response = beat(node_api, "node-x", body["session"], running=3, waiting=2)
+    assert response.json()["state"] == "serving"
+    assert hot.node("node-x")["running"] == "3"
+    assert "node-x" in hot.routing_table()
+    steps = list(NodeTransition.objects.filter(node=node).order_by("at").values_list("old_state", "new_state", "actor"))
+    assert steps == [("", "join", "system"), ("join", "serving", "system")]
+
+
+def test_registering_again_with_one_name_replaces_the_address_and_keeps_history(node_api, django_capture_on_commit_callbacks):
+    first = registration(address="http://10.0.0.1:8201")
+    with django_capture_on_commit_callbacks(execute=True):
+        node_api("/api/nodes/register", first)
+    with django_capture_on_commit_callbacks(execute=True):
+        beat(node_api, "node-x", first["session"])
+    second = registration(address="http://10.0.0.2:8201")
+    with django_capture_on_commit_callbacks(execute=True):
+        response = node_api("/api/nodes/register", second)
+    assert response.status_code == 200 and response.json()["state"] == "join"
+    node = Node.objects.get(name="node-x")
+    assert node.address == "http://10.0.0.2:8201" and node.session == second["session"]
+    assert Node.objects.count() == 1
+    transitions = list(node.transitions.order_by("at"))
+    assert [t.new_state for t in transitions] == ["join", "serving", "join"]
+    assert "address http://10.0.0.1:8201 -> http://10.0.0.2:8201" in transitions[-1].cause
+    # The old session is closed: its heartbeats are refused, so a stale process cannot pose as the node.
+    response = beat(node_api, "node-x", first["session"])
+    assert response.status_code == 409 and "register again" in response.json()["error"]["message"]
+
+
+def test_heartbeat_from_an_unknown_node_is_refused_clearly(node_api):
+    response = beat(node_api, "ghost", uuid.uuid4().hex)
+    assert response.status_code == 404
+    assert response.json()["error"]["message"] == "unknown node 'ghost': it must register first (POST /api/nodes/register)"
+
+
+@pytest.mark.parametrize(
+    "change,field",
+    [({"tp": 3}, "tp"), ({"gpus": [{"index": 0}]}, "gpus[0].uuid"), ({"address": "10.0.0.1"}, "address"), ({"model": "GPT-5"}, "model"),
+     ({"name": "bad name!"}, "name"), ({"gpu": "RTX-4090", "model": "Llama-3-70B", "tp": 1}, "tp")],
+)
+def test_bad_registrations_name_the_field(node_api, change, field):
+    response = node_api("/api/nodes/register", registration(**change))
+    assert response.status_code == 400
+    assert response.json()["error"]["field"] == field
+
+
+def test_node_endpoints_need_the_node_token(client):
+    response = client.post("/api/nodes/register", registration(), content_type="application/json")
+    assert response.status_code == 401 and "LIFELINE_NODE_TOKEN" in response.json()["error"]["message"]
+    response = client.post("/api/nodes/register", registration(), content_type="application/json", HTTP_AUTHORIZATION="Bearer wrong")
+    assert response.status_code == 401
+    response = client.post("/api/nodes/register", "{not json", content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {settings.LIFELINE_NODE_TOKEN}")
+    assert response.status_code == 400
+
+
+def test_silent_node_goes_down_then_left_and_a_new_session_rejoins(node_api, django_capture_on_commit_callbacks, settings):
+    body = registration()
+    with django_capture_on_commit_callbacks(execute=True):
+        node_api("/api/nodes/register", body)
+    with django_capture_on_commit_callbacks(execute=True):
+        beat(node_api, "node-x", body["session"])
+    assert actions.mark_silent_nodes_down() == []
+    # Pretend the last heartbeat was 3.5 s ago.
+    hot.client().zadd(hot.keys().heartbeats, {"node-x": time.time() - 3.5})
+    with django_capture_on_commit_callbacks(execute=True):
+        assert actions.mark_silent_nodes_down() == ["node-x"]
+    node = Node.objects.get(name="node-x")
+    assert node.state == "down"
+    down = node.transitions.latest("at")
+    assert down.cause.startswith("no heartbeat for 3.") and "(allowed 3 s)" in down.cause
+    assert "node-x" not in hot.routing_table()
+    assert actions.mark_silent_nodes_down() == []  # idempotent: nothing is marked twice
+    # Its session is closed; heartbeats from it are refused until it registers again.
+    assert beat(node_api, "node-x", body["session"]).status_code == 409
+    settings.LIFELINE_LEFT_AFTER_S = 0
+    with django_capture_on_commit_callbacks(execute=True):
+        assert actions.mark_long_down_nodes_left() == ["node-x"]
+    assert Node.objects.get(name="node-x").state == "left"
+    again = registration()
+    with django_capture_on_commit_callbacks(execute=True):
+        node_api("/api/nodes/register", again)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert beat(node_api, "node-x", again["session"]).json()["state"] == "serving"
+    states = list(Node.objects.get(name="node-x").transitions.order_by("at").values_list("new_state", flat=True))
+    assert states == ["join", "serving", "down", "left", "join", "serving"]
+
+
+def test_graceful_leave(node_api, django_capture_on_commit_callbacks):
+    body = registration()
+    with django_capture_on_commit_callbacks(execute=True):
+        node_api("/api/nodes/register", body)
+        response = node_api("/api/nodes/node-x/deregister", {"session": body["session"], "reason": "maintenance"})
+    assert response.json()["state"] == "left"
+    assert Node.objects.get(name="node-x").transitions.latest("at").cause == "node left: maintenance"
+
+
+def test_transition_is_claimed_once(django_capture_on_commit_callbacks):
+    from workers.protocol import Registration
+
+    node = actions.register_node(Registration.parse(registration()))
+    stale_copy = Node.objects.get(pk=node.pk)
+    assert actions.transition_node(node, "serving", "first")
+    # A second actor still holding the old state loses the race and writes nothing.
+    assert not actions.transition_node(stale_copy, "serving", "second")
+    assert NodeTransition.objects.filter(node=node, new_state="serving").count() == 1
+
+
+def test_state_change_is_published_to_the_browser_after_commit(node_api, django_capture_on_commit_callbacks):
+    layer = get_channel_layer()
+    channel = async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)(CLUSTER_GROUP, channel)
+    body = registration()
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        node_api("/api/nodes/register", body)
+    assert callbacks, "publishing waits for the commit"
+    for callback in callbacks:
+        callback()
+    message = async_to_sync(layer.receive)(channel)
+    assert message == {"type": "node.changed", "id": Node.objects.get(name="node-x").pk}
+    beat(node_api, "node-x", body["session"], running=5)
+    message = async_to_sync(layer.receive)(channel)
+    assert message["type"] == "node.load" and message["name"] == "node-x" and message["running"] == 5
+    async_to_sync(layer.group_discard)(CLUSTER_GROUP, channel)

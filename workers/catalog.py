@@ -1,0 +1,254 @@
+"""Hardware and model catalogs, and the roofline performance model built on them.
+
+Figures come from ../shared/REFERENCE.md. Times are in seconds of real GPU time;
+the engine multiplies them by its time scale.
+"""
+
+from dataclasses import dataclass
+
+GB = 1e9
+GIB = 1024**3
+BYTES_PER_PARAM = 2  # BF16 weights
+KV_BYTES_PER_ELEMENT = 2  # BF16 KV cache
+BLOCK_TOKENS = 16  # paged KV block size, as vLLM's default
+
+# Achieved fractions of peak (REFERENCE.md: decode 0.6-0.7 of HBM bandwidth,
+# prefill 0.4-0.55 of peak FLOP/s).
+DECODE_BANDWIDTH_EFFICIENCY = 0.65
+PREFILL_COMPUTE_EFFICIENCY = 0.5
+# vLLM's default gpu_memory_utilization: the rest is activations and the CUDA context.
+GPU_MEMORY_UTILIZATION = 0.9
+
+
+@dataclass(frozen=True)
+class Gpu:
+    key: str
+    name: str
+    tflops: float  # dense BF16
+    hbm_gbps: float
+    memory_gb: float
+    link: str  # intra-node link type, a key of LINK_GBPS
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.memory_gb * GB)
+
+
+@dataclass(frozen=True)
+class Model:
+    key: str
+    name: str
+    params_b: float  # total parameters, billions
+    layers: int
+    kv_heads: int
+    head_dim: int
+    q_heads: int
+    active_params_b: float | None = None  # MoE: parameters used per token
+    experts: int = 0
+    experts_per_token: int = 0
+    draft: str | None = None  # the catalogued draft model of the same family
+    is_draft: bool = False
+
+    @property
+    def weight_bytes(self) -> int:
+        return int(self.params_b * 1e9 * BYTES_PER_PARAM)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_dim * KV_BYTES_PER_ELEMENT
+
+    @property
+    def kv_bytes_per_block(self) -> int:
+        return self.kv_bytes_per_token * BLOCK_TOKENS
+
+    @property
+    def active_params(self) -> float:
+        return (self.active_params_b or self.params_b) * 1e9
+
+
+GPUS: dict[str, Gpu] = {
+    g.key: g
+    for g in (
+        Gpu("H100-SXM", "NVIDIA H100 80GB HBM3", 989, 3350, 80, "nvlink"),
+        Gpu("H100-PCIe", "NVIDIA H100 PCIe", 756, 2000, 80, "pcie"),
+        Gpu("H200-SXM", "NVIDIA H200", 989, 4800, 141, "nvlink"),
+        Gpu("A100-80GB", "NVIDIA A100-SXM4-80GB", 312, 2039, 80, "nvswitch"),
+        Gpu("L40S", "NVIDIA L40S", 362, 864, 48, "pcie"),
+        Gpu("RTX-4090", "NVIDIA GeForce RTX 4090", 165, 1008, 24, "pcie"),
+        Gpu("RTX-3090", "NVIDIA GeForce RTX 3090", 71, 936, 24, "pcie"),
+    )
+}
+
+MODELS: dict[str, Model] = {
+    m.key: m
+    for m in (
+        Model("Llama-3-8B", "meta-llama/Meta-Llama-3-8B-Instruct", 8.0, 32, 8, 128, 32, draft="Llama-3.2-1B"),
+        Model("Llama-3-70B", "meta-llama/Meta-Llama-3-70B-Instruct", 70.6, 80, 8, 128, 64, draft="Llama-3.2-1B"),
+        Model("Qwen3-14B", "Qwen/Qwen3-14B", 14.8, 40, 8, 128, 40, draft="Qwen3-1.7B"),
+        Model("Qwen3-32B", "Qwen/Qwen3-32B", 32.8, 64, 8, 128, 64, draft="Qwen3-1.7B"),
+        Model(
+            "Mixtral-8x7B",
+            "mistralai/Mixtral-8x7B-Instruct-v0.1",
+            46.7,
+            32,
+            8,
+            128,
+            32,
+            active_params_b=12.9,
+            experts=8,
+            experts_per_token=2,
+        ),
+        Model("Qwen3-1.7B", "Qwen/Qwen3-1.7B", 1.7, 28, 8, 128, 16, is_draft=True),
+        Model("Llama-3.2-1B", "meta-llama/Llama-3.2-1B-Instruct", 1.2, 16, 8, 64, 32, is_draft=True),
+    )
+}
+
+# KV transfer bandwidth by link type, GB/s (source document 003's cost model).
+LINK_GBPS = {"nvlink": 900.0, "nvswitch": 600.0, "infiniband": 50.0, "pcie": 28.0, "other": 10.0}
+# A link shared with live traffic gives about a third of its bandwidth (REFERENCE.md).
+LOADED_LINK_FACTOR = 1 / 3
+TP_DEGREES = (1, 2, 4, 8)
+
+
+class CatalogError(ValueError):
+    pass
+
+
+def gpu(key: str) -> Gpu:
+    try:
+        return GPUS[key]
+    except KeyError:
+        raise CatalogError(f"unknown GPU {key!r}: expected one of {', '.join(GPUS)}") from None
+
+
+def model(key: str) -> Model:
+    try:
+        return MODELS[key]
+    except KeyError:
+        raise CatalogError(f"unknown model {key!r}: expected one of {', '.join(MODELS)}") from None
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """One serving node: a model on a tensor-parallel group of identical GPUs."""
+
+    model: Model
+    gpu: Gpu
+    tp: int = 1
+
+    def __post_init__(self):
+        if self.tp not in TP_DEGREES:
+            raise CatalogError(f"tensor-parallel degree {self.tp} is not supported: expected one of {TP_DEGREES}")
+        if self.kv_capacity_bytes <= self.model.kv_bytes_per_block:
+            usable = self.gpu.memory_bytes * GPU_MEMORY_UTILIZATION
+            fits = [tp for tp in TP_DEGREES if usable * tp - self.model.weight_bytes > self.model.kv_bytes_per_block]
+            advice = f"use a tensor-parallel degree of at least {fits[0]}" if fits else f"it does not fit even on {TP_DEGREES[-1]} of them"
+            raise CatalogError(
+                f"{self.model.key} ({self.model.weight_bytes / GB:.1f} GB of weights) does not fit on "
+                f"{self.tp}x {self.gpu.key}: {advice}"
+            )
+
+    @classmethod
+    def of(cls, model_key: str, gpu_key: str, tp: int = 1) -> "Deployment":
+        return cls(model(model_key), gpu(gpu_key), tp)
+
+    # --- memory --------------------------------------------------------------
+    @property
+    def kv_capacity_bytes(self) -> int:
+        """HBM left for the KV cache: GPU memory minus weights, over the TP group."""
+        return int(self.gpu.memory_bytes * GPU_MEMORY_UTILIZATION * self.tp - self.model.weight_bytes)
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.kv_capacity_bytes // self.model.kv_bytes_per_token
+
+    @property
+    def kv_blocks(self) -> int:
+        return self.kv_capacity_bytes // self.model.kv_bytes_per_block
+
+    # --- compute -------------------------------------------------------------
+    @property
+    def peak_flops(self) -> float:
+        return self.gpu.tflops * 1e12 * self.tp
+
+    @property
+    def bandwidth(self) -> float:
+        return self.gpu.hbm_gbps * GB * self.tp
+
+    def _weight_bytes_read(self, batch: int) -> float:
+        """Weight bytes one forward pass streams from HBM for `batch` sequences."""
+        m = self.model
+        if not m.experts:
+            return m.weight_bytes
+        # MoE: shared weights always, each expert only if some token routes to it.
+        expert_params = (m.params_b - m.active_params_b) / (m.experts - m.experts_per_token)
+        shared_params = m.active_params_b - m.experts_per_token * expert_params
+        touched = 1 - (1 - m.experts_per_token / m.experts) ** max(batch, 1)
+        return (shared_params + m.experts * expert_params * touched) * 1e9 * BYTES_PER_PARAM
+
+    def _attention_flops(self, query_tokens: int, context_tokens: float) -> float:
+        # QK^T and AV: 2 FLOPs each per query head dimension per attended token.
+        m = self.model
+        return 4 * m.layers * m.q_heads * m.head_dim * query_tokens * context_tokens
+
+    def decode_step_s(self, batch: int, context_tokens: int) -> float:
+        """One decode step for `batch` sequences holding `context_tokens` in total."""
+        if batch <= 0:
+            return 0.0
+        m = self.model
+        flops = 2 * m.active_params * batch + self._attention_flops(1, context_tokens)
+        bytes_read = self._weight_bytes_read(batch) + context_tokens * m.kv_bytes_per_token
+        return max(
+            flops / (self.peak_flops * PREFILL_COMPUTE_EFFICIENCY),
+            bytes_read / (self.bandwidth * DECODE_BANDWIDTH_EFFICIENCY),
+        )
+
+    def prefill_s(self, tokens: int, context_before: int = 0) -> float:
+        """A prefill chunk of `tokens` new tokens after `context_before` cached ones."""
+        if tokens <= 0:
+            return 0.0
+        m = self.model
+        flops = 2 * m.active_params * tokens + self._attention_flops(tokens, context_before + tokens / 2)
+        bytes_read = self._weight_bytes_read(tokens) + (context_before + tokens) * m.kv_bytes_per_token
+        return max(
+            flops / (self.peak_flops * PREFILL_COMPUTE_EFFICIENCY),
+            bytes_read / (self.bandwidth * DECODE_BANDWIDTH_EFFICIENCY),
+        )
+
+    def step_s(self, prefill_tokens: int, prefill_context: int, decode_batch: int, decode_context: int) -> float:
+        """A mixed step (chunked prefill beside decode) shares one weight pass."""
+        if prefill_tokens <= 0:
+            return self.decode_step_s(decode_batch, decode_context)
+        if decode_batch <= 0:
+            return self.prefill_s(prefill_tokens, prefill_context)
+        m = self.model
+        flops = (
+            2 * m.active_params * (prefill_tokens + decode_batch)
+            + self._attention_flops(prefill_tokens, prefill_context + prefill_tokens / 2)
+            + self._attention_flops(1, decode_context)
+        )
+        bytes_read = (
+            self._weight_bytes_read(prefill_tokens + decode_batch)
+            + (prefill_context + prefill_tokens + decode_context) * m.kv_bytes_per_token
+        )
+        return max(
+            flops / (self.peak_flops * PREFILL_COMPUTE_EFFICIENCY),
+            bytes_read / (self.bandwidth * DECODE_BANDWIDTH_EFFICIENCY),
+        )
+
+
+def load_time_s(model_: Model, disk_gbps: float = 5.0, engine_start_s: float = 10.0) -> float:
+    """Model (re)load: weight bytes over the disk's bandwidth plus engine start."""
+    return model_.weight_bytes / (disk_gbps * GB) + engine_start_s
+
+
+def kv_transfer_s(num_bytes: float, link: str, loaded: bool = False) -> float:
+    """Time to move `num_bytes` of KV cache over a link of the given type."""
+    gbps = LINK_GBPS.get(link, LINK_GBPS["other"])
+    if loaded:
+        gbps *= LOADED_LINK_FACTOR
+    return num_bytes / (gbps * GB)
+
+
+def kv_bytes(model_: Model, tokens: int) -> int:
+    return model_.kv_bytes_per_token * tokens

@@ -1,0 +1,161 @@
+"""Deterministic text: the next token is a pure function of (model, seed, context).
+
+The context is folded into a 16-byte rolling state, one hash per token, so a
+request migrated or restored at token N continues exactly as an undisturbed
+run would: the new node refolds prompt plus the N tokens and gets the same
+state. Candidates and their logprobs come from the same digest, so greedy
+decoding (temperature 0) and seeded sampling are both reproducible.
+"""
+
+import hashlib
+import math
+import re
+import struct
+from dataclasses import dataclass
+
+_WORDS = """
+the of and to in is that for it as with was on be by at this are from or have an they which one you were
+all we there can been has more if will would their what so about when who some up out them other into its then
+two time could these may first new also only like most over such after than made where way many even because
+through much before must good well any those same each between under still work system node cluster service
+request token model memory network signal state health load traffic capacity latency failure recovery
+checkpoint holder rack server process stream batch queue decode prefill cache page block engine worker gateway
+operator window level record timeline event alert metric report budget schedule route path link device
+data value result answer question reason method design plan review change update version release build test
+river mountain forest ocean island valley city village garden window bridge road harbor field meadow desert
+morning evening night summer winter spring autumn weather light shadow color sound voice music story letter
+book paper table chair door house room kitchen market street station train ship plane engine wheel machine
+people person child family friend teacher student doctor worker farmer writer artist builder leader member
+water fire earth air stone metal glass wood iron silver gold paper cloth bread fruit apple grain salt sugar
+small large long short high low early late quick slow bright dark warm cold clear quiet simple careful steady
+strong gentle honest patient curious calm ready stable healthy busy free open closed whole partial
+make take give find keep hold move turn start stop send receive carry bring build write read learn teach show
+watch listen speak answer follow lead help serve measure count check drain restore migrate place assign
+balance recover observe predict verify accept reject approve report record notice explain compare improve
+always often never sometimes again together already almost perhaps quite rather nearly slowly quickly carefully
+""".split()
+
+# Duplicates would make two ids share a word and text ambiguous to read back.
+VOCAB: tuple[str, ...] = tuple(dict.fromkeys(_WORDS)) + (".", ",", "<eos>")
+VOCAB_INDEX = {word: i for i, word in enumerate(VOCAB)}
+PERIOD = VOCAB_INDEX["."]
+COMMA = VOCAB_INDEX[","]
+EOS = VOCAB_INDEX["<eos>"]
+WORD_COUNT = len(VOCAB) - 3
+# Prompt words outside the vocabulary still get stable ids, above the vocabulary.
+UNKNOWN_BASE = 1 << 20
+UNKNOWN_SPAN = 1 << 30
+
+CANDIDATES = 5
+MIN_TOKENS_BEFORE_EOS = 8
+EOS_PER_MILLE = 4  # about one sequence in 250 tokens ends on its own
+
+_TOKEN_RE = re.compile(r"[A-Za-z0-9_']+|[^\sA-Za-z0-9_']")
+
+
+def _stable_hash(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+
+
+def encode(text: str) -> list[int]:
+    """Prompt text to token ids: vocabulary words keep their id, others hash."""
+    ids = []
+    for piece in _TOKEN_RE.findall(text):
+        lowered = piece.lower()
+        index = VOCAB_INDEX.get(lowered)
+        ids.append(index if index is not None else UNKNOWN_BASE + _stable_hash(lowered) % UNKNOWN_SPAN)
+    return ids
+
+
+def piece(token_id: int, previous: int | None) -> str:
+    """The text one generated token adds, spaced and capitalised as prose."""
+    if token_id == EOS:
+        return ""
+    word = VOCAB[token_id] if token_id < len(VOCAB) else f"w{token_id}"
+    if token_id in (PERIOD, COMMA):
+        return word
+    if previous is None or previous == PERIOD:
+        word = word.capitalize()
+    return word if previous is None else " " + word
+
+
+def decode(token_ids: list[int], previous: int | None = None) -> str:
+    out = []
+    for token_id in token_ids:
+        out.append(piece(token_id, previous))
+        previous = token_id
+    return "".join(out)
+
+
+def initial_state(model_key: str) -> bytes:
+    # Greedy text depends on the model and the context only; the seed enters
+    # when sampling, as in a real engine.
+    return hashlib.blake2b(model_key.encode(), digest_size=16, person=b"lifeline-model").digest()
+
+
+def advance(state: bytes, token_id: int) -> bytes:
+    return hashlib.blake2b(state + token_id.to_bytes(8, "little"), digest_size=16).digest()
+
+
+def fold(state: bytes, token_ids) -> bytes:
+    for token_id in token_ids:
+        state = advance(state, token_id)
+    return state
+
+
+@dataclass(frozen=True)
+class Choice:
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]  # the candidates, most likely first
+
+
+def _candidates(state: bytes, position: int) -> tuple[list[int], list[float]]:
+    digest = hashlib.blake2b(state, digest_size=32, person=b"lifeline-next").digest()
+    ids: list[int] = []
+    for i in range(CANDIDATES):
+        (raw,) = struct.unpack_from("<I", digest, 4 * i)
+        token = raw % WORD_COUNT
+        while token in ids:
+            token = (token + 1) % WORD_COUNT
+        ids.append(token)
+    # Punctuation and the end of the sequence take the lead now and then, so text reads as sentences.
+    selector = digest[20]
+    if position >= MIN_TOKENS_BEFORE_EOS and digest[21] * 1000 // 256 < EOS_PER_MILLE:
+        ids[0] = EOS
+    elif selector < 22:
+        ids[0] = PERIOD
+    elif selector < 40:
+        ids[0] = COMMA
+    # Descending logits: the leader's margin varies with the context.
+    logits = [0.0]
+    for i in range(1, CANDIDATES):
+        logits.append(logits[-1] - (0.4 + digest[22 + i] / 255 * 1.6))
+    # The rest of the vocabulary shares a small mass, so even a confident choice is below 0 logprob.
+    rest = logits[-1] - 1.0 + math.log(max(WORD_COUNT - CANDIDATES, 1))
+    norm = math.log(sum(math.exp(x) for x in logits) + math.exp(rest))
+    return ids, [x - norm for x in logits]
+
+
+def next_token(state: bytes, position: int, temperature: float, seed: int) -> Choice:
+    """The token after the context folded into `state`, `position` tokens into the output."""
+    ids, logprobs = _candidates(state, position)
+    top = tuple(zip(ids, logprobs))
+    if temperature <= 0:
+        return Choice(ids[0], logprobs[0], top)
+    # Seeded sampling among the candidates, from a uniform drawn off the same state.
+    scaled = [lp / temperature for lp in logprobs]
+    peak = max(scaled)
+    weights = [math.exp(s - peak) for s in scaled]
+    total = sum(weights)
+    u_digest = hashlib.blake2b(state + seed.to_bytes(8, "little", signed=True), digest_size=8, person=b"lifeline-samp").digest()
+    u = int.from_bytes(u_digest, "little") / 2**64 * total
+    for token_id, logprob, weight in zip(ids, logprobs, weights):
+        u -= weight
+        if u <= 0:
+            return Choice(token_id, logprob, top)
+    return Choice(ids[-1], logprobs[-1], top)
+
+
+def token_text(token_id: int) -> str:
+    return VOCAB[token_id] if token_id < len(VOCAB) else f"w{token_id}"
