@@ -14,6 +14,16 @@ from workers.protocol import Heartbeat, Load, Registration
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+@pytest.fixture(autouse=True)
+async def close_thread_connections():
+    # database_sync_to_async runs in one worker thread; close its connection so the
+    # test database can be dropped at the end of the run.
+    yield
+    from django.db import connections
+
+    await database_sync_to_async(connections.close_all)()
+
+
 def communicator(user):
     # Origin must be an allowed host, as a browser on the console would send.
     ws = WebsocketCommunicator(application, "/ws/cluster/", headers=[(b"origin", b"http://127.0.0.1:8000"), (b"host", b"127.0.0.1:8000")])

@@ -47,6 +47,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def advertised_host(args: argparse.Namespace) -> str:
+    """The host other machines reach this node at: --advertise-host, else the bound address,
+    else (bound to all interfaces) this host's own address."""
+    if args.advertise_host:
+        return args.advertise_host
+    if args.host not in ("0.0.0.0", "::", ""):
+        return args.host
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return socket.gethostname()
+
+
 def emulated_gpus(name: str, gpu: catalog.Gpu, tp: int) -> tuple[protocol.GpuInfo, ...]:
     """Stable, UUID-shaped identities for the GPUs of an emulated node."""
     return tuple(
@@ -71,7 +84,7 @@ async def serve(args: argparse.Namespace) -> None:
     site = web.TCPSite(runner, args.host, args.port)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]
-    identity.address = f"http://{args.advertise_host or args.host}:{port}"
+    identity.address = f"http://{advertised_host(args)}:{port}"
     engine.start()
     print(json.dumps({"event": "listening", "name": args.name, "address": identity.address, "pid": os.getpid()}), flush=True)
     log.info("%s serving %s on %dx %s at %s", args.name, deployment.model.key, args.tp, deployment.gpu.key, identity.address)

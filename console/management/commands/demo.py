@@ -39,7 +39,7 @@ class Command(BaseCommand):
         parser.add_argument("--gpus", default="H100-SXM,H200-SXM", help="GPU type per rack, cycled (catalog keys)")
         parser.add_argument("--tp", type=int, default=2, choices=catalog.TP_DEGREES, help="tensor-parallel degree of each node")
         parser.add_argument("--no-traffic", action="store_true", help="do not start the traffic generator")
-        parser.add_argument("--rate", type=float, default=2.0, help="traffic: mean requests per second")
+        parser.add_argument("--rate", type=float, default=6.0, help="traffic: mean requests per second")
         parser.add_argument("--time-scale", type=float, default=1.0, help="multiplies emulated GPU time; 1 is real time")
         parser.add_argument("--restart-delay", type=float, default=10.0, help="seconds before a node that died is started again; negative: never")
         parser.add_argument("--worker-concurrency", type=int, default=2)
@@ -165,13 +165,14 @@ class Command(BaseCommand):
         }
         self._write_info()
         self._banner(time.monotonic() - started)
+        ticks = 0
         while True:
             time.sleep(0.5)
-            restarted = self.supervisor.poll()
-            if restarted:
-                for child in restarted:
-                    self.stdout.write(f"restarted {child.name} (pid {child.pid})")
-                self._write_info()
+            ticks += 1
+            for child in self.supervisor.poll():
+                self.stdout.write(f"restarted {child.name} (pid {child.pid})")
+            if ticks % 2 == 0:
+                self._write_info()  # a restarted node has a new pid, and a new address once it registers
 
     def _child_env(self, redis_url: str, node_token: str) -> dict:
         env = dict(os.environ)
@@ -218,6 +219,10 @@ class Command(BaseCommand):
         info = dict(self.info)
         info["nodes"] = self._nodes_info()
         info["pids"] = {name: child.pid for name, child in self.supervisor.children.items()}
+        close_old_connections()
+        if info == getattr(self, "_written", None):
+            return
+        self._written = info
         tmp = self.demo_file.with_suffix(".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it holds passwords and tokens
         with os.fdopen(fd, "w") as handle:

@@ -1,0 +1,96 @@
+"""The whole system as a user starts it: `manage.py demo` with real processes."""
+
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+
+import pytest
+
+from tests.conftest import demo_argv, demo_env
+from tests.helpers import BASE_DIR, DemoStack, http_json, pid_alive, processes_mentioning, wait_for
+
+pytestmark = pytest.mark.e2e
+
+
+def test_demo_brings_up_live_nodes_and_writes_demo_json(demo_stack):
+    for name in ("node-01", "node-02", "node-03"):  # another test may have restarted one
+        wait_for(lambda: demo_stack.node(name)["state"] == "serving", 30, 0.2, f"{name} serving")
+    info = demo_stack.refresh()
+    assert {login["role"] for login in info["logins"]} == {"operator", "oncall", "manager", "admin"}
+    assert info["api_token"].startswith("llt_") and info["gateway_key"].startswith("llk_")
+    assert set(info["urls"]) >= {"console", "cluster", "api_cluster", "gateway"}
+    status, cluster = demo_stack.api("/api/cluster")
+    assert status == 200
+    nodes = {n["name"]: n for n in cluster["nodes"]}
+    assert set(nodes) == {"node-01", "node-02", "node-03"}
+    for entry in info["nodes"]:
+        node = nodes[entry["name"]]
+        assert node["state"] == "serving" and node["pid"] == entry["pid"] and node["address"] == entry["address"]
+        assert pid_alive(entry["pid"]) and len(node["gpus"]) == 2
+    assert {n["rack"] for n in nodes.values()} == {"rack-a", "rack-b"}
+
+
+def test_gateway_serves_through_the_demo(demo_stack):
+    gateway = demo_stack.info["urls"]["gateway"]
+    status, body = http_json(
+        gateway + "/completions",
+        data={"model": "Qwen3-32B", "prompt": "hello from the test", "max_tokens": 5, "temperature": 0},
+        headers={"Authorization": f"Bearer {demo_stack.info['gateway_key']}"},
+    )
+    assert status == 200 and body["usage"]["completion_tokens"] == 5
+
+
+def test_sigkill_node_goes_down_within_5s_and_serves_again_when_restarted(demo_stack):
+    before = demo_stack.node("node-01")
+    assert before["state"] == "serving"
+    killed_at = time.monotonic()
+    os.kill(before["pid"], signal.SIGKILL)
+    down = wait_for(lambda: (n := demo_stack.node("node-01"))["state"] == "down" and n, 8, 0.05, "node-01 DOWN")
+    took = time.monotonic() - killed_at
+    assert took <= 5.0, f"DOWN after {took:.2f} s"
+    assert down["state_cause"].startswith("no heartbeat for")
+    assert down["load"] is None  # a dead node reports no load: n/a, not zeros
+    # The demo's supervisor starts it again; a new session registers and becomes SERVING.
+    back = wait_for(lambda: (n := demo_stack.node("node-01"))["state"] == "serving" and n, 30, 0.2, "node-01 SERVING again")
+    assert back["pid"] != before["pid"] and back["session"] != before["session"] and pid_alive(back["pid"])
+
+
+def test_a_port_in_use_is_named_with_the_option_that_changes_it(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        env = demo_env(tmp_path, f"sqlite:///{tmp_path}/x.sqlite3", "busy")
+        result = subprocess.run(demo_argv("--port", str(port)), cwd=BASE_DIR, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert f"port {port} on 127.0.0.1 is in use" in result.stderr and "--port" in result.stderr
+
+
+def test_traffic_flows_and_ctrl_c_leaves_no_process_behind(tmp_path):
+    from console.stack import free_port
+
+    env = demo_env(tmp_path, f"sqlite:///{tmp_path}/demo.sqlite3", "ctrlc")
+    env.pop("REDIS_URL")  # the embedded default: the demo starts a Redis of its own
+    argv = demo_argv("--nodes", "2", "--port", str(free_port()), "--gateway-port", str(free_port()), "--rate", "8", "--worker-concurrency", "1")
+    stack = DemoStack(tmp_path, env, argv).start()
+    try:
+        metrics_url = stack.info["urls"]["gateway"].removesuffix("/v1") + "/metrics"
+
+        def served():
+            text = urllib.request.urlopen(metrics_url).read().decode()
+            return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("lifeline_gateway_requests_total") and 'status="200"' in line)
+
+        wait_for(lambda: served() >= 3, 30, 0.5, "traffic through the gateway")
+        assert set(stack.info["pids"]) == {"redis", "web", "worker", "beat", "gateway", "node-01", "node-02", "traffic"}
+        assert stack.info["redis_url"].startswith("redis://127.0.0.1:")
+        pids = list(stack.info["pids"].values())
+    finally:
+        code = stack.stop()
+    assert code == 0, stack.log()
+    assert "Stopped: no process left running." in stack.log()
+    assert [pid for pid in pids if pid_alive(pid)] == []
+    # Nor anything they forked (Celery's pool, say): nothing still runs with this var dir.
+    assert processes_mentioning(str(tmp_path)) == []
