@@ -1,11 +1,12 @@
 import os
 import secrets
+import signal
 import sys
 
 import pytest
 
 from console.stack import free_port
-from tests.helpers import BASE_DIR, DemoStack, NodeProcess
+from tests.helpers import BASE_DIR, DemoStack, NodeProcess, pid_alive
 
 ROLE_PASSWORD = "correct-horse-{}"
 
@@ -80,4 +81,7 @@ def demo_stack(tmp_path_factory, e2e_database_url):
     )
     stack = DemoStack(var_dir, demo_env(var_dir, e2e_database_url, "e2e"), argv).start()
     yield stack
-    stack.stop()
+    # SIGTERM, as a service manager sends it, stops every child as Ctrl-C does.
+    pids = list(stack.refresh()["pids"].values())
+    assert stack.stop(signum=signal.SIGTERM) == 0, stack.log()
+    assert [pid for pid in pids if pid_alive(pid)] == []

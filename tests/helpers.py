@@ -114,9 +114,9 @@ class DemoStack:
         assert status == 200, body
         return next(n for n in body["nodes"] if n["name"] == name)
 
-    def stop(self, timeout_s: float = 30) -> int:
+    def stop(self, timeout_s: float = 30, signum: int = signal.SIGINT) -> int:
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
+            self.proc.send_signal(signum)
             try:
                 self.proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:

@@ -17,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from workers import tokens
+from workers.aio import cancel
 from workers.catalog import BLOCK_TOKENS, Deployment
 
 log = logging.getLogger(__name__)
@@ -124,13 +125,8 @@ class Engine:
             self._task = asyncio.get_running_loop().create_task(self._loop(), name=f"engine-{self.name}")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await cancel(self._task)
+        self._task = None
         for seq in list(self.by_id.values()):
             self._finish(seq, "abort")
 

@@ -15,6 +15,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from recovery.keys import Keys
+from workers.aio import cancel
 
 log = logging.getLogger(__name__)
 
@@ -50,12 +51,7 @@ class RoutingView:
         self._task = asyncio.create_task(self._follow(), name="routing-follow")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await cancel(self._task)
         await self.redis.aclose()
 
     async def reload(self) -> None:
