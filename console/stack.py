@@ -61,6 +61,7 @@ class Child:
     argv: list[str]
     env: dict[str, str]
     restart_delay_s: float | None = None  # None: an exit is not restarted
+    restart_argv: list[str] | None = None  # what a restart runs, when it differs from the first start
     proc: subprocess.Popen | None = None
     restarts: int = 0
     exited_at: float | None = None
@@ -116,6 +117,8 @@ class Supervisor:
                 log.warning("%s (pid %s) exited with %s", child.name, child.proc.pid, child.proc.returncode)
             if child.restart_delay_s is not None and now - child.exited_at >= child.restart_delay_s:
                 child.restarts += 1
+                if child.restart_argv is not None:
+                    child.argv = child.restart_argv
                 self.spawn(child)
                 restarted.append(child)
         return restarted

@@ -19,7 +19,8 @@ class NodeProcess:
 
     def __init__(self, name: str, *extra: str, env: dict | None = None, log_dir: Path | None = None):
         self.name = name
-        self.argv = [sys.executable, "-m", "workers.node", "--name", name, "--port", "0", *extra]
+        start = [] if "--start" in extra else ["--start", "warm"]  # tests that watch a model load say so
+        self.argv = [sys.executable, "-m", "workers.node", "--name", name, "--port", "0", *start, *extra]
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.log_dir = log_dir
         self.proc: subprocess.Popen | None = None

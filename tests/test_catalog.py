@@ -38,6 +38,11 @@ def test_tensor_parallel_divides_time_and_multiplies_kv_room():
     one = catalog.Deployment.of("Qwen3-32B", "H100-SXM", 1)
     two = catalog.Deployment.of("Qwen3-32B", "H100-SXM", 2)
     assert two.decode_step_s(4, 4000) == pytest.approx(one.decode_step_s(4, 4000) / 2, rel=0.01)
+    # The all-reduces add a little over NVLink, more over PCIe (an NVLink down).
+    assert one.step_s(0, 0, 4, 4000) == one.decode_step_s(4, 4000)
+    nvlink = two.step_s(0, 0, 4, 4000) - two.decode_step_s(4, 4000)
+    pcie = two.step_s(0, 0, 4, 4000, tp_link="pcie") - two.decode_step_s(4, 4000)
+    assert 0 < nvlink < 0.1 * two.decode_step_s(4, 4000) < pcie
     memory = 80e9 * catalog.GPU_MEMORY_UTILIZATION
     assert one.kv_capacity_bytes == pytest.approx(memory - 32.8e9 * 2, abs=2)
     assert two.kv_capacity_bytes == pytest.approx(2 * memory - 32.8e9 * 2, abs=2)
@@ -69,6 +74,8 @@ def test_a_model_that_does_not_fit_says_which_tp_would():
 def test_load_and_transfer_times():
     m = catalog.model("Qwen3-32B")
     assert catalog.load_time_s(m, disk_gbps=5.0, engine_start_s=10) == pytest.approx(65.6 / 5 + 10)
+    draft = catalog.model(m.draft)
+    assert catalog.load_time_s(draft) < 5 < catalog.load_time_s(m)  # the draft loads in seconds
     four_k = catalog.kv_bytes(m, 4096)
     assert catalog.kv_transfer_s(four_k, "infiniband") == pytest.approx(four_k / 50e9)
     assert catalog.kv_transfer_s(four_k, "nvlink") < catalog.kv_transfer_s(four_k, "pcie") < catalog.kv_transfer_s(four_k, "mystery")

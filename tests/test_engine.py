@@ -68,7 +68,7 @@ async def test_step_time_follows_the_roofline(engine):
     elapsed = time.monotonic() - started
     expected = sum(engine.deployment.decode_step_s(1, len(seq.prompt_ids) + i) for i in range(len(events))) * FAST
     assert elapsed == pytest.approx(expected, rel=0.5, abs=0.05)
-    assert engine.step_s == pytest.approx(engine.deployment.decode_step_s(1, seq.context_len - 1), rel=0.05)
+    assert engine.step_s == pytest.approx(engine.deployment.step_s(0, 0, 1, seq.context_len - 1), rel=0.05)
 
 
 async def test_chunked_prefill_spreads_a_long_prompt_over_steps():

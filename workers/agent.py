@@ -1,45 +1,32 @@
 """The node agent: the HTTP face of one serving node.
 
 Serves the OpenAI API from the engine, `/health`, Prometheus `/metrics` under
-vLLM's names, the status endpoint and the status event stream.
+vLLM's and DCGM's names, the status endpoint and the status event stream.
+The token-protected control endpoints are in workers.control_api.
 """
 
 import asyncio
 import json
 import logging
-import os
 import time
-from dataclasses import dataclass
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from workers import protocol
-from workers.engine import Engine, EngineError, FinishEvent, TokenEvent
-from workers.openai_api import ApiError, ChunkWriter, parse, read_json, sse
+from workers import control_api, protocol
+from workers.checkpoint import fetch_checkpoint
+from workers.engine import Engine, EngineError, FinishEvent, Sequence, TokenEvent
+from workers.openai_api import ApiError, ChunkWriter, CompletionRequest, parse, read_json, sse
+from workers.runtime import Identity, NodeRuntime, token_matches
 
 log = logging.getLogger(__name__)
 
-
-@dataclass
-class Identity:
-    name: str
-    rack: str
-    host: str
-    session: str
-    gpus: tuple[protocol.GpuInfo, ...]
-    address: str = ""  # filled in once the server is bound
-
-    @property
-    def pid(self) -> int:
-        return os.getpid()
-
-
-ENGINE_KEY = web.AppKey("engine", Engine)
-IDENTITY_KEY = web.AppKey("identity", Identity)
+RUNTIME_KEY = control_api.RUNTIME_KEY
 METRICS_KEY = web.AppKey("metrics", object)
 REGISTRY_KEY = web.AppKey("registry", CollectorRegistry)
+
+__all__ = ["Identity", "build_app", "status_document"]
 
 
 class EngineCollector:
@@ -74,6 +61,11 @@ class EngineCollector:
         yield gauge("lifeline:uncomputed_prefill_tokens", "Prompt tokens not yet computed (prefill load).", status["uncomputed_prefill_tokens"])
         yield gauge("lifeline:decode_batch_size", "Sequences in the decode batch.", status["decode_batch"])
         yield gauge("lifeline:decode_context_tokens", "Sum of sequence lengths in the decode batch.", status["decode_context_tokens"])
+        yield gauge("lifeline:checkpoint_bytes_held", "Other nodes' KV pages held in host memory.", status["checkpoint_bytes_held"])
+        yield gauge("lifeline:checkpoint_budget_bytes", "Host-memory budget for checkpoints.", status["checkpoint_budget_bytes"])
+        yield gauge("lifeline:model_ready", "1 when the full model serves, 0 while loading.", 1 if status["model_state"] == "serving" else 0)
+        yield counter("lifeline:draft_tokens_proposed", "Drafted tokens verified here (speculative assist).", engine.counters["draft_proposed"])
+        yield counter("lifeline:draft_tokens_accepted", "Drafted tokens accepted here.", engine.counters["draft_accepted"])
 
 
 class RequestMetrics:
@@ -88,28 +80,68 @@ class RequestMetrics:
         self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Request latency.", ["model_name"], registry=registry, buckets=latency_buckets)
         self.queue = Histogram("vllm:request_queue_time_seconds", "Time waiting for admission.", ["model_name"], registry=registry, buckets=latency_buckets)
 
+    def token(self, seq: Sequence, event: TokenEvent, last_at: float | None) -> float:
+        if event.index == seq.resumed_with and seq.first_token_at is not None:
+            self.ttft.labels(self.model).observe(seq.first_token_at - seq.arrival)
+        elif last_at is not None:
+            self.itl.labels(self.model).observe(event.at - last_at)
+        return event.at
+
+    def finish(self, seq: Sequence) -> None:
+        self.e2e.labels(self.model).observe(time.monotonic() - seq.arrival)
+        if seq.admitted_at is not None:
+            self.queue.labels(self.model).observe(seq.admitted_at - seq.arrival)
+
 
 def _served_names(engine: Engine) -> set[str]:
     return {engine.model.key, engine.model.name}
 
 
+def _bearer(request: web.Request) -> str | None:
+    scheme, _, value = request.headers.get("Authorization", "").partition(" ")
+    return value.strip() if scheme.lower() == "bearer" else None
+
+
+async def _start(request: web.Request, runtime: NodeRuntime, req: CompletionRequest):
+    """Submit a new request, or resume one from its checkpoint at token N."""
+    engine = runtime.engine
+    ext = req.extension
+    privileged = ext.holders or ext.resume is not None or ext.checkpoint_prefill_chunks
+    if privileged and not token_matches(_bearer(request), runtime.agent_token):
+        raise ApiError(401, "lifeline.holders and lifeline.resume need the agent token: send `Authorization: Bearer <agent token>`.", param="lifeline", kind="authentication_error")
+    if ext.resume is None:
+        seq = engine.submit(req.prompt_ids, req.params, req.request_id, holders=ext.holders, checkpoint_prefill_chunks=ext.checkpoint_prefill_chunks)
+        return seq, None
+
+    async def fetch(holder, request_id):
+        return await fetch_checkpoint(holder, request_id, runtime.peer_headers)
+
+    return await engine.resume(
+        req.prompt_ids, req.params, req.request_id, ext.resume.generated, sources=ext.resume.sources, fetch=fetch,
+        holders=ext.holders, checkpoint_prefill_chunks=ext.checkpoint_prefill_chunks,
+    )
+
+
 async def _run_request(request: web.Request, kind: str) -> web.StreamResponse:
-    engine = request.app[ENGINE_KEY]
-    identity = request.app[IDENTITY_KEY]
+    runtime = request.app[RUNTIME_KEY]
+    engine = runtime.engine
     metrics: RequestMetrics = request.app[METRICS_KEY]
-    headers = {"X-Lifeline-Node": identity.name}
+    headers = {"X-Lifeline-Node": runtime.identity.name}
     try:
-        if engine.model_state != "serving":
-            raise ApiError(503, f"Node {identity.name} is {engine.model_state}, not serving yet.", kind="service_unavailable")
         body = await read_json(request)
         req = parse(body, kind, _served_names(engine), engine.model.key)
-        seq = engine.submit(req.prompt_ids, req.params, req.request_id)
+        seq, resume = await _start(request, runtime, req)
     except ApiError as exc:
         return exc.response(headers)
     except EngineError as exc:
-        return ApiError(409, str(exc), param="lifeline.request_id").response(headers)
+        kind_ = "service_unavailable" if exc.status == 503 else "invalid_request_error"
+        return ApiError(exc.status, str(exc), param="lifeline.request_id" if exc.status == 409 else None, kind=kind_).response(headers)
     headers["X-Request-Id"] = req.request_id
+    if resume is not None:
+        headers["X-Lifeline-Resume"] = resume.method
     writer = ChunkWriter(req, engine.model.key)
+    writer.offset = len(seq.text)
+    extension = {"resume": resume.to_json()} if resume is not None else None
     last_at = None
     try:
         if req.stream:
@@ -119,44 +151,63 @@ async def _run_request(request: web.Request, kind: str) -> web.StreamResponse:
             while True:
                 event = await seq.events.get()
                 if isinstance(event, TokenEvent):
-                    last_at = _observe_token(metrics, seq, event, last_at)
-                    await response.write(sse(writer.token_chunk(event, first)))
+                    last_at = metrics.token(seq, event, last_at)
+                    await response.write(sse(writer.token_chunk(event, first, extension if first else None)))
                     first = False
                     continue
-                await response.write(sse(writer.finish_chunk(event)))
-                if req.include_usage:
-                    await response.write(sse(writer.usage_chunk(event)))
-                await response.write(sse("[DONE]"))
-                _observe_finish(metrics, seq, event)
+                await _stream_end(response, writer, req, event, extension if first else None)
+                metrics.finish(seq)
                 break
-            await response.write_eof()
             return response
         events = []
         while True:
             event = await seq.events.get()
             if isinstance(event, TokenEvent):
-                last_at = _observe_token(metrics, seq, event, last_at)
+                last_at = metrics.token(seq, event, last_at)
                 events.append(event)
-            else:
-                _observe_finish(metrics, seq, event)
-                return web.json_response(writer.whole(events, event), headers=headers)
+                continue
+            metrics.finish(seq)
+            if event.reason in ("stop", "length"):
+                whole = writer.whole(events, event)
+                if extension:
+                    whole["lifeline"] = extension
+                return web.json_response(whole, headers=headers)
+            return _abnormal_end(seq, event, headers)
     finally:
         if seq.finished is None:  # the client went away: free the batch slot and the KV
             engine.abort(seq.request_id)
 
 
-def _observe_token(metrics: RequestMetrics, seq, event: TokenEvent, last_at: float | None) -> float:
-    if event.index == 0 and seq.first_token_at is not None:
-        metrics.ttft.labels(metrics.model).observe(seq.first_token_at - seq.arrival)
-    elif last_at is not None:
-        metrics.itl.labels(metrics.model).observe(event.at - last_at)
-    return event.at
+async def _stream_end(response: web.StreamResponse, writer: ChunkWriter, req: CompletionRequest, event: FinishEvent, extension: dict | None) -> None:
+    if event.reason == "migrated":
+        # Handed over at a token boundary: the gateway continues the stream on the target.
+        chunk = writer.finish_chunk(None)
+        chunk["lifeline"] = {"migrated": event.detail or {}}
+        await response.write(sse(chunk))
+        await response.write_eof()
+        return
+    if event.reason in ("abort", "error"):
+        reason = (event.detail or {}).get("reason", "the request was aborted")
+        await response.write(sse({"error": {"message": reason, "type": "node_failure", "param": None, "code": None}}))
+        await response.write_eof()
+        return
+    chunk = writer.finish_chunk(event.reason)
+    if extension:
+        chunk["lifeline"] = extension
+    await response.write(sse(chunk))
+    if req.include_usage:
+        await response.write(sse(writer.usage_chunk(event)))
+    await response.write(sse("[DONE]"))
+    await response.write_eof()
 
 
-def _observe_finish(metrics: RequestMetrics, seq, event: FinishEvent) -> None:
-    metrics.e2e.labels(metrics.model).observe(time.monotonic() - seq.arrival)
-    if seq.admitted_at is not None:
-        metrics.queue.labels(metrics.model).observe(seq.admitted_at - seq.arrival)
+def _abnormal_end(seq: Sequence, event: FinishEvent, headers: dict) -> web.Response:
+    if event.reason == "migrated":
+        detail = {**(event.detail or {}), "generated_token_ids": list(seq.generated)}
+        error = {"message": "The request moved to another node mid-way.", "type": "migrated", "param": None, "code": None}
+        return web.json_response({"error": error, "lifeline": {"migrated": detail}}, status=409, headers=headers)
+    reason = (event.detail or {}).get("reason", "the request was aborted")
+    return ApiError(503 if event.reason == "error" else 409, reason, kind="node_failure").response(headers)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -168,24 +219,27 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 async def models(request: web.Request) -> web.Response:
-    engine = request.app[ENGINE_KEY]
+    engine = request.app[RUNTIME_KEY].engine
     created = int(time.time())
     data = [{"id": engine.model.key, "object": "model", "created": created, "owned_by": "lifeline", "root": engine.model.name}]
     return web.json_response({"object": "list", "data": data})
 
 
 async def health(request: web.Request) -> web.Response:
-    engine = request.app[ENGINE_KEY]
+    runtime = request.app[RUNTIME_KEY]
+    engine = runtime.engine
+    if runtime.faults.gpu_lost:
+        return web.json_response({"status": "gpu_lost", "gpus": sorted(runtime.faults.lost_gpus)}, status=503)
     ok = engine.model_state == "serving"
     return web.json_response({"status": "ok" if ok else engine.model_state}, status=200 if ok else 503)
 
 
 async def metrics(request: web.Request) -> web.Response:
-    registry = request.app[REGISTRY_KEY]
-    return web.Response(body=generate_latest(registry), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+    return web.Response(body=generate_latest(request.app[REGISTRY_KEY]), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
 
-def status_document(engine: Engine, identity: Identity) -> dict:
+def status_document(runtime: NodeRuntime) -> dict:
+    engine, identity = runtime.engine, runtime.identity
     return {
         "name": identity.name,
         "session": identity.session,
@@ -199,16 +253,27 @@ def status_document(engine: Engine, identity: Identity) -> dict:
         "time_scale": engine.config.time_scale,
         "load": engine.status(),
         "counters": dict(engine.counters),
+        "checkpoints": runtime.store.stats(),
+        "streaming": runtime.streamer.stats(),
+        "faults": runtime.faults.to_json(),
+        "telemetry_source": getattr(runtime.telemetry, "source", None),
+        "loop_lag_p99_ms": runtime.loop_lag.p99_ms(),
     }
 
 
 async def status(request: web.Request) -> web.Response:
-    return web.json_response(status_document(request.app[ENGINE_KEY], request.app[IDENTITY_KEY]))
+    return web.json_response(status_document(request.app[RUNTIME_KEY]))
+
+
+async def telemetry(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME_KEY]
+    readings = await asyncio.get_running_loop().run_in_executor(None, runtime.telemetry.read)
+    return web.json_response({"source": runtime.telemetry.source, "gpus": [r.to_json() for r in readings]})
 
 
 async def events(request: web.Request) -> web.StreamResponse:
     """Server-sent events: one load status per load-changing event in the engine."""
-    engine = request.app[ENGINE_KEY]
+    engine = request.app[RUNTIME_KEY].engine
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
     queue = engine.subscribe()
@@ -238,14 +303,15 @@ async def error_middleware(request: web.Request, handler):
         raise
 
 
-def build_app(engine: Engine, identity: Identity) -> web.Application:
-    app = web.Application(middlewares=[error_middleware], client_max_size=16 * 1024 * 1024)
+def build_app(runtime: NodeRuntime, telemetry_collector=None) -> web.Application:
+    app = web.Application(middlewares=[error_middleware], client_max_size=64 * 1024 * 1024)
     registry = CollectorRegistry()
-    registry.register(EngineCollector(engine))
+    registry.register(EngineCollector(runtime.engine))
+    if telemetry_collector is not None:
+        registry.register(telemetry_collector)
     app[REGISTRY_KEY] = registry
-    app[METRICS_KEY] = RequestMetrics(registry, engine.model.key)
-    app[ENGINE_KEY] = engine
-    app[IDENTITY_KEY] = identity
+    app[METRICS_KEY] = RequestMetrics(registry, runtime.engine.model.key)
+    app[RUNTIME_KEY] = runtime
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", models)
@@ -253,4 +319,6 @@ def build_app(engine: Engine, identity: Identity) -> web.Application:
     app.router.add_get(protocol.METRICS_PATH, metrics)
     app.router.add_get(protocol.STATUS_PATH, status)
     app.router.add_get(protocol.EVENTS_PATH, events)
+    app.router.add_get("/agent/telemetry", telemetry)
+    control_api.add_routes(app)
     return app

@@ -105,6 +105,12 @@ MODELS: dict[str, Model] = {
 
 # KV transfer bandwidth by link type, GB/s (source document 003's cost model).
 LINK_GBPS = {"nvlink": 900.0, "nvswitch": 600.0, "infiniband": 50.0, "pcie": 28.0, "other": 10.0}
+# Latency of one collective over the link (the fixed part of a tensor-parallel all-reduce).
+LINK_LATENCY_S = {"nvlink": 8e-6, "nvswitch": 10e-6, "infiniband": 15e-6, "pcie": 25e-6, "other": 50e-6}
+# Model load: weights from local NVMe, then the engine's own start (CUDA graphs, allocator).
+DISK_GBPS = 5.0
+ENGINE_START_S = 10.0
+DRAFT_ENGINE_START_S = 2.0
 # A link shared with live traffic gives about a third of its bandwidth (REFERENCE.md).
 LOADED_LINK_FACTOR = 1 / 3
 TP_DEGREES = (1, 2, 4, 8)
@@ -191,6 +197,20 @@ class Deployment:
         m = self.model
         return 4 * m.layers * m.q_heads * m.head_dim * query_tokens * context_tokens
 
+    def tp_comm_s(self, tokens: int, link: str | None = None) -> float:
+        """Tensor-parallel all-reduces of one forward pass over `tokens` tokens.
+
+        Two per layer, each moving 2(tp-1)/tp of the activations; over NVLink it
+        is small, over PCIe (an NVLink down) it is not.
+        """
+        if self.tp == 1 or tokens <= 0:
+            return 0.0
+        link = link or self.gpu.link
+        hidden_bytes = self.model.q_heads * self.model.head_dim * 2
+        per_reduce = tokens * hidden_bytes * 2 * (self.tp - 1) / self.tp
+        reduces = 2 * self.model.layers
+        return reduces * (per_reduce / (LINK_GBPS[link] * GB) + LINK_LATENCY_S[link])
+
     def decode_step_s(self, batch: int, context_tokens: int) -> float:
         """One decode step for `batch` sequences holding `context_tokens` in total."""
         if batch <= 0:
@@ -215,7 +235,15 @@ class Deployment:
             bytes_read / (self.bandwidth * DECODE_BANDWIDTH_EFFICIENCY),
         )
 
-    def step_s(self, prefill_tokens: int, prefill_context: int, decode_batch: int, decode_context: int) -> float:
+    def step_s(
+        self, prefill_tokens: int, prefill_context: int, decode_batch: int, decode_context: int, tp_link: str | None = None
+    ) -> float:
+        """A whole engine step: compute, plus the tensor-parallel all-reduces over `tp_link`."""
+        return self.compute_s(prefill_tokens, prefill_context, decode_batch, decode_context) + self.tp_comm_s(
+            prefill_tokens + decode_batch, tp_link
+        )
+
+    def compute_s(self, prefill_tokens: int, prefill_context: int, decode_batch: int, decode_context: int) -> float:
         """A mixed step (chunked prefill beside decode) shares one weight pass."""
         if prefill_tokens <= 0:
             return self.decode_step_s(decode_batch, decode_context)
@@ -237,9 +265,20 @@ class Deployment:
         )
 
 
-def load_time_s(model_: Model, disk_gbps: float = 5.0, engine_start_s: float = 10.0) -> float:
+def load_time_s(model_: Model, disk_gbps: float = DISK_GBPS, engine_start_s: float | None = None) -> float:
     """Model (re)load: weight bytes over the disk's bandwidth plus engine start."""
+    if engine_start_s is None:
+        engine_start_s = DRAFT_ENGINE_START_S if model_.is_draft else ENGINE_START_S
     return model_.weight_bytes / (disk_gbps * GB) + engine_start_s
+
+
+def node_link(rack_a: str, rack_b: str) -> tuple[str, bool]:
+    """(link type, loaded) between two nodes: InfiniBand in a rack; across racks
+    the spine is shared, so a third of it."""
+    return "infiniband", rack_a != rack_b
+
+
+HOST_TO_GPU_LINK = "pcie"  # a holder's host memory to its own GPUs
 
 
 def kv_transfer_s(num_bytes: float, link: str, loaded: bool = False) -> float:

@@ -27,11 +27,13 @@ class ControlPlaneLink:
         heartbeat: Callable[[], protocol.Heartbeat],
         interval_s: float = 1.0,
         timeout_s: float = 3.0,
+        on_session_closed: Callable[[], None] | None = None,
     ):
         self.base_url = base_url.rstrip("/")
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.registration = registration
         self.heartbeat = heartbeat
+        self.on_session_closed = on_session_closed or (lambda: None)
         self.interval_s = interval_s
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.registered = False
@@ -72,6 +74,8 @@ class ControlPlaneLink:
         registration = self.registration()
         async with self._session.post(self.base_url + protocol.REGISTER_PATH, json=registration.to_json()) as response:
             body = await _json(response)
+            if response.status == 409:
+                self.on_session_closed()  # that session is over: the next attempt starts a new one
             if response.status != 200:
                 raise ControlPlaneRefused(f"registration refused ({response.status}): {_message(body)}")
         self.registered = True
@@ -84,8 +88,11 @@ class ControlPlaneLink:
         async with self._session.post(self.base_url + protocol.HEARTBEAT_PATH.format(name=name), json=heartbeat.to_json()) as response:
             body = await _json(response)
             if response.status in (404, 409):
-                # Unknown node or a session the control plane has closed: start a new one.
+                # Unknown node (register again), or a session the control plane closed
+                # (DOWN or LEFT): within a session the lifecycle only moves forward, so start a new one.
                 self.registered = False
+                if response.status == 409:
+                    self.on_session_closed()
                 raise ControlPlaneRefused(f"heartbeat refused ({response.status}): {_message(body)}; registering again")
             if response.status != 200:
                 raise ControlPlaneRefused(f"heartbeat refused ({response.status}): {_message(body)}")

@@ -6,25 +6,41 @@ requests while the token budget, the batch limit and free KV blocks allow.
 It then sleeps for the time the step would take on the catalogued GPU and
 emits the tokens the step produced. When KV blocks run out, the most recently
 admitted sequence is preempted and recomputed later, as vLLM does.
+
+Beyond serving, the engine streams completed KV blocks to checkpoint holders,
+resumes a request from a checkpoint at token N, hands a request over to
+another node at a token boundary (live migration), and, paired with a
+restarting node's draft model, verifies k drafted tokens per step
+(speculative assist). Every token is the pure function of workers.tokens, so
+none of this changes the text.
 """
 
 import asyncio
+import hashlib
 import logging
 import math
 import time
 import uuid
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from workers import tokens
+from workers import catalog, tokens
 from workers.aio import cancel
 from workers.catalog import BLOCK_TOKENS, Deployment
+from workers.checkpoint import CheckpointStreamer, Peer
+from workers.faults import FaultState
+from workers.kvstore import CheckpointStore, Page
 
 log = logging.getLogger(__name__)
 
+MODEL_STATES = ("loading_draft", "draft_ready", "loading_full", "serving")
+
 
 class EngineError(Exception):
-    pass
+    def __init__(self, message: str, status: int = 409):
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass
@@ -48,10 +64,34 @@ class TokenEvent:
 
 @dataclass
 class FinishEvent:
-    reason: str  # "stop", "length" or "abort"
+    reason: str  # "stop", "length", "abort", "migrated" or "error"
     prompt_tokens: int
     completion_tokens: int
     at: float
+    detail: dict | None = None
+
+
+@dataclass
+class MigrationSnapshot:
+    """A request stopped at a token boundary, ready to continue elsewhere."""
+
+    request_id: str
+    prompt_ids: list[int]
+    generated: list[int]
+    blocks: list[list[int]]  # token ids of each complete, computed KV block
+
+
+@dataclass
+class ResumeInfo:
+    method: str  # "checkpoint-local", "checkpoint-fetched" or "re-prefill"
+    restored_tokens: int
+    reprefill_tokens: int
+    restore_ms: float
+    source: str | None = None
+    reason: str | None = None
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in vars(self).items() if v is not None}
 
 
 @dataclass(eq=False)
@@ -69,6 +109,11 @@ class Sequence:
     first_token_at: float | None = None
     finished: str | None = None
     preemptions: int = 0
+    holders: tuple[Peer, ...] = ()
+    checkpoint_prefill_chunks: bool = False
+    streamed_blocks: int = 0
+    resumed_with: int = 0  # output tokens it already had when it arrived (a resumed request)
+    migration: asyncio.Future | None = None
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
 
     @property
@@ -84,6 +129,13 @@ class Sequence:
         # Decoding means only the last sampled token still has to go through the model.
         return self.uncomputed > 1 or not self.generated
 
+    def context_block(self, block: int) -> list[int]:
+        start, end = block * BLOCK_TOKENS, (block + 1) * BLOCK_TOKENS
+        prompt = len(self.prompt_ids)
+        if end <= prompt:
+            return self.prompt_ids[start:end]
+        return (self.prompt_ids + self.generated)[start:end]
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -91,32 +143,80 @@ class EngineConfig:
     max_batched_tokens: int = 2048  # token budget per step (chunked prefill)
     time_scale: float = 1.0  # multiplies every emulated duration; 0.5 runs twice as fast
     status_every_steps: int = 4  # push a status after this many token-emitting steps
+    max_assisted: int = 64  # decode sequences a draft node helps per step
+
+
+@dataclass
+class Assist:
+    """This node verifies drafts proposed by a restarting node's draft model."""
+
+    draft: Peer
+    k: int
+    alpha: float
+    propose: Callable[[list[dict]], Awaitable[list[list[int]]]]
+    close: Callable[[], Awaitable[None]] | None = None
+    since: float = field(default_factory=time.time)
+    failures: int = 0
+
+    async def aclose(self) -> None:
+        if self.close is not None:
+            await self.close()
 
 
 class Engine:
-    def __init__(self, deployment: Deployment, config: EngineConfig | None = None, name: str = "node"):
+    def __init__(
+        self,
+        deployment: Deployment,
+        config: EngineConfig | None = None,
+        name: str = "node",
+        rack: str = "",
+        faults: FaultState | None = None,
+        streamer: CheckpointStreamer | None = None,
+        store: CheckpointStore | None = None,
+    ):
         self.deployment = deployment
         self.model = deployment.model
         self.config = config or EngineConfig()
         self.name = name
+        self.rack = rack
+        self.faults = faults or FaultState(enabled=False, tp=deployment.tp)
+        self.streamer = streamer
+        self.store = store
         self.total_blocks = deployment.kv_blocks
         self.used_blocks = 0
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.by_id: dict[str, Sequence] = {}
         self.model_state = "serving"
-        self.step_s = 0.0  # emulated duration of the last step, before time scale
+        self.load_progress = 1.0
+        self.assist: Assist | None = None
+        self.step_s = 0.0  # emulated duration of the last step, before time scale and faults
         self.steps = 0
+        self.busy_s = 0.0  # wall seconds spent in steps, for utilization
         self.status_seq = 0
         self.counters = {
             "prompt_tokens": 0,
             "generation_tokens": 0,
             "requests_finished": 0,
             "preemptions": 0,
+            "resumed_local": 0,
+            "resumed_fetched": 0,
+            "resumed_reprefill": 0,
+            "migrated_out": 0,
+            "assist_steps": 0,
+            "draft_proposed": 0,
+            "draft_accepted": 0,
+            "draft_tested": 0,
+            "assisted_tokens": 0,
+            "assisted_sequence_steps": 0,
+            "drafts_served": 0,
+            "step_modeled_s": 0.0,
+            "step_actual_s": 0.0,
         }
         self._wake = asyncio.Event()
         self._subscribers: set[asyncio.Queue] = set()
         self._task: asyncio.Task | None = None
+        self._load_task: asyncio.Task | None = None
         self._steps_since_status = 0
 
     # --- lifecycle -------------------------------------------------------------
@@ -125,20 +225,87 @@ class Engine:
             self._task = asyncio.get_running_loop().create_task(self._loop(), name=f"engine-{self.name}")
 
     async def stop(self) -> None:
+        await cancel(self._load_task)
         await cancel(self._task)
         self._task = None
         for seq in list(self.by_id.values()):
             self._finish(seq, "abort")
 
+    def begin_load(self, cold: bool = True) -> None:
+        """Load the model: the draft first when the family has one (seconds), then the full model."""
+        self._load_task = asyncio.get_running_loop().create_task(self._load(cold), name=f"load-{self.name}")
+
+    async def _load(self, cold: bool) -> None:
+        if not cold:
+            self._set_model_state("serving", 1.0)
+            return
+        scale = self.config.time_scale
+        draft = catalog.MODELS.get(self.model.draft) if self.model.draft else None
+        if draft is not None:
+            self._set_model_state("loading_draft", 0.0)
+            await asyncio.sleep(catalog.load_time_s(draft) * scale)
+            self._set_model_state("draft_ready", 0.0)
+        else:
+            self._set_model_state("loading_full", 0.0)
+        # The full model loads in the background; a draft-ready node can assist meanwhile.
+        total = catalog.load_time_s(self.model) * scale
+        started = time.monotonic()
+        while (elapsed := time.monotonic() - started) < total:
+            self.load_progress = elapsed / total
+            await asyncio.sleep(min(0.25, total - elapsed))
+        self._set_model_state("serving", 1.0)
+
+    def _set_model_state(self, state: str, progress: float) -> None:
+        log.info("%s model state: %s", self.name, state)
+        self.model_state = state
+        self.load_progress = progress
+        self._publish(f"model_{state}")
+        self._wake.set()
+
+    def reload(self, cold: bool = True) -> int:
+        """Drop everything in flight and load the model again (remediation, or a reset GPU)."""
+        aborted = len(self.by_id)
+        for seq in list(self.by_id.values()):
+            self._finish(seq, "abort", {"reason": "node reloading its model"})
+        if self._load_task is not None:
+            self._load_task.cancel()
+        self.begin_load(cold)
+        return aborted
+
     # --- requests ----------------------------------------------------------------
-    def submit(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None) -> Sequence:
+    def _check_can_serve(self) -> None:
+        if self.faults.gpu_lost:
+            raise EngineError(f"node {self.name} has lost GPU {sorted(self.faults.lost_gpus)} and cannot serve", status=503)
+        if self.model_state != "serving":
+            raise EngineError(f"node {self.name} is {self.model_state.replace('_', ' ')}, not serving yet", status=503)
+
+    def submit(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        *,
+        holders: tuple[Peer, ...] = (),
+        checkpoint_prefill_chunks: bool = False,
+        generated: list[int] | None = None,
+        restored_tokens: int = 0,
+    ) -> Sequence:
+        """Queue a request. `generated` and `restored_tokens` resume one at token N."""
+        self._check_can_serve()
         if not prompt_ids:
-            raise EngineError("the prompt is empty")
+            raise EngineError("the prompt is empty", status=400)
         request_id = request_id or f"req-{uuid.uuid4().hex[:20]}"
         if request_id in self.by_id:
             raise EngineError(f"request id {request_id!r} is already running on this node")
-        seq = Sequence(request_id, list(prompt_ids), params, arrival=time.monotonic())
-        seq.state = tokens.fold(tokens.initial_state(self.model.key), seq.prompt_ids)
+        generated = list(generated or [])
+        seq = Sequence(request_id, list(prompt_ids), params, arrival=time.monotonic(), generated=generated, holders=holders)
+        seq.checkpoint_prefill_chunks = checkpoint_prefill_chunks
+        seq.resumed_with = len(generated)
+        seq.state = tokens.fold(tokens.initial_state(self.model.key), seq.prompt_ids + generated)
+        seq.text = tokens.decode(generated)
+        seq.computed = restored_tokens
+        # The holder already has what was restored from it; new blocks continue from there.
+        seq.streamed_blocks = restored_tokens // BLOCK_TOKENS if holders else 0
         self.by_id[request_id] = seq
         self.waiting.append(seq)
         self.counters["prompt_tokens"] += len(prompt_ids)
@@ -146,22 +313,115 @@ class Engine:
         self._wake.set()
         return seq
 
+    async def resume(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        request_id: str,
+        generated: list[int],
+        *,
+        sources: tuple[Peer, ...] = (),
+        fetch: Callable[[Peer, str], Awaitable[tuple[list[Page], int]]] | None = None,
+        holders: tuple[Peer, ...] = (),
+        checkpoint_prefill_chunks: bool = False,
+    ) -> tuple[Sequence, ResumeInfo]:
+        """Continue a request whose first len(generated) output tokens the client already has.
+
+        Restore its KV from this node's checkpoint store (time: bytes over the
+        host-to-GPU link), else fetch it from a holder (time: bytes over the
+        link between the nodes), else re-prefill prompt plus generated tokens.
+        """
+        self._check_can_serve()
+        if len(generated) >= params.max_tokens:
+            raise EngineError(f"nothing left to generate: {len(generated)} of max_tokens={params.max_tokens} already sent", status=400)
+        context = list(prompt_ids) + list(generated)
+        per_block = self.model.kv_bytes_per_block
+        info = None
+        reasons = []
+        if self.store is not None:
+            checkpoint, restored = self.store.usable(request_id, context)
+            if restored:
+                # Pages handed over by a live migration went straight to GPU memory; a holder's
+                # own pages come up from host memory.
+                seconds = 0.0 if checkpoint.direct else catalog.kv_transfer_s(restored // BLOCK_TOKENS * per_block, catalog.HOST_TO_GPU_LINK)
+                info = ResumeInfo("checkpoint-local", restored, len(context) - restored, seconds * 1000, source=checkpoint.source)
+                self.store.drop(request_id, count=False)
+            else:
+                reasons.append("this node holds no pages for the request" if checkpoint is None else "this node's pages do not match the request's tokens")
+        if info is None and fetch is not None:
+            for source in sources:
+                try:
+                    pages, committed = await fetch(source, request_id)
+                except Exception as exc:  # noqa: BLE001 - a dead holder: try the next, else re-prefill
+                    reasons.append(f"{source.name} unreachable ({exc.__class__.__name__})")
+                    continue
+                restored = _matching_prefix(pages, committed, context)
+                if restored:
+                    link, loaded = catalog.node_link(self.rack, source.rack)
+                    seconds = catalog.kv_transfer_s(restored // BLOCK_TOKENS * per_block, link, loaded)
+                    info = ResumeInfo("checkpoint-fetched", restored, len(context) - restored, seconds * 1000, source=source.name)
+                    break
+                reasons.append(f"{source.name} holds no usable pages")
+        if info is None:
+            info = ResumeInfo("re-prefill", 0, len(context), 0.0, reason="; ".join(reasons) or "no checkpoint")
+        if info.restore_ms:
+            await asyncio.sleep(info.restore_ms / 1000 * self.config.time_scale)
+        seq = self.submit(
+            prompt_ids, params, request_id, holders=holders, checkpoint_prefill_chunks=checkpoint_prefill_chunks,
+            generated=generated, restored_tokens=info.restored_tokens,
+        )
+        key = {"checkpoint-local": "resumed_local", "checkpoint-fetched": "resumed_fetched", "re-prefill": "resumed_reprefill"}[info.method]
+        self.counters[key] += 1
+        return seq, info
+
     def abort(self, request_id: str) -> None:
         seq = self.by_id.get(request_id)
         if seq is not None and seq.finished is None:
             self._finish(seq, "abort")
-            self._publish("finished")
+
+    def request_migration(self, request_id: str) -> asyncio.Future:
+        """Stop `request_id` at the next token boundary; the future gets its snapshot."""
+        seq = self.by_id.get(request_id)
+        if seq is None or seq.finished is not None:
+            raise EngineError(f"request {request_id!r} is not running on {self.name}", status=404)
+        if seq.migration is None:
+            seq.migration = asyncio.get_running_loop().create_future()
+            if seq in self.waiting:  # not admitted yet: nothing in flight, hand it over now
+                self._migrate(seq)
+            self._wake.set()
+        return seq.migration
+
+    def fail_gpu(self) -> int:
+        """A lost GPU breaks the whole tensor-parallel group: every request in flight fails."""
+        failed = len(self.by_id)
+        for seq in list(self.by_id.values()):
+            self._finish(seq, "error", {"reason": f"GPU {sorted(self.faults.lost_gpus)} lost (Xid 79)"})
+        return failed
+
+    # --- speculative assist ----------------------------------------------------------
+    def start_assist(self, assist: Assist) -> None:
+        if self.model_state != "serving":
+            raise EngineError(f"node {self.name} is {self.model_state}: only a serving node verifies drafts")
+        self.assist = assist
+        self._publish("assist_started")
+
+    def stop_assist(self) -> Assist | None:
+        assist, self.assist = self.assist, None
+        if assist is not None:
+            self._publish("assist_stopped")
+        return assist
 
     # --- status --------------------------------------------------------------------
     def status(self) -> dict:
         decode = [s for s in self.running if not s.in_prefill]
-        uncomputed_prefill = sum(s.uncomputed for s in self.running if s.in_prefill) + sum(
-            s.uncomputed for s in self.waiting
-        )
+        uncomputed_prefill = sum(s.uncomputed for s in self.running if s.in_prefill) + sum(s.uncomputed for s in self.waiting)
+        store = self.store.stats() if self.store is not None else {}
+        tested = self.counters["draft_tested"]
         return {
             "seq": self.status_seq,
             "at": time.time(),
             "model_state": self.model_state,
+            "load_progress": round(self.load_progress, 3),
             "waiting": len(self.waiting),
             "running": len(self.running),
             "uncomputed_prefill_tokens": uncomputed_prefill,
@@ -169,7 +429,14 @@ class Engine:
             "decode_context_tokens": sum(s.context_len for s in decode),
             "kv_blocks_used": self.used_blocks,
             "kv_blocks_total": self.total_blocks,
+            "checkpoint_bytes_held": store.get("bytes_held", 0),
+            "checkpoint_budget_bytes": store.get("budget_bytes", 0),
+            "checkpoint_requests": store.get("requests", 0),
             "step_ms": round(self.step_s * 1000, 3),
+            "assist": None if self.assist is None else {
+                "draft": self.assist.draft.name, "k": self.assist.k, "alpha": self.assist.alpha,
+                "acceptance": round(self.counters["draft_accepted"] / tested, 4) if tested else None,
+            },
         }
 
     def subscribe(self) -> asyncio.Queue:
@@ -194,30 +461,55 @@ class Engine:
                     pass
             queue.put_nowait(status)
 
+    def publish(self, reason: str) -> None:
+        """A load-changing event from outside the step loop (a checkpoint page stored, say)."""
+        self._publish(reason)
+
     # --- the step loop ---------------------------------------------------------------
     async def _loop(self) -> None:
         next_start = time.monotonic()
         while True:
-            if not self.running and not self.waiting:
+            if not self.running and not self.waiting or self.model_state != "serving":
                 self._wake.clear()
                 await self._wake.wait()
                 next_start = time.monotonic()
+                continue
             plan = self._schedule()
             if plan is None:  # nothing could be scheduled (no KV room); wait for a change
                 self._wake.clear()
                 await self._wake.wait()
                 next_start = time.monotonic()
                 continue
-            self.step_s = self.deployment.step_s(*plan.shape)
-            # Deadline-based sleep: the loop's own overhead does not stretch the step.
-            next_start += self.step_s * self.config.time_scale
+            drafts = None
+            if self.assist is not None and plan.decode:
+                # The draft node's proposals come first, the verification step after them.
+                drafts = await self._drafts(plan)
+                next_start = max(next_start, time.monotonic())
+            began = time.monotonic()
+            self.step_s = self._step_time(plan, drafts)
+            scaled = self.step_s * self.faults.step_factor() * self.config.time_scale
+            # Deadline-based sleep: the loop's own overhead (and the timer's coarseness) does
+            # not stretch the steps; a short oversleep is made up on the next one.
+            next_start += scaled
             delay = next_start - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
             else:
                 next_start = time.monotonic()
                 await asyncio.sleep(0)
-            self._apply(plan)
+            self.busy_s += time.monotonic() - began
+            self.counters["step_modeled_s"] += scaled
+            self.counters["step_actual_s"] += time.monotonic() - began
+            self._apply(plan, drafts)
+
+    def _step_time(self, plan: "StepPlan", drafts: dict | None) -> float:
+        prefill_tokens, prefill_context, decode_batch, decode_context = plan.shape
+        link = "pcie" if self.faults.nvlink_down else None
+        if drafts:
+            # Verifying k drafts costs one pass over k+1 query tokens per assisted sequence:
+            # more FLOPs, the same weight bytes, so a memory-bound step grows only a little.
+            decode_batch += len(drafts) * self.assist.k
+        return self.deployment.step_s(prefill_tokens, prefill_context, decode_batch, decode_context, link)
 
     def _blocks_for(self, tokens_: int) -> int:
         return math.ceil(tokens_ / BLOCK_TOKENS)
@@ -250,6 +542,7 @@ class Engine:
     def _schedule(self) -> "StepPlan | None":
         budget = self.config.max_batched_tokens
         work: list[tuple[Sequence, int]] = []
+        reserve = 1 + (self.assist.k if self.assist is not None else 0)
         # 1. Running sequences, oldest first; preempt the newest when KV runs out.
         index = 0
         while index < len(self.running):
@@ -258,7 +551,8 @@ class Engine:
             if want <= 0:
                 index += 1
                 continue
-            while not self._grow(seq, want):
+            room = reserve if not seq.in_prefill else want
+            while not self._grow(seq, room):
                 victim = self.running[-1]
                 self._preempt(victim)
                 if victim is seq:
@@ -287,10 +581,32 @@ class Engine:
             return None
         return StepPlan(work)
 
-    def _apply(self, plan: "StepPlan") -> None:
+    async def _drafts(self, plan: "StepPlan") -> dict[str, list[int]] | None:
+        """Ask the draft node for k tokens per decoding sequence; None falls back to a plain step."""
+        assist = self.assist
+        chosen = plan.decode[: self.config.max_assisted]
+        items = [
+            {"id": s.request_id, "state": s.state.hex(), "position": len(s.generated), "temperature": s.params.temperature, "seed": s.params.seed}
+            for s in chosen
+        ]
+        try:
+            proposals = await asyncio.wait_for(assist.propose(items), timeout=2.0)
+        except Exception as exc:  # noqa: BLE001 - the draft node is a helper; decoding goes on without it
+            assist.failures += 1
+            log.warning("draft node %s failed (%s); decoding without drafts", assist.draft.name, exc)
+            if assist.failures >= 3:
+                self.stop_assist()
+                asyncio.get_running_loop().create_task(assist.aclose())
+            return None
+        assist.failures = 0
+        return {s.request_id: p for s, p in zip(chosen, proposals)}
+
+    def _apply(self, plan: "StepPlan", drafts: dict | None) -> None:
         now = time.monotonic()
         emitted = False
         prefill_done = False
+        if drafts:
+            self.counters["assist_steps"] += 1
         for seq, count in plan.work:
             if seq.finished is not None or seq not in self.running:
                 continue  # aborted or preempted while the step ran
@@ -298,11 +614,19 @@ class Engine:
             seq.computed += count
             if seq.computed < seq.context_len:
                 prefill_done = True  # a chunk finished, more to go
+                self._stream_blocks(seq)
                 continue
             if was_prefill:
                 prefill_done = True
-            self._emit_next(seq, now)
+            proposal = drafts.get(seq.request_id) if drafts and not was_prefill else None
+            if proposal is None:
+                self._emit_next(seq, now)
+            else:
+                self._emit_verified(seq, proposal, now)
             emitted = True
+            self._stream_blocks(seq)
+            if seq.migration is not None and seq.finished is None:
+                self._migrate(seq)
         self.steps += 1
         if emitted:
             self._steps_since_status += 1
@@ -312,9 +636,34 @@ class Engine:
             self._steps_since_status = 0
             self._publish("tokens")
 
+    def _emit_verified(self, seq: Sequence, proposal: list[int], now: float) -> None:
+        """Accept drafted tokens left to right while they match the target; emit them plus one."""
+        state, accepted = seq.state, 0
+        for offset, drafted in enumerate(proposal):
+            target = tokens.next_token(state, len(seq.generated) + offset, seq.params.temperature, seq.params.seed).token_id
+            if drafted != target:
+                break
+            accepted += 1
+            state = tokens.advance(state, target)
+        self.counters["draft_proposed"] += len(proposal)
+        self.counters["draft_accepted"] += accepted
+        # Drafts after the first mismatch are never tested: alpha is accepted over tested.
+        self.counters["draft_tested"] += accepted + (1 if accepted < len(proposal) else 0)
+        before = len(seq.generated)
+        for _ in range(accepted + 1):
+            self._emit_next(seq, now)
+            if seq.finished is not None:
+                break
+        made = len(seq.generated) - before
+        self.counters["assisted_tokens"] += made
+        self.counters["assisted_sequence_steps"] += 1
+        # The accepted drafts went through the model in the verification pass.
+        seq.computed += made - 1
+
     def _emit_next(self, seq: Sequence, now: float) -> None:
         params = seq.params
         choice = tokens.next_token(seq.state, len(seq.generated), params.temperature, params.seed)
+        choice = self.faults.corrupt(seq.state, len(seq.generated), choice)
         previous = seq.generated[-1] if seq.generated else None
         seq.generated.append(choice.token_id)
         seq.state = tokens.advance(seq.state, choice.token_id)
@@ -342,7 +691,29 @@ class Engine:
         if reason is not None:
             self._finish(seq, reason)
 
-    def _finish(self, seq: Sequence, reason: str) -> None:
+    def _stream_blocks(self, seq: Sequence) -> None:
+        """Hand newly completed KV blocks to the streamer, one page per holder."""
+        if not seq.holders or self.streamer is None:
+            return
+        if seq.in_prefill and not seq.checkpoint_prefill_chunks:
+            return  # the prompt's blocks go once prefill is done, unless chunks are checkpointed
+        complete = seq.computed // BLOCK_TOKENS
+        for block in range(seq.streamed_blocks, complete):
+            token_ids = seq.context_block(block)
+            for holder in seq.holders:
+                self.streamer.page(holder, seq.request_id, block, token_ids)
+        if complete > seq.streamed_blocks:
+            seq.streamed_blocks = complete
+
+    def _migrate(self, seq: Sequence) -> None:
+        complete = seq.computed // BLOCK_TOKENS
+        snapshot = MigrationSnapshot(seq.request_id, list(seq.prompt_ids), list(seq.generated), [seq.context_block(b) for b in range(complete)])
+        self.counters["migrated_out"] += 1
+        self._finish(seq, "migrated", {"tokens": len(seq.generated)})
+        if not seq.migration.done():
+            seq.migration.set_result(snapshot)
+
+    def _finish(self, seq: Sequence, reason: str, detail: dict | None = None) -> None:
         if seq.finished is not None:
             return
         seq.finished = reason
@@ -355,16 +726,58 @@ class Engine:
             except ValueError:
                 pass
         self.by_id.pop(seq.request_id, None)
-        if reason != "abort":
+        if reason in ("stop", "length"):
             self.counters["requests_finished"] += 1
-        seq.events.put_nowait(FinishEvent(reason, len(seq.prompt_ids), len(seq.generated), time.time()))
+        if reason != "migrated" and self.streamer is not None:
+            for holder in seq.holders:  # the checkpoint is no longer needed
+                self.streamer.drop(holder, seq.request_id)
+        if seq.migration is not None and not seq.migration.done() and reason != "migrated":
+            seq.migration.set_exception(EngineError(f"request {seq.request_id} ended ({reason}) before it could migrate", status=409))
+        seq.events.put_nowait(FinishEvent(reason, len(seq.prompt_ids), len(seq.generated), time.time(), detail))
         self._publish("finished")
         self._wake.set()
+
+
+def _matching_prefix(pages: list[Page], committed: int, context: list[int]) -> int:
+    limit = min(committed, len(context)) // BLOCK_TOKENS * BLOCK_TOKENS
+    restored = 0
+    for page in pages:
+        end = restored + len(page.token_ids)
+        if end > limit or page.token_ids != context[restored:end]:
+            break
+        restored = end
+    return restored
+
+
+def propose_drafts(model_key: str, k: int, alpha: float, items: list[dict]) -> list[list[int]]:
+    """What a draft model proposes: each drafted token agrees with the target with probability alpha.
+
+    The draft continues from its own proposals, as a real draft model does, so
+    after a disagreement the rest of its proposal is rejected at verification.
+    """
+    proposals = []
+    for item in items:
+        state = bytes.fromhex(item["state"])
+        position = int(item["position"])
+        drafted = []
+        for offset in range(k):
+            target = tokens.next_token(state, position + offset, float(item.get("temperature", 0.0)), int(item.get("seed", 0))).token_id
+            digest = hashlib.blake2b(state + (position + offset).to_bytes(8, "little"), digest_size=8, person=b"lifeline-draft").digest()
+            agree = int.from_bytes(digest, "little") / 2**64 < alpha
+            token = target if agree else (target + 1 + digest[0] % 7) % tokens.WORD_COUNT
+            drafted.append(token)
+            state = tokens.advance(state, token)
+        proposals.append(drafted)
+    return proposals
 
 
 @dataclass
 class StepPlan:
     work: list[tuple[Sequence, int]]
+
+    @property
+    def decode(self) -> list[Sequence]:
+        return [seq for seq, _ in self.work if not seq.in_prefill]
 
     @property
     def shape(self) -> tuple[int, int, int, int]:

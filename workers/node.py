@@ -1,8 +1,14 @@
 """Run one serving node: `python -m workers.node --name node-01 --rack rack-a`.
 
 The node binds its agent (port 0 picks a free one), prints one JSON line with
-its address and pid, registers with the control plane and sends heartbeats
-until SIGTERM or SIGINT, when it tells the control plane it is leaving.
+its address and pid, loads its model (the draft first, then the full model),
+registers with the control plane and sends heartbeats until SIGTERM or
+SIGINT, when it tells the control plane it is leaving.
+
+Secrets come from the environment, never the command line:
+LIFELINE_NODE_TOKEN (to register), LIFELINE_AGENT_TOKEN (control endpoints:
+checkpoints, migration, assist, reload), LIFELINE_FAULT_TOKEN (fault
+injection, only with --enable-faults).
 """
 
 import argparse
@@ -18,11 +24,24 @@ import uuid
 from aiohttp import web
 
 from workers import catalog, protocol
-from workers.agent import Identity, build_app
+from workers.adapter import OFFERS as ADAPTER_OFFERS
+from workers.adapter import AdapterEngine, build_adapter_app
+from workers.agent import build_app
+from workers.checkpoint import CheckpointStreamer
 from workers.control import ControlPlaneLink
 from workers.engine import Engine, EngineConfig
+from workers.faults import FaultState
+from workers.kvstore import CheckpointStore
+from workers.runtime import Identity, LoopLag, NodeRuntime
+from workers.telemetry import DcgmCollector, open_telemetry
 
 log = logging.getLogger("workers.node")
+
+GIB = 1024**3
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").lower() in ("1", "true", "yes", "on")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -40,10 +59,25 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--heartbeat-interval", type=float, default=float(env("LIFELINE_HEARTBEAT_INTERVAL_S", "1.0")))
     parser.add_argument("--time-scale", type=float, default=float(env("LIFELINE_TIME_SCALE", "1.0")), help="multiplies emulated GPU time; 0.5 runs twice as fast")
     parser.add_argument("--max-num-seqs", type=int, default=int(env("LIFELINE_MAX_NUM_SEQS", "128")), help="batch limit")
+    parser.add_argument("--start", choices=("cold", "warm"), default=env("LIFELINE_NODE_START", "cold"),
+                        help="cold: load the draft model, then the full model (as after a restart); warm: serve at once")
+    parser.add_argument("--host-memory-gb", type=float, default=None, help="host DRAM (default: twice the GPUs' memory)")
+    parser.add_argument("--checkpoint-budget", type=float, default=float(env("LIFELINE_CHECKPOINT_BUDGET", "0.05")),
+                        help="share of host memory for other nodes' KV checkpoints (default 0.05)")
+    parser.add_argument("--kv-wire-scale", type=float, default=1 / 4096, help="bytes moved per byte of KV accounted")
+    parser.add_argument("--draft-acceptance", type=float, default=float(env("LIFELINE_DRAFT_ACCEPTANCE", "0.6")), help="alpha when an assist request names none")
+    parser.add_argument("--enable-faults", action="store_true", default=_env_flag("LIFELINE_FAULTS_ENABLED"),
+                        help="allow fault injection at /agent/faults (with LIFELINE_FAULT_TOKEN); staging only")
+    parser.add_argument("--engine-url", default=env("LIFELINE_ENGINE_URL"),
+                        help="front a real engine (vLLM, SGLang, ...) at this URL instead of emulating one")
     parser.add_argument("--log-level", default=env("LIFELINE_LOG_LEVEL", "INFO"))
     args = parser.parse_args(argv)
     if args.time_scale <= 0:
         parser.error("--time-scale must be positive")
+    if not 0 < args.checkpoint_budget <= 0.5:
+        parser.error("--checkpoint-budget must be a share of host memory in (0, 0.5]")
+    if args.enable_faults and not os.environ.get("LIFELINE_FAULT_TOKEN"):
+        parser.error("--enable-faults needs LIFELINE_FAULT_TOKEN in the environment: fault injection is always behind a token")
     return args
 
 
@@ -68,17 +102,58 @@ def emulated_gpus(name: str, gpu: catalog.Gpu, tp: int) -> tuple[protocol.GpuInf
     )
 
 
-async def serve(args: argparse.Namespace) -> None:
+def build_runtime(args: argparse.Namespace) -> tuple[NodeRuntime, object]:
     deployment = catalog.Deployment.of(args.model, args.gpu, args.tp)
-    engine = Engine(deployment, EngineConfig(time_scale=args.time_scale, max_num_seqs=args.max_num_seqs), name=args.name)
-    identity = Identity(
-        name=args.name,
-        rack=args.rack,
-        host=socket.gethostname(),
-        session=uuid.uuid4().hex,
-        gpus=emulated_gpus(args.name, deployment.gpu, args.tp),
+    host_memory = int((args.host_memory_gb or 2 * deployment.gpu.memory_gb * args.tp) * 1e9)
+    agent_token = os.environ.get("LIFELINE_AGENT_TOKEN") or None
+    headers = {"Authorization": f"Bearer {agent_token}"} if agent_token else {}
+    faults = FaultState(enabled=args.enable_faults, tp=args.tp)
+    store = CheckpointStore(int(host_memory * args.checkpoint_budget))
+    streamer = CheckpointStreamer(args.name, deployment.model, headers, wire_scale=args.kv_wire_scale)
+    engine = Engine(
+        deployment, EngineConfig(time_scale=args.time_scale, max_num_seqs=args.max_num_seqs), name=args.name,
+        rack=args.rack, faults=faults, streamer=streamer, store=store,
     )
-    app = build_app(engine, identity)
+    identity = Identity(name=args.name, rack=args.rack, host=socket.gethostname(), session=uuid.uuid4().hex,
+                        gpus=emulated_gpus(args.name, deployment.gpu, args.tp))
+    runtime = NodeRuntime(identity, engine, store, streamer, faults, telemetry=None, agent_token=agent_token,
+                          fault_token=os.environ.get("LIFELINE_FAULT_TOKEN") or None, default_alpha=args.draft_acceptance)
+    runtime.telemetry = open_telemetry(identity.gpus, deployment, runtime.load_for_telemetry, faults)
+    identity.gpus = runtime.telemetry.gpus() or identity.gpus  # real GPUs when NVML sees them
+    return runtime, DcgmCollector(runtime.telemetry, identity.host)
+
+
+def build_adapter(args: argparse.Namespace):
+    """A node in front of a real engine: proxy, load from its metrics, and plain about the rest."""
+    deployment = catalog.Deployment.of(args.model, args.gpu, args.tp)
+    engine = AdapterEngine(args.engine_url, deployment, args.name)
+    identity = Identity(name=args.name, rack=args.rack, host=socket.gethostname(), session=uuid.uuid4().hex,
+                        gpus=emulated_gpus(args.name, deployment.gpu, args.tp))
+
+    def load() -> dict:
+        running = engine.status()["running"] or 0
+        return {"busy_fraction": 1.0 if running else 0.0, "kv_bytes_used": engine.used_blocks * deployment.model.kv_bytes_per_block}
+
+    telemetry = open_telemetry(identity.gpus, deployment, load, FaultState(enabled=False, tp=args.tp))
+    identity.gpus = telemetry.gpus() or identity.gpus
+    loop_lag = LoopLag()
+    app = build_adapter_app(engine, identity, telemetry, DcgmCollector(telemetry, identity.host), loop_lag)
+    return engine, identity, telemetry, loop_lag, app
+
+
+async def serve(args: argparse.Namespace) -> None:
+    if args.engine_url:
+        engine, identity, telemetry, loop_lag, app = build_adapter(args)
+        capabilities = list(ADAPTER_OFFERS)
+        closers = []
+    else:
+        runtime, collector = build_runtime(args)
+        engine, identity, telemetry, loop_lag = runtime.engine, runtime.identity, runtime.telemetry, runtime.loop_lag
+        app = build_app(runtime, collector)
+        capabilities = ["openai", "events", "checkpoint", "resume", "migrate", "assist", "draft", "reload", "telemetry"]
+        if args.enable_faults:
+            capabilities.append("faults")
+        closers = [runtime.streamer.close]
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)
@@ -86,44 +161,40 @@ async def serve(args: argparse.Namespace) -> None:
     port = site._server.sockets[0].getsockname()[1]
     identity.address = f"http://{advertised_host(args)}:{port}"
     engine.start()
+    engine.begin_load(cold=args.start == "cold")
+    loop_lag.start()
+    telemetry.start()
     print(json.dumps({"event": "listening", "name": args.name, "address": identity.address, "pid": os.getpid()}), flush=True)
-    log.info("%s serving %s on %dx %s at %s", args.name, deployment.model.key, args.tp, deployment.gpu.key, identity.address)
+    what = f"fronting the engine at {args.engine_url}" if args.engine_url else f"{args.start} start"
+    log.info("%s: %s on %dx %s at %s (%s, telemetry %s)", args.name, engine.model.key, args.tp, engine.deployment.gpu.key,
+             identity.address, what, telemetry.source)
 
     def registration() -> protocol.Registration:
         return protocol.Registration(
-            name=identity.name,
-            session=identity.session,
-            address=identity.address,
-            rack=identity.rack,
-            model=deployment.model.key,
-            gpu=deployment.gpu.key,
-            tp=deployment.tp,
-            gpus=identity.gpus,
-            pid=os.getpid(),
-            host=identity.host,
-            capabilities=("openai", "events"),
+            name=identity.name, session=identity.session, address=identity.address, rack=identity.rack,
+            model=engine.model.key, gpu=engine.deployment.gpu.key, tp=engine.deployment.tp, gpus=identity.gpus,
+            pid=os.getpid(), host=identity.host, capabilities=tuple(capabilities),
+            engine="adapter" if args.engine_url else "emulated",
         )
 
     def heartbeat() -> protocol.Heartbeat:
         s = engine.status()
-        load = protocol.Load(
-            running=s["running"],
-            waiting=s["waiting"],
-            kv_blocks_used=s["kv_blocks_used"],
-            kv_blocks_total=s["kv_blocks_total"],
-            step_ms=s["step_ms"],
-        )
+        load = protocol.Load(running=s["running"] or 0, waiting=s["waiting"] or 0, kv_blocks_used=s["kv_blocks_used"] or 0,
+                             kv_blocks_total=s["kv_blocks_total"] or 0, step_ms=s["step_ms"] or 0.0)
         return protocol.Heartbeat(session=identity.session, model_state=engine.model_state, load=load)
+
+    def new_session() -> None:
+        identity.session = uuid.uuid4().hex
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
 
-    link = None
-    link_task = None
+    link = link_task = None
     if args.control_url:
-        link = ControlPlaneLink(args.control_url, os.environ.get("LIFELINE_NODE_TOKEN"), registration, heartbeat, args.heartbeat_interval)
+        link = ControlPlaneLink(args.control_url, os.environ.get("LIFELINE_NODE_TOKEN"), registration, heartbeat,
+                                args.heartbeat_interval, on_session_closed=new_session)
         link_task = asyncio.create_task(link.run(), name="control-plane-link")
     else:
         log.info("no --control-url: running stand-alone, without registration or heartbeats")
@@ -134,6 +205,9 @@ async def serve(args: argparse.Namespace) -> None:
         link_task.cancel()
         await link.leave("node stopped (signal)")
     await engine.stop()
+    for close in closers:
+        await close()
+    telemetry.close()
     await runner.cleanup()
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from workers import tokens
+from workers.checkpoint import Peer
 from workers.engine import FinishEvent, SamplingParams, TokenEvent
 
 
@@ -46,6 +47,54 @@ async def read_json(request: web.Request) -> dict:
 
 
 @dataclass
+class Resume:
+    """Continue a request whose first len(generated) output tokens the client already has."""
+
+    generated: list[int]
+    sources: tuple[Peer, ...]  # holders that may have its KV pages
+
+
+@dataclass
+class Extension:
+    """Lifeline's protocol, in the request's `lifeline` object (`extra_body` for OpenAI clients)."""
+
+    holders: tuple[Peer, ...] = ()  # stream this request's KV pages to these nodes
+    checkpoint_prefill_chunks: bool = False  # stream prompt blocks as prefill chunks complete
+    resume: Resume | None = None
+    return_token_ids: bool = False  # each chunk carries the ids of its tokens
+
+    @classmethod
+    def parse(cls, data) -> "Extension":
+        if not isinstance(data, dict):
+            raise bad("lifeline", "must be an object")
+        try:
+            holders = tuple(Peer.parse(h, f"lifeline.holders[{i}]") for i, h in enumerate(_list(data, "holders")))
+            resume = None
+            if data.get("resume") is not None:
+                raw = data["resume"]
+                if not isinstance(raw, dict):
+                    raise ValueError("lifeline.resume: must be an object")
+                generated = raw.get("generated_token_ids")
+                if not isinstance(generated, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in generated):
+                    raise ValueError("lifeline.resume.generated_token_ids: must be a list of token ids the client already has")
+                sources = tuple(Peer.parse(h, f"lifeline.resume.sources[{i}]") for i, h in enumerate(_list(raw, "sources", "lifeline.resume.")))
+                resume = Resume(generated, sources)
+        except ValueError as exc:
+            field, _, message = str(exc).partition(": ")
+            raise bad(field, message) from None
+        if len(holders) > 2:
+            raise bad("lifeline.holders", "at most two holders")
+        return cls(holders, bool(data.get("checkpoint_prefill_chunks")), resume, bool(data.get("return_token_ids")))
+
+
+def _list(data: dict, key: str, prefix: str = "lifeline.") -> list:
+    value = data.get(key) or []
+    if not isinstance(value, list):
+        raise ValueError(f"{prefix}{key}: must be a list")
+    return value
+
+
+@dataclass
 class CompletionRequest:
     kind: str  # "completion" or "chat"
     model: str
@@ -54,7 +103,7 @@ class CompletionRequest:
     stream: bool
     include_usage: bool
     request_id: str
-    extension: dict
+    extension: Extension
 
 
 def _int(body: dict, key: str, default, low: int, high: int | None = None):
@@ -149,10 +198,9 @@ def parse(body: dict, kind: str, served: set[str], model_key: str) -> Completion
     stream_options = body.get("stream_options") or {}
     if not isinstance(stream_options, dict):
         raise bad("stream_options", "must be an object")
-    extension = body.get("lifeline") or {}
-    if not isinstance(extension, dict):
-        raise bad("lifeline", "must be an object")
-    request_id = extension.get("request_id")
+    raw_extension = body.get("lifeline") or {}
+    extension = Extension.parse(raw_extension)
+    request_id = raw_extension.get("request_id")
     if request_id is not None and (not isinstance(request_id, str) or not 1 <= len(request_id) <= 128):
         raise bad("lifeline.request_id", "must be a string of 1 to 128 characters")
     prompt_ids = tokens.encode(text)
@@ -215,7 +263,7 @@ class ChunkWriter:
     def _envelope(self, choice: dict, obj: str) -> dict:
         return {"id": self.req.request_id, "object": obj, "created": self.created, "model": self.model, "choices": [choice]}
 
-    def token_chunk(self, event: TokenEvent, first: bool) -> dict:
+    def token_chunk(self, event: TokenEvent, first: bool, extension: dict | None = None) -> dict:
         want_logprobs = self.req.params.logprobs is not None
         if self.req.kind == "completion":
             choice = {
@@ -225,16 +273,23 @@ class ChunkWriter:
                 "finish_reason": None,
             }
             self.offset += len(event.text)
-            return self._envelope(choice, "text_completion")
-        delta = {"role": "assistant", "content": event.text} if first else {"content": event.text}
-        choice = {"index": 0, "delta": delta, "logprobs": _chat_logprobs(event) if want_logprobs else None, "finish_reason": None}
-        return self._envelope(choice, "chat.completion.chunk")
+            obj = "text_completion"
+        else:
+            delta = {"role": "assistant", "content": event.text} if first else {"content": event.text}
+            choice = {"index": 0, "delta": delta, "logprobs": _chat_logprobs(event) if want_logprobs else None, "finish_reason": None}
+            obj = "chat.completion.chunk"
+        if self.req.extension.return_token_ids:
+            choice["token_ids"] = [event.token_id]  # as vLLM's return_token_ids
+        chunk = self._envelope(choice, obj)
+        if extension:
+            chunk["lifeline"] = extension
+        return chunk
 
-    def finish_chunk(self, finish: FinishEvent) -> dict:
+    def finish_chunk(self, reason: str | None) -> dict:
         if self.req.kind == "completion":
-            choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": finish.reason}
+            choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": reason}
             return self._envelope(choice, "text_completion")
-        return self._envelope({"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish.reason}, "chat.completion.chunk")
+        return self._envelope({"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason}, "chat.completion.chunk")
 
     def usage_chunk(self, finish: FinishEvent) -> dict:
         obj = "text_completion" if self.req.kind == "completion" else "chat.completion.chunk"

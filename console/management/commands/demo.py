@@ -111,11 +111,13 @@ class Command(BaseCommand):
         api_token = self._api_token(previous)
         gateway_key = self._gateway_key(previous)
         node_token = settings.LIFELINE_NODE_TOKEN or previous.get("node_token") or secrets.token_urlsafe(24)
+        agent_token = os.environ.get("LIFELINE_AGENT_TOKEN") or previous.get("agent_token") or secrets.token_urlsafe(24)
+        fault_token = os.environ.get("LIFELINE_FAULT_TOKEN") or previous.get("fault_token") or secrets.token_urlsafe(24)
         actions.sync_hot_state()
 
         web_url = f"http://{host}:{opts['port']}"
         gateway_url = f"http://{host}:{opts['gateway_port']}"
-        env = self._child_env(redis_url, node_token)
+        env = self._child_env(redis_url, node_token, agent_token, fault_token)
         web = self.supervisor.spawn(
             Child("web", [python(), "-m", "daphne", "-b", host, "-p", str(opts["port"]), "-v", "0", "console.asgi:application"], env, restart_delay_s=2)
         )
@@ -135,9 +137,11 @@ class Command(BaseCommand):
             argv = [
                 python(), "-m", "workers.node", "--name", f"node-{i + 1:02d}", "--rack", f"rack-{chr(ord('a') + rack_index)}",
                 "--model", opts["model"], "--gpu", opts["gpu_list"][rack_index % len(opts["gpu_list"])], "--tp", str(opts["tp"]),
-                "--host", host, "--port", "0", "--control-url", web_url, "--time-scale", str(opts["time_scale"]),
+                "--host", host, "--port", "0", "--control-url", web_url, "--time-scale", str(opts["time_scale"]), "--enable-faults",
             ]
-            self.supervisor.spawn(Child(f"node-{i + 1:02d}", argv, env, restart_delay_s=restart))
+            # The fleet is already up when the demo opens; a node that crashed reloads its model
+            # from disk (draft first), as a real one would.
+            self.supervisor.spawn(Child(f"node-{i + 1:02d}", argv + ["--start", "warm"], env, restart_delay_s=restart, restart_argv=argv + ["--start", "cold"]))
         self._wait_nodes_serving(opts["nodes"], 60)
 
         if not opts["no_traffic"]:
@@ -158,6 +162,8 @@ class Command(BaseCommand):
             "api_token_user": "admin",
             "gateway_key": gateway_key,
             "node_token": node_token,
+            "agent_token": agent_token,
+            "fault_token": fault_token,
             "redis_url": redis_url,
             "database": _describe_db(),
             "log_dir": str(self.supervisor.log_dir),
@@ -174,7 +180,7 @@ class Command(BaseCommand):
             if ticks % 2 == 0:
                 self._write_info()  # a restarted node has a new pid, and a new address once it registers
 
-    def _child_env(self, redis_url: str, node_token: str) -> dict:
+    def _child_env(self, redis_url: str, node_token: str, agent_token: str, fault_token: str) -> dict:
         env = dict(os.environ)
         env.update(
             {
@@ -183,6 +189,8 @@ class Command(BaseCommand):
                 "LIFELINE_VAR_DIR": str(settings.VAR_DIR),
                 "LIFELINE_NAMESPACE": settings.LIFELINE_NAMESPACE,
                 "LIFELINE_NODE_TOKEN": node_token,
+                "LIFELINE_AGENT_TOKEN": agent_token,
+                "LIFELINE_FAULT_TOKEN": fault_token,
                 "PYTHONUNBUFFERED": "1",
             }
         )

@@ -1,0 +1,321 @@
+"""The node agent's control endpoints, all behind a bearer token.
+
+Checkpoint pages from other nodes (`/agent/kv/...`), live migration of a
+request, speculative assist (as verifier or as draft), reload, and fault
+injection (a separate token, and only when the node was started with it).
+"""
+
+import asyncio
+import functools
+import json
+import logging
+
+import aiohttp
+from aiohttp import web
+
+from workers import catalog, faults as faults_
+from workers.catalog import BLOCK_TOKENS
+from workers.checkpoint import Peer
+from workers.engine import Assist, EngineError, propose_drafts
+from workers.kvstore import PageRefused, page_from_wire
+from workers.runtime import NodeRuntime, token_matches
+
+log = logging.getLogger(__name__)
+
+RUNTIME_KEY = web.AppKey("runtime", NodeRuntime)
+
+
+def error(status: int, message: str, field: str | None = None, **extra) -> web.Response:
+    body = {"error": {"message": message, "type": "invalid_request_error" if status == 400 else "control_error", "param": field}}
+    body.update(extra)
+    return web.json_response(body, status=status)
+
+
+def _bearer(request: web.Request) -> str | None:
+    scheme, _, value = request.headers.get("Authorization", "").partition(" ")
+    return value.strip() if scheme.lower() == "bearer" else None
+
+
+def agent_control(handler):
+    """Endpoints other nodes and the control plane call, with the agent token."""
+
+    @functools.wraps(handler)
+    async def wrapper(request: web.Request) -> web.StreamResponse:
+        runtime = request.app[RUNTIME_KEY]
+        if not runtime.agent_token:
+            return error(503, "Control endpoints are off on this node: start it with LIFELINE_AGENT_TOKEN set.")
+        if not token_matches(_bearer(request), runtime.agent_token):
+            return error(401, "The agent token is missing or wrong: send `Authorization: Bearer <agent token>`.")
+        return await handler(request, runtime)
+
+    return wrapper
+
+
+async def _body(request: web.Request) -> dict:
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise web.HTTPBadRequest(text=json.dumps({"error": {"message": "The body is not valid JSON.", "param": "body"}}), content_type="application/json") from None
+    if not isinstance(body, dict):
+        raise web.HTTPBadRequest(text=json.dumps({"error": {"message": "The body must be a JSON object.", "param": "body"}}), content_type="application/json")
+    return body
+
+
+# --- checkpoint pages: this node as a holder -------------------------------------------
+@agent_control
+async def kv_batch(request: web.Request, runtime: NodeRuntime) -> web.Response:
+    """Pages, commit records and drops from a serving node, in order."""
+    body = await _body(request)
+    if body.get("model") != runtime.engine.model.key:
+        return error(400, f"model: this node serves {runtime.engine.model.key}; it cannot hold pages of {body.get('model')!r}", "model")
+    source = str(body.get("source") or "?")
+    direct = bool(body.get("direct"))
+    store = runtime.store
+    accepted, refused = 0, []
+    for data in body.get("pages") or []:
+        try:
+            request_id, seq, page = page_from_wire(data)
+            store.put(source, body["model"], request_id, seq, page, direct=direct)
+            accepted += 1
+        except PageRefused as exc:
+            refused.append({"request_id": data.get("request_id"), "seq": data.get("seq"), "reason": exc.reason, "message": str(exc)})
+        except ValueError as exc:
+            store.counters["refused_malformed"] = store.counters.get("refused_malformed", 0) + 1
+            refused.append({"request_id": data.get("request_id"), "seq": data.get("seq"), "reason": "malformed", "message": str(exc)})
+    committed = {}
+    for commit in body.get("commits") or []:
+        tokens_ = store.commit(str(commit.get("request_id")), int(commit.get("seq", 0)), int(commit.get("tokens", 0)))
+        if tokens_ is not None:
+            committed[commit["request_id"]] = tokens_
+    for request_id in body.get("drops") or []:
+        store.drop(str(request_id))
+    if accepted or body.get("drops"):
+        runtime.engine.publish("checkpoint")
+    return web.json_response({"accepted": accepted, "refused": refused, "committed": committed})
+
+
+@agent_control
+async def kv_get(request: web.Request, runtime: NodeRuntime) -> web.Response:
+    request_id = request.match_info["request_id"]
+    checkpoint = runtime.store.checkpoints.get(request_id)
+    if checkpoint is None:
+        return error(404, f"no checkpoint of {request_id} on {runtime.identity.name}")
+    pages = [page.to_wire(request_id, i + 1) for i, page in enumerate(checkpoint.pages)]
+    return web.json_response({**checkpoint.summary(), "pages": pages})
+
+
+@agent_control
+async def kv_drop(request: web.Request, runtime: NodeRuntime) -> web.Response:
+    request_id = request.match_info["request_id"]
+    dropped = runtime.store.drop(request_id)
+    if dropped:
+        runtime.engine.publish("checkpoint")
+    return web.json_response({"request_id": request_id, "dropped": dropped})
+
+
+@agent_control
+async def kv_list(request: web.Request, runtime: NodeRuntime) -> web.Response:
+    store = runtime.store
+    return web.json_response({"stats": store.stats(), "checkpoints": [c.summary() for c in store.checkpoints.values()]})
+
+
+# --- live migration: this node hands a request over ----------------------------------------
+@agent_control
+async def migrate(request: web.Request, runtime: NodeRuntime) -> web.Response:
+    """Stop a request at a token boundary and hand its KV blocks to `target`.
+
+    The caller then resumes it on the target with the generated token ids this
+    returns; the target finds the pages in its store.
+    """
+    body = await _body(request)
+    try:
+        target = Peer.parse(body.get("target"), "target")
+    except ValueError as exc:
+        field, _, message = str(exc).partition(": ")
+        return error(400, message, field)
+    request_id = request.match_info["request_id"]
+    try:
+        snapshot = await runtime.engine.request_migration(request_id)
+    except EngineError as exc:
+        return error(exc.status, str(exc))
+    blocks = snapshot.blocks
+    nbytes = len(blocks) * runtime.engine.model.kv_bytes_per_block
+    link, loaded = catalog.node_link(runtime.identity.rack, target.rack)
+    seconds = catalog.kv_transfer_s(nbytes, link, loaded)
+    answer = {
+        "request_id": request_id,
+        "source": runtime.identity.name,
+        "target": target.name,
+        "generated_token_ids": snapshot.generated,
+        "tokens": len(snapshot.generated),
+        "blocks": len(blocks),
+        "kv_tokens": len(blocks) * BLOCK_TOKENS,
+        "bytes": nbytes,
+        "link": link,
+        "transfer_ms": round(seconds * 1000, 3),
+    }
+    try:
+        await runtime.streamer.push_all(target, request_id, blocks, direct=True)
+        await asyncio.sleep(seconds * runtime.engine.config.time_scale)
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        # The request is stopped either way; the caller re-prefills it elsewhere from these tokens.
+        return error(502, f"could not hand the KV blocks to {target.name}: {exc}", "target", **{"lifeline": {"migrated": {**answer, "blocks": 0, "bytes": 0}}})
+    return web.json_response(answer)
+
+
+# --- speculative assist --------------------------------------------------------------------------
+@agent_control
+async def assist_start(request: web.Request, runtime: NodeRuntime) -> web.Response:
+    """Pair this serving node with a draft-ready node: verify its k drafts per step."""
+    body = await _body(request)
+    try:
+        draft = Peer.parse(body.get("draft"), "draft")
+    except ValueError as exc:
+        field, _, message = str(exc).partition(": ")
+        return error(400, message, field)
+    k = body.get("k", 4)
+    alpha = body.get("alpha", runtime.default_alpha)
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 16:
+        return error(400, "must be an integer from 1 to 16", "k")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha < 1:
+        return error(400, "must be a number in [0, 1)", "alpha")
+    session = aiohttp.ClientSession(headers=runtime.peer_headers, timeout=aiohttp.ClientTimeout(total=2))
+    url = draft.address + "/agent/draft"
+    model = runtime.engine.model.key
+
+    async def propose(items: list[dict]) -> list[list[int]]:
+        async with session.post(url, json={"model": model, "k": k, "alpha": alpha, "items": items}) as response:
+            answer = await response.json(content_type=None)
+            if response.status != 200:
+                raise RuntimeError(f"draft node answered {response.status}: {answer.get('error', {}).get('message')}")
+            return answer["drafts"]
+
+    old = runtime.engine.stop_assist()
+    if old is not None:
+        await old.aclose()
+    try:
+        runtime.engine.start_assist(Assist(draft, k, float(alpha), propose, close=session.close))
+    except EngineError as exc:
+        await session.close()
+        return error(exc.status, str(exc))
+    expected = expected_tokens_per_step(float(alpha), k)
+    return web.json_response({"draft": draft.name, "k": k, "alpha": alpha, "expected_tokens_per_step": round(expected, 3)})
+
+
+@agent_control
+async def assist_stop(request: web.Request, runtime: NodeRuntime) -> web.Response:
+    assist = runtime.engine.stop_assist()
+    if assist is not None:
+        await assist.aclose()
+    return web.json_response({"stopped": assist is not None, **assist_report(runtime.engine.counters)})
+
+
+def assist_report(counters: dict) -> dict:
+    """Measured acceptance (alpha: accepted over tested drafts) and tokens per assisted step."""
+    tested, steps = counters["draft_tested"], counters["assist_steps"]
+    return {
+        "assist_steps": steps,
+        "draft_proposed": counters["draft_proposed"],
+        "draft_accepted": counters["draft_accepted"],
+        "acceptance": round(counters["draft_accepted"] / tested, 4) if tested else None,
+        "tokens_per_sequence_step": round(counters["assisted_tokens"] / counters["assisted_sequence_steps"], 3) if counters["assisted_sequence_steps"] else None,
+    }
+
+
+@agent_control
+async def draft(request: web.Request, runtime: NodeRuntime) -> web.Response:
+    """As a restarting node with only its draft model loaded: propose k tokens per sequence."""
+    engine = runtime.engine
+    if engine.model_state != "draft_ready":
+        return error(409, f"{runtime.identity.name} is {engine.model_state}: only a draft-ready node proposes drafts")
+    body = await _body(request)
+    if body.get("model") != engine.model.key:
+        return error(400, f"model: this node drafts for {engine.model.key}, not {body.get('model')!r}", "model")
+    items = body.get("items") or []
+    k, alpha = int(body.get("k", 4)), float(body.get("alpha", runtime.default_alpha))
+    drafted = propose_drafts(engine.model.key, k, alpha, items)
+    # The draft model runs k decode steps over the batch on this node's GPU.
+    draft_model = catalog.model(engine.model.draft)
+    deployment = catalog.Deployment(draft_model, engine.deployment.gpu, 1)
+    context = sum(int(i.get("position", 0)) for i in items) + 512 * len(items)
+    seconds = sum(deployment.decode_step_s(len(items), context + j * len(items)) for j in range(k))
+    await asyncio.sleep(seconds * engine.config.time_scale)
+    engine.counters["drafts_served"] += len(items)
+    return web.json_response({"drafts": drafted, "draft_ms": round(seconds * 1000, 3)})
+
+
+@agent_control
+async def reload(request: web.Request, runtime: NodeRuntime) -> web.Response:
+    body = await _body(request) if request.can_read_body else {}
+    aborted = runtime.engine.reload(cold=bool(body.get("cold", True)))
+    return web.json_response({"reloading": True, "aborted": aborted, "model_state": runtime.engine.model_state})
+
+
+# --- fault injection ------------------------------------------------------------------------------
+def fault_control(handler):
+    @functools.wraps(handler)
+    async def wrapper(request: web.Request) -> web.StreamResponse:
+        runtime = request.app[RUNTIME_KEY]
+        if not runtime.faults.enabled:
+            return error(403, f"Fault injection is off on {runtime.identity.name}: start the node with --enable-faults (staging only).")
+        if not token_matches(_bearer(request), runtime.fault_token):
+            return error(401, "The fault token is missing or wrong: send `Authorization: Bearer <fault token>`.")
+        return await handler(request, runtime)
+
+    return wrapper
+
+
+@fault_control
+async def faults_get(request: web.Request, runtime: NodeRuntime) -> web.Response:
+    return web.json_response(runtime.faults.to_json())
+
+
+@fault_control
+async def faults_inject(request: web.Request, runtime: NodeRuntime) -> web.Response:
+    body = await _body(request)
+    kind = body.pop("kind", None)
+    try:
+        fault = runtime.faults.inject(kind, body)
+    except faults_.FaultError as exc:
+        return error(400, str(exc), exc.field)
+    log.warning("fault injected on %s: %s %s", runtime.identity.name, fault.kind, fault.params)
+    if fault.kind in ("crash", "hang"):
+        # Answer first, then act: the caller learns the fault landed.
+        asyncio.get_running_loop().call_later(0.05, faults_.act, fault)
+        return web.json_response({"fault": fault.to_json()}, status=202)
+    if runtime.faults.gpu_lost:
+        failed = runtime.engine.fail_gpu()
+        log.error("%s lost GPU %s: %d requests failed", runtime.identity.name, sorted(runtime.faults.lost_gpus), failed)
+    runtime.engine.publish(f"fault_{fault.kind}")
+    return web.json_response({"fault": fault.to_json(), "faults": runtime.faults.to_json()})
+
+
+@fault_control
+async def faults_clear(request: web.Request, runtime: NodeRuntime) -> web.Response:
+    kind = request.query.get("kind")
+    if kind is not None and kind not in faults_.KINDS:
+        return error(400, f"{kind!r} is not a fault: expected one of {', '.join(faults_.KINDS)}", "kind")
+    runtime.faults.clear(kind)
+    runtime.engine.publish("fault_cleared")
+    return web.json_response(runtime.faults.to_json())
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/agent/kv/batch", kv_batch)
+    app.router.add_get("/agent/kv", kv_list)
+    app.router.add_get("/agent/kv/{request_id}", kv_get)
+    app.router.add_delete("/agent/kv/{request_id}", kv_drop)
+    app.router.add_post("/agent/requests/{request_id}/migrate", migrate)
+    app.router.add_post("/agent/assist", assist_start)
+    app.router.add_delete("/agent/assist", assist_stop)
+    app.router.add_post("/agent/draft", draft)
+    app.router.add_post("/agent/reload", reload)
+    app.router.add_get("/agent/faults", faults_get)
+    app.router.add_post("/agent/faults", faults_inject)
+    app.router.add_delete("/agent/faults", faults_clear)
+
+
+def expected_tokens_per_step(alpha: float, k: int) -> float:
+    """Source document 000, eq. 3: E[tokens per step] = (1 - alpha^(k+1)) / (1 - alpha)."""
+    return (1 - alpha ** (k + 1)) / (1 - alpha) if alpha < 1 else float(k + 1)
+

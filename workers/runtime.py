@@ -1,0 +1,91 @@
+"""Everything one node process holds, in one place for the HTTP handlers."""
+
+import asyncio
+import hmac
+import os
+import statistics
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from workers import protocol
+from workers.checkpoint import CheckpointStreamer, Peer
+from workers.engine import Engine
+from workers.faults import FaultState
+from workers.kvstore import CheckpointStore
+
+
+@dataclass
+class Identity:
+    name: str
+    rack: str
+    host: str
+    session: str
+    gpus: tuple[protocol.GpuInfo, ...]
+    address: str = ""  # filled in once the server is bound
+
+    @property
+    def pid(self) -> int:
+        return os.getpid()
+
+    def peer(self) -> Peer:
+        return Peer(self.name, self.address, self.rack)
+
+
+class LoopLag:
+    """How late the event loop wakes up: the node's own responsiveness, sampled every 20 ms."""
+
+    def __init__(self, interval_s: float = 0.02, keep: int = 3000):
+        self.interval_s = interval_s
+        self.samples: deque[float] = deque(maxlen=keep)
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="loop-lag")
+
+    async def _run(self) -> None:
+        while True:
+            before = time.monotonic()
+            await asyncio.sleep(self.interval_s)
+            self.samples.append(max(time.monotonic() - before - self.interval_s, 0.0))
+
+    def p99_ms(self) -> float | None:
+        if len(self.samples) < 10:
+            return None
+        return round(statistics.quantiles(self.samples, n=100)[98] * 1000, 3)
+
+    def reset(self) -> None:
+        self.samples.clear()
+
+
+@dataclass
+class NodeRuntime:
+    identity: Identity
+    engine: Engine
+    store: CheckpointStore
+    streamer: CheckpointStreamer
+    faults: FaultState
+    telemetry: object  # workers.telemetry.NvmlTelemetry or EmulatedTelemetry
+    agent_token: str | None = None  # control endpoints: checkpoint pages, migration, assist, reload
+    fault_token: str | None = None  # fault injection, when enabled
+    default_alpha: float = 0.6
+    loop_lag: LoopLag = field(default_factory=LoopLag)
+    busy_mark: tuple[float, float] = field(default_factory=lambda: (time.monotonic(), 0.0))
+    busy_fraction: float = 0.0
+
+    @property
+    def peer_headers(self) -> dict:
+        return {"Authorization": f"Bearer {self.agent_token}"} if self.agent_token else {}
+
+    def load_for_telemetry(self) -> dict:
+        """Utilization over the last half second or more, and KV bytes in use, for emulated GPU figures."""
+        now, busy = time.monotonic(), self.engine.busy_s
+        then, busy_then = self.busy_mark
+        if now - then >= 0.5:  # several readers may ask at once: measure over a window, not between them
+            self.busy_fraction = min(max((busy - busy_then) / (now - then), 0.0), 1.0)
+            self.busy_mark = (now, busy)
+        return {"busy_fraction": self.busy_fraction, "kv_bytes_used": self.engine.used_blocks * self.engine.model.kv_bytes_per_block}
+
+
+def token_matches(presented: str | None, expected: str | None) -> bool:
+    return bool(presented and expected) and hmac.compare_digest(presented.encode(), expected.encode())
