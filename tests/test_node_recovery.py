@@ -192,6 +192,9 @@ async def test_holder_pushes_a_status_for_each_page_and_frees_pages_when_the_req
     held = [s["checkpoint_bytes_held"] for s in statuses if s.get("reason") == "checkpoint"]
     assert max(held) > 0 and held[-1] == 0
     assert all(s["checkpoint_budget_bytes"] > 0 for s in statuses)
+    # Every page arrived in order: nothing was streamed after the request ended and its pages were dropped.
+    checkpoints = http_json(f"{b.address}/agent/status")[1]["checkpoints"]
+    assert checkpoints["refused_order"] == 0 and checkpoints["refused_digest"] == 0 and checkpoints["dropped"] == 1
 
 
 def test_pages_with_a_bad_digest_or_out_of_order_are_refused(fleet):

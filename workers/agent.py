@@ -79,18 +79,21 @@ class RequestMetrics:
         )
         self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Request latency.", ["model_name"], registry=registry, buckets=latency_buckets)
         self.queue = Histogram("vllm:request_queue_time_seconds", "Time waiting for admission.", ["model_name"], registry=registry, buckets=latency_buckets)
+        # One labelled child each, looked up once: observe() runs for every token.
+        self.ttft_child, self.itl_child = self.ttft.labels(model_key), self.itl.labels(model_key)
+        self.e2e_child, self.queue_child = self.e2e.labels(model_key), self.queue.labels(model_key)
 
     def token(self, seq: Sequence, event: TokenEvent, last_at: float | None) -> float:
         if event.index == seq.resumed_with and seq.first_token_at is not None:
-            self.ttft.labels(self.model).observe(seq.first_token_at - seq.arrival)
+            self.ttft_child.observe(seq.first_token_at - seq.arrival)
         elif last_at is not None:
-            self.itl.labels(self.model).observe(event.at - last_at)
+            self.itl_child.observe(event.at - last_at)
         return event.at
 
     def finish(self, seq: Sequence) -> None:
-        self.e2e.labels(self.model).observe(time.monotonic() - seq.arrival)
+        self.e2e_child.observe(time.monotonic() - seq.arrival)
         if seq.admitted_at is not None:
-            self.queue.labels(self.model).observe(seq.admitted_at - seq.arrival)
+            self.queue_child.observe(seq.admitted_at - seq.arrival)
 
 
 def _served_names(engine: Engine) -> set[str]:
@@ -152,7 +155,7 @@ async def _run_request(request: web.Request, kind: str) -> web.StreamResponse:
                 event = await seq.events.get()
                 if isinstance(event, TokenEvent):
                     last_at = metrics.token(seq, event, last_at)
-                    await response.write(sse(writer.token_chunk(event, first, extension if first else None)))
+                    await response.write(writer.token_sse(event, first, extension if first else None))
                     first = False
                     continue
                 await _stream_end(response, writer, req, event, extension if first else None)
@@ -252,7 +255,7 @@ def status_document(runtime: NodeRuntime) -> dict:
         "tp": engine.deployment.tp,
         "time_scale": engine.config.time_scale,
         "load": engine.status(),
-        "counters": dict(engine.counters),
+        "counters": {**engine.counters, "steps": engine.steps},
         "checkpoints": runtime.store.stats(),
         "streaming": runtime.streamer.stats(),
         "faults": runtime.faults.to_json(),

@@ -78,6 +78,7 @@ async def kv_batch(request: web.Request, runtime: NodeRuntime) -> web.Response:
             store.put(source, body["model"], request_id, seq, page, direct=direct)
             accepted += 1
         except PageRefused as exc:
+            log.warning("refused a page from %s: %s", source, exc)
             refused.append({"request_id": data.get("request_id"), "seq": data.get("seq"), "reason": exc.reason, "message": str(exc)})
         except ValueError as exc:
             store.counters["refused_malformed"] = store.counters.get("refused_malformed", 0) + 1

@@ -35,6 +35,8 @@ from workers.kvstore import CheckpointStore, Page
 log = logging.getLogger(__name__)
 
 MODEL_STATES = ("loading_draft", "draft_ready", "loading_full", "serving")
+APPLY_SLICE = 32  # sequences emitted between two yields to the event loop
+MAX_CATCH_UP_S = 0.25  # how far behind its model the step loop catches up rather than resets
 
 
 class EngineError(Exception):
@@ -468,17 +470,18 @@ class Engine:
     # --- the step loop ---------------------------------------------------------------
     async def _loop(self) -> None:
         next_start = time.monotonic()
+        previous = None  # (start, modeled seconds) of the step before, while busy without a break
         while True:
             if not self.running and not self.waiting or self.model_state != "serving":
                 self._wake.clear()
                 await self._wake.wait()
-                next_start = time.monotonic()
+                next_start, previous = time.monotonic(), None
                 continue
             plan = self._schedule()
             if plan is None:  # nothing could be scheduled (no KV room); wait for a change
                 self._wake.clear()
                 await self._wake.wait()
-                next_start = time.monotonic()
+                next_start, previous = time.monotonic(), None
                 continue
             drafts = None
             if self.assist is not None and plan.decode:
@@ -486,8 +489,13 @@ class Engine:
                 drafts = await self._drafts(plan)
                 next_start = max(next_start, time.monotonic())
             began = time.monotonic()
+            if previous is not None and drafts is None:
+                # How long the last step really took, start to start, against the model.
+                self.counters["step_actual_s"] += began - previous[0]
+                self.counters["step_modeled_s"] += previous[1]
             self.step_s = self._step_time(plan, drafts)
             scaled = self.step_s * self.faults.step_factor() * self.config.time_scale
+            previous = (began, scaled)
             # Deadline-based sleep: the loop's own overhead (and the timer's coarseness) does
             # not stretch the steps; a short oversleep is made up on the next one.
             next_start += scaled
@@ -495,12 +503,13 @@ class Engine:
             if delay > 0:
                 await asyncio.sleep(delay)
             else:
-                next_start = time.monotonic()
+                # Late: a short debt (a slow wake-up, a busy host) is made up with back-to-back
+                # steps, as the GPU would not have stopped; a long stall is not replayed.
+                if -delay > MAX_CATCH_UP_S:
+                    next_start = time.monotonic()
                 await asyncio.sleep(0)
             self.busy_s += time.monotonic() - began
-            self.counters["step_modeled_s"] += scaled
-            self.counters["step_actual_s"] += time.monotonic() - began
-            self._apply(plan, drafts)
+            await self._apply(plan, drafts)
 
     def _step_time(self, plan: "StepPlan", drafts: dict | None) -> float:
         prefill_tokens, prefill_context, decode_batch, decode_context = plan.shape
@@ -601,13 +610,20 @@ class Engine:
         assist.failures = 0
         return {s.request_id: p for s, p in zip(chosen, proposals)}
 
-    def _apply(self, plan: "StepPlan", drafts: dict | None) -> None:
+    async def _apply(self, plan: "StepPlan", drafts: dict | None) -> None:
+        """Emit what the step produced, a slice of sequences at a time.
+
+        Between slices the loop lets the streams write what they got, so a step
+        of 256 sequences never holds the event loop for one long stretch.
+        """
         now = time.monotonic()
         emitted = False
         prefill_done = False
         if drafts:
             self.counters["assist_steps"] += 1
-        for seq, count in plan.work:
+        for position, (seq, count) in enumerate(plan.work):
+            if position and position % APPLY_SLICE == 0:
+                await asyncio.sleep(0)
             if seq.finished is not None or seq not in self.running:
                 continue  # aborted or preempted while the step ran
             was_prefill = seq.in_prefill
@@ -693,8 +709,8 @@ class Engine:
 
     def _stream_blocks(self, seq: Sequence) -> None:
         """Hand newly completed KV blocks to the streamer, one page per holder."""
-        if not seq.holders or self.streamer is None:
-            return
+        if not seq.holders or self.streamer is None or seq.finished is not None:
+            return  # a finished request's checkpoint was dropped: nothing more goes out
         if seq.in_prefill and not seq.checkpoint_prefill_chunks:
             return  # the prompt's blocks go once prefill is done, unless chunks are checkpointed
         complete = seq.computed // BLOCK_TOKENS

@@ -110,11 +110,16 @@ class Choice:
     top: tuple[tuple[int, float], ...]  # the candidates, most likely first
 
 
+# Precomputed so that the token function, run once per token for every stream, stays cheap.
+_UNPACK_CANDIDATES = struct.Struct(f"<{CANDIDATES}I").unpack_from
+_MARGIN = [0.4 + b / 255 * 1.6 for b in range(256)]  # logit step between candidates, from one digest byte
+_REST = math.log(max(WORD_COUNT - CANDIDATES, 1)) - 1.0  # the rest of the vocabulary, below the last candidate
+
+
 def _candidates(state: bytes, position: int) -> tuple[list[int], list[float]]:
     digest = hashlib.blake2b(state, digest_size=32, person=b"lifeline-next").digest()
     ids: list[int] = []
-    for i in range(CANDIDATES):
-        (raw,) = struct.unpack_from("<I", digest, 4 * i)
+    for raw in _UNPACK_CANDIDATES(digest):
         token = raw % WORD_COUNT
         while token in ids:
             token = (token + 1) % WORD_COUNT
@@ -127,14 +132,15 @@ def _candidates(state: bytes, position: int) -> tuple[list[int], list[float]]:
         ids[0] = PERIOD
     elif selector < 40:
         ids[0] = COMMA
-    # Descending logits: the leader's margin varies with the context.
-    logits = [0.0]
-    for i in range(1, CANDIDATES):
-        logits.append(logits[-1] - (0.4 + digest[22 + i] / 255 * 1.6))
-    # The rest of the vocabulary shares a small mass, so even a confident choice is below 0 logprob.
-    rest = logits[-1] - 1.0 + math.log(max(WORD_COUNT - CANDIDATES, 1))
-    norm = math.log(sum(math.exp(x) for x in logits) + math.exp(rest))
-    return ids, [x - norm for x in logits]
+    # Descending logits: the leader's margin varies with the context. The rest of the
+    # vocabulary shares a small mass, so even a confident choice is below 0 logprob.
+    l1 = -_MARGIN[digest[23]]
+    l2 = l1 - _MARGIN[digest[24]]
+    l3 = l2 - _MARGIN[digest[25]]
+    l4 = l3 - _MARGIN[digest[26]]
+    exp = math.exp
+    norm = math.log(1.0 + exp(l1) + exp(l2) + exp(l3) + exp(l4) + exp(l4 + _REST))
+    return ids, [-norm, l1 - norm, l2 - norm, l3 - norm, l4 - norm]
 
 
 def next_token(state: bytes, position: int, temperature: float, seed: int) -> Choice:
