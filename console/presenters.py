@@ -20,6 +20,13 @@ from workers import catalog
 
 log = logging.getLogger(__name__)
 
+MODEL_STATE_LABELS = {
+    "loading_draft": "loading draft model",
+    "draft_ready": "draft ready, loading full model",
+    "loading_full": "loading model",
+    "serving": "serving",
+}
+
 
 def _number(raw, kind=int):
     if raw is None or raw == "":
@@ -81,6 +88,7 @@ def node_card(node: Node, live: dict | None) -> dict:
         "session": node.session,
         "model": node.model_key,
         "model_state": live.get("model_state") if alive else None,
+        "model_state_label": MODEL_STATE_LABELS.get(live.get("model_state"), live.get("model_state")) if alive else None,
         "gpu": node.gpu_key,
         "gpu_name": gpu.name if gpu else node.gpu_key,
         "tp": node.tp,

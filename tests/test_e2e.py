@@ -94,3 +94,14 @@ def test_traffic_flows_and_ctrl_c_leaves_no_process_behind(tmp_path):
     assert [pid for pid in pids if pid_alive(pid)] == []
     # Nor anything they forked (Celery's pool, say): nothing still runs with this var dir.
     assert processes_mentioning(str(tmp_path)) == []
+
+
+def test_demo_nodes_take_faults_with_the_token_in_demo_json(demo_stack):
+    info = demo_stack.refresh()
+    node = next(n for n in info["nodes"] if n["name"] == "node-03")
+    token = {"Authorization": f"Bearer {info['fault_token']}"}
+    status, body = http_json(node["address"] + "/agent/faults", data={"kind": "slow", "factor": 2}, headers=token)
+    assert status == 200 and body["faults"]["active"][0]["kind"] == "slow"
+    status, body = http_json(node["address"] + "/agent/faults", method="DELETE", headers=token)
+    assert status == 200 and body["active"] == []
+    assert http_json(node["address"] + "/agent/faults", data={"kind": "crash"})[0] == 401  # never without the token
