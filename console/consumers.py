@@ -7,7 +7,9 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.template.loader import render_to_string
 
 from console import presenters, roles
-from recovery.events import CLUSTER_GROUP
+from console import incidents as shapes
+from recovery.events import CHECKPOINTS_GROUP, CLUSTER_GROUP, INCIDENTS_GROUP, incident_group
+from recovery.models import IncidentEvent
 
 
 @database_sync_to_async
@@ -54,3 +56,66 @@ class ClusterConsumer(AsyncJsonWebsocketConsumer):
         frame = {key: value for key, value in event.items() if key != "type"}
         frame["kind"] = "load"
         await self.send_json(frame)
+
+
+class RoleConsumer(AsyncJsonWebsocketConsumer):
+    """A live page for any user with a Lifeline role: join `groups`, say hello."""
+
+    def groups_for(self) -> list[str]:
+        raise NotImplementedError
+
+    async def connect(self):
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated or await _role(user) is None:
+            await self.close(code=4403)
+            return
+        self.joined = self.groups_for()
+        for group in self.joined:
+            await self.channel_layer.group_add(group, self.channel_name)
+        await self.accept()
+        await self.send_json({"kind": "hello", "now": time.time()})
+
+    async def disconnect(self, code):
+        for group in getattr(self, "joined", []):
+            await self.channel_layer.group_discard(group, self.channel_name)
+
+
+@database_sync_to_async
+def _event_frame(event_id: int) -> dict | None:
+    event = IncidentEvent.objects.select_related("node", "incident").filter(pk=event_id).first()
+    if event is None:
+        return None
+    row = shapes.event_row(event)
+    html = render_to_string("console/_incident_event.html", {"event": row, "opened": event.incident.opened_at.timestamp()})
+    return {"kind": "event", "id": event.pk, "event": row, "html": html}
+
+
+class IncidentsConsumer(RoleConsumer):
+    def groups_for(self):
+        return [INCIDENTS_GROUP]
+
+    async def incident_changed(self, event):
+        await self.send_json({"kind": "incident", "id": event["id"]})
+
+
+class IncidentConsumer(RoleConsumer):
+    """One incident: each new timeline event as a rendered row, and a nudge when its facts change."""
+
+    def groups_for(self):
+        return [incident_group(int(self.scope["url_route"]["kwargs"]["incident_id"]))]
+
+    async def incident_event(self, event):
+        frame = await _event_frame(event["id"])
+        if frame is not None:
+            await self.send_json(frame)
+
+    async def incident_changed(self, event):
+        await self.send_json({"kind": "incident", "id": event["id"]})
+
+
+class CheckpointsConsumer(RoleConsumer):
+    def groups_for(self):
+        return [CHECKPOINTS_GROUP]
+
+    async def checkpoints_changed(self, event):
+        await self.send_json({"kind": "checkpoints"})

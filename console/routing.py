@@ -4,4 +4,7 @@ from console import consumers
 
 websocket_urlpatterns = [
     path("ws/cluster/", consumers.ClusterConsumer.as_asgi()),
+    path("ws/incidents/", consumers.IncidentsConsumer.as_asgi()),
+    path("ws/incidents/<int:incident_id>/", consumers.IncidentConsumer.as_asgi()),
+    path("ws/checkpoints/", consumers.CheckpointsConsumer.as_asgi()),
 ]

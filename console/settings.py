@@ -79,7 +79,14 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)
-STATICFILES_DIRS = [BASE_DIR / "static"]
+def _plotly_bundle_dir() -> Path:
+    import plotly
+
+    return Path(plotly.__file__).parent / "package_data"
+
+
+# Plotly's own pinned bundle ships inside the plotly package: served as vendor/plotly/plotly.min.js.
+STATICFILES_DIRS = [BASE_DIR / "static", ("vendor/plotly", _plotly_bundle_dir())]
 # Serve static files straight from the finders so the embedded default needs
 # no collectstatic step; a production image runs collectstatic instead.
 WHITENOISE_USE_FINDERS = True
@@ -125,6 +132,9 @@ LIFELINE_HEARTBEAT_CHECK_S = env.integer("LIFELINE_HEARTBEAT_CHECK_S", 1, minimu
 LIFELINE_LEFT_AFTER_S = env.number("LIFELINE_LEFT_AFTER_S", 600.0, minimum=1, maximum=30 * 86400)
 # Shared secret nodes present when they register and send heartbeats.
 LIFELINE_NODE_TOKEN = env.secret("LIFELINE_NODE_TOKEN")
+# What the control plane presents to node agents (assist, migration) and, on staging, fault injection.
+LIFELINE_AGENT_TOKEN = env.secret("LIFELINE_AGENT_TOKEN")
+LIFELINE_FAULT_TOKEN = env.secret("LIFELINE_FAULT_TOKEN")
 LIFELINE_CLUSTER_NAME = env.string("LIFELINE_CLUSTER_NAME", "default")
 
 CELERY_BEAT_SCHEDULE = {
@@ -137,6 +147,21 @@ CELERY_BEAT_SCHEDULE = {
         "task": "recovery.tasks.sync_hot_state",
         "schedule": 30.0,
         "options": {"expires": 30.0},
+    },
+    "process-gateway-streams": {
+        "task": "recovery.tasks.process_gateway_streams",
+        "schedule": 1.0,
+        "options": {"expires": 5.0},
+    },
+    "publish-checkpoints": {
+        "task": "recovery.tasks.publish_checkpoints",
+        "schedule": 2.0,
+        "options": {"expires": 4.0},
+    },
+    "check-incident-recovery": {
+        "task": "recovery.tasks.check_incident_recovery",
+        "schedule": 2.0,
+        "options": {"expires": 10.0},
     },
 }
 

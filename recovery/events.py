@@ -12,6 +12,12 @@ from channels.layers import get_channel_layer
 log = logging.getLogger(__name__)
 
 CLUSTER_GROUP = "cluster"
+INCIDENTS_GROUP = "incidents"
+CHECKPOINTS_GROUP = "checkpoints"
+
+
+def incident_group(incident_id: int) -> str:
+    return f"incident-{incident_id}"
 
 
 def send(group: str, event: dict) -> None:
@@ -31,3 +37,17 @@ def node_changed(node_id: int) -> None:
 
 def node_load(name: str, figures: dict) -> None:
     send(CLUSTER_GROUP, {"type": "node.load", "name": name, **figures})
+
+
+def incident_event(incident_id: int, event_id: int) -> None:
+    send(incident_group(incident_id), {"type": "incident.event", "id": event_id})
+    send(INCIDENTS_GROUP, {"type": "incident.changed", "id": incident_id})
+
+
+def incident_changed(incident_id: int) -> None:
+    send(incident_group(incident_id), {"type": "incident.changed", "id": incident_id})
+    send(INCIDENTS_GROUP, {"type": "incident.changed", "id": incident_id})
+
+
+def checkpoints_changed() -> None:
+    send(CHECKPOINTS_GROUP, {"type": "checkpoints.changed"})

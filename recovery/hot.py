@@ -76,9 +76,9 @@ def nodes(names: list[str]) -> dict[str, dict]:
     return {name: data for name, data in zip(names, pipe.execute()) if data}
 
 
-def heartbeat(name: str, now: float, model_state: str, load: dict) -> None:
+def heartbeat(name: str, now: float, model_state: str, load: dict, checkpoints: dict | None = None) -> None:
     pipe = client().pipeline()
-    fields = {"last_seen": now, "model_state": model_state}
+    fields = {"last_seen": now, "model_state": model_state, "checkpoints": json.dumps(checkpoints or {})}
     fields.update({f: load[f] for f in LOAD_FIELDS if f in load})
     pipe.hset(keys().node(name), mapping=fields)
     pipe.zadd(keys().heartbeats, {name: now}, xx=True)
@@ -117,5 +117,12 @@ def publish_gateway_keys(entries: dict[str, dict]) -> None:
     pipe.delete(keys().gateway_keys)
     if entries:
         pipe.hset(keys().gateway_keys, mapping={digest: json.dumps(info) for digest, info in entries.items()})
+    pipe.publish(keys().routing_changed, str(time.time()))
+    pipe.execute()
+
+
+def publish_cluster_config(config: dict) -> None:
+    pipe = client().pipeline()
+    pipe.set(keys().cluster_config, json.dumps(config))
     pipe.publish(keys().routing_changed, str(time.time()))
     pipe.execute()

@@ -32,3 +32,40 @@ class Keys:
     @property
     def gateway_keys(self) -> str:
         return self._k("gateway", "keys")
+
+    @property
+    def cluster_config(self) -> str:
+        """JSON: placement policy, thresholds (recovery.gateway.table.ClusterConfig)."""
+        return self._k("cluster", "config")
+
+    @property
+    def signals(self) -> str:
+        """Stream: what gateways saw and did (failure symptoms, request fates, re-placements)."""
+        return self._k("stream", "signals")
+
+    @property
+    def outcomes(self) -> str:
+        """Stream: one entry per finished request, from the gateways."""
+        return self._k("stream", "outcomes")
+
+    @property
+    def gateway_commands(self) -> str:
+        """Pub/sub channel: the control plane asks gateways to act (a planned migration)."""
+        return self._k("gateway", "commands")
+
+    def gateway_inflight(self, gateway: str) -> str:
+        """Hash, refreshed each second with a TTL: a gateway's in-flight requests."""
+        return self._k("gateway", gateway, "inflight")
+
+    def migration(self, command: str) -> str:
+        """Hash: a planned migration's request and each gateway's result."""
+        return self._k("migration", command)
+
+    def assist(self, draft_node: str) -> str:
+        """The survivor a restarting node's draft model assists."""
+        return self._k("assist", draft_node)
+
+    @property
+    def gateways(self) -> str:
+        """Sorted set: gateway name -> last time it reported its in-flight requests."""
+        return self._k("gateways")

@@ -2,7 +2,8 @@
 
 from celery import shared_task
 
-from recovery import actions
+from recovery import actions, events
+from recovery.actions import incidents, streams
 
 
 @shared_task(ignore_result=True)
@@ -13,3 +14,30 @@ def check_heartbeats() -> dict:
 @shared_task(ignore_result=True)
 def sync_hot_state() -> None:
     actions.sync_hot_state()
+
+
+@shared_task(ignore_result=True)
+def process_gateway_streams() -> dict:
+    """Failure symptoms, request fates and outcomes the gateways reported."""
+    return streams.process()
+
+
+@shared_task(ignore_result=True)
+def check_incident_recovery() -> list[int]:
+    return incidents.check_recovery()
+
+
+@shared_task(ignore_result=True)
+def start_assist(node_id: int) -> str:
+    return incidents.start_assist(node_id)
+
+
+@shared_task(ignore_result=True)
+def end_assist(node_id: int) -> str:
+    return incidents.end_assist(node_id)
+
+
+@shared_task(ignore_result=True)
+def publish_checkpoints() -> None:
+    """Nudge the checkpoint pages: the distribution moves with every heartbeat."""
+    events.checkpoints_changed()

@@ -44,7 +44,11 @@ class NodeProcess:
     def kill(self, signum: int = signal.SIGKILL) -> None:
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(signum)
-            self.proc.wait(timeout=10)
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:  # a hung node cannot run its SIGTERM handler
+                self.proc.kill()
+                self.proc.wait(timeout=5)
 
     def stop(self) -> None:
         self.kill(signal.SIGTERM)

@@ -76,3 +76,35 @@ def test_figures_update_and_age_ticks(browser, demo_stack):
         "first => document.querySelector('#node-node-03 [data-reported-at]').dataset.reportedAt !== first", arg=first, timeout=5_000
     )
     assert report.inner_text().endswith("s ago")
+
+
+def test_incident_timeline_grows_live_while_a_node_is_killed(browser, demo_stack):
+    from tests.helpers import wait_for
+
+    # Start from a quiet cluster: no incident still recovering from another test's kill.
+    wait_for(lambda: all(i["status"] != "active" for i in demo_stack.api("/api/incidents")[1]["incidents"]), 30, 0.2, "no active incident")
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    errors = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    log_in(page, demo_stack, "oncall")
+    page.goto(demo_stack.info["urls"]["console"] + "incidents/")
+    page.wait_for_selector("#live-status[data-state=live]")
+    page.evaluate("window.__noReload = 'list'")
+    os.kill(demo_stack.node("node-03")["pid"], signal.SIGKILL)
+    # The new incident appears in the list without a reload.
+    row = page.wait_for_selector("#incident-rows tr[data-status=active]:has-text('node-03')", timeout=10_000)
+    assert page.evaluate("window.__noReload") == "list"
+    row.query_selector("a").click()
+    page.wait_for_selector("#live-status[data-state=live]")
+    page.wait_for_selector("#events tr[data-kind=detected]", timeout=10_000)
+    assert page.locator("#events tr[data-kind=symptom]").count() == 1
+    page.evaluate("window.__noReload = 'incident'")
+    # The node is restarted by the demo's supervisor: its return arrives event by event, live.
+    for kind in ("restart", "draft_ready", "full_model_ready", "back_in_routing"):
+        page.wait_for_selector(f"#events tr[data-kind={kind}]", timeout=40_000)
+    assert page.evaluate("window.__noReload") == "incident", "the page reloaded"
+    times = [float(t) for t in page.eval_on_selector_all("#events tr", "rows => rows.map(r => r.dataset.event)")]
+    assert times == sorted(times)  # rows arrive in order
+    page.wait_for_selector("#incident-status[data-status=stable]", timeout=20_000)
+    assert "Recovered" in page.locator("#events").inner_text()
+    assert errors == []

@@ -249,3 +249,35 @@ def test_the_official_openai_client_streams_from_a_node(fleet):
     assert "max_tokens" in str(excinfo.value)
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="Llama-3-70B", prompt="x")
+
+
+async def test_a_resumed_request_checkpoints_its_whole_prefix_on_its_new_holder(fleet):
+    # Resumed on b after a's death, the request streams to a new holder c: c must get the
+    # blocks restored from the checkpoint too, or a second failure would lose them.
+    a, b, c = fleet("rh-a", "rh-b", "rh-c")
+    first = await run_until_killed(a, body("r-again", holders=[peer(b)]), b, 40, 32 + len(PROMPT.split()))
+    async with aiohttp.ClientSession() as session:
+        payload = body("r-again", holders=[peer(c)], resume={"generated_token_ids": first.ids})
+        async with session.post(b.address + "/v1/completions", json=payload, headers=HEAD) as response:
+            second = await Stream().read(response, stop_after=20)
+            restored = second.extensions[0]["resume"]["restored_tokens"]
+            held = await asyncio.to_thread(wait_for, lambda: (k := checkpoint_of(c, "r-again")) and k["committed_tokens"] > restored and k,
+                                           5, 0.02, "pages on the new holder")
+    assert held["blocks"] * 16 > restored and held["source"] == "rh-b"
+    assert http_json(f"{c.address}/agent/status")[1]["checkpoints"]["refused_order"] == 0
+
+
+async def test_a_holder_restarted_at_a_new_address_gets_the_pages_sent_to_it(fleet, node_factory):
+    a, b = fleet("ra-a", "ra-b")
+    done = await run(a.address, {**body("r-before", holders=[peer(b)]), "max_tokens": 40})
+    assert done.finish == "length"
+    b.kill(signal.SIGKILL)
+    await asyncio.sleep(5.5)  # long enough for the streamer to give up on the old b
+    reborn = node_factory("ra-b", *SCALE, env=ENV)  # same name, another port
+    assert reborn.address != b.address
+    stream = Stream()
+    async with aiohttp.ClientSession() as session:
+        async with session.post(a.address + "/v1/completions", json=body("r-after", holders=[peer(reborn)]), headers=HEAD) as response:
+            await stream.read(response, stop_after=40)
+            held = await asyncio.to_thread(wait_for, lambda: checkpoint_of(reborn, "r-after"), 5, 0.05, "pages on the restarted holder")
+    assert held["blocks"] > 0

@@ -151,12 +151,13 @@ async def _run_request(request: web.Request, kind: str) -> web.StreamResponse:
             response = web.StreamResponse(headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
             await response.prepare(request)
             first = True
+            role_sent = seq.resumed_with > 0  # a resumed stream continues one the client already has
             while True:
                 event = await seq.events.get()
                 if isinstance(event, TokenEvent):
                     last_at = metrics.token(seq, event, last_at)
-                    await response.write(writer.token_sse(event, first, extension if first else None))
-                    first = False
+                    await response.write(writer.token_sse(event, not role_sent, extension if first else None))
+                    first, role_sent = False, True
                     continue
                 await _stream_end(response, writer, req, event, extension if first else None)
                 metrics.finish(seq)

@@ -72,35 +72,43 @@ class CheckpointStreamer:
         self.counters = {"pages_sent": 0, "bytes_accounted": 0, "bytes_moved": 0, "batches": 0, "send_failures": 0, "pages_refused": 0}
 
     # --- what the engine calls (never blocks) ---------------------------------------
+    @staticmethod
+    def _key(holder: Peer) -> str:
+        # A holder that restarts comes back at another address: that is another holder.
+        return f"{holder.name}@{holder.address}"
+
     def page(self, holder: Peer, request_id: str, block: int, token_ids: list[int]) -> None:
-        if holder.name in self.dead:
+        key = self._key(holder)
+        if key in self.dead:
             return
-        key = (holder.name, request_id)
-        self._seq[key] += 1
-        self._queue(holder).append(("page", request_id, self._seq[key], block, list(token_ids)))
+        self._seq[(key, request_id)] += 1
+        self._queue(holder).append(("page", request_id, self._seq[(key, request_id)], block, list(token_ids)))
 
     def drop(self, holder: Peer, request_id: str) -> None:
-        self._seq.pop((holder.name, request_id), None)
-        if holder.name not in self.dead:
+        key = self._key(holder)
+        self._seq.pop((key, request_id), None)
+        if key not in self.dead:
             self._queue(holder).append(("drop", request_id))
 
     def _queue(self, holder: Peer) -> deque:
-        queue = self._queues.get(holder.name)
+        key = self._key(holder)
+        queue = self._queues.get(key)
         if queue is None:
-            queue = self._queues[holder.name] = deque()
-            self._peers[holder.name] = holder
-            self._wake[holder.name] = asyncio.Event()
-            self._tasks[holder.name] = asyncio.get_running_loop().create_task(self._send_loop(holder.name), name=f"kv-to-{holder.name}")
-        self._wake[holder.name].set()
+            queue = self._queues[key] = deque()
+            self._peers[key] = holder
+            self._wake[key] = asyncio.Event()
+            self._tasks[key] = asyncio.get_running_loop().create_task(self._send_loop(key), name=f"kv-to-{key}")
+        self._wake[key].set()
         return queue
 
     def pending(self) -> int:
         return sum(len(q) for q in self._queues.values())
 
     # --- the sender ------------------------------------------------------------------------
-    async def _send_loop(self, name: str) -> None:
-        queue = self._queues[name]
-        peer = self._peers[name]
+    async def _send_loop(self, key: str) -> None:
+        queue = self._queues[key]
+        peer = self._peers[key]
+        name = key
         failing_since = None
         while True:
             await self._wake[name].wait()

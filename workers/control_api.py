@@ -164,6 +164,24 @@ async def migrate(request: web.Request, runtime: NodeRuntime) -> web.Response:
     return web.json_response(answer)
 
 
+@agent_control
+async def set_holders(request: web.Request, runtime: NodeRuntime) -> web.Response:
+    """Point a running request's checkpoint at new holders (one failed, or a second is wanted)."""
+    body = await _body(request)
+    raw = body.get("holders")
+    if not isinstance(raw, list) or len(raw) > 2:
+        return error(400, "must be a list of at most two holders", "holders")
+    try:
+        holders = tuple(Peer.parse(h, f"holders[{i}]") for i, h in enumerate(raw))
+    except ValueError as exc:
+        field, _, message = str(exc).partition(": ")
+        return error(400, message, field)
+    try:
+        return web.json_response(runtime.engine.set_holders(request.match_info["request_id"], holders))
+    except EngineError as exc:
+        return error(exc.status, str(exc))
+
+
 # --- speculative assist --------------------------------------------------------------------------
 @agent_control
 async def assist_start(request: web.Request, runtime: NodeRuntime) -> web.Response:
@@ -307,6 +325,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/agent/kv/{request_id}", kv_get)
     app.router.add_delete("/agent/kv/{request_id}", kv_drop)
     app.router.add_post("/agent/requests/{request_id}/migrate", migrate)
+    app.router.add_post("/agent/requests/{request_id}/holders", set_holders)
     app.router.add_post("/agent/assist", assist_start)
     app.router.add_delete("/agent/assist", assist_stop)
     app.router.add_post("/agent/draft", draft)

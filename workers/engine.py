@@ -306,12 +306,15 @@ class Engine:
         seq.state = tokens.fold(tokens.initial_state(self.model.key), seq.prompt_ids + generated)
         seq.text = tokens.decode(generated)
         seq.computed = restored_tokens
-        # The holder already has what was restored from it; new blocks continue from there.
-        seq.streamed_blocks = restored_tokens // BLOCK_TOKENS if holders else 0
         self.by_id[request_id] = seq
-        self.waiting.append(seq)
+        if generated:
+            # A resumed request has stalled once already: it goes ahead of new arrivals.
+            # Its new holders get every block, the restored ones included, from the first.
+            self.waiting.appendleft(seq)
+        else:
+            self.waiting.append(seq)
         self.counters["prompt_tokens"] += len(prompt_ids)
-        self._publish("arrival")
+        self._publish("arrival", request_id)
         self._wake.set()
         return seq
 
@@ -393,6 +396,24 @@ class Engine:
             self._wake.set()
         return seq.migration
 
+    def set_holders(self, request_id: str, holders: tuple[Peer, ...]) -> dict:
+        """Re-place a running request's checkpoint: new holders get every block so far, dropped ones let go."""
+        seq = self.by_id.get(request_id)
+        if seq is None or seq.finished is not None:
+            raise EngineError(f"request {request_id!r} is not running on {self.name}", status=404)
+        old = {h.name: h for h in seq.holders}
+        new = {h.name: h for h in holders}
+        added = [h for name, h in new.items() if name not in old]
+        if self.streamer is not None:
+            for holder in added:
+                for block in range(seq.streamed_blocks):
+                    self.streamer.page(holder, request_id, block, seq.context_block(block))
+            for name, holder in old.items():
+                if name not in new:
+                    self.streamer.drop(holder, request_id)
+        seq.holders = tuple(holders)
+        return {"request_id": request_id, "holders": list(new), "added": [h.name for h in added], "blocks_sent": seq.streamed_blocks * len(added)}
+
     def fail_gpu(self) -> int:
         """A lost GPU breaks the whole tensor-parallel group: every request in flight fails."""
         failed = len(self.by_id)
@@ -449,12 +470,15 @@ class Engine:
     def unsubscribe(self, queue: asyncio.Queue) -> None:
         self._subscribers.discard(queue)
 
-    def _publish(self, reason: str) -> None:
+    def _publish(self, reason: str, request_id: str | None = None) -> None:
         self.status_seq += 1
         if not self._subscribers:
             return
         status = self.status()
         status["reason"] = reason
+        if request_id is not None:
+            # A gateway that dispatched this request settles its own account against this status.
+            status["request_id"] = request_id
         for queue in list(self._subscribers):
             if queue.full():  # a slow subscriber loses old statuses, never blocks the engine
                 try:
@@ -750,7 +774,7 @@ class Engine:
         if seq.migration is not None and not seq.migration.done() and reason != "migrated":
             seq.migration.set_exception(EngineError(f"request {seq.request_id} ended ({reason}) before it could migrate", status=409))
         seq.events.put_nowait(FinishEvent(reason, len(seq.prompt_ids), len(seq.generated), time.time(), detail))
-        self._publish("finished")
+        self._publish("finished", seq.request_id)
         self._wake.set()
 
 

@@ -175,6 +175,15 @@ class CheckpointStore:
             restored = end
         return checkpoint, restored
 
+    def by_source(self) -> dict[str, dict]:
+        """Bytes and requests held per serving node: the checkpoint distribution, seen from this holder."""
+        summary: dict[str, dict] = {}
+        for checkpoint in self.checkpoints.values():
+            entry = summary.setdefault(checkpoint.source, {"bytes": 0, "requests": 0})
+            entry["bytes"] += checkpoint.nbytes
+            entry["requests"] += 1
+        return summary
+
     def stats(self) -> dict:
         return {"bytes_held": self.bytes_held, "budget_bytes": self.budget_bytes, "requests": len(self.checkpoints), **self.counters}
 

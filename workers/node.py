@@ -186,7 +186,9 @@ async def serve(args: argparse.Namespace) -> None:
         s = engine.status()
         load = protocol.Load(running=s["running"] or 0, waiting=s["waiting"] or 0, kv_blocks_used=s["kv_blocks_used"] or 0,
                              kv_blocks_total=s["kv_blocks_total"] or 0, step_ms=s["step_ms"] or 0.0)
-        return protocol.Heartbeat(session=identity.session, model_state=engine.model_state, load=load)
+        store = getattr(engine, "store", None)
+        return protocol.Heartbeat(session=identity.session, model_state=engine.model_state, load=load,
+                                  checkpoints=store.by_source() if store is not None else {})
 
     def new_session() -> None:
         identity.session = uuid.uuid4().hex

@@ -171,6 +171,8 @@ class Heartbeat:
     session: str
     model_state: str = "serving"
     load: Load = field(default_factory=Load)
+    # Other nodes' checkpoints this node holds, by serving node: {"node-03": {"bytes": n, "requests": k}}.
+    checkpoints: dict = field(default_factory=dict)
 
     @classmethod
     def parse(cls, data) -> "Heartbeat":
@@ -179,7 +181,12 @@ class Heartbeat:
         model_state = data.get("model_state") or "serving"
         if model_state not in MODEL_STATES:
             raise ProtocolError("model_state", f"{model_state!r} is not known: expected one of {', '.join(MODEL_STATES)}")
-        return cls(session=_require(data, "session", str), model_state=model_state, load=Load.parse(data.get("load")))
+        checkpoints = data.get("checkpoints") or {}
+        if not isinstance(checkpoints, dict) or not all(
+            isinstance(v, dict) and isinstance(v.get("bytes"), int) and isinstance(v.get("requests"), int) for v in checkpoints.values()
+        ):
+            raise ProtocolError("checkpoints", "must map serving node names to {bytes, requests}")
+        return cls(session=_require(data, "session", str), model_state=model_state, load=Load.parse(data.get("load")), checkpoints=checkpoints)
 
     def to_json(self) -> dict:
         return asdict(self)

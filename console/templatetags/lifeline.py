@@ -26,3 +26,45 @@ def na(value, suffix=""):
     if value is None or value == "":
         return "n/a"
     return f"{value}{suffix}"
+
+
+@register.filter
+def clock(epoch):
+    """HH:MM:SS.mmm (UTC) for an epoch timestamp: incident timelines read to the millisecond."""
+    if epoch in (None, ""):
+        return "—"
+    import datetime as dt
+
+    moment = dt.datetime.fromtimestamp(float(epoch), tz=dt.UTC)
+    return moment.strftime("%H:%M:%S.") + f"{moment.microsecond // 1000:03d}"
+
+
+@register.filter
+def since(epoch, start):
+    """'+1.234 s' from `start` to `epoch`, both epoch seconds."""
+    if epoch in (None, "") or start in (None, ""):
+        return "—"
+    delta = float(epoch) - float(start)
+    return f"+{delta * 1000:.0f} ms" if abs(delta) < 10 else f"+{delta:.1f} s"
+
+
+@register.filter
+def human_bytes(value):
+    if value in (None, ""):
+        return "n/a"
+    value = float(value)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if value < 1000 or unit == "TB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{value:.1f} TB"
+
+
+@register.filter
+def get(mapping, key):
+    return (mapping or {}).get(key)
+
+
+@register.filter
+def percent(value):
+    return "n/a" if value is None else f"{100 * float(value):.0f}%"

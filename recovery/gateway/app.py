@@ -1,60 +1,65 @@
-"""The gateway's HTTP side: authenticate, pick a node, proxy the stream.
+"""The gateway's HTTP side: authenticate, route, relay; and its background duties.
 
-No database on this path: API keys and the routing table come from the
-in-memory RoutingView, refreshed from Redis.
+No database anywhere here: API keys, the routing table and the cluster's
+settings come from the in-memory RoutingView, refreshed from Redis; what
+happened goes back through Redis streams (recovery.gateway.signals).
 """
 
 import asyncio
 import json
 import logging
-import secrets
+import os
+import socket
 import time
 from dataclasses import dataclass
 
-import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from redis.exceptions import RedisError
 
+from recovery.gateway.coordinator import Coordinator, Flight
+from recovery.gateway.relay import ClientGone, Relay, openai_error
+from recovery.gateway.signals import Signals
 from recovery.gateway.table import RoutingView, Tenant
-from recovery.policy.routing import RoundRobin
-from workers import catalog
+from workers import catalog, tokens
+from workers.aio import cancel
 
 log = logging.getLogger(__name__)
-
-RETRY_AFTER_S = 2
-MAX_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
 class GatewayConfig:
     redis_url: str
     namespace: str
-    connect_timeout_s: float = 2.0
-    first_byte_timeout_s: float = 60.0
+    name: str = ""
+    agent_token: str | None = None  # to send holders and resumes to nodes
+    drain_timeout_s: float = 30.0
+
+    @property
+    def gateway_name(self) -> str:
+        return self.name or f"{socket.gethostname()}-{os.getpid()}"
 
 
-VIEW_KEY = web.AppKey("view", RoutingView)
-ROUTER_KEY = web.AppKey("router", RoundRobin)
-SESSION_KEY = web.AppKey("session", aiohttp.ClientSession)
 CONFIG_KEY = web.AppKey("config", GatewayConfig)
+VIEW_KEY = web.AppKey("view", RoutingView)
+COORDINATOR_KEY = web.AppKey("coordinator", Coordinator)
 METRICS_KEY = web.AppKey("metrics", object)
 REGISTRY_KEY = web.AppKey("registry", CollectorRegistry)
+TASKS_KEY = web.AppKey("tasks", list)
 
 _ALIASES = {m.name: m.key for m in catalog.MODELS.values()}
 
 
-def openai_error(status: int, message: str, kind: str, param: str | None = None, headers: dict | None = None) -> web.Response:
-    body = {"error": {"message": message, "type": kind, "param": param, "code": None}}
-    return web.json_response(body, status=status, headers=headers)
-
-
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry):
-        self.requests = Counter("lifeline_gateway_requests", "Requests by outcome.", ["node", "status"], registry=registry)
-        self.ttfb = Histogram(
-            "lifeline_gateway_first_byte_seconds", "Time to the node's first byte.", registry=registry,
-            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        self.requests = Counter("lifeline_gateway_requests", "Finished requests by outcome.", ["status", "tier"], registry=registry)
+        self.migrations = Counter("lifeline_migrations", "Requests moved to another node, by method.", ["kind", "method"], registry=registry)
+        self.stall = Histogram(
+            "lifeline_recovery_stall_seconds", "Client-visible gap around a move: last token before to first after.", registry=registry,
+            buckets=(0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 1, 2, 5, 10),
         )
+        self.ttft = Histogram("lifeline_gateway_ttft_seconds", "Time to first token, as the client sees it.", ["tier"], registry=registry,
+                              buckets=(0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
 
 
 def _authenticate(request: web.Request) -> Tenant | None:
@@ -64,8 +69,19 @@ def _authenticate(request: web.Request) -> Tenant | None:
     return request.app[VIEW_KEY].tenant_for(key.strip())
 
 
-async def _proxy(request: web.Request, path: str) -> web.StreamResponse:
-    view = request.app[VIEW_KEY]
+def _prompt_tokens(body: dict) -> int:
+    """Roughly the node's count: the same tokenizer for the emulated engine."""
+    if isinstance(body.get("prompt"), str):
+        return len(tokens.encode(body["prompt"]))
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        text = " ".join(m.get("content") for m in messages if isinstance(m, dict) and isinstance(m.get("content"), str))
+        return len(tokens.encode(text)) + 3 * len(messages)
+    return 0
+
+
+async def _serve(request: web.Request, path: str) -> web.StreamResponse:
+    view, coordinator = request.app[VIEW_KEY], request.app[COORDINATOR_KEY]
     tenant = _authenticate(request)
     if tenant is None:
         return openai_error(401, "Missing or unknown API key: send `Authorization: Bearer <key>` with a key from `python manage.py create_api_key`.", "authentication_error")
@@ -79,89 +95,60 @@ async def _proxy(request: web.Request, path: str) -> web.StreamResponse:
     if not isinstance(model, str) or not model:
         return openai_error(400, "model: is required", "invalid_request_error", "model")
     model = _ALIASES.get(model, model)
-    body["model"] = model
-    extension = body.setdefault("lifeline", {})
-    if not isinstance(extension, dict):
-        return openai_error(400, "lifeline: must be an object", "invalid_request_error", "lifeline")
-    request_id = extension.setdefault("request_id", f"gw-{secrets.token_hex(10)}")
     if model not in view.models() and model not in catalog.MODELS:
-        return openai_error(404, f"The model `{model}` does not exist: this cluster serves {', '.join(sorted(view.models())) or 'nothing right now'}.", "invalid_request_error", "model")
+        served = ", ".join(sorted(view.models())) or "nothing right now"
+        return openai_error(404, f"The model `{model}` does not exist: this cluster serves {served}.", "invalid_request_error", "model")
+    extension = body.get("lifeline") if isinstance(body.get("lifeline"), dict) else {}
+    request_id = str(extension.get("request_id") or f"gw-{os.urandom(8).hex()}")
+    if request_id in coordinator.flights:
+        return openai_error(409, f"lifeline.request_id {request_id!r} is already in flight.", "invalid_request_error", "lifeline.request_id")
+    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or (16 if path.endswith("/completions") and "prompt" in body else 512)
+    flight = Flight(request_id, tenant.tenant, tenant.tier, model, _prompt_tokens(body), int(max_tokens) if isinstance(max_tokens, int) else 512)
+    coordinator.flights[request_id] = flight
+    relay = Relay(coordinator, request, {**body, "model": model}, flight, path)
+    status = "ok"
+    try:
+        response = await relay.run()
+        if response.status >= 400 or relay.finish_reason == "error":
+            status = "error" if response.status >= 500 or relay.finish_reason == "error" else "rejected"
+        return response
+    except ClientGone:
+        status = "client_gone"
+        return relay.response
+    except asyncio.CancelledError:
+        status = "client_gone"
+        raise
+    finally:
+        coordinator.flights.pop(request_id, None)
+        _report(request.app, flight, relay, status)
 
-    payload = json.dumps(body).encode()
-    tried: set[str] = set()
-    router = request.app[ROUTER_KEY]
-    metrics: GatewayMetrics = request.app[METRICS_KEY]
-    session = request.app[SESSION_KEY]
-    for _ in range(MAX_ATTEMPTS):
-        routes = {r.name: r for r in view.candidates(model)}
-        name = router.choose(model, list(routes), frozenset(tried))
-        if name is None:
-            break
-        route = routes[name]
-        tried.add(name)
-        started = time.monotonic()
-        try:
-            upstream = await session.post(route.address + path, data=payload, headers={"Content-Type": "application/json"})
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            log.warning("node %s unreachable for %s: %s", name, request_id, exc)
-            metrics.requests.labels(name, "unreachable").inc()
-            continue
-        if upstream.status >= 500:
-            # The node cannot take it (loading, overloaded): another node may.
-            await upstream.release()
-            metrics.requests.labels(name, str(upstream.status)).inc()
-            continue
-        metrics.ttfb.observe(time.monotonic() - started)
-        return await _relay(request, upstream, route.name, request_id, metrics)
-    return openai_error(
-        503,
-        f"No node can take a request for `{model}` right now: try again in {RETRY_AFTER_S} s.",
-        "service_unavailable",
-        headers={"Retry-After": str(RETRY_AFTER_S)},
+
+def _report(app: web.Application, flight: Flight, relay: Relay, status: str) -> None:
+    metrics: GatewayMetrics = app[METRICS_KEY]
+    metrics.requests.labels(status, flight.tier).inc()
+    ttft = (flight.first_token_at - flight.started) if flight.first_token_at else None
+    n = len(flight.generated)
+    tpot = ((flight.last_token_at - flight.first_token_at) / (n - 1)) if n > 1 and flight.first_token_at else None
+    if ttft is not None:
+        metrics.ttft.labels(flight.tier).observe(ttft)
+    for move in flight.migrations:
+        metrics.migrations.labels(move["kind"], move.get("method") or move["planned_method"]).inc()
+        metrics.stall.observe(move["stall_ms"] / 1000)
+    app[COORDINATOR_KEY].signals.outcome(
+        request_id=flight.request_id, tenant=flight.tenant, tier=flight.tier, model=flight.model, status=status,
+        node=flight.node, nodes=relay.nodes, prompt_tokens=flight.prompt_tokens, completion_tokens=n,
+        ttft_ms=round(ttft * 1000, 2) if ttft is not None else None, tpot_ms=round(tpot * 1000, 3) if tpot is not None else None,
+        e2e_ms=round((time.monotonic() - flight.started) * 1000, 2), finish_reason=relay.finish_reason,
+        started_at=flight.started_at, migrations=flight.migrations,
     )
 
 
-async def _relay(request: web.Request, upstream: aiohttp.ClientResponse, node: str, request_id: str, metrics: GatewayMetrics) -> web.StreamResponse:
-    headers = {
-        "Content-Type": upstream.headers.get("Content-Type", "application/json"),
-        "X-Lifeline-Node": node,
-        "X-Request-Id": request_id,
-    }
-    if "text/event-stream" in headers["Content-Type"]:
-        headers["Cache-Control"] = "no-cache"
-    response = web.StreamResponse(status=upstream.status, headers=headers)
-    await response.prepare(request)
-    outcome = str(upstream.status)
-    try:
-        async for chunk in upstream.content.iter_any():
-            await response.write(chunk)
-        await response.write_eof()
-    except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientConnectionError) as exc:
-        # The node broke off mid-stream. Resuming elsewhere comes with recovery dispatch;
-        # until then the client gets an error event instead of a silent truncation.
-        outcome = "broken"
-        log.warning("node %s broke off %s mid-stream: %s", node, request_id, exc)
-        error = {"error": {"message": f"node {node} failed mid-stream", "type": "node_failure", "param": None, "code": None}}
-        try:
-            await response.write(f"data: {json.dumps(error)}\n\n".encode())
-            await response.write_eof()
-        except (ConnectionResetError, RuntimeError):
-            pass
-    except (ConnectionResetError, asyncio.CancelledError):
-        outcome = "client_gone"
-        raise
-    finally:
-        upstream.release()
-        metrics.requests.labels(node, outcome).inc()
-    return response
-
-
 async def completions(request: web.Request) -> web.StreamResponse:
-    return await _proxy(request, "/v1/completions")
+    return await _serve(request, "/v1/completions")
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    return await _proxy(request, "/v1/chat/completions")
+    return await _serve(request, "/v1/chat/completions")
 
 
 async def models(request: web.Request) -> web.Response:
@@ -172,18 +159,54 @@ async def models(request: web.Request) -> web.Response:
 
 
 async def healthz(request: web.Request) -> web.Response:
-    view = request.app[VIEW_KEY]
-    return web.json_response({"status": "ok", "nodes": len(view.routes), "models": sorted(view.models())})
+    view, coordinator = request.app[VIEW_KEY], request.app[COORDINATOR_KEY]
+    return web.json_response({
+        "status": "ok", "gateway": coordinator.name, "nodes": len(view.routes), "models": sorted(view.models()),
+        "in_flight": len(coordinator.flights), "lost": sorted(coordinator.failed), "placement_policy": view.config.placement_policy,
+        "watching": sorted(n for n in view.routes if coordinator.watcher.connected(n)),
+    })
 
 
 async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=generate_latest(request.app[REGISTRY_KEY]), headers={"Content-Type": "text/plain; version=0.0.4"})
 
 
+async def _publish_inflight(app: web.Application) -> None:
+    """Every second: this gateway's in-flight requests, for the control plane's pages and drains."""
+    coordinator = app[COORDINATOR_KEY]
+    while True:
+        await coordinator.signals.publish_inflight({rid: f.summary() for rid, f in coordinator.flights.items()})
+        await asyncio.sleep(1.0)
+
+
+async def _follow_commands(app: web.Application) -> None:
+    """Commands from the control plane, e.g. migrate every request off a node being drained."""
+    coordinator, view = app[COORDINATOR_KEY], app[VIEW_KEY]
+    while True:
+        pubsub = view.redis.pubsub()
+        try:
+            await pubsub.subscribe(view.keys.gateway_commands)
+            async for message in pubsub.listen():
+                if message.get("type") != "message":
+                    continue
+                command = json.loads(message["data"])
+                if command.get("action") == "migrate":
+                    coordinator._spawn(coordinator.migrate_node(command["node"], command.get("id", "")))
+        except asyncio.CancelledError:
+            raise
+        except (RedisError, OSError, ValueError) as exc:
+            log.warning("command channel interrupted (%s); retrying", exc)
+            await asyncio.sleep(1)
+        finally:
+            try:
+                await pubsub.aclose()
+            except (RedisError, OSError):
+                pass
+
+
 def build_app(config: GatewayConfig) -> web.Application:
     app = web.Application(client_max_size=16 * 1024 * 1024)
     app[CONFIG_KEY] = config
-    app[ROUTER_KEY] = RoundRobin()
     registry = CollectorRegistry()
     app[REGISTRY_KEY] = registry
     app[METRICS_KEY] = GatewayMetrics(registry)
@@ -191,11 +214,16 @@ def build_app(config: GatewayConfig) -> web.Application:
     async def lifecycle(app_: web.Application):
         view = RoutingView(config.redis_url, config.namespace)
         await view.start()
-        app_[VIEW_KEY] = view
-        timeout = aiohttp.ClientTimeout(total=None, connect=config.connect_timeout_s, sock_read=config.first_byte_timeout_s)
-        app_[SESSION_KEY] = aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0))
+        headers = {"Authorization": f"Bearer {config.agent_token}"} if config.agent_token else {}
+        coordinator = Coordinator(view, Signals(config.redis_url, config.namespace, config.gateway_name), config.gateway_name, headers)
+        coordinator.start()
+        app_[VIEW_KEY], app_[COORDINATOR_KEY] = view, coordinator
+        app_[TASKS_KEY] = [asyncio.create_task(_publish_inflight(app_)), asyncio.create_task(_follow_commands(app_))]
         yield
-        await app_[SESSION_KEY].close()
+        for task in app_[TASKS_KEY]:
+            await cancel(task)
+        await coordinator.close()
+        await coordinator.signals.close()
         await view.close()
 
     app.cleanup_ctx.append(lifecycle)
@@ -205,3 +233,4 @@ def build_app(config: GatewayConfig) -> web.Application:
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)
     return app
+

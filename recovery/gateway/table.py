@@ -1,4 +1,4 @@
-"""The gateway's copy of the routing table and of the valid API keys.
+"""The gateway's copy of the routing table, the valid API keys and the cluster's settings.
 
 Read from Redis at start, again whenever the control plane announces a change
 on the pub/sub channel, and every few seconds in case an announcement was
@@ -9,12 +9,13 @@ import asyncio
 import hashlib
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from recovery.keys import Keys
+from workers import catalog
 from workers.aio import cancel
 
 log = logging.getLogger(__name__)
@@ -27,6 +28,26 @@ class Route:
     model: str
     rack: str
     weight: float
+    gpu: str = "H100-SXM"
+    tp: int = 1
+    session: str = ""
+
+    @property
+    def deployment(self) -> catalog.Deployment:
+        return _deployment(self.model, self.gpu, self.tp)
+
+    def peer(self) -> dict:
+        return {"name": self.name, "address": self.address, "rack": self.rack}
+
+
+_deployments: dict[tuple[str, str, int], catalog.Deployment] = {}
+
+
+def _deployment(model: str, gpu: str, tp: int) -> catalog.Deployment:
+    key = (model, gpu, tp)
+    if key not in _deployments:
+        _deployments[key] = catalog.Deployment.of(model, gpu, tp)
+    return _deployments[key]
 
 
 @dataclass(frozen=True)
@@ -36,13 +57,40 @@ class Tenant:
     tier: str
 
 
+@dataclass(frozen=True)
+class ClusterConfig:
+    """How this cluster recovers; set in the console, published by the control plane."""
+
+    placement_policy: str = "lifeline"
+    tau_tokens: int = 512  # a checkpointed prefix above this is worth restoring on a busy holder
+    theta_factor: float = 2.0  # a holder is overloaded above this many times the mean recovery load
+    alpha: float = 1.0  # weight of checkpoint pages held in the recovery load
+    beta: float = 1.0  # weight of queue depth in the recovery load
+    stall_timeout_s: float = 5.0  # no byte from a node for this long: it is treated as failed
+    dispatch_accounting: bool = True  # count a request on its node at dispatch (document 002)
+
+    @classmethod
+    def parse(cls, raw: str | None) -> "ClusterConfig":
+        if not raw:
+            return cls()
+        data = json.loads(raw)
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+
+@dataclass
 class RoutingView:
-    def __init__(self, redis_url: str, namespace: str, refresh_s: float = 5.0):
-        self.redis = aioredis.Redis.from_url(redis_url, decode_responses=True)
-        self.keys = Keys(namespace)
-        self.refresh_s = refresh_s
-        self.routes: dict[str, Route] = {}
-        self.tenants: dict[str, Tenant] = {}
+    redis_url: str
+    namespace: str
+    refresh_s: float = 5.0
+    routes: dict[str, Route] = field(default_factory=dict)
+    tenants: dict[str, Tenant] = field(default_factory=dict)
+    config: ClusterConfig = field(default_factory=ClusterConfig)
+    listeners: list = field(default_factory=list)  # called after every reload
+
+    def __post_init__(self):
+        self.redis = aioredis.Redis.from_url(self.redis_url, decode_responses=True)
+        self.keys = Keys(self.namespace)
         self.loaded = asyncio.Event()
         self._task: asyncio.Task | None = None
 
@@ -56,8 +104,8 @@ class RoutingView:
 
     async def reload(self) -> None:
         try:
-            raw_routes, raw_keys = await asyncio.gather(
-                self.redis.hgetall(self.keys.routing), self.redis.hgetall(self.keys.gateway_keys)
+            raw_routes, raw_keys, raw_config = await asyncio.gather(
+                self.redis.hgetall(self.keys.routing), self.redis.hgetall(self.keys.gateway_keys), self.redis.get(self.keys.cluster_config)
             )
         except (RedisError, OSError) as exc:
             log.warning("cannot read the routing table, keeping the last copy: %s", exc)
@@ -65,10 +113,24 @@ class RoutingView:
         routes = {}
         for name, raw in raw_routes.items():
             entry = json.loads(raw)
-            routes[name] = Route(name, entry["address"], entry["model"], entry.get("rack", ""), float(entry.get("weight", 1.0)))
+            try:
+                routes[name] = Route(
+                    name, entry["address"], entry["model"], entry.get("rack", ""), float(entry.get("weight", 1.0)),
+                    entry.get("gpu", "H100-SXM"), int(entry.get("tp", 1)), entry.get("session", ""),
+                )
+                routes[name].deployment  # noqa: B018 - refuse a route the catalog cannot time
+            except (KeyError, ValueError, catalog.CatalogError) as exc:
+                log.warning("ignoring route %s: %s", name, exc)
+                routes.pop(name, None)
         self.routes = routes
-        self.tenants = {digest: Tenant(info["id"], info["tenant"], info["tier"]) for digest, info in ((d, json.loads(v)) for d, v in raw_keys.items())}
+        self.tenants = {d: Tenant(i["id"], i["tenant"], i["tier"]) for d, i in ((d, json.loads(v)) for d, v in raw_keys.items())}
+        try:
+            self.config = ClusterConfig.parse(raw_config)
+        except (ValueError, TypeError) as exc:
+            log.warning("ignoring a malformed cluster config: %s", exc)
         self.loaded.set()
+        for listener in list(self.listeners):
+            listener()
 
     async def _follow(self) -> None:
         while True:
@@ -76,10 +138,8 @@ class RoutingView:
             try:
                 await pubsub.subscribe(self.keys.routing_changed)
                 while True:
-                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=self.refresh_s)
+                    await pubsub.get_message(ignore_subscribe_messages=True, timeout=self.refresh_s)
                     await self.reload()  # on a change, and every refresh_s when nothing came
-                    if message is None:
-                        continue
             except asyncio.CancelledError:
                 raise
             except (RedisError, OSError) as exc:

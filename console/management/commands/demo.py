@@ -20,7 +20,7 @@ from console.models import ApiToken
 from console.stack import Child, StackError, Supervisor, port_in_use, python, start_embedded_redis, wait_http
 from recovery import actions
 from recovery.choices import NodeState, Tier
-from recovery.models import ApiKey, Node, key_digest
+from recovery.models import ApiKey, Cluster, Node, key_digest
 from workers import catalog
 
 STOP_ORDER = ["traffic", "gateway"]  # stop the load first; nodes next (they deregister), servers last
@@ -113,6 +113,8 @@ class Command(BaseCommand):
         node_token = settings.LIFELINE_NODE_TOKEN or previous.get("node_token") or secrets.token_urlsafe(24)
         agent_token = os.environ.get("LIFELINE_AGENT_TOKEN") or previous.get("agent_token") or secrets.token_urlsafe(24)
         fault_token = os.environ.get("LIFELINE_FAULT_TOKEN") or previous.get("fault_token") or secrets.token_urlsafe(24)
+        # The demo is a rehearsal cluster: operators may inject faults from the console.
+        Cluster.objects.filter(pk=Cluster.default().pk).update(fault_injection_enabled=True)
         actions.sync_hot_state()
 
         web_url = f"http://{host}:{opts['port']}"
@@ -126,7 +128,7 @@ class Command(BaseCommand):
         self.supervisor.spawn(Child("worker", worker, env, restart_delay_s=2))
         self.supervisor.spawn(Child("beat", [python(), "-m", "celery", "-A", "console", "beat", "-l", "INFO", "--pidfile="], env, restart_delay_s=2))
         gateway = self.supervisor.spawn(
-            Child("gateway", [python(), "manage.py", "gateway", "--host", host, "--port", str(opts["gateway_port"])], env, restart_delay_s=2)
+            Child("gateway", [python(), "manage.py", "gateway", "--host", host, "--port", str(opts["gateway_port"]), "--name", "gateway-1"], env, restart_delay_s=2)
         )
         wait_http(f"{web_url}/healthz", 60, web, self.supervisor)
         wait_http(f"{gateway_url}/healthz", 60, gateway, self.supervisor)

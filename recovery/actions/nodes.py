@@ -68,30 +68,46 @@ def transition_node(
             cause=cause,
             actor=actor,
         )
+        old_state = node.state
         for name, value in updates.items():
             setattr(node, name, value)
-        transaction.on_commit(lambda: _after_state_change(node))
+        transaction.on_commit(lambda: _after_state_change(node, old_state, cause, now))
     log.info("node %s -> %s: %s", node.name, new_state, cause)
     return True
 
 
-def _after_state_change(node: Node) -> None:
+def _after_state_change(node: Node, old_state: str | None = None, cause: str = "", at=None) -> None:
     hot.record_node(node.name, node.session, node.state, node.address, watch=node.state in lifecycle.ALIVE)
     publish_routing()
     events.node_changed(node.pk)
+    if old_state is not None:
+        from recovery.actions import incidents
+
+        try:
+            incidents.on_node_transition(node.pk, old_state, node.state, cause, at or timezone.now())
+        except Exception:  # noqa: BLE001 - the timeline must not undo a lifecycle step that committed
+            log.exception("could not record %s -> %s of %s on its incident", old_state, node.state, node.name)
 
 
 def routing_entries() -> dict[str, dict]:
     """The routing table gateways use: the nodes that may take traffic now."""
     rows = Node.objects.filter(state=NodeState.SERVING).select_related("rack").order_by("name")
     return {
-        n.name: {"address": n.address, "model": n.model_key, "rack": n.rack.name, "weight": 1.0, "session": n.session}
+        n.name: {
+            "address": n.address, "model": n.model_key, "rack": n.rack.name, "gpu": n.gpu_key, "tp": n.tp,
+            "weight": 0.0 if n.cordoned else 1.0, "session": n.session,
+        }
         for n in rows
     }
 
 
 def publish_routing() -> None:
     hot.publish_routing(routing_entries())
+
+
+def publish_cluster_config() -> None:
+    """The cluster's recovery settings, for every gateway."""
+    hot.publish_cluster_config(Cluster.default().gateway_config())
 
 
 # --- registration and heartbeats ---------------------------------------------------
@@ -185,7 +201,14 @@ def record_heartbeat(name: str, beat: Heartbeat) -> str:
     if entry["state"] not in lifecycle.ALIVE:
         raise ClosedSession(f"{name} was marked {entry['state']}; its session is closed: register again with a new session")
     load = beat.load
-    hot.heartbeat(name, now, beat.model_state, vars(load))
+    previous_model_state = entry.get("model_state")
+    hot.heartbeat(name, now, beat.model_state, vars(load), beat.checkpoints)
+    if previous_model_state != beat.model_state and previous_model_state is not None:
+        from recovery.actions import incidents
+
+        node_id = Node.objects.filter(name=name).values_list("pk", flat=True).first()
+        if node_id is not None:
+            incidents.on_model_state(node_id, previous_model_state, beat.model_state)
     state = entry["state"]
     if state == NodeState.JOIN and beat.model_state == "serving":
         node = Node.objects.get(name=name)
@@ -265,3 +288,4 @@ def sync_hot_state() -> None:
         hot.record_node(node.name, node.session, node.state, node.address, watch=node.state in lifecycle.ALIVE)
     publish_routing()
     publish_gateway_keys()
+    publish_cluster_config()

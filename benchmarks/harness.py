@@ -1,0 +1,266 @@
+"""A serving cluster for the recovery benchmarks: real nodes, a real gateway, Redis.
+
+The harness plays the control plane's part that matters to the data path:
+it publishes the routing table, the gateway keys and the cluster settings,
+takes a killed node out of routing a second later (as confirmation would),
+restarts it (cold: draft first) and pairs its draft model with the most
+loaded survivor until its full model is ready, as progressive recovery does.
+Clients are aiohttp streams that check every token against the pure token
+function, so a lost or repeated token cannot go unnoticed.
+"""
+
+import asyncio
+import hashlib
+import json
+import os
+import secrets
+import signal
+import time
+import urllib.request
+from dataclasses import dataclass, field
+
+import aiohttp
+import redis
+
+from benchmarks.common import AGENT_TOKEN, BASE_DIR, HEAD, Node
+from recovery.keys import Keys
+from workers import tokens
+
+KEY = "llk_benchmark-key"
+
+
+def ensure_redis() -> None:
+    """The benchmarks use REDIS_URL's Redis, else one of their own."""
+    if not os.environ.get("REDIS_URL"):
+        import tempfile
+        from pathlib import Path
+
+        from console.stack import Supervisor, start_embedded_redis
+
+        supervisor = Supervisor(Path(tempfile.mkdtemp(prefix="bench-redis-")))
+        os.environ["REDIS_URL"] = start_embedded_redis(supervisor, Path(tempfile.mkdtemp()))
+        import atexit
+
+        atexit.register(supervisor.stop)
+
+
+def expected_ids(model: str, prompt: str, max_tokens: int) -> list[int]:
+    """The tokens an undisturbed greedy run produces: the product's correctness reference."""
+    state = tokens.fold(tokens.initial_state(model), tokens.encode(prompt))
+    out = []
+    for position in range(max_tokens):
+        choice = tokens.next_token(state, position, 0.0, 0)
+        out.append(choice.token_id)
+        if choice.token_id == tokens.EOS:
+            break
+        state = tokens.advance(state, choice.token_id)
+    return out
+
+
+@dataclass
+class Result:
+    request_id: str
+    started: float
+    prompt_tokens: int
+    ids: list[int] = field(default_factory=list)
+    expected: list[int] = field(default_factory=list)
+    first_at: float | None = None
+    last_at: float | None = None
+    stalls_ms: list[float] = field(default_factory=list)
+    moves: list[str] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def ttft_s(self) -> float | None:
+        return self.first_at - self.started if self.first_at else None
+
+    @property
+    def tpot_s(self) -> float | None:
+        if not self.first_at or len(self.ids) < 2:
+            return None
+        return (self.last_at - self.first_at) / (len(self.ids) - 1)
+
+    @property
+    def lost(self) -> int:
+        """Tokens of the reference the client never got (0 when intact)."""
+        if self.error:
+            return len(self.expected) - len(self.ids)
+        return len(self.expected) - sum(1 for a, b in zip(self.ids, self.expected) if a == b)
+
+    @property
+    def repeated_or_wrong(self) -> int:
+        return max(len(self.ids) - len(self.expected), 0) + sum(1 for a, b in zip(self.ids, self.expected) if a != b)
+
+
+class Harness:
+    def __init__(self, nodes: int, model: str = "Qwen3-32B", gpu: str = "H100-SXM", tp: int = 1, racks: int = 2, policy: str = "lifeline",
+                 time_scale: float = 1.0, extra: tuple = (), config: dict | None = None, restart: str = "cold"):
+        ensure_redis()
+        self.restart = restart
+        self.namespace = f"bench-{secrets.token_hex(3)}"
+        self.keys = Keys(self.namespace)
+        self.redis = redis.Redis.from_url(os.environ["REDIS_URL"], decode_responses=True)
+        self.model, self.gpu, self.tp, self.racks = model, gpu, tp, racks
+        self.time_scale, self.extra = time_scale, extra
+        self.config = {"placement_policy": policy, **(config or {})}
+        self.count = nodes
+        self.nodes: dict[str, Node] = {}
+        self.rack_of: dict[str, str] = {}
+        self.assisting: dict[str, str] = {}  # restarting node -> survivor it assists
+        self.gateway_url = ""
+        self._server = None
+        self._tasks: list[asyncio.Task] = []
+
+    # --- the cluster ----------------------------------------------------------------------
+    def _args(self, name: str, start: str) -> tuple:
+        return ("--model", self.model, "--gpu", self.gpu, "--tp", str(self.tp), "--rack", self.rack_of[name],
+                "--time-scale", str(self.time_scale), "--start", start, *self.extra)
+
+    def start_nodes(self) -> None:
+        for i in range(self.count):
+            name = f"n{i:02d}"
+            self.rack_of[name] = f"rack-{i * self.racks // self.count}"
+            self.nodes[name] = Node(name, *self._args(name, "warm"))
+        self.publish()
+
+    def serving(self) -> list[str]:
+        return [n for n, node in self.nodes.items() if node.proc.poll() is None and self._state(node) == "serving"]
+
+    def _state(self, node: Node) -> str:
+        try:
+            return node.status()["load"]["model_state"]
+        except OSError:
+            return "down"
+
+    def publish(self) -> None:
+        routes = {}
+        for name in self.serving():
+            node = self.nodes[name]
+            routes[name] = json.dumps({"address": node.address, "model": self.model, "rack": self.rack_of[name], "gpu": self.gpu,
+                                       "tp": self.tp, "weight": 1.0, "session": str(node.proc.pid)})
+        pipe = self.redis.pipeline()
+        pipe.delete(self.keys.routing)
+        if routes:
+            pipe.hset(self.keys.routing, mapping=routes)
+        pipe.hset(self.keys.gateway_keys, hashlib.sha256(KEY.encode()).hexdigest(), json.dumps({"id": 1, "tenant": "bench", "tier": "standard"}))
+        pipe.set(self.keys.cluster_config, json.dumps(self.config))
+        pipe.publish(self.keys.routing_changed, "1")
+        pipe.execute()
+
+    async def start_gateway(self) -> None:
+        """The gateway as its own process, as in production (`manage.py gateway`)."""
+        import subprocess
+        import sys
+        import tempfile
+
+        from console.stack import free_port
+
+        port = free_port()
+        env = {**os.environ, "LIFELINE_NAMESPACE": self.namespace, "LIFELINE_AGENT_TOKEN": AGENT_TOKEN,
+               "LIFELINE_VAR_DIR": tempfile.mkdtemp(prefix="bench-gw-"), "LIFELINE_LOG_LEVEL": "WARNING"}
+        self._server = subprocess.Popen([sys.executable, "manage.py", "gateway", "--port", str(port), "--name", "bench-gw"],
+                                        cwd=BASE_DIR, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.gateway_url = f"http://127.0.0.1:{port}"
+        async with aiohttp.ClientSession() as session:
+            for _ in range(400):
+                try:
+                    async with session.get(self.gateway_url + "/healthz") as response:
+                        if len((await response.json())["watching"]) == len(self.serving()):
+                            return
+                except aiohttp.ClientError:
+                    pass
+                await asyncio.sleep(0.05)
+        raise RuntimeError("the gateway did not start")
+
+    async def kill(self, name: str, restart_after_s: float = 2.0, confirm_after_s: float = 1.0) -> float:
+        """SIGKILL a node; take it out of routing, restart it cold, and assist with its draft, as the control plane does."""
+        killed_at = time.monotonic()
+        self.nodes[name].stop(signal.SIGKILL)
+        self._tasks.append(asyncio.create_task(self._recover(name, restart_after_s, confirm_after_s)))
+        return killed_at
+
+    async def _recover(self, name: str, restart_after_s: float, confirm_after_s: float) -> None:
+        await asyncio.sleep(confirm_after_s)
+        await asyncio.to_thread(self.publish)
+        await asyncio.sleep(max(restart_after_s - confirm_after_s, 0))
+        node = await asyncio.to_thread(Node, name, *self._args(name, self.restart))
+        self.nodes[name] = node
+        while (state := await asyncio.to_thread(self._state, node)) != "serving":
+            if state == "draft_ready" and name not in self.assisting:
+                survivor = await asyncio.to_thread(self._most_loaded, name)
+                if survivor and await asyncio.to_thread(self._call, self.nodes[survivor], "POST", "/agent/assist",
+                                                        {"draft": {"name": name, "address": node.address, "rack": self.rack_of[name]}, "k": 4, "alpha": 0.6}):
+                    self.assisting[name] = survivor
+            await asyncio.sleep(0.2)
+        survivor = self.assisting.pop(name, None)
+        if survivor:
+            await asyncio.to_thread(self._call, self.nodes[survivor], "DELETE", "/agent/assist", None)
+        await asyncio.to_thread(self.publish)
+
+    def _most_loaded(self, exclude: str) -> str | None:
+        loads = {}
+        for name in self.serving():
+            if name != exclude:
+                load = self.nodes[name].status()["load"]
+                loads[name] = load["running"] + load["waiting"] + load["checkpoint_bytes_held"] / 4_194_304
+        return max(sorted(loads), key=loads.get) if loads else None
+
+    @staticmethod
+    def _call(node: Node, method: str, path: str, body: dict | None) -> bool:
+        request = urllib.request.Request(node.address + path, method=method, data=json.dumps(body).encode() if body else None,
+                                         headers={**HEAD, "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=5):
+                return True
+        except OSError:
+            return False
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._server is not None:
+            self._server.terminate()
+            self._server.wait(timeout=30)
+        for node in self.nodes.values():
+            node.stop(signal.SIGKILL)
+        for key in self.redis.scan_iter(match=self.namespace + ":*"):
+            self.redis.delete(key)
+
+    # --- clients ----------------------------------------------------------------------------------
+    async def request(self, session: aiohttp.ClientSession, prompt: str, max_tokens: int) -> Result:
+        """One greedy streamed completion through the gateway, every token checked."""
+        result = Result(f"b-{secrets.token_hex(6)}", time.monotonic(), len(tokens.encode(prompt)))
+        result.expected = expected_ids(self.model, prompt, max_tokens)
+        body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True, "lifeline": {"request_id": result.request_id}}
+        moved_at = None
+        try:
+            async with session.post(self.gateway_url + "/v1/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}) as response:
+                if response.status != 200:
+                    result.error = f"HTTP {response.status}"
+                    return result
+                async for raw in response.content:
+                    if raw.startswith(b": lifeline moved"):
+                        moved_at = result.last_at
+                        result.moves.append(raw.decode().strip())
+                        continue
+                    if not raw.startswith(b'data: {"id"'):
+                        if raw.startswith(b'data: {"error"'):
+                            result.error = raw.decode()[6:200]
+                        continue
+                    chunk = json.loads(raw[6:])
+                    ids = (chunk["choices"][0].get("token_ids") or []) if chunk.get("choices") else []
+                    if ids:
+                        now = time.monotonic()
+                        if moved_at is not None:
+                            result.stalls_ms.append((now - moved_at) * 1000)
+                            moved_at = None
+                        result.first_at = result.first_at or now
+                        result.last_at = now
+                        result.ids += ids
+        except (aiohttp.ClientError, OSError) as exc:
+            result.error = f"{exc.__class__.__name__}: {exc}"
+        return result
+
+    def gateway_metrics(self) -> str:
+        return urllib.request.urlopen(self.gateway_url + "/metrics").read().decode()

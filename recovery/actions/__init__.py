@@ -1,0 +1,22 @@
+"""State changes of the control plane, one module per kind of thing that changes.
+
+nodes: the node lifecycle (registration, heartbeats, DOWN, LEFT), routing, keys.
+incidents: incidents and their timelines.
+streams: what the gateways report (signals and request outcomes).
+"""
+
+from recovery.actions.nodes import (  # noqa: F401 - the node actions are the common entry points
+    ClosedSession,
+    UnknownNode,
+    create_api_key,
+    deregister_node,
+    mark_long_down_nodes_left,
+    mark_silent_nodes_down,
+    publish_gateway_keys,
+    publish_routing,
+    record_heartbeat,
+    register_node,
+    routing_entries,
+    sync_hot_state,
+    transition_node,
+)

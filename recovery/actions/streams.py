@@ -1,0 +1,130 @@
+"""What the gateways report, read from their Redis streams by the Celery worker.
+
+Signals (a failure symptom, a request moved, a checkpoint re-placed) become
+incident timeline events as they happen; outcomes (one per finished request)
+become RequestOutcome rows, the raw material of recovery times and SLA
+reports. A consumer group makes each entry handled once, by one worker.
+"""
+
+import datetime as dt
+import json
+import logging
+import os
+import socket
+
+from django.db import transaction
+from redis.exceptions import ResponseError
+
+from recovery import hot
+from recovery.actions import incidents
+from recovery.choices import EventKind, IncidentStatus
+from recovery.models import Incident, Node, RequestOutcome
+
+log = logging.getLogger(__name__)
+
+GROUP = "control-plane"
+
+
+def _consumer() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def _ensure_groups(r, streams: list[str]) -> None:
+    for stream in streams:
+        try:
+            r.xgroup_create(stream, GROUP, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+
+def process(count: int = 2000) -> dict:
+    """Handle what the gateways have reported since the last call."""
+    r = hot.client()
+    keys = hot.keys()
+    _ensure_groups(r, [keys.signals, keys.outcomes])
+    handled = {"signals": 0, "outcomes": 0}
+    answer = r.xreadgroup(GROUP, _consumer(), {keys.signals: ">", keys.outcomes: ">"}, count=count) or []
+    for stream, entries in answer:
+        if stream == keys.signals:
+            for entry_id, fields in entries:
+                try:
+                    handle_signal(fields["kind"], fields.get("gateway", "?"), json.loads(fields["data"]))
+                except Exception:  # noqa: BLE001 - one bad entry must not block the stream
+                    log.exception("could not handle signal %s", entry_id)
+                r.xack(stream, GROUP, entry_id)
+                handled["signals"] += 1
+        else:
+            store_outcomes([(fields.get("gateway", "?"), json.loads(fields["data"])) for _, fields in entries])
+            if entries:
+                r.xack(stream, GROUP, *[entry_id for entry_id, _ in entries])
+            handled["outcomes"] += len(entries)
+    return handled
+
+
+def handle_signal(kind: str, gateway: str, data: dict) -> None:
+    source = f"gateway {gateway}"
+    if kind == "symptom":
+        incidents.confirm_failure(data["node"], data.get("at"), source, data.get("reason", "lost"))
+    elif kind == "request_moved":
+        node = Node.objects.filter(name=data.get("from")).first()
+        incident = incidents.open_incident_for(node) if node else None
+        if incident is None:
+            return
+        method = data.get("method") or data.get("planned_method")
+        kv = {"checkpoint-local": "restored from checkpoint", "checkpoint-fetched": "KV fetched from a holder", "re-prefill": "re-prefilled"}.get(method, method)
+        with transaction.atomic():
+            incidents.add_event(
+                incident, EventKind.REQUEST_MOVED,
+                f"{data.get('request_id')}: {data.get('from')} → {data.get('to')} at token {data.get('at_token')}, {kv}, "
+                f"stalled {data.get('stall_ms')} ms ({data.get('reason')})",
+                at=data.get("at"), source=source, node=node, request_id=data.get("request_id", ""), details=data,
+            )
+    elif kind == "holder_replaced":
+        lost = Node.objects.filter(name=data.get("lost")).first()
+        incident = incidents.open_incident_for(lost) if lost else None
+        if incident is None:
+            return
+        holders = ", ".join(data.get("holders") or []) or "none (no checkpoint)"
+        with transaction.atomic():
+            incidents.add_event(
+                incident, EventKind.HOLDER_REPLACED,
+                f"{data.get('request_id')} on {data.get('node')}: checkpoint held by {data.get('lost')} re-placed on {holders}"
+                + (f", {data.get('blocks_resent')} blocks resent" if data.get("blocks_resent") else "")
+                + (f" ({data['error']})" if data.get("error") else ""),
+                at=data.get("at"), source=source, node=lost, request_id=data.get("request_id", ""), details=data,
+            )
+    elif kind == "migration_command_done":
+        from recovery.actions import migrations
+
+        migrations.record_gateway_result(gateway, data)
+
+
+def store_outcomes(items: list[tuple[str, dict]]) -> int:
+    rows = []
+    for gateway, data in items:
+        started = dt.datetime.fromtimestamp(data["started_at"], tz=dt.UTC)
+        rows.append(RequestOutcome(
+            request_id=data["request_id"], gateway=gateway, tenant=data.get("tenant", ""), tier=data.get("tier", "standard"),
+            model_key=data.get("model", ""), node=data.get("node") or "", nodes=data.get("nodes") or [], status=data.get("status", "ok"),
+            finish_reason=data.get("finish_reason") or "", prompt_tokens=data.get("prompt_tokens") or 0,
+            completion_tokens=data.get("completion_tokens") or 0, ttft_ms=data.get("ttft_ms"), tpot_ms=data.get("tpot_ms"),
+            e2e_ms=data.get("e2e_ms"), started_at=started, finished_at=started + dt.timedelta(milliseconds=data.get("e2e_ms") or 0),
+            migrations=data.get("migrations") or [],
+        ))
+    if not rows:
+        return 0
+    # Requests that moved during an incident belong to it.
+    moved = {move.get("from") for row in rows for move in row.migrations}
+    if moved:
+        open_by_node = {}
+        for incident in Incident.objects.exclude(status=IncidentStatus.CLOSED).prefetch_related("nodes"):
+            for node in incident.nodes.all():
+                open_by_node.setdefault(node.name, incident)
+        for row in rows:
+            for move in row.migrations:
+                if move.get("from") in open_by_node:
+                    row.incident = open_by_node[move["from"]]
+                    break
+    RequestOutcome.objects.bulk_create(rows)
+    return len(rows)

@@ -1,0 +1,284 @@
+"""The gateway's recovery coordinator (source document 000's Load Monitor,
+Checkpoint Manager and Recovery Coordinator in one).
+
+It holds every request in flight through this gateway, picks its node
+(least load, document 002) and its checkpoint holders (the cluster's
+placement policy), and when a node is lost it plans where each of that
+node's requests continues (Algorithm 2) in one pass, so the plan sees its
+own decisions. It also re-places the checkpoints a lost holder kept, and
+carries out planned migrations the control plane asks for.
+"""
+
+import asyncio
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from recovery.gateway.signals import Signals
+from recovery.gateway.table import Route, RoutingView
+from recovery.gateway.watch import NodeWatcher
+from recovery.policy import dispatch, load, placement
+from workers.catalog import BLOCK_TOKENS
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Flight:
+    """One request in flight: what the gateway needs to place, watch and resume it."""
+
+    request_id: str
+    tenant: str
+    tier: str
+    model: str
+    prompt_tokens: int
+    max_tokens: int
+    node: str = ""
+    holders: tuple[str, ...] = ()
+    generated: list[int] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+    started_at: float = field(default_factory=time.time)
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    migrations: list[dict] = field(default_factory=list)
+    decision: asyncio.Future | None = None  # a recovery decision, once this request's node is lost
+    decision_for_node: str | None = None  # the lost node that decision was made for
+    planned: dict | None = None  # a planned migration under way: target, method, command
+
+    @property
+    def context_tokens(self) -> int:
+        return self.prompt_tokens + len(self.generated)
+
+    def summary(self) -> dict:
+        return {"node": self.node, "holders": list(self.holders), "context": self.context_tokens, "tier": self.tier, "tenant": self.tenant}
+
+
+class Coordinator:
+    def __init__(self, view: RoutingView, signals: Signals, name: str, headers: dict):
+        self.view = view
+        self.signals = signals
+        self.name = name
+        self.headers = headers
+        self.watcher = NodeWatcher(view, self.node_lost, headers)
+        self.flights: dict[str, Flight] = {}
+        self.failed: dict[str, float] = {}  # node -> when this gateway lost it
+        self._placed: dict[str, list[tuple[float, float]]] = {}  # holder -> (when, pages) placed here, not yet visible
+        self._pools: dict[str, dict] = {}  # model -> node -> (status, pending, deployment, weight)
+        self._session: aiohttp.ClientSession | None = None
+        self._tasks: set[asyncio.Task] = set()
+
+    def start(self) -> None:
+        self._session = aiohttp.ClientSession(headers=self.headers, timeout=aiohttp.ClientTimeout(total=10))
+        self.view.listeners.append(self._forget_recovered)
+        self.watcher.start()
+
+    async def close(self) -> None:
+        await self.watcher.close()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._session is not None:
+            await self._session.close()
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _forget_recovered(self) -> None:
+        """A node this gateway lost is routable again once it comes back with a new session."""
+        for name, lost_at in list(self.failed.items()):
+            route = self.view.routes.get(name)
+            if route is not None and name not in self.watcher.lost and self.watcher.connected(name):
+                del self.failed[name]
+
+    # --- load, as the policies see it -------------------------------------------------------
+    def routable(self, model: str, exclude: set[str] = frozenset()) -> dict[str, Route]:
+        return {r.name: r for r in self.view.candidates(model) if r.name not in self.failed and r.name not in exclude}
+
+    def l_hat(self, name: str) -> float:
+        """Recovery load (eq. 4): checkpoint pages held, plus this gateway's recent placements, and queue depth."""
+        route = self.view.routes.get(name)
+        status = self.watcher.status(name)
+        per_block = route.deployment.model.kv_bytes_per_block if route else 1
+        now = time.monotonic()
+        recent = [(t, p) for t, p in self._placed.get(name, []) if now - t < 2.0]
+        self._placed[name] = recent
+        pages = load.pages(status.checkpoint_bytes_held, per_block) + sum(p for _, p in recent)
+        config = self.view.config
+        return load.recovery_load(pages, status.running + status.waiting, config.alpha, config.beta)
+
+    def choose(self, model: str, prompt_tokens: int, exclude: set[str] = frozenset()) -> Route | None:
+        """The least-loaded node for a new request (document 002), by its predicted status and pending work."""
+        routes = {r.name: r for r in self.view.candidates(model)}
+        # One candidate mapping per model, an entry replaced only when its node's status,
+        # deployment or weight changed: the policy keeps its per-node bounds between calls.
+        pool = self._pools.setdefault(model, {})
+        for name in [n for n in pool if n not in routes]:
+            del pool[name]
+        for name, route in routes.items():
+            entry = pool.get(name)
+            status = self.watcher.status(name)
+            if entry is None or entry[0] is not status or entry[2] is not route.deployment or entry[3] != route.weight:
+                pool[name] = (status, self.watcher.pending_for(name), route.deployment, route.weight)
+        name = load.choose_node(pool, prompt_tokens, time.time(), exclude=set(exclude) | set(self.failed))
+        return routes.get(name) if name else None
+
+    def place(self, flight: Flight, serving: Route) -> tuple[Route, ...]:
+        """Checkpoint holders for a request dispatched to `serving`, by the cluster's policy."""
+        config = self.view.config
+        routes = self.routable(flight.model, {serving.name})
+        per_token = serving.deployment.model.kv_bytes_per_token
+        candidates = [
+            placement.HolderCandidate(
+                name=name, rack=route.rack, l_hat=self.l_hat(name),
+                bytes_held=self.watcher.status(name).checkpoint_bytes_held,
+                budget_bytes=self.watcher.status(name).checkpoint_budget_bytes or 1 << 62,
+            )
+            for name, route in routes.items()
+        ]
+        chosen = placement.place(
+            config.placement_policy, serving.name, candidates,
+            request_bytes=(flight.prompt_tokens + flight.max_tokens) * per_token,
+            prefix_tokens=flight.prompt_tokens, tau=config.tau_tokens,
+        )
+        pages = math.ceil((flight.prompt_tokens + flight.max_tokens) / BLOCK_TOKENS)
+        for name in chosen:
+            self._placed.setdefault(name, []).append((time.monotonic(), pages))
+        return tuple(routes[name] for name in chosen)
+
+    # --- losing a node ------------------------------------------------------------------------
+    def node_lost(self, name: str, reason: str, at: float) -> None:
+        """This gateway lost `name`: take it out of routing here, plan its requests, re-place its checkpoints."""
+        if name in self.failed:
+            return
+        self.failed[name] = at
+        log.warning("node %s lost: %s", name, reason)
+        self.signals.emit("symptom", node=name, reason=reason, at=at, in_flight=sum(1 for f in self.flights.values() if f.node == name))
+        self._plan(name)
+        self._replace_holders(name)
+
+    def _plan(self, failed_node: str, only: list[Flight] | None = None) -> None:
+        stranded = only if only is not None else [f for f in self.flights.values() if f.node == failed_node]
+        if not stranded:
+            return
+        model = stranded[0].model
+        survivors = {}
+        for name, route in self.routable(model).items():
+            status = self.watcher.status(name)
+            survivors[name] = dispatch.Survivor(
+                name=name, rack=route.rack, l_hat=self.l_hat(name),
+                free_blocks=max(status.kv_blocks_total - status.kv_blocks_used, 0) if status.kv_blocks_total else route.deployment.kv_blocks,
+                deployment=route.deployment,
+            )
+        interrupted = [
+            dispatch.Interrupted(
+                request_id=f.request_id,
+                holders=f.holders,
+                checkpointed_tokens=self._checkpointed_estimate(f),
+                context_tokens=f.context_tokens,
+            )
+            for f in stranded
+        ]
+        theta = dispatch.theta_for([s.l_hat for s in survivors.values()], self.view.config.theta_factor)
+        try:
+            decisions = dispatch.plan_recovery(
+                interrupted, survivors, set(self.failed), theta, self.view.config.tau_tokens, self.view.config.alpha, self.view.config.beta
+            )
+        except dispatch.NoSurvivors as exc:
+            for flight in stranded:
+                flight.decision = asyncio.get_running_loop().create_future()
+                flight.decision.set_exception(exc)
+                flight.decision_for_node = failed_node
+            return
+        for flight, decision in zip(stranded, decisions):
+            flight.decision = asyncio.get_running_loop().create_future()
+            flight.decision.set_result(decision)
+            flight.decision_for_node = failed_node
+
+    def _checkpointed_estimate(self, flight: Flight) -> int:
+        """KV tokens the holders most likely have: whole blocks, the last one possibly still in transit."""
+        if not flight.holders:
+            return 0
+        if not flight.generated and self.view.config.placement_policy != "lifeline":
+            return 0  # the prompt's blocks go out once prefill is done
+        return max(flight.context_tokens // BLOCK_TOKENS - 1, 0) * BLOCK_TOKENS
+
+    async def decision_for(self, flight: Flight, failed_node: str, reason: str) -> dispatch.Decision:
+        """Where `flight` continues now that `failed_node` is gone (planned with its companions)."""
+        self.node_lost(failed_node, reason, time.time())
+        if flight.decision is None or flight.decision_for_node != failed_node:
+            self._plan(failed_node, only=[flight])  # it reached that node after the plan was made
+        return await flight.decision
+
+    def _replace_holders(self, lost: str) -> None:
+        """Requests elsewhere that had `lost` as a holder get a new one (the serving node resends its blocks)."""
+        for flight in list(self.flights.values()):
+            if lost not in flight.holders or flight.node == lost or flight.node not in self.view.routes:
+                continue
+            serving = self.view.routes[flight.node]
+            keep = [self.view.routes[h] for h in flight.holders if h != lost and h in self.view.routes and h not in self.failed]
+            fresh = [r for r in self.place(flight, serving) if r.name not in {k.name for k in keep}]
+            wanted = 2 if len(flight.holders) > 1 else 1
+            holders = (keep + fresh)[:wanted]
+            self._spawn(self._set_holders(flight, serving, lost, holders))
+
+    async def _set_holders(self, flight: Flight, serving: Route, lost: str, holders: list[Route]) -> None:
+        try:
+            async with self._session.post(f"{serving.address}/agent/requests/{flight.request_id}/holders", json={"holders": [h.peer() for h in holders]}) as response:
+                answer = await response.json(content_type=None)
+                if response.status != 200:
+                    raise RuntimeError(answer.get("error", {}).get("message", response.status))
+        except Exception as exc:  # noqa: BLE001 - the request goes on without a checkpoint; say so
+            log.warning("could not re-place the checkpoint of %s: %s", flight.request_id, exc)
+            self.signals.emit("holder_replaced", request_id=flight.request_id, node=flight.node, lost=lost, holders=[], error=str(exc))
+            return
+        flight.holders = tuple(h.name for h in holders)
+        self.signals.emit("holder_replaced", request_id=flight.request_id, node=flight.node, lost=lost, holders=list(flight.holders),
+                          blocks_resent=answer.get("blocks_sent", 0))
+
+    async def add_second_holder(self, flight: Flight) -> None:
+        """Ours: once a request's prefix passes tau, a second holder in another rack."""
+        serving = self.view.routes.get(flight.node)
+        if serving is None or len(flight.holders) != 1:
+            return
+        first = self.view.routes.get(flight.holders[0])
+        routes = self.routable(flight.model, {serving.name, flight.holders[0]})
+        other_rack = [r for r in routes.values() if first is None or r.rack != first.rack] or list(routes.values())
+        if not other_rack:
+            return
+        second = min(other_rack, key=lambda r: (self.l_hat(r.name), r.name))
+        holders = [h for h in (first, second) if h is not None]
+        await self._set_holders(flight, serving, "", holders)
+
+    # --- planned migration ---------------------------------------------------------------------
+    async def migrate_node(self, name: str, command: str) -> dict:
+        """Move every request this gateway has on `name` elsewhere, live, at token boundaries."""
+        moving = [f for f in self.flights.values() if f.node == name and f.planned is None]
+        source = self.view.routes.get(name)
+        results = {"command": command, "node": name, "gateway": self.name, "requests": len(moving), "transfer": 0, "reprefill": 0, "failed": 0}
+        for flight in moving:
+            target = self.choose(flight.model, flight.context_tokens, {name})
+            if target is None or source is None:
+                results["failed"] += 1
+                continue
+            status = self.watcher.status(target.name)
+            survivor = dispatch.Survivor(target.name, target.rack, self.l_hat(target.name),
+                                         max(status.kv_blocks_total - status.kv_blocks_used, 0) or target.deployment.kv_blocks, target.deployment)
+            method, transfer_s, reprefill_s = dispatch.migration_method(flight.context_tokens, flight.context_tokens, source.rack, survivor)
+            flight.planned = {"target": target.name, "method": method, "command": command, "transfer_s": transfer_s, "reprefill_s": reprefill_s}
+            try:
+                async with self._session.post(f"{source.address}/agent/requests/{flight.request_id}/migrate",
+                                              json={"target": target.peer(), "transfer": method == "transfer"}) as response:
+                    await response.read()
+                    if response.status != 200:
+                        raise RuntimeError(f"{response.status}")
+                results[method] += 1
+            except Exception as exc:  # noqa: BLE001 - finished meanwhile, or the node failed: the relay handles both
+                log.info("planned migration of %s did not start: %s", flight.request_id, exc)
+                flight.planned = None
+                results["failed"] += 1
+        self.signals.emit("migration_command_done", **results)
+        return results

@@ -1,0 +1,315 @@
+"""One client request, from dispatch to its last token, through any number of node failures.
+
+The gateway always streams from the node, with the token ids of each chunk,
+and forwards every chunk to the client as it comes; so it knows exactly which
+tokens the client has. When the node's stream breaks (or stalls, or a planned
+migration ends it), the request continues on the node the coordinator chose,
+resumed from exactly that token: the client sees a comment line saying from
+where to where, then the next token. Non-streaming clients get the assembled
+answer at the end, after the same recovery.
+"""
+
+import asyncio
+import json
+import logging
+import re
+import secrets
+import time
+
+import aiohttp
+from aiohttp import web
+
+from recovery.gateway.coordinator import Coordinator, Flight
+from recovery.policy.dispatch import Decision, NoSurvivors
+
+log = logging.getLogger(__name__)
+
+TOKEN_IDS = re.compile(rb'"token_ids":\[([0-9,]*)\]')
+FINISH = re.compile(rb'"finish_reason":"([a-z_]+)"')
+BROKEN = (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientConnectionError, ConnectionResetError)
+RETRY_AFTER_S = 2
+MAX_ROUTING_ATTEMPTS = 4
+
+
+class UpstreamBroken(Exception):
+    """The node stopped giving this request tokens: it died, hung, or failed it."""
+
+
+class ClientGone(Exception):
+    pass
+
+
+def openai_error(status: int, message: str, kind: str, param: str | None = None, headers: dict | None = None) -> web.Response:
+    return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": None}}, status=status, headers=headers)
+
+
+class Relay:
+    def __init__(self, coordinator: Coordinator, request: web.Request, body: dict, flight: Flight, path: str):
+        self.co = coordinator
+        self.request = request
+        self.body = body
+        self.flight = flight
+        self.path = path
+        self.client_stream = bool(body.get("stream"))
+        self.client_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        self.response: web.StreamResponse | None = None
+        self.finish_reason: str | None = None
+        self.usage: dict | None = None
+        self.chunks: list[dict] = []  # for a non-streaming client
+        self.nodes: list[str] = []
+        self._migrated = False
+        self._second_holder_asked = False
+        if float(body.get("temperature", 1.0) or 0) > 0 and body.get("seed") is None:
+            # A sampled request gets a seed here, so a node that continues it draws the same text.
+            self.body = {**body, "seed": secrets.randbits(62)}
+
+    # --- the loop --------------------------------------------------------------------------
+    async def run(self) -> web.StreamResponse:
+        flight, co = self.flight, self.co
+        exclude: set[str] = set()
+        decision: Decision | None = None
+        broke_at: float | None = None
+        reason = ""
+        for _ in range(64):  # a bound, far above any real chain of failures
+            route = self._route(decision, exclude)
+            if route is None:
+                return await self._give_up("no node can take it")
+            holders = co.place(flight, route)
+            payload = self._payload(holders, decision)
+            flight.node, flight.holders = route.name, tuple(h.name for h in holders)
+            self.nodes.append(route.name)
+            co.watcher.dispatched(route.name, flight.request_id, flight.context_tokens)
+            try:
+                upstream = await co._session.post(route.address + self.path, json=payload,
+                                                  timeout=aiohttp.ClientTimeout(total=None, connect=2, sock_read=None))
+            except BROKEN + (TimeoutError, OSError) as exc:
+                co.watcher.settle(route.name, flight.request_id)
+                reason = f"{route.name} unreachable ({exc.__class__.__name__})"
+                decision, broke_at = await self._recover(route.name, reason, broke_at, exclude)
+                if decision is None and self._sent_any:
+                    return await self._give_up(reason)
+                continue  # to the decision's target, or (nothing sent yet) a fresh pick
+            async with upstream:
+                if upstream.status != 200:
+                    co.watcher.settle(route.name, flight.request_id)
+                    answer = await upstream.read()
+                    if upstream.status >= 500 or upstream.status == 409 and decision is not None:
+                        # Loading, a lost GPU, a duplicate after a restart: another node, then.
+                        exclude.add(route.name)
+                        reason = f"{route.name} answered {upstream.status}"
+                        if decision is not None:
+                            decision, broke_at = await self._recover(route.name, reason, broke_at, exclude)
+                            if decision is None:
+                                return await self._give_up(reason)
+                        continue
+                    if self._sent_any:  # a resumed request refused: end the client's stream plainly
+                        return await self._give_up(f"{route.name} refused to continue it ({upstream.status})")
+                    return web.Response(status=upstream.status, body=answer, content_type="application/json",
+                                        headers={"X-Lifeline-Node": route.name, "X-Request-Id": flight.request_id})
+                try:
+                    await self._pump(upstream, route.name, decision, broke_at, reason)
+                except UpstreamBroken as exc:
+                    broke_at = time.monotonic()
+                    reason = f"{route.name}: {exc}"
+                    decision, broke_at = await self._recover(route.name, reason, broke_at, exclude)
+                    if decision is None:
+                        return await self._give_up(reason)
+                    continue
+                if self._migrated:
+                    # Handed over at a token boundary: KV already on the target ("transfer"), or re-prefill there.
+                    self._migrated = False
+                    plan, flight.planned = flight.planned or {}, None
+                    transfer = plan.get("method") == "transfer"
+                    decision = Decision(flight.request_id, plan.get("target", ""), "restore" if transfer else "reprefill",
+                                        plan.get("target") if transfer else None, f"planned migration ({plan.get('method', 'reprefill')})")
+                    broke_at, reason = time.monotonic(), "planned migration"
+                    continue
+                return await self._finish()
+        return await self._give_up("too many failures in a row")
+
+    def _route(self, decision: Decision | None, exclude: set[str]):
+        if decision is not None:
+            return self.co.view.routes.get(decision.target)
+        return self.co.choose(self.flight.model, self.flight.context_tokens, exclude)
+
+    @property
+    def _sent_any(self) -> bool:
+        return bool(self.flight.generated)
+
+    async def _recover(self, node: str, reason: str, broke_at: float | None, exclude: set[str]) -> tuple[Decision | None, float]:
+        """Where the request goes on; None when nothing has been sent yet and a fresh pick will do."""
+        broke_at = broke_at or time.monotonic()
+        if not self._sent_any and self.flight.decision is None:
+            exclude.add(node)
+            self.co.node_lost(node, reason, time.time())
+            return None, broke_at
+        try:
+            return await self.co.decision_for(self.flight, node, reason), broke_at
+        except NoSurvivors:
+            return None, broke_at
+
+    # --- talking to the node ------------------------------------------------------------------
+    def _payload(self, holders, decision: Decision | None) -> dict:
+        flight, config = self.flight, self.co.view.config
+        lifeline = {
+            "request_id": flight.request_id,
+            "return_token_ids": True,
+            "holders": [h.peer() for h in holders],
+            "checkpoint_prefill_chunks": config.placement_policy == "lifeline",
+        }
+        if decision is not None:
+            sources = []
+            if decision.method in ("restore", "fetch") and decision.source in self.co.view.routes:
+                sources.append(self.co.view.routes[decision.source].peer())
+            lifeline["resume"] = {"generated_token_ids": list(flight.generated), "sources": sources}
+        payload = {k: v for k, v in self.body.items() if k != "lifeline"}
+        payload["stream"] = True
+        if not self.client_stream:
+            payload["stream_options"] = {"include_usage": True}
+        payload["lifeline"] = lifeline
+        return payload
+
+    async def _pump(self, upstream: aiohttp.ClientResponse, node: str, decision: Decision | None, broke_at: float | None, reason: str) -> None:
+        """Forward the node's chunks until it finishes, hands the request over, or breaks."""
+        flight, stall = self.flight, self.co.view.config.stall_timeout_s
+        resumed = decision is not None
+        while True:
+            try:
+                raw = await asyncio.wait_for(upstream.content.readline(), timeout=stall)
+            except TimeoutError:
+                raise UpstreamBroken(f"no byte for {stall:g} s (hung)") from None
+            except BROKEN as exc:
+                raise UpstreamBroken(f"stream broke ({exc.__class__.__name__})") from None
+            if not raw:
+                if self.finish_reason is not None or self._migrated:
+                    return
+                raise UpstreamBroken("stream ended before the request finished")
+            if not raw.startswith(b"data: "):
+                if raw.strip() == b"" and self.client_stream and self.response is not None:
+                    await self._write(raw)
+                continue
+            data = raw[6:].rstrip()
+            if data == b"[DONE]":
+                if self.client_stream:
+                    await self._write(raw)
+                continue
+            if data.startswith(b'{"error"'):
+                raise UpstreamBroken(f"node failed the request: {json.loads(data)['error'].get('message')}")
+            chunk = json.loads(data) if (b'"lifeline"' in data or not self.client_stream or b'"usage"' in data) else None
+            if chunk is not None and "migrated" in chunk.get("lifeline", {}):
+                self._migrated = True  # a planned migration: the stream ends here, the request continues elsewhere
+                continue
+            ids = TOKEN_IDS.search(data)
+            if ids and ids.group(1):
+                now = time.monotonic()
+                if resumed:
+                    await self._announce(node, decision, broke_at, now, chunk, reason)
+                    resumed = False
+                for token in ids.group(1).split(b","):
+                    flight.generated.append(int(token))
+                flight.first_token_at = flight.first_token_at or now
+                flight.last_token_at = now
+                self._maybe_second_holder()
+            finish = FINISH.search(data)
+            if finish:
+                self.finish_reason = finish.group(1).decode()
+            if chunk is not None and chunk.get("usage") and not chunk.get("choices"):
+                self.usage = chunk["usage"]
+                if not self.client_usage:
+                    continue
+            if self.client_stream:
+                await self._write(raw)
+            elif chunk is not None:
+                self.chunks.append(chunk)
+
+    def _maybe_second_holder(self) -> None:
+        flight, config = self.flight, self.co.view.config
+        if (config.placement_policy == "lifeline" and not self._second_holder_asked and len(flight.holders) == 1
+                and flight.context_tokens > config.tau_tokens):
+            self._second_holder_asked = True
+            self.co._spawn(self.co.add_second_holder(flight))
+
+    async def _announce(self, node: str, decision: Decision, broke_at: float | None, now: float, chunk: dict | None, reason: str) -> None:
+        """The first token after a move: tell the client (a comment line) and the control plane."""
+        flight = self.flight
+        actual = ((chunk or {}).get("lifeline") or {}).get("resume", {})
+        previous = self.nodes[-2] if len(self.nodes) > 1 else "?"
+        stall_ms = round((now - (flight.last_token_at or broke_at or now)) * 1000, 1)
+        move = {
+            "from": previous, "to": node, "at_token": len(flight.generated), "kind": "planned" if reason == "planned migration" else "failure",
+            "planned_method": decision.method, "method": actual.get("method"), "restored_tokens": actual.get("restored_tokens"),
+            "reprefill_tokens": actual.get("reprefill_tokens"), "source": actual.get("source"), "stall_ms": stall_ms,
+            "reason": decision.reason, "cause": reason,
+        }
+        flight.migrations.append(move)
+        self.co.signals.emit("request_moved", request_id=flight.request_id, tenant=flight.tenant, **move)
+        if self.client_stream:
+            await self._write(f": lifeline moved this stream from {previous} to {node} at token {move['at_token']} "
+                              f"({move['method'] or decision.method}; {decision.reason})\n\n".encode())
+
+    # --- the client side --------------------------------------------------------------------------
+    async def _write(self, data: bytes) -> None:
+        if self.response is None:
+            self.response = web.StreamResponse(headers={
+                "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                "X-Lifeline-Node": self.flight.node, "X-Request-Id": self.flight.request_id,
+            })
+            await self.response.prepare(self.request)
+        try:
+            await self.response.write(data)
+        except (ConnectionResetError, RuntimeError) as exc:
+            raise ClientGone(str(exc)) from None
+
+    async def _finish(self) -> web.StreamResponse:
+        if self.client_stream:
+            if self.response is None:
+                await self._write(b"")
+            await self.response.write_eof()
+            return self.response
+        return web.json_response(self._assemble(), headers={
+            "X-Lifeline-Node": self.flight.node, "X-Request-Id": self.flight.request_id,
+            "X-Lifeline-Migrations": str(len(self.flight.migrations)),
+        })
+
+    def _assemble(self) -> dict:
+        """A non-streaming answer from the chunks, however many nodes they came from."""
+        first = next((c for c in self.chunks if c.get("choices")), {})
+        chat = first.get("object", "").startswith("chat")
+        text, logprobs = [], None
+        for chunk in self.chunks:
+            for choice in chunk.get("choices", []):
+                text.append(choice.get("delta", {}).get("content") or "" if chat else choice.get("text") or "")
+                part = choice.get("logprobs")
+                if part:
+                    if logprobs is None:
+                        logprobs = {"content": []} if chat else {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+                    for key in logprobs:
+                        logprobs[key].extend(part.get(key) or [])
+        body = "".join(text)
+        choice = {"index": 0, "logprobs": logprobs, "finish_reason": self.finish_reason}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": body}
+        else:
+            choice["text"] = body
+        answer = {
+            "id": self.flight.request_id, "object": "chat.completion" if chat else "text_completion",
+            "created": first.get("created", int(time.time())), "model": self.flight.model, "choices": [choice],
+            "usage": self.usage or {"prompt_tokens": self.flight.prompt_tokens, "completion_tokens": len(self.flight.generated),
+                                    "total_tokens": self.flight.prompt_tokens + len(self.flight.generated)},
+        }
+        if self.flight.migrations:
+            answer["lifeline"] = {"migrations": self.flight.migrations}
+        return answer
+
+    async def _give_up(self, reason: str) -> web.StreamResponse:
+        """Nothing can continue the request: 503 before anything was sent, an error event after."""
+        self.finish_reason = "error"
+        if self.response is None and not self._sent_any:
+            return openai_error(503, f"No node can take a request for `{self.flight.model}` right now ({reason}): try again in {RETRY_AFTER_S} s.",
+                                "service_unavailable", headers={"Retry-After": str(RETRY_AFTER_S)})
+        error = {"error": {"message": f"the request could not continue: {reason}", "type": "node_failure", "param": None, "code": None}}
+        if self.client_stream:
+            await self._write(f"data: {json.dumps(error)}\n\n".encode())
+            await self.response.write_eof()
+            return self.response
+        return web.json_response(error, status=503, headers={"Retry-After": str(RETRY_AFTER_S)})

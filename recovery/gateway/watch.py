@@ -1,0 +1,123 @@
+"""Each node's live load, as the gateway sees it (source document 002).
+
+The gateway keeps one connection to every routed node's status stream
+(`/agent/events`), so its view changes at every load-changing event on the
+node, not at a polling interval. At dispatch it counts the request on the
+node at once (the local account) and settles that count when the node's
+arrival event for the request comes back. The stream doubles as a liveness
+signal: when a node dies its stream breaks, and the gateway knows at once,
+even for a node with no request in flight.
+"""
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+
+import aiohttp
+
+from recovery.gateway.table import Route, RoutingView
+from recovery.policy.load import NodeStatus, Pending
+from workers.aio import cancel
+
+log = logging.getLogger(__name__)
+
+
+class NodeWatcher:
+    def __init__(self, view: RoutingView, on_lost: Callable[[str, str, float], None], headers: dict | None = None):
+        self.view = view
+        self.on_lost = on_lost
+        self.headers = headers or {}
+        self.statuses: dict[str, NodeStatus] = {}
+        self.pending: dict[str, Pending] = {}
+        self._ledger: dict[str, dict[str, int]] = {}  # node -> request id -> prompt tokens, until the node confirms
+        self._tasks: dict[str, tuple[str, asyncio.Task]] = {}  # node -> (session, task)
+        self.lost: dict[str, float] = {}  # node -> when its stream broke
+        self._heard: set[str] = set()  # nodes whose status stream is up and has spoken
+        self._session: aiohttp.ClientSession | None = None
+
+    def start(self) -> None:
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, connect=2, sock_read=30), headers=self.headers)
+        self.view.listeners.append(self.sync)
+        self.sync()
+
+    async def close(self) -> None:
+        for _, task in self._tasks.values():
+            await cancel(task)
+        if self._session is not None:
+            await self._session.close()
+
+    def sync(self) -> None:
+        """Follow exactly the routed nodes; a node back with a new session is followed afresh."""
+        for name, route in self.view.routes.items():
+            current = self._tasks.get(name)
+            if current is None or current[0] != route.session or current[1].done():
+                if current is not None:
+                    current[1].cancel()
+                self.lost.pop(name, None)
+                task = asyncio.get_running_loop().create_task(self._follow(route), name=f"watch-{name}")
+                self._tasks[name] = (route.session, task)
+        for name in list(self._tasks):
+            if name not in self.view.routes:
+                self._tasks.pop(name)[1].cancel()
+                self.statuses.pop(name, None)
+                self._heard.discard(name)
+
+    async def _follow(self, route: Route) -> None:
+        connected = False
+        try:
+            async with self._session.get(route.address + "/agent/events") as response:
+                response.raise_for_status()
+                connected = True
+                data = None
+                async for raw in response.content:
+                    line = raw.decode().rstrip("\n")
+                    if line.startswith("data: "):
+                        data = line[6:]
+                    elif line == "" and data is not None:
+                        self._update(route.name, json.loads(data))
+                        data = None
+            reason = "status stream ended"
+        except asyncio.CancelledError:
+            raise
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+            reason = f"status stream {'broke' if connected else 'unreachable'}: {exc.__class__.__name__}"
+        self._heard.discard(route.name)
+        if route.name in self.view.routes and self.view.routes[route.name].session == route.session:
+            self.lost[route.name] = time.time()
+            self.on_lost(route.name, reason, time.time())
+
+    def _update(self, name: str, data: dict) -> None:
+        self.statuses[name] = NodeStatus.from_event(data)
+        self._heard.add(name)
+        request_id = data.get("request_id")
+        if data.get("reason") == "arrival" and request_id:
+            prompt = self._ledger.get(name, {}).pop(request_id, None)
+            if prompt is not None:
+                self.pending_for(name).confirm(prompt)  # the node's status now counts it
+
+    # --- the local account ---------------------------------------------------------------
+    def dispatched(self, name: str, request_id: str, prompt_tokens: int) -> None:
+        if not self.view.config.dispatch_accounting:
+            return
+        self.pending_for(name).add(prompt_tokens)
+        self._ledger.setdefault(name, {})[request_id] = prompt_tokens
+
+    def settle(self, name: str, request_id: str) -> None:
+        """The request left the node before its arrival event reached us (refused, or the node died)."""
+        prompt = self._ledger.get(name, {}).pop(request_id, None)
+        if prompt is not None:
+            self.pending_for(name).confirm(prompt)
+
+    def status(self, name: str) -> NodeStatus:
+        status = self.statuses.get(name)
+        if status is None:  # not heard from yet: idle as far as we know (kept, so it is the same object next time)
+            status = self.statuses[name] = NodeStatus(at=time.time())
+        return status
+
+    def pending_for(self, name: str) -> Pending:
+        return self.pending.setdefault(name, Pending())
+
+    def connected(self, name: str) -> bool:
+        return name in self._heard and name not in self.lost

@@ -1,0 +1,70 @@
+// The incident page: its timeline grows live, its facts and chart follow.
+(function () {
+  "use strict";
+  const timeline = document.getElementById("timeline");
+  const events = document.getElementById("events");
+  const statusEl = document.getElementById("live-status");
+  const facts = document.getElementById("facts");
+  const chartEl = document.getElementById("latency-chart");
+  const hideSystem = document.getElementById("hide-system");
+  let retry = 0;
+
+  function applyFilter() {
+    events.classList.toggle("hide-system", hideSystem.checked);
+  }
+  hideSystem.addEventListener("change", applyFilter);
+
+  function draw(data) {
+    if (!window.Plotly) return;
+    const t = data.t.map((s) => new Date(s * 1000));
+    const traces = [
+      { x: t, y: data.ttft_ms, name: "TTFT (ms)", mode: "markers", marker: { size: 5, color: "#58a6ff" } },
+      { x: t, y: data.tpot_ms, name: "TPOT (ms)", mode: "markers", yaxis: "y2", marker: { size: 5, color: "#d29922" } },
+    ];
+    const shapes = [];
+    const marks = { opened: "#f85149", detected: "#f0883e", recovered: "#3fb950" };
+    for (const [name, color] of Object.entries(marks)) {
+      if (data.marks[name]) {
+        const at = new Date(data.marks[name] * 1000);
+        shapes.push({ type: "line", x0: at, x1: at, yref: "paper", y0: 0, y1: 1, line: { color, width: 1.5, dash: "dot" } });
+      }
+    }
+    const layout = {
+      paper_bgcolor: "#161b22", plot_bgcolor: "#161b22", font: { color: "#e6edf3", size: 11 },
+      margin: { l: 50, r: 50, t: 10, b: 40 }, height: 280, showlegend: true, legend: { orientation: "h" },
+      xaxis: { gridcolor: "#2a323d" }, yaxis: { title: "TTFT ms", gridcolor: "#2a323d" },
+      yaxis2: { title: "TPOT ms", overlaying: "y", side: "right", showgrid: false }, shapes,
+    };
+    Plotly.react(chartEl, traces, layout, { displayModeBar: false, responsive: true });
+  }
+
+  async function refreshFacts() {
+    const response = await fetch(facts.dataset.factsUrl, { credentials: "same-origin" });
+    if (response.ok) facts.innerHTML = await response.text();
+    const chart = await fetch(chartEl.dataset.chartUrl, { credentials: "same-origin" });
+    if (chart.ok) draw(await chart.json());
+  }
+
+  function connect() {
+    const scheme = location.protocol === "https:" ? "wss://" : "ws://";
+    const socket = new WebSocket(scheme + location.host + timeline.dataset.socket);
+    socket.onopen = () => { retry = 0; statusEl.dataset.state = "live"; statusEl.textContent = "live"; };
+    socket.onmessage = (message) => {
+      const frame = JSON.parse(message.data);
+      if (frame.kind === "event" && !events.querySelector('[data-event="' + frame.id + '"]')) {
+        events.insertAdjacentHTML("beforeend", frame.html);
+      } else if (frame.kind === "incident") {
+        refreshFacts();
+      }
+    };
+    socket.onclose = (event) => {
+      if (event.code === 4403) { statusEl.dataset.state = "closed"; statusEl.textContent = "not allowed"; return; }
+      statusEl.dataset.state = "reconnecting"; statusEl.textContent = "reconnecting…";
+      retry = Math.min(retry + 1, 6);
+      setTimeout(connect, 250 * 2 ** retry);
+    };
+  }
+
+  window.addEventListener("load", () => draw(JSON.parse(document.getElementById("chart-data").textContent)));
+  connect();
+})();
