@@ -69,6 +69,7 @@ class Result:
     stalls_ms: list[float] = field(default_factory=list)
     moves: list[str] = field(default_factory=list)
     error: str | None = None
+    node: str | None = None  # the node the gateway first sent it to
 
     @property
     def ttft_s(self) -> float | None:
@@ -94,9 +95,11 @@ class Result:
 
 class Harness:
     def __init__(self, nodes: int, model: str = "Qwen3-32B", gpu: str = "H100-SXM", tp: int = 1, racks: int = 2, policy: str = "lifeline",
-                 time_scale: float = 1.0, extra: tuple = (), config: dict | None = None, restart: str = "cold"):
+                 time_scale: float = 1.0, extra: tuple = (), config: dict | None = None, restart: str = "cold",
+                 assist: bool = True):
         ensure_redis()
         self.restart = restart
+        self.assist = assist  # pair a restarting node's draft with a survivor (progressive recovery)
         self.namespace = f"bench-{secrets.token_hex(3)}"
         self.keys = Keys(self.namespace)
         self.redis = redis.Redis.from_url(os.environ["REDIS_URL"], decode_responses=True)
@@ -158,8 +161,9 @@ class Harness:
         port = free_port()
         env = {**os.environ, "LIFELINE_NAMESPACE": self.namespace, "LIFELINE_AGENT_TOKEN": AGENT_TOKEN,
                "LIFELINE_VAR_DIR": tempfile.mkdtemp(prefix="bench-gw-"), "LIFELINE_LOG_LEVEL": "WARNING"}
+        log = open(os.environ["BENCH_GATEWAY_LOG"], "ab") if os.environ.get("BENCH_GATEWAY_LOG") else subprocess.DEVNULL
         self._server = subprocess.Popen([sys.executable, "manage.py", "gateway", "--port", str(port), "--name", "bench-gw"],
-                                        cwd=BASE_DIR, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                        cwd=BASE_DIR, env=env, stdout=subprocess.DEVNULL, stderr=log)
         self.gateway_url = f"http://127.0.0.1:{port}"
         async with aiohttp.ClientSession() as session:
             for _ in range(400):
@@ -186,7 +190,7 @@ class Harness:
         node = await asyncio.to_thread(Node, name, *self._args(name, self.restart))
         self.nodes[name] = node
         while (state := await asyncio.to_thread(self._state, node)) != "serving":
-            if state == "draft_ready" and name not in self.assisting:
+            if self.assist and state == "draft_ready" and name not in self.assisting:
                 survivor = await asyncio.to_thread(self._most_loaded, name)
                 if survivor and await asyncio.to_thread(self._call, self.nodes[survivor], "POST", "/agent/assist",
                                                         {"draft": {"name": name, "address": node.address, "rack": self.rack_of[name]}, "k": 4, "alpha": 0.6}):
@@ -236,6 +240,7 @@ class Harness:
         moved_at = None
         try:
             async with session.post(self.gateway_url + "/v1/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}) as response:
+                result.node = response.headers.get("X-Lifeline-Node")
                 if response.status != 200:
                     result.error = f"HTTP {response.status}"
                     return result

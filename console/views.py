@@ -13,6 +13,7 @@ from console import incidents as shapes
 from console import presenters, roles
 from console.auth import api_view, page_view
 from recovery import hot, nodeclient
+from recovery import actions
 from recovery.actions import incidents, migrations
 from recovery.http import json_error
 from recovery.models import Cluster, Incident, Node, NodeTransition
@@ -263,3 +264,41 @@ def api_migration(request, command: str):
     if status is None:
         return json_error(404, f"No migration {command!r} (they are kept for an hour).")
     return JsonResponse(status)
+
+
+# --- gateway API keys ----------------------------------------------------------------------------------
+@never_cache
+@page_view()
+def api_keys(request):
+    """Gateway keys: a tenant and a priority tier each. Admins create and revoke them."""
+    from recovery.choices import Tier
+    from recovery.models import ApiKey
+
+    if not roles.has_role(request.user, roles.ADMIN):
+        return render(request, "console/forbidden.html", {"reason": "Gateway keys are an admin's to manage."}, status=403)
+    created = None
+    if request.method == "POST":
+        tenant, tier, label = request.POST.get("tenant", "").strip(), request.POST.get("tier", ""), request.POST.get("label", "").strip()
+        if not tenant:
+            messages.error(request, "tenant: a key needs the tenant it bills to.")
+        elif tier not in Tier.values:
+            messages.error(request, f"tier: {tier!r} is not a tier: expected one of {', '.join(Tier.values)}.")
+        else:
+            row, created = actions.create_api_key(tenant, tier, label, created_by=request.user)
+            migrations.audit(request.user.username, "create_api_key", f"api_key:{row.prefix}", label, tenant=tenant, tier=tier)
+    keys = ApiKey.objects.select_related("created_by").order_by("revoked_at", "tenant", "-created_at")
+    return render(request, "console/keys.html", {"keys": keys, "created": created, "tiers": Tier.choices})
+
+
+@require_POST
+@page_view(roles.ADMIN)
+def revoke_key(request, key_id: int):
+    from recovery.models import ApiKey
+
+    key = get_object_or_404(ApiKey, pk=key_id)
+    if actions.revoke_api_key(key):
+        migrations.audit(request.user.username, "revoke_api_key", f"api_key:{key.prefix}", request.POST.get("reason", ""), tenant=key.tenant)
+        messages.success(request, f"Key {key.prefix}… of {key.tenant} revoked: the gateways refuse it from now on.")
+    else:
+        messages.info(request, f"Key {key.prefix}… was already revoked.")
+    return redirect("keys")

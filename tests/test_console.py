@@ -156,3 +156,28 @@ def test_create_api_key_prints_a_key_the_gateway_will_accept(db):
 def test_healthz(client):
     response = client.get("/healthz")
     assert response.status_code == 200 and response.json()["checks"] == {"database": "ok", "redis": "ok"}
+
+
+def test_admins_create_and_revoke_gateway_keys(client, cast, django_capture_on_commit_callbacks):
+    from recovery import hot
+    from recovery.models import ApiKey, AuditEntry, key_digest
+
+    client.force_login(cast["operator"])
+    assert client.get("/keys/").status_code == 403
+    client.force_login(cast["admin"])
+    response = client.post("/keys/", {"tenant": "", "tier": "premium"})
+    assert b"tenant: a key needs" in response.content
+    response = client.post("/keys/", {"tenant": "acme", "tier": "platinum"})
+    assert b"tier: &#x27;platinum&#x27; is not a tier" in response.content
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post("/keys/", {"tenant": "acme", "tier": "premium", "label": "chat app"})
+    secret = response.context["created"]
+    assert secret.startswith("llk_") and secret.encode() in response.content
+    stored = hot.client().hget(hot.keys().gateway_keys, key_digest(secret))
+    assert '"tier": "premium"' in stored
+    key = ApiKey.objects.get(tenant="acme")
+    assert secret not in client.get("/keys/").content.decode()  # shown once
+    with django_capture_on_commit_callbacks(execute=True):
+        client.post(f"/keys/{key.pk}/revoke")
+    assert hot.client().hget(hot.keys().gateway_keys, key_digest(secret)) is None
+    assert list(AuditEntry.objects.values_list("action", flat=True).order_by("at")) == ["create_api_key", "revoke_api_key"]

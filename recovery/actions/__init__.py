@@ -16,6 +16,7 @@ from recovery.actions.nodes import (  # noqa: F401 - the node actions are the co
     publish_routing,
     record_heartbeat,
     register_node,
+    revoke_api_key,
     routing_entries,
     sync_hot_state,
     transition_node,

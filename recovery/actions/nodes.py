@@ -277,6 +277,15 @@ def create_api_key(tenant: str, tier: str, label: str = "", created_by=None) -> 
     return row, secret
 
 
+def revoke_api_key(key: ApiKey) -> bool:
+    """Revoke a gateway key; every gateway refuses it within a second."""
+    with transaction.atomic():
+        revoked = ApiKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+        if revoked:
+            transaction.on_commit(publish_gateway_keys)
+    return bool(revoked)
+
+
 def publish_gateway_keys() -> None:
     rows = ApiKey.objects.filter(revoked_at__isnull=True)
     hot.publish_gateway_keys({k.digest: {"id": k.pk, "tenant": k.tenant, "tier": k.tier} for k in rows})

@@ -62,7 +62,7 @@ class Coordinator:
         self.signals = signals
         self.name = name
         self.headers = headers
-        self.watcher = NodeWatcher(view, self.node_lost, headers)
+        self.watcher = NodeWatcher(view, self.node_lost, headers, on_back=self._node_back)
         self.flights: dict[str, Flight] = {}
         self.failed: dict[str, float] = {}  # node -> when this gateway lost it
         self._placed: dict[str, list[tuple[float, float]]] = {}  # holder -> (when, pages) placed here, not yet visible
@@ -88,11 +88,14 @@ class Coordinator:
         task.add_done_callback(self._tasks.discard)
 
     def _forget_recovered(self) -> None:
-        """A node this gateway lost is routable again once it comes back with a new session."""
-        for name, lost_at in list(self.failed.items()):
-            route = self.view.routes.get(name)
-            if route is not None and name not in self.watcher.lost and self.watcher.connected(name):
+        """A node this gateway lost is routable again once its status stream speaks again."""
+        for name in list(self.failed):
+            if name in self.view.routes and self.watcher.connected(name):
                 del self.failed[name]
+
+    def _node_back(self, name: str) -> None:
+        if self.failed.pop(name, None) is not None:
+            log.info("node %s is back", name)
 
     # --- load, as the policies see it -------------------------------------------------------
     def routable(self, model: str, exclude: set[str] = frozenset()) -> dict[str, Route]:

@@ -71,7 +71,7 @@ class Relay:
         broke_at: float | None = None
         reason = ""
         for _ in range(64):  # a bound, far above any real chain of failures
-            route = self._route(decision, exclude)
+            route, decision = self._route(decision, exclude)
             if route is None:
                 return await self._give_up("no node can take it")
             holders = co.place(flight, route)
@@ -128,9 +128,17 @@ class Relay:
         return await self._give_up("too many failures in a row")
 
     def _route(self, decision: Decision | None, exclude: set[str]):
+        """The node to (re)start on, and the decision that goes with it."""
         if decision is not None:
-            return self.co.view.routes.get(decision.target)
-        return self.co.choose(self.flight.model, self.flight.context_tokens, exclude)
+            route = self.co.view.routes.get(decision.target)
+            if route is not None and decision.target not in self.co.failed:
+                return route, decision
+            # The planned target left routing meanwhile: whoever is least loaded re-prefills it.
+            exclude.add(decision.target)
+        route = self.co.choose(self.flight.model, self.flight.context_tokens, exclude)
+        if route is not None and decision is not None:
+            decision = Decision(self.flight.request_id, route.name, "reprefill", None, f"{decision.target} gone; re-prefill on least-loaded {route.name}")
+        return route, decision
 
     @property
     def _sent_any(self) -> bool:
@@ -146,7 +154,9 @@ class Relay:
         try:
             return await self.co.decision_for(self.flight, node, reason), broke_at
         except NoSurvivors:
-            return None, broke_at
+            # The plan saw no survivor; a node may have come back since: a fresh pick, re-prefilling.
+            exclude.add(node)
+            return Decision(self.flight.request_id, node, "reprefill", None, "no survivor in the plan"), broke_at
 
     # --- talking to the node ------------------------------------------------------------------
     def _payload(self, holders, decision: Decision | None) -> dict:

@@ -25,9 +25,11 @@ log = logging.getLogger(__name__)
 
 
 class NodeWatcher:
-    def __init__(self, view: RoutingView, on_lost: Callable[[str, str, float], None], headers: dict | None = None):
+    def __init__(self, view: RoutingView, on_lost: Callable[[str, str, float], None], headers: dict | None = None,
+                 on_back: Callable[[str], None] | None = None):
         self.view = view
         self.on_lost = on_lost
+        self.on_back = on_back or (lambda name: None)
         self.headers = headers or {}
         self.statuses: dict[str, NodeStatus] = {}
         self.pending: dict[str, Pending] = {}
@@ -90,7 +92,9 @@ class NodeWatcher:
 
     def _update(self, name: str, data: dict) -> None:
         self.statuses[name] = NodeStatus.from_event(data)
-        self._heard.add(name)
+        if name not in self._heard:
+            self._heard.add(name)
+            self.on_back(name)
         request_id = data.get("request_id")
         if data.get("reason") == "arrival" and request_id:
             prompt = self._ledger.get(name, {}).pop(request_id, None)
