@@ -85,6 +85,14 @@ def machine() -> dict:
     return {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
 
 
+def percentile(values: list[float], q: float) -> float | None:
+    """The q-quantile by rank (the value below which a share q of the sorted values lie); None for none."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
+
+
 def save(name: str, result: dict) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     result = {"benchmark": name, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine(), **result}

@@ -44,14 +44,17 @@ def ensure_redis() -> None:
         atexit.register(supervisor.stop)
 
 
-def expected_ids(model: str, prompt: str, max_tokens: int) -> list[int]:
+WORDS = [w for w in tokens.VOCAB if w.isalpha()]  # for random prompts
+
+
+def expected_ids(model: str, prompt: str, max_tokens: int, ignore_eos: bool = False) -> list[int]:
     """The tokens an undisturbed greedy run produces: the product's correctness reference."""
     state = tokens.fold(tokens.initial_state(model), tokens.encode(prompt))
     out = []
     for position in range(max_tokens):
         choice = tokens.next_token(state, position, 0.0, 0)
         out.append(choice.token_id)
-        if choice.token_id == tokens.EOS:
+        if choice.token_id == tokens.EOS and not ignore_eos:
             break
         state = tokens.advance(state, choice.token_id)
     return out
@@ -233,39 +236,46 @@ class Harness:
 
     # --- clients ----------------------------------------------------------------------------------
     async def request(self, session: aiohttp.ClientSession, prompt: str, max_tokens: int) -> Result:
-        """One greedy streamed completion through the gateway, every token checked."""
-        result = Result(f"b-{secrets.token_hex(6)}", time.monotonic(), len(tokens.encode(prompt)))
-        result.expected = expected_ids(self.model, prompt, max_tokens)
-        body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True, "lifeline": {"request_id": result.request_id}}
-        moved_at = None
-        try:
-            async with session.post(self.gateway_url + "/v1/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}) as response:
-                result.node = response.headers.get("X-Lifeline-Node")
-                if response.status != 200:
-                    result.error = f"HTTP {response.status}"
-                    return result
-                async for raw in response.content:
-                    if raw.startswith(b": lifeline moved"):
-                        moved_at = result.last_at
-                        result.moves.append(raw.decode().strip())
-                        continue
-                    if not raw.startswith(b'data: {"id"'):
-                        if raw.startswith(b'data: {"error"'):
-                            result.error = raw.decode()[6:200]
-                        continue
-                    chunk = json.loads(raw[6:])
-                    ids = (chunk["choices"][0].get("token_ids") or []) if chunk.get("choices") else []
-                    if ids:
-                        now = time.monotonic()
-                        if moved_at is not None:
-                            result.stalls_ms.append((now - moved_at) * 1000)
-                            moved_at = None
-                        result.first_at = result.first_at or now
-                        result.last_at = now
-                        result.ids += ids
-        except (aiohttp.ClientError, OSError) as exc:
-            result.error = f"{exc.__class__.__name__}: {exc}"
-        return result
+        return await checked_stream(session, self.gateway_url + "/v1", KEY, self.model, prompt, max_tokens)
 
     def gateway_metrics(self) -> str:
         return urllib.request.urlopen(self.gateway_url + "/metrics").read().decode()
+
+
+async def checked_stream(session: aiohttp.ClientSession, gateway: str, key: str, model: str, prompt: str, max_tokens: int,
+                         ignore_eos: bool = False) -> Result:
+    """One greedy streamed completion through the gateway at `gateway` (its /v1 URL), every token checked
+    against the pure token function, and the stall around each move the gateway announces."""
+    result = Result(f"b-{secrets.token_hex(6)}", time.monotonic(), len(tokens.encode(prompt)))
+    result.expected = expected_ids(model, prompt, max_tokens, ignore_eos)
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "lifeline": {"request_id": result.request_id}, **({"ignore_eos": True} if ignore_eos else {})}
+    moved_at = None
+    try:
+        async with session.post(gateway + "/completions", json=body, headers={"Authorization": f"Bearer {key}"}) as response:
+            result.node = response.headers.get("X-Lifeline-Node")
+            if response.status != 200:
+                result.error = f"HTTP {response.status}: {(await response.text())[:200]}"
+                return result
+            async for raw in response.content:
+                if raw.startswith(b": lifeline moved"):
+                    moved_at = result.last_at
+                    result.moves.append(raw.decode().strip())
+                    continue
+                if not raw.startswith(b'data: {"id"'):
+                    if raw.startswith(b'data: {"error"'):
+                        result.error = raw.decode()[6:200]
+                    continue
+                chunk = json.loads(raw[6:])
+                ids = (chunk["choices"][0].get("token_ids") or []) if chunk.get("choices") else []
+                if ids:
+                    now = time.monotonic()
+                    if moved_at is not None:
+                        result.stalls_ms.append((now - moved_at) * 1000)
+                        moved_at = None
+                    result.first_at = result.first_at or now
+                    result.last_at = now
+                    result.ids += ids
+    except (aiohttp.ClientError, OSError) as exc:
+        result.error = f"{exc.__class__.__name__}: {exc}"
+    return result

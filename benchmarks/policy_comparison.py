@@ -75,7 +75,7 @@ import time
 
 import aiohttp
 
-from benchmarks.common import save
+from benchmarks.common import percentile, save
 from benchmarks.harness import Harness
 from benchmarks.looplag_probe import cpu_times, steal_share
 from recovery.policy.placement import POLICIES, POLICY_DOCS, holder_balance
@@ -124,13 +124,6 @@ def schedule(rate: float, duration_s: float, seed: int = SEED) -> list[tuple[flo
 def mean(values) -> float | None:
     values = [v for v in values if v is not None]
     return statistics.mean(values) if values else None
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    values = sorted(values)
-    return values[min(int(q * len(values)), len(values) - 1)]
 
 
 def ms(seconds: float | None) -> float | None:

@@ -19,18 +19,9 @@ import time
 
 import aiohttp
 
-from benchmarks.common import save
-from benchmarks.harness import Harness
-from workers import tokens
+from benchmarks.common import percentile, save
+from benchmarks.harness import WORDS, Harness
 
-WORDS = [w for w in tokens.VOCAB if w.isalpha()]
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    values = sorted(values)
-    return values[min(int(q * len(values)), len(values) - 1)]
 
 
 async def run(kills: int, streams: int, policy: str) -> dict:

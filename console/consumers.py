@@ -8,7 +8,7 @@ from django.template.loader import render_to_string
 
 from console import presenters, roles
 from console import incidents as shapes
-from recovery.events import CHECKPOINTS_GROUP, CLUSTER_GROUP, INCIDENTS_GROUP, incident_group
+from recovery.events import CHECKPOINTS_GROUP, CLUSTER_GROUP, DRAINS_GROUP, INCIDENTS_GROUP, STATUS_GROUP, drain_group, incident_group, node_group
 from recovery.models import IncidentEvent
 
 
@@ -119,3 +119,47 @@ class CheckpointsConsumer(RoleConsumer):
 
     async def checkpoints_changed(self, event):
         await self.send_json({"kind": "checkpoints"})
+
+
+class StatusConsumer(RoleConsumer):
+    """Every page: the degradation banner and on-call notifications."""
+
+    def groups_for(self):
+        return [STATUS_GROUP]
+
+    async def status_changed(self, event):
+        await self.send_json({"kind": "status", "level": event["level"]})
+
+    async def status_notification(self, event):
+        await self.send_json({"kind": "notification", "id": event["id"]})
+
+
+class DrainsConsumer(RoleConsumer):
+    def groups_for(self):
+        return [DRAINS_GROUP]
+
+    async def drain_changed(self, event):
+        await self.send_json({"kind": "drain", "id": event["id"]})
+
+
+class DrainConsumer(RoleConsumer):
+    """One drain: a nudge at each step, and the page refreshes its body."""
+
+    def groups_for(self):
+        return [drain_group(int(self.scope["url_route"]["kwargs"]["drain_id"]))]
+
+    async def drain_changed(self, event):
+        await self.send_json({"kind": "drain", "id": event["id"]})
+
+
+class NodeConsumer(RoleConsumer):
+    """One node's page: a nudge when its state, health or canaries change."""
+
+    def groups_for(self):
+        return [node_group(int(self.scope["url_route"]["kwargs"]["node_id"]))]
+
+    async def node_changed(self, event):
+        await self.send_json({"kind": "node", "id": event["id"]})
+
+    async def node_canary(self, event):
+        await self.send_json({"kind": "canary", "id": event["id"]})

@@ -102,17 +102,6 @@ def incident_detail(incident: Incident) -> dict:
 
 
 # --- the checkpoint distribution ---------------------------------------------------------------------
-def _gateway_flights() -> list[dict]:
-    """Every gateway's in-flight requests, as each published them in the last few seconds."""
-    r = hot.client()
-    keys = hot.keys()
-    flights = []
-    for gateway in r.zrangebyscore(keys.gateways, timezone.now().timestamp() - 5, "+inf"):
-        for request_id, raw in r.hgetall(keys.gateway_inflight(gateway)).items():
-            flights.append({"request_id": request_id, "gateway": gateway, **json.loads(raw)})
-    return flights
-
-
 def checkpoint_snapshot() -> dict:
     """Which node's requests are checkpointed on which holder, coverage, and holder balance."""
     cluster = Cluster.default()
@@ -128,7 +117,7 @@ def checkpoint_snapshot() -> dict:
         per_block = catalog.model(node.model_key).kv_bytes_per_block
         queue = int(float(data.get("running") or 0)) + int(float(data.get("waiting") or 0))
         l_hats[node.name] = round(load.recovery_load(load.pages(held[node.name], per_block), queue, cluster.alpha, cluster.beta), 2)
-    flights = _gateway_flights()
+    flights = hot.gateway_flights()
     covered = sum(1 for f in flights if any(h in alive for h in f.get("holders", [])) and f.get("context", 0) >= catalog.BLOCK_TOKENS)
     holders = [name for name in l_hats if held.get(name)]
     balance = placement.holder_balance([l_hats[h] for h in holders]) if holders else None

@@ -11,7 +11,7 @@ import redis
 from django.conf import settings
 
 from recovery import hot
-from recovery.choices import NODE_STATE_BADGE, NodeState
+from recovery.choices import BREAKER_BADGE, HEALTH_BADGE, NODE_STATE_BADGE, BreakerState, Health, NodeState
 from django.db.models import OuterRef, Subquery
 
 from recovery.models import Node, NodeTransition
@@ -96,6 +96,15 @@ def node_card(node: Node, live: dict | None) -> dict:
         "gpus": gpus,
         "load": load,
         "last_report_at": last_seen,
+        "health": node.health,
+        "health_label": Health(node.health).label,
+        "health_badge": HEALTH_BADGE[Health(node.health)],
+        "weight": node.weight,
+        "breaker": node.breaker,
+        "breaker_label": BreakerState(node.breaker).label,
+        "breaker_badge": BREAKER_BADGE[BreakerState(node.breaker)],
+        "spare": node.spare,
+        "cordoned": node.cordoned,
     }
 
 
@@ -117,6 +126,8 @@ def summary(cards: list[dict]) -> dict:
     return {
         "nodes": len(cards),
         "by_state": counts,
+        "spares": sum(1 for c in cards if c["spare"] and c["state"] == NodeState.SERVING),
+        "in_service": sum(1 for c in cards if c["weight"] > 0),
         "gpus": sum(len(c["gpus"]) for c in cards if c["state"] in lifecycle.ALIVE),
         "running": sum(load["running"] or 0 for load in loads),
         "waiting": sum(load["waiting"] or 0 for load in loads),

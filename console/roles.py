@@ -57,4 +57,12 @@ def has_role(user, *roles: str) -> bool:
 
 
 def context_processor(request):
-    return {"lifeline_role": role_of(getattr(request, "user", None))}
+    """The role, and for a logged-in user the degradation banner and the drains waiting for on-call."""
+    user = getattr(request, "user", None)
+    context = {"lifeline_role": role_of(user)}
+    if user is not None and user.is_authenticated:
+        from console import operations
+
+        context["degradation"] = operations.degradation()
+        context["drains_waiting"] = operations.waiting_drains()
+    return context

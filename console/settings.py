@@ -137,6 +137,20 @@ LIFELINE_AGENT_TOKEN = env.secret("LIFELINE_AGENT_TOKEN")
 LIFELINE_FAULT_TOKEN = env.secret("LIFELINE_FAULT_TOKEN")
 LIFELINE_CLUSTER_NAME = env.string("LIFELINE_CLUSTER_NAME", "default")
 
+# --- Telling on-call (drain requests, the cluster breaker) ------------------------
+# The console's address as people reach it, for links in webhooks and e-mail.
+LIFELINE_CONSOLE_URL = env.string("LIFELINE_CONSOLE_URL", "http://127.0.0.1:8000").rstrip("/")
+# E-mail through Django: by default written to files in var/mail (the embedded default has no
+# mail server); set LIFELINE_EMAIL_BACKEND=django.core.mail.backends.smtp.EmailBackend and EMAIL_HOST.
+EMAIL_BACKEND = env.string("LIFELINE_EMAIL_BACKEND", "django.core.mail.backends.filebased.EmailBackend")
+EMAIL_FILE_PATH = VAR_DIR / "mail"
+EMAIL_HOST = env.string("EMAIL_HOST", "localhost")
+EMAIL_PORT = env.integer("EMAIL_PORT", 25, minimum=1)
+EMAIL_HOST_USER = env.string("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env.secret("EMAIL_HOST_PASSWORD") or ""
+EMAIL_USE_TLS = env.boolean("EMAIL_USE_TLS", False)
+DEFAULT_FROM_EMAIL = env.string("LIFELINE_FROM_EMAIL", "lifeline@localhost")
+
 CELERY_BEAT_SCHEDULE = {
     "check-heartbeats": {
         "task": "recovery.tasks.check_heartbeats",
@@ -162,6 +176,22 @@ CELERY_BEAT_SCHEDULE = {
         "task": "recovery.tasks.check_incident_recovery",
         "schedule": 2.0,
         "options": {"expires": 10.0},
+    },
+    # Each node's canary comes due at the cluster's interval (settings page); this only looks for due ones.
+    "schedule-canaries": {
+        "task": "recovery.tasks.schedule_canaries",
+        "schedule": 1.0,
+        "options": {"expires": 2.0},
+    },
+    "evaluate-capacity": {
+        "task": "recovery.tasks.evaluate_capacity",
+        "schedule": 2.0,
+        "options": {"expires": 4.0},
+    },
+    "advance-drains": {
+        "task": "recovery.tasks.advance_drains",
+        "schedule": 1.0,
+        "options": {"expires": 2.0},
     },
 }
 

@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from console import views
+from console import oncall, views
 
 urlpatterns = [
     path("", views.home, name="home"),
@@ -13,6 +13,14 @@ urlpatterns = [
     path("checkpoints/", views.checkpoints, name="checkpoints"),
     path("keys/", views.api_keys, name="keys"),
     path("keys/<int:key_id>/revoke", views.revoke_key, name="key-revoke"),
+    path("drains/", oncall.drain_list, name="drains"),
+    path("drains/<int:drain_id>/", oncall.drain_page, name="drain"),
+    path("drains/<int:drain_id>/<str:action>", oncall.drain_action, name="drain-action"),
+    path("settings/", oncall.settings_page, name="settings"),
+    path("degradation/", oncall.degradation_page, name="degradation"),
+    path("nodes/<str:name>/drain", oncall.node_drain, name="node-drain"),
+    path("nodes/<str:name>/spare/<str:spare>", oncall.node_spare, name="node-spare"),
+    path("nodes/<str:name>/golden", oncall.node_golden, name="node-golden"),
     path("nodes/<str:name>/", views.node_page, name="node"),
     path("nodes/<str:name>/<str:action>", views.node_action, name="node-action"),
     path("api/cluster", views.api_cluster, name="api-cluster"),
@@ -22,7 +30,14 @@ urlpatterns = [
     path("api/nodes/<str:name>/faults", views.api_node_fault, name="api-node-fault"),
     path("api/nodes/<str:name>/migrate", views.api_node_migrate, name="api-node-migrate"),
     path("api/migrations/<str:command>", views.api_migration, name="api-migration"),
+    path("api/drains", oncall.api_drains, name="api-drains"),
+    path("api/drains/<int:drain_id>", oncall.api_drain, name="api-drain"),
+    path("api/drains/<int:drain_id>/<str:decision>", oncall.api_drain_decide, name="api-drain-decide"),
+    path("api/degradation", oncall.api_degradation, name="api-degradation"),
+    path("api/settings", oncall.api_settings, name="api-settings"),
+    path("api/nodes/<str:name>/health", oncall.api_node_health, name="api-node-health"),
     path("healthz", views.healthz, name="healthz"),
+    path("metrics", views.metrics, name="metrics"),
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),

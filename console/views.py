@@ -10,12 +10,13 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
 from console import incidents as shapes
-from console import presenters, roles
+from console import operations, presenters, roles
 from console.auth import api_view, page_view
 from recovery import hot, nodeclient
 from recovery import actions
 from recovery.actions import incidents, migrations
 from recovery.http import json_error
+from recovery.choices import DrainMode, Remediation
 from recovery.models import Cluster, Incident, Node, NodeTransition
 from workers import faults as fault_kinds
 
@@ -59,6 +60,16 @@ def healthz(request):
         checks["redis"] = f"error: {exc}"
     ok = all(v == "ok" for v in checks.values())
     return JsonResponse({"status": "ok" if ok else "degraded", "checks": checks}, status=200 if ok else 503)
+
+
+@api_view()
+def metrics(request):
+    """Prometheus metrics of the control plane; scrape with an API token (`authorization: credentials`)."""
+    from django.http import HttpResponse
+
+    from console.metrics import render
+
+    return HttpResponse(render(), content_type="text/plain; version=0.0.4")
 
 
 # --- incidents ------------------------------------------------------------------------------------
@@ -157,9 +168,13 @@ def _node(name: str) -> Node:
 @page_view()
 def node_page(request, name: str):
     node = _node(name)
+    if request.GET.get("partial") == "health":
+        return render(request, "console/_node_health.html", {"health": operations.node_health(node), "node_obj": node})
+    if request.GET.get("partial") == "charts":
+        return JsonResponse({"canaries": operations.canary_series(node), "telemetry": operations.telemetry_series(node)})
     card = presenters.node_card_by_id(node.pk)
     snapshot = shapes.checkpoint_snapshot()
-    flights = [f for f in shapes._gateway_flights() if f.get("node") == name]
+    flights = [f for f in hot.gateway_flights() if f.get("node") == name]
     telemetry = None
     try:
         status, telemetry = nodeclient.call(node.address, "GET", "/agent/telemetry", timeout=0.5)
@@ -179,6 +194,13 @@ def node_page(request, name: str):
         "can_inject": cluster.fault_injection_enabled and roles.has_role(request.user, *INJECT_FAULTS),
         "fault_injection_enabled": cluster.fault_injection_enabled,
         "fault_kinds": fault_kinds.KINDS,
+        "health": operations.node_health(node),
+        "charts": json.dumps({"canaries": operations.canary_series(node), "telemetry": operations.telemetry_series(node)}),
+        "can_request_drain": roles.has_role(request.user, roles.OPERATOR, roles.ONCALL),
+        "can_manage_spares": roles.has_role(request.user, roles.ONCALL),
+        "can_record_golden": roles.has_role(request.user, roles.ADMIN),
+        "drain_modes": DrainMode.choices,
+        "remediations": Remediation.choices,
     })
 
 

@@ -74,7 +74,109 @@ class EventKind(models.TextChoices):
     MIGRATION = "migration", "Planned migration"
 
 
+    DRAIN = "drain", "Drain"
+    HEALTH = "health", "Health changed"
+    SPARE_PROMOTED = "spare_promoted", "Hot spare promoted"
+    DEGRADATION = "degradation", "Degradation level changed"
+
+
 # Events a person may want to hide to read the people's side of an incident.
 SYSTEM_EVENT_KINDS = {
     EventKind.REQUEST_MOVED, EventKind.HOLDER_REPLACED,
 }
+
+
+class Health(models.TextChoices):
+    """Node health (source document 003), beside the lifecycle: how much traffic a live node should get."""
+
+    HEALTHY = "healthy", "Healthy"
+    SUSPICIOUS = "suspicious", "Suspicious"
+    UNHEALTHY = "unhealthy", "Unhealthy"
+    DRAINING = "draining", "Draining"
+
+
+HEALTH_BADGE = {
+    Health.HEALTHY: "green",
+    Health.SUSPICIOUS: "amber",
+    Health.UNHEALTHY: "red",
+    Health.DRAINING: "blue",
+}
+
+
+class BreakerState(models.TextChoices):
+    CLOSED = "closed", "Closed"
+    OPEN = "open", "Open"
+    HALF_OPEN = "half_open", "Half-open"
+
+
+BREAKER_BADGE = {BreakerState.CLOSED: "green", BreakerState.OPEN: "red", BreakerState.HALF_OPEN: "amber"}
+
+
+class HealthChange(models.TextChoices):
+    """What a node's health transition row records."""
+
+    HEALTH = "health", "Health"
+    BREAKER = "breaker", "Circuit breaker"
+    SPARE = "spare", "Hot spare"
+    CORDON = "cordon", "Cordon"
+
+
+class DrainState(models.TextChoices):
+    """Operational convention: quarantined (cordoned) → draining → drained → remediating → returned."""
+
+    PROPOSED = "proposed", "Waiting for approval"
+    APPROVED = "approved", "Approved"
+    CORDONED = "cordoned", "Cordoned"
+    DRAINING = "draining", "Draining"
+    DRAINED = "drained", "Drained"
+    REMEDIATING = "remediating", "Remediating"
+    VERIFYING = "verifying", "Canary in half-open"
+    RETURNED = "returned", "Back in service"
+    HANDED_OFF = "handed_off", "Handed to hardware repair"
+    REJECTED = "rejected", "Rejected"
+    CANCELLED = "cancelled", "Cancelled"
+    FAILED = "failed", "Failed"
+
+
+DRAIN_BADGE = {
+    DrainState.PROPOSED: "amber",
+    DrainState.APPROVED: "blue",
+    DrainState.CORDONED: "blue",
+    DrainState.DRAINING: "blue",
+    DrainState.DRAINED: "blue",
+    DrainState.REMEDIATING: "blue",
+    DrainState.VERIFYING: "blue",
+    DrainState.RETURNED: "green",
+    DrainState.HANDED_OFF: "grey",
+    DrainState.REJECTED: "grey",
+    DrainState.CANCELLED: "grey",
+    DrainState.FAILED: "red",
+}
+
+# Drains that hold their node: at most one per node, and the pool's count for the two-person rule.
+OPEN_DRAIN_STATES = (
+    DrainState.PROPOSED, DrainState.APPROVED, DrainState.CORDONED, DrainState.DRAINING,
+    DrainState.DRAINED, DrainState.REMEDIATING, DrainState.VERIFYING,
+)
+RUNNING_DRAIN_STATES = OPEN_DRAIN_STATES[1:]
+
+
+class DrainMode(models.TextChoices):
+    IMMEDIATE = "immediate", "Immediate: migrate in-flight requests live"
+    ALLOW_COMPLETION = "allow_completion", "Allow completion: let in-flight requests finish"
+    DEADLINE = "deadline", "Deadline: let them finish, migrate what is left at the deadline"
+
+
+class Remediation(models.TextChoices):
+    RESTART = "restart", "Restart the engine (reload the model)"
+    RESET = "reset", "Reset the GPUs, then reload"
+    HARDWARE_REPAIR = "hardware_repair", "Hand off to hardware repair (stays out of service)"
+
+
+class CanaryKind(models.TextChoices):
+    OK = "ok", "Passed"
+    NO_RESPONSE = "no_response", "No response"
+    TIMEOUT = "timeout", "Timeout"
+    TOKEN_MISMATCH = "token_mismatch", "Token mismatch"
+    LOGPROB = "logprob_out_of_range", "Top logprob out of range"
+    LATENCY = "latency_spike", "Latency spike"

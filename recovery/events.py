@@ -14,10 +14,20 @@ log = logging.getLogger(__name__)
 CLUSTER_GROUP = "cluster"
 INCIDENTS_GROUP = "incidents"
 CHECKPOINTS_GROUP = "checkpoints"
+STATUS_GROUP = "status"  # every page: the degradation banner, on-call notifications
+DRAINS_GROUP = "drains"
 
 
 def incident_group(incident_id: int) -> str:
     return f"incident-{incident_id}"
+
+
+def node_group(node_id: int) -> str:
+    return f"node-{node_id}"
+
+
+def drain_group(drain_id: int) -> str:
+    return f"drain-{drain_id}"
 
 
 def send(group: str, event: dict) -> None:
@@ -33,6 +43,7 @@ def send(group: str, event: dict) -> None:
 
 def node_changed(node_id: int) -> None:
     send(CLUSTER_GROUP, {"type": "node.changed", "id": node_id})
+    send(node_group(node_id), {"type": "node.changed", "id": node_id})
 
 
 def node_load(name: str, figures: dict) -> None:
@@ -51,3 +62,20 @@ def incident_changed(incident_id: int) -> None:
 
 def checkpoints_changed() -> None:
     send(CHECKPOINTS_GROUP, {"type": "checkpoints.changed"})
+
+
+def node_canary(node_id: int, result_id: int) -> None:
+    send(node_group(node_id), {"type": "node.canary", "id": result_id})
+
+
+def degradation_changed(level: int) -> None:
+    send(STATUS_GROUP, {"type": "status.changed", "level": level})
+
+
+def notification(notification_id: int) -> None:
+    send(STATUS_GROUP, {"type": "status.notification", "id": notification_id})
+
+
+def drain_changed(drain_id: int) -> None:
+    send(drain_group(drain_id), {"type": "drain.changed", "id": drain_id})
+    send(DRAINS_GROUP, {"type": "drain.changed", "id": drain_id})

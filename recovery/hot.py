@@ -76,13 +76,30 @@ def nodes(names: list[str]) -> dict[str, dict]:
     return {name: data for name, data in zip(names, pipe.execute()) if data}
 
 
-def heartbeat(name: str, now: float, model_state: str, load: dict, checkpoints: dict | None = None) -> None:
+TELEMETRY_KEPT = 600  # readings per node: ten minutes at one heartbeat a second
+
+
+def heartbeat(name: str, now: float, model_state: str, load: dict, checkpoints: dict | None = None, gpus: list | None = None) -> None:
     pipe = client().pipeline()
     fields = {"last_seen": now, "model_state": model_state, "checkpoints": json.dumps(checkpoints or {})}
     fields.update({f: load[f] for f in LOAD_FIELDS if f in load})
     pipe.hset(keys().node(name), mapping=fields)
     pipe.zadd(keys().heartbeats, {name: now}, xx=True)
+    if gpus:
+        pipe.lpush(keys().telemetry(name), json.dumps({"at": now, "gpus": gpus}))
+        pipe.ltrim(keys().telemetry(name), 0, TELEMETRY_KEPT - 1)
     pipe.execute()
+
+
+def telemetry(name: str, count: int = TELEMETRY_KEPT) -> list[dict]:
+    """A node's latest GPU readings, newest first: {"at", "gpus": [...]}."""
+    return [json.loads(raw) for raw in client().lrange(keys().telemetry(name), 0, count - 1)]
+
+
+def checkpoints_held(name: str) -> dict:
+    """Other nodes' checkpoints `name` holds, by serving node: {node: {bytes, requests}}."""
+    raw = client().hget(keys().node(name), "checkpoints")
+    return json.loads(raw) if raw else {}
 
 
 def silent_nodes(cutoff: float) -> list[tuple[str, float]]:
@@ -126,3 +143,14 @@ def publish_cluster_config(config: dict) -> None:
     pipe.set(keys().cluster_config, json.dumps(config))
     pipe.publish(keys().routing_changed, str(time.time()))
     pipe.execute()
+
+
+# --- gateways ------------------------------------------------------------------------
+def gateway_flights(within_s: float = 5.0) -> list[dict]:
+    """Every gateway's in-flight requests, as each published them in the last few seconds."""
+    r = client()
+    flights = []
+    for gateway in r.zrangebyscore(keys().gateways, time.time() - within_s, "+inf"):
+        for request_id, raw in r.hgetall(keys().gateway_inflight(gateway)).items():
+            flights.append({"request_id": request_id, "gateway": gateway, **json.loads(raw)})
+    return flights

@@ -69,3 +69,16 @@ class Keys:
     def gateways(self) -> str:
         """Sorted set: gateway name -> last time it reported its in-flight requests."""
         return self._k("gateways")
+
+    @property
+    def capacity(self) -> str:
+        """JSON: the last capacity evaluation (recovery.actions.capacity)."""
+        return self._k("capacity")
+
+    def telemetry(self, node: str) -> str:
+        """List, newest first: a node's GPU readings from its heartbeats (the node page's charts)."""
+        return self._k("telemetry", node)
+
+    @property
+    def notifications(self) -> str:
+        return self._k("notifications")

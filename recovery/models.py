@@ -5,7 +5,10 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from recovery.choices import INCIDENT_STATUS_BADGE, EventKind, IncidentStatus, NODE_STATE_BADGE, NodeState, PlacementPolicy, Tier
+from recovery.choices import (
+    BREAKER_BADGE, DRAIN_BADGE, HEALTH_BADGE, INCIDENT_STATUS_BADGE, NODE_STATE_BADGE, OPEN_DRAIN_STATES, BreakerState, CanaryKind, DrainMode, DrainState,
+    EventKind, Health, HealthChange, IncidentStatus, NodeState, PlacementPolicy, Remediation, Tier,
+)
 
 
 class Cluster(models.Model):
@@ -22,14 +25,49 @@ class Cluster(models.Model):
     incident_window_s = models.FloatField(default=60.0, help_text="Failures starting within this window join one incident.")
     fault_injection_enabled = models.BooleanField(default=False, help_text="Operators may inject faults from the console (staging clusters).")
 
+    # Canaries and health (source document 003), set on the settings page.
+    canary_interval_s = models.PositiveIntegerField("canary interval (s)", default=30, help_text="How often each node gets a canary.")
+    canary_retry_s = models.FloatField("re-check after a failure (s)", default=2.0, help_text="A node whose last canary failed is checked again this soon.")
+    canary_timeout_s = models.FloatField("canary timeout (s)", default=3.0)
+    canary_logprob_tolerance = models.FloatField(default=0.5, help_text="A top logprob may differ from the golden run by this much.")
+    canary_latency_factor = models.FloatField(default=3.0, help_text="A canary slower than this many times the node's moving baseline fails.")
+    suspicious_after = models.PositiveSmallIntegerField(default=1, help_text="Consecutive failures before SUSPICIOUS (weight 0.5).")
+    unhealthy_after = models.PositiveSmallIntegerField(default=3, help_text="Consecutive failures before UNHEALTHY (weight 0, drain proposed).")
+    xid_burst_window_s = models.FloatField(default=10.0, help_text="Xid events on one GPU this close together are one event.")
+    breaker_threshold = models.PositiveSmallIntegerField(default=3, help_text="Consecutive node failures that open a node's circuit breaker.")
+    breaker_open_s = models.FloatField("breaker open (s)", default=60.0, help_text="How long an open breaker waits before its half-open trial.")
+    auto_cordon_max_share = models.FloatField(default=0.10, help_text="Share of the fleet the health machine may cordon within the window.")
+    auto_cordon_window_s = models.PositiveIntegerField(default=600)
+    auto_cordon_breaker_open = models.BooleanField(default=False, help_text="Automatic cordons are stopped until an admin resets this.")
+    auto_cordon_breaker_changed_at = models.DateTimeField(null=True, blank=True)
+    auto_cordon_breaker_reason = models.TextField(blank=True)
+    # Capacity and degradation.
+    slo_ttft_ms = models.FloatField("TTFT objective (ms)", default=2000.0)
+    slo_tpot_ms = models.FloatField("TPOT objective (ms)", default=100.0)
+    slo_required_rps = models.FloatField("required throughput (req/s)", default=0.0, help_text="0: no throughput objective, no degradation.")
+    slo_avg_prompt_tokens = models.PositiveIntegerField("average prompt (tokens)", default=512)
+    slo_avg_output_tokens = models.PositiveIntegerField("average output (tokens)", default=256)
+    degradation_margin = models.FloatField(default=0.05, help_text="A level falls only when the capacity ratio clears it by this share...")
+    degradation_hold_s = models.FloatField("degradation hold (s)", default=30.0, help_text="...for this long.")
+    degradation_level = models.PositiveSmallIntegerField(default=0)
+    degradation_changed_at = models.DateTimeField(null=True, blank=True)
+    degradation_better_since = models.FloatField(null=True, blank=True, help_text="Hysteresis: since when a lower level has been justified.")
+    # Who is told when on-call must act.
+    oncall_webhook_url = models.URLField("on-call webhook", blank=True, help_text="POSTed a JSON message for every drain request.")
+    oncall_emails = models.CharField("on-call e-mail", max_length=500, blank=True, help_text="Comma-separated; on-call users' own addresses are added.")
+
     def __str__(self):
         return self.name
 
     def gateway_config(self) -> dict:
+        from recovery.policy.capacity import EFFECTS
+
+        effects = EFFECTS[self.degradation_level]
         return {
             "placement_policy": self.placement_policy, "tau_tokens": self.tau_tokens, "theta_factor": self.theta_factor,
             "alpha": self.alpha, "beta": self.beta, "stall_timeout_s": self.stall_timeout_s,
             "dispatch_accounting": self.dispatch_accounting,
+            "degradation_level": self.degradation_level, "shed_tiers": list(effects.shed_tiers), "accept_new": effects.accept_new,
         }
 
     @classmethod
@@ -75,6 +113,18 @@ class Node(models.Model):
     session_started_at = models.DateTimeField(default=timezone.now)
     last_seen_at = models.DateTimeField(null=True, blank=True, help_text="Last heartbeat, as of the last state change.")
     cordoned = models.BooleanField(default=False, help_text="Takes no new requests (a drain, or an operator's hand).")
+    spare = models.BooleanField(default=False, help_text="Hot spare: holds the model, answers canaries, takes no traffic until promoted.")
+    # Health (source document 003), beside the lifecycle.
+    health = models.CharField(max_length=16, choices=Health.choices, default=Health.HEALTHY)
+    health_changed_at = models.DateTimeField(default=timezone.now)
+    canary_failures = models.PositiveIntegerField(default=0, help_text="Consecutive canary failures.")
+    canary_baseline_ms = models.FloatField(null=True, blank=True, help_text="Moving average of passing canaries' latency.")
+    canary_last_at = models.DateTimeField(null=True, blank=True)
+    breaker = models.CharField(max_length=16, choices=BreakerState.choices, default=BreakerState.CLOSED)
+    breaker_failures = models.PositiveIntegerField(default=0)
+    breaker_opened_at = models.FloatField(null=True, blank=True)
+    breaker_trial_at = models.FloatField(null=True, blank=True)
+    xid_seen_until = models.FloatField(default=0.0, help_text="Newest Xid event taken from heartbeats (epoch seconds).")
 
     class Meta:
         ordering = ["name"]
@@ -86,6 +136,23 @@ class Node(models.Model):
     @property
     def badge(self) -> str:
         return NODE_STATE_BADGE[NodeState(self.state)]
+
+    @property
+    def health_badge(self) -> str:
+        return HEALTH_BADGE[Health(self.health)]
+
+    @property
+    def breaker_badge(self) -> str:
+        return BREAKER_BADGE[BreakerState(self.breaker)]
+
+    @property
+    def weight(self) -> float:
+        """The routing weight every gateway gets for this node (0 when it may take no traffic)."""
+        from recovery.policy.health import routing_weight
+
+        if self.state != NodeState.SERVING:
+            return 0.0
+        return routing_weight(self.health, cordoned=self.cordoned, spare=self.spare, breaker=self.breaker)
 
 
 class Gpu(models.Model):
@@ -249,3 +316,194 @@ class AuditEntry(models.Model):
 
     def __str__(self):
         return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor} {self.action} {self.target}"
+
+
+class HealthTransition(models.Model):
+    """One change of a node's health, breaker, spare status or cordon: the node's health timeline and audit log."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="health_transitions")
+    kind = models.CharField(max_length=16, choices=HealthChange.choices)
+    old = models.CharField(max_length=16, blank=True)
+    new = models.CharField(max_length=16)
+    at = models.DateTimeField(default=timezone.now, db_index=True)
+    cause = models.TextField()
+    actor = models.CharField(max_length=150, default="system")
+    details = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+
+    def __str__(self):
+        return f"{self.node.name} {self.kind}: {self.old or '-'} -> {self.new}"
+
+
+class CanaryGolden(models.Model):
+    """The expected answers to the canary prompts for one model deployment, from nodes known to be good."""
+
+    model_key = models.CharField("model", max_length=64)
+    gpu_key = models.CharField("GPU", max_length=32)
+    tp = models.PositiveSmallIntegerField()
+    prompts = models.JSONField(help_text="[{key, prompt, max_tokens, tokens: [{id, top_logprob}]}]")
+    recorded_from = models.CharField(max_length=200, help_text="The node(s) the run came from.")
+    recorded_by = models.CharField(max_length=150, default="system")
+    recorded_at = models.DateTimeField(default=timezone.now)
+    active = models.BooleanField(default=True)
+
+    class Meta:
+        ordering = ["-recorded_at"]
+        constraints = [models.UniqueConstraint(fields=["model_key", "gpu_key", "tp"], condition=models.Q(active=True), name="golden_one_active")]
+
+    def __str__(self):
+        return f"golden {self.model_key} on {self.tp}x {self.gpu_key} ({self.recorded_at:%Y-%m-%d %H:%M})"
+
+    @property
+    def deployment(self) -> str:
+        return f"{self.model_key} on {self.tp}× {self.gpu_key}"
+
+
+class CanaryResult(models.Model):
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="canaries")
+    at = models.DateTimeField(default=timezone.now)
+    golden = models.ForeignKey(CanaryGolden, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    prompt_key = models.CharField(max_length=32, blank=True)
+    passed = models.BooleanField()
+    kind = models.CharField(max_length=24, choices=CanaryKind.choices)
+    detail = models.TextField(blank=True)
+    latency_ms = models.FloatField(null=True, blank=True)
+    baseline_ms = models.FloatField(null=True, blank=True)
+    trial = models.BooleanField(default=False, help_text="The half-open breaker's one trial call.")
+    gpu_ms = models.FloatField(null=True, blank=True, help_text="GPU time the canary cost, by the roofline model.")
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [models.Index(fields=["node", "-at"], name="canary_node_at_idx")]
+
+    def __str__(self):
+        return f"{self.node.name} canary {self.kind} at {self.at:%H:%M:%S}"
+
+
+class XidEvent(models.Model):
+    """A burst of Xid events on one GPU (one event for the operator), with what it calls for."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="xid_events")
+    gpu_index = models.IntegerField()
+    first_at = models.DateTimeField(db_index=True)
+    last_at = models.DateTimeField()
+    codes = models.JSONField(help_text="{code: count}")
+    code = models.PositiveIntegerField(help_text="The code that decides the action.")
+    severity = models.CharField(max_length=8)
+    meaning = models.CharField(max_length=200)
+    action = models.CharField(max_length=200)
+    acted = models.BooleanField(default=False, help_text="The health machine made the node UNHEALTHY for it.")
+
+    class Meta:
+        ordering = ["-first_at", "-id"]
+
+    def __str__(self):
+        return f"{self.node.name} gpu{self.gpu_index} Xid {self.code} ({self.severity})"
+
+    @property
+    def count(self) -> int:
+        return sum(self.codes.values())
+
+
+class Drain(models.Model):
+    """A request to take a node out of service, its approval, and its run."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="drains")
+    state = models.CharField(max_length=16, choices=DrainState.choices, default=DrainState.PROPOSED)
+    state_changed_at = models.DateTimeField(default=timezone.now)
+    mode = models.CharField(max_length=20, choices=DrainMode.choices, default=DrainMode.IMMEDIATE)
+    deadline_s = models.PositiveIntegerField(null=True, blank=True, help_text="With mode deadline: seconds after the cordon.")
+    remediation = models.CharField(max_length=20, choices=Remediation.choices, default=Remediation.RESTART)
+    requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    source = models.CharField(max_length=100, help_text="'health machine', or the requesting user.")
+    reason = models.TextField()
+    evidence = models.JSONField(default=dict, blank=True, help_text="Canary failures, Xid events and telemetry at the time of the request.")
+    blast_radius = models.JSONField(default=dict, blank=True)
+    approvals_required = models.PositiveSmallIntegerField(default=1)
+    approvals_why = models.TextField(blank=True, help_text="Why a second approver is needed, if one is.")
+    created_at = models.DateTimeField(default=timezone.now)
+    approved_at = models.DateTimeField(null=True, blank=True)
+    cordoned_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    migration_command = models.CharField(max_length=32, blank=True)
+    outcome = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["node"], condition=models.Q(state__in=[s.value for s in OPEN_DRAIN_STATES]),
+                                    name="drain_one_open_per_node"),
+        ]
+
+    def __str__(self):
+        return f"drain #{self.pk} of {self.node.name} ({self.state})"
+
+    @property
+    def badge(self) -> str:
+        return DRAIN_BADGE[DrainState(self.state)]
+
+
+class DrainDecision(models.Model):
+    """One person's approval or rejection of a drain, with their reason."""
+
+    APPROVE, REJECT = "approve", "reject"
+    drain = models.ForeignKey(Drain, on_delete=models.CASCADE, related_name="decisions")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    decision = models.CharField(max_length=8, choices=[(APPROVE, "Approve"), (REJECT, "Reject")])
+    reason = models.TextField()
+    at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["at", "id"]
+        constraints = [models.UniqueConstraint(fields=["drain", "user"], name="drain_one_decision_per_user")]
+
+
+class DrainStep(models.Model):
+    """One step of a drain: the live progress on its page and its audit trail."""
+
+    drain = models.ForeignKey(Drain, on_delete=models.CASCADE, related_name="steps")
+    at = models.DateTimeField(default=timezone.now)
+    old_state = models.CharField(max_length=16, blank=True)
+    new_state = models.CharField(max_length=16)
+    cause = models.TextField()
+    actor = models.CharField(max_length=150, default="system")
+    details = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["at", "id"]
+
+
+class DegradationChange(models.Model):
+    """The cluster's degradation level changed: the banner's history."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="degradation_changes")
+    at = models.DateTimeField(default=timezone.now, db_index=True)
+    old_level = models.PositiveSmallIntegerField()
+    new_level = models.PositiveSmallIntegerField()
+    ratio = models.FloatField(null=True, blank=True)
+    capacity_rps = models.FloatField(null=True, blank=True)
+    required_rps = models.FloatField(null=True, blank=True)
+    cause = models.TextField()
+    details = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+
+
+class Notification(models.Model):
+    """Something on-call must see: shown in the console, and sent by webhook and e-mail."""
+
+    at = models.DateTimeField(default=timezone.now, db_index=True)
+    kind = models.CharField(max_length=32)
+    title = models.CharField(max_length=200)
+    body = models.TextField(blank=True)
+    url = models.CharField(max_length=200, blank=True)
+    delivery = models.JSONField(default=dict, blank=True, help_text="{channel: outcome} for webhook and e-mail.")
+
+    class Meta:
+        ordering = ["-at", "-id"]
+
+    def __str__(self):
+        return self.title

@@ -41,3 +41,73 @@ def end_assist(node_id: int) -> str:
 def publish_checkpoints() -> None:
     """Nudge the checkpoint pages: the distribution moves with every heartbeat."""
     events.checkpoints_changed()
+
+
+# --- health and operations (source document 003) --------------------------------------------------
+@shared_task(ignore_result=True)
+def schedule_canaries() -> int:
+    """Every second: the nodes whose canary is due (or whose breaker allows a trial) get one, each in its own task."""
+    from recovery.actions import health
+
+    due = health.schedule_canaries()
+    for node_id, trial in due:
+        run_canary.delay(node_id, trial)
+    return len(due)
+
+
+@shared_task(ignore_result=True, expires=60)
+def run_canary(node_id: int, trial: bool = False) -> str:
+    from recovery.actions import health
+    from recovery.models import Node
+
+    node = Node.objects.filter(pk=node_id).first()
+    if node is None:
+        return "no such node"
+    result = health.run_canary(node, trial=trial)
+    return f"{node.name}: {result.kind}"
+
+
+@shared_task(ignore_result=True)
+def evaluate_capacity() -> int:
+    from recovery.actions import capacity
+
+    return capacity.evaluate()
+
+
+@shared_task(ignore_result=True, autoretry_for=(OSError,), retry_backoff=True, max_retries=3)
+def apply_batch_factor(node_id: int) -> str:
+    from recovery.actions import capacity
+    from recovery.models import Node
+
+    node = Node.objects.filter(pk=node_id).first()
+    return capacity.apply_batch_factor(node) if node else "no such node"
+
+
+@shared_task(ignore_result=True)
+def advance_drains() -> list[str]:
+    from recovery.actions import drains
+
+    return drains.advance_all()
+
+
+@shared_task(ignore_result=True)
+def advance_drain(drain_id: int) -> bool:
+    from recovery.actions import drains
+    from recovery.models import Drain
+
+    drain = Drain.objects.select_related("node").filter(pk=drain_id).first()
+    return drains.advance(drain) if drain else False
+
+
+@shared_task(bind=True, ignore_result=True, max_retries=5)
+def deliver_notification(self, notification_id: int, channel: str) -> str:
+    from recovery.actions import notify
+    from recovery.models import Notification
+
+    notification = Notification.objects.filter(pk=notification_id).first()
+    if notification is None:
+        return "no such notification"
+    try:
+        return notify.deliver(notification, channel)
+    except notify.DeliveryFailed as exc:
+        raise self.retry(exc=exc, countdown=min(2 ** self.request.retries * 5, 300)) from None

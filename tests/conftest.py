@@ -1,3 +1,4 @@
+import contextlib
 import os
 import secrets
 import signal
@@ -21,6 +22,17 @@ def cast(db):
 
 
 @pytest.fixture
+def commit(django_capture_on_commit_callbacks):
+    """Run what waits for the commit (publishing, the incident hooks), as a real commit would."""
+
+    def run(fn, *args, **kwargs):
+        with django_capture_on_commit_callbacks(execute=True):
+            return fn(*args, **kwargs)
+
+    return run
+
+
+@pytest.fixture
 def node_factory(tmp_path):
     """Start real node processes; every one is stopped at the end of the test."""
     started = []
@@ -35,8 +47,8 @@ def node_factory(tmp_path):
         node.stop()
 
 
-@pytest.fixture(scope="session")
-def e2e_database_url(tmp_path_factory):
+@contextlib.contextmanager
+def stack_database(tmp_path_factory):
     """A database of its own for the processes a stack starts: PostgreSQL when the suite uses it."""
     url = os.environ.get("DATABASE_URL", "")
     if not url.startswith(("postgres://", "postgresql://")):
@@ -52,9 +64,17 @@ def e2e_database_url(tmp_path_factory):
     admin = dict(host=params["HOST"], port=params["PORT"], user=params["USER"] or None, password=params["PASSWORD"] or None, dbname="postgres", autocommit=True)
     with psycopg.connect(**admin) as connection:
         connection.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    yield url.rsplit("/", 1)[0] + "/" + name
-    with psycopg.connect(**admin) as connection:
-        connection.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    try:
+        yield url.rsplit("/", 1)[0] + "/" + name
+    finally:
+        with psycopg.connect(**admin) as connection:
+            connection.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture(scope="session")
+def e2e_database_url(tmp_path_factory):
+    with stack_database(tmp_path_factory) as url:
+        yield url
 
 
 def demo_argv(*extra: str) -> list[str]:
@@ -76,7 +96,7 @@ def demo_stack(tmp_path_factory, e2e_database_url):
     """The whole system as `manage.py demo` starts it: web, Celery worker and beat, gateway, 3 nodes."""
     var_dir = tmp_path_factory.mktemp("stack")
     argv = demo_argv(
-        "--nodes", "3", "--no-traffic", "--port", str(free_port()), "--gateway-port", str(free_port()),
+        "--nodes", "3", "--spares", "0", "--no-traffic", "--port", str(free_port()), "--gateway-port", str(free_port()),
         "--restart-delay", "6", "--worker-concurrency", "1",
         "--time-scale", "0.1",  # a restarted node reloads its model cold: 2.6 s instead of 26
     )

@@ -1,7 +1,6 @@
 """A node fronting a real engine, tested against our own emulated node serving as the engine."""
 
 import asyncio
-import json
 
 import aiohttp
 

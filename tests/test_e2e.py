@@ -86,7 +86,8 @@ def test_traffic_flows_and_ctrl_c_leaves_no_process_behind(tmp_path):
             return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("lifeline_gateway_requests_total") and 'status="ok"' in line)
 
         wait_for(lambda: served() >= 3, 30, 0.5, "traffic through the gateway")
-        assert set(stack.info["pids"]) == {"redis", "web", "worker", "beat", "gateway", "node-01", "node-02", "traffic"}
+        # node-03 is the demo's default hot spare
+        assert set(stack.info["pids"]) == {"redis", "web", "worker", "beat", "gateway", "node-01", "node-02", "node-03", "traffic"}
         assert stack.info["redis_url"].startswith("redis://127.0.0.1:")
         pids = list(stack.info["pids"].values())
     finally:

@@ -5,6 +5,7 @@ import time
 
 import pytest
 
+from tests.fake_control_plane import FakeControlPlane
 from tests.helpers import http_json, wait_for
 
 FAULT = "fault-token-for-tests"
@@ -158,3 +159,81 @@ def test_crash_exits_at_once(faulty):
     assert status == 202
     wait_for(lambda: node.proc.poll() is not None, 5, 0.05, "the process to exit")
     assert node.proc.returncode == -9
+
+
+# --- what heartbeats carry -------------------------------------------------------------------
+
+
+def test_heartbeats_carry_gpu_readings_and_each_injected_xid_event(faulty):
+    with FakeControlPlane() as plane:
+        node = faulty("f-beat", "--tp", "2", "--control-url", plane.url)
+        first = plane.wait_for_heartbeat(lambda h: h.gpus)
+        assert first.xids == [] and [g["index"] for g in first.gpus] == [0, 1]
+        assert first.gpus[0]["temperature_c"] == pytest.approx(45, abs=1) and first.gpus[0]["ecc_uncorrected_volatile"] == 0
+        assert first.gpus[0]["memory_total_bytes"] == 80 * 10**9 and first.gpus[0]["lost"] is False
+
+        before = time.time()
+        assert inject(node, "xid", code=48, gpu=1, count=3)[0] == 200
+        beat = plane.wait_for_heartbeat(lambda h: h.xids)
+        assert [(x["gpu"], x["code"]) for x in beat.xids] == [(1, 48)] * 3
+        ats = [x["at"] for x in beat.xids]
+        assert ats == sorted(ats) and before <= ats[0] <= time.time()
+        assert beat.gpus[1]["ecc_uncorrected_volatile"] == 3 and beat.gpus[0]["ecc_uncorrected_volatile"] == 0
+
+        # Recent events are sent again in later heartbeats: the control plane de-duplicates them by time.
+        count = len(plane.heartbeats)
+        inject(node, "xid", code=79, gpu=0)
+        beat = plane.heartbeats_after(count, lambda h: len(h.xids) == 4)
+        assert beat.xids[:3] == [x for x in beat.xids if x["code"] == 48] and beat.xids[3]["code"] == 79
+        lost = beat.gpus[0]
+        assert lost["lost"] is True and lost["temperature_c"] is None and lost["utilization_pct"] is None  # n/a, not 0
+        assert beat.gpus[1]["lost"] is False
+
+
+# --- GPU reset ends what a reset ends ---------------------------------------------------------
+
+AGENT_HEAD = {"Authorization": "Bearer agent"}
+RELOAD_FAST = ("--time-scale", "0.02")  # a reset reloads the model cold: 0.5 s instead of 25
+
+
+def reset(node) -> dict:
+    status, answer = http_json(node.address + "/agent/reset", method="POST", headers=AGENT_HEAD)
+    assert status == 200 and answer["reset"] is True, answer
+    wait_for(lambda: http_json(node.address + "/health")[0] == 200, 10, 0.05, "serving again after the reset")
+    return answer
+
+
+def test_reset_ends_silent_data_corruption_and_thermal_throttling(faulty):
+    node = faulty("f-reset", *RELOAD_FAST)
+    _, clean = complete(node, 30)
+    inject(node, "sdc", rate=0.5)
+    inject(node, "thermal", target_c=94, ramp_s=0, min_clock_factor=0.5)
+    assert complete(node, 30)[1]["choices"][0]["text"] != clean["choices"][0]["text"]
+    assert gpus(node)[0]["throttle_reasons"] & 0x40
+
+    reset(node)
+
+    assert http_json(node.address + "/agent/faults", headers=HEAD)[1]["active"] == []
+    assert complete(node, 30)[1]["choices"][0]["text"] == clean["choices"][0]["text"]
+    cool = gpus(node)[0]
+    assert cool["temperature_c"] < 80 and cool["sm_clock_mhz"] == cool["sm_clock_max_mhz"] and not cool["throttle_reasons"] & 0x60
+
+
+def test_reset_brings_a_lost_gpu_back_and_keeps_the_hardware_history(faulty):
+    node = faulty("f-back", "--tp", "2", *RELOAD_FAST)
+    inject(node, "xid", code=63, gpu=1)  # a row remap pending: history
+    inject(node, "xid", code=48, gpu=1)  # a volatile ECC count: state
+    inject(node, "xid", code=79, gpu=0)
+    assert http_json(node.address + "/health")[0] == 503
+    assert gpus(node)[0]["lost"]
+
+    answer = reset(node)
+
+    assert answer["model_state"] == "loading_draft"  # cold, as after a restart
+    assert complete(node)[0] == 200
+    gpu0, gpu1 = gpus(node)
+    assert not gpu0["lost"] and gpu0["temperature_c"] is not None
+    assert gpu1["ecc_uncorrected_volatile"] == 0
+    assert gpu1["remapped_rows"]["pending"] is True and gpu1["remapped_rows"]["uncorrectable"] == 1
+    assert gpu0["last_xid"] == 79 and gpu1["last_xid"] == 48
+    assert [x["code"] for x in http_json(node.address + "/agent/faults", headers=HEAD)[1]["xids"]] == [63, 48, 79]

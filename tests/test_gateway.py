@@ -370,3 +370,66 @@ def _up(base):
         return http_json(base + "/healthz", timeout=1)[0] == 200
     except OSError:
         return False
+
+
+BEST_EFFORT_KEY = "llk_test-key-best-effort"
+
+
+async def test_degradation_sheds_best_effort_with_429_and_level_4_rejects_new_requests(cluster):
+    cluster.start_nodes("dg-a")
+    cluster.client.hset(cluster.keys.gateway_keys, hashlib.sha256(BEST_EFFORT_KEY.encode()).hexdigest(),
+                        json.dumps({"id": 2, "tenant": "batch-jobs", "tier": "best_effort"}))
+    base = await cluster.gateway()
+    body = {"model": "Qwen3-32B", "prompt": "hello", "max_tokens": 3}
+    premium, best_effort = {"Authorization": f"Bearer {KEY}"}, {"Authorization": f"Bearer {BEST_EFFORT_KEY}"}
+    assert (await gw(base + "/v1/completions", data=body, headers=best_effort))[0] == 200
+    cluster.publish({"degradation_level": 2, "shed_tiers": ["best_effort"], "accept_new": True})
+    await cluster.until(base, lambda h: h["degradation_level"] == 2, "level 2")
+    import urllib.error
+    import urllib.request
+
+    def status_of(headers):
+        request = urllib.request.Request(base + "/v1/completions", data=json.dumps(body).encode(), headers={**headers, "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.status, dict(response.headers), json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, dict(exc.headers), json.loads(exc.read())
+
+    status, headers, answer = await asyncio.to_thread(status_of, best_effort)
+    assert status == 429 and headers["Retry-After"] == "30" and "sheds best_effort" in answer["error"]["message"]
+    status, _, answer = await asyncio.to_thread(status_of, premium)
+    assert status == 200 and answer["choices"][0]["text"]
+    cluster.publish({"degradation_level": 4, "shed_tiers": ["best_effort"], "accept_new": False})
+    await cluster.until(base, lambda h: h["degradation_level"] == 4, "level 4")
+    status, headers, answer = await asyncio.to_thread(status_of, premium)
+    assert status == 503 and headers["Retry-After"] == "30" and "takes no new requests" in answer["error"]["message"]
+    assert (await moves(base)) == {}  # nothing moved: refused before routing
+    text = await asyncio.to_thread(lambda: __import__("urllib.request").request.urlopen(base + "/metrics").read().decode())
+    assert 'lifeline_gateway_shed_total{tier="best_effort"} 1.0' in text
+
+
+async def test_a_weight_change_reaches_the_gateway_by_push_not_by_its_poll(cluster):
+    cluster.start_nodes("wt-a", "wt-b")
+    base = await cluster.gateway()
+    cluster.publish(cordoned=("wt-a",))  # weight 0, as the control plane publishes an UNHEALTHY node
+    # The bound; told nothing, the gateway would only re-read the table after 5 s.
+    health = await cluster.until(base, lambda h: h["weights"].get("wt-a") == 0.0, "the new weight within 1 s", timeout=1.0)
+    assert health["weights"]["wt-b"] == 1.0
+    for _ in range(4):
+        status, answer = await gw(base + "/v1/completions", data={"model": "Qwen3-32B", "prompt": "x", "max_tokens": 2},
+                                  headers={"Authorization": f"Bearer {KEY}"})
+        assert status == 200
+    assert http_json(cluster.nodes["wt-a"].address + "/agent/status")[1]["counters"]["requests_finished"] == 0
+
+
+async def test_a_clients_4xx_never_counts_against_the_node(cluster):
+    cluster.start_nodes("cx-a")
+    base = await cluster.gateway()
+    before = cluster.client.xlen(cluster.keys.signals)
+    status, answer = await gw(base + "/v1/completions", data={"model": "Qwen3-32B", "prompt": "x", "max_tokens": -1},
+                              headers={"Authorization": f"Bearer {KEY}"})
+    assert status == 400
+    await asyncio.sleep(0.3)
+    entries = cluster.client.xrange(cluster.keys.signals, "-", "+")[before:]
+    assert not [e for e in entries if e[1]["kind"] == "node_error"]

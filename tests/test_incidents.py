@@ -42,17 +42,6 @@ def outcome(ttft, tpot, started, e2e_ms=100.0, **extra):
     hot.client().xadd(hot.keys().outcomes, {"gateway": "gw-1", "data": json.dumps(data)})
 
 
-@pytest.fixture
-def commit(django_capture_on_commit_callbacks):
-    """Run what waits for the commit (publishing, the incident hooks), as a real commit would."""
-
-    def run(fn, *args, **kwargs):
-        with django_capture_on_commit_callbacks(execute=True):
-            return fn(*args, **kwargs)
-
-    return run
-
-
 def kinds(incident):
     return list(incident.events.values_list("kind", flat=True))
 

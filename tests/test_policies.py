@@ -14,7 +14,7 @@ from recovery.policy.dispatch import Interrupted, Survivor
 from recovery.policy.load import NodeStatus, Pending
 from recovery.policy.placement import HolderCandidate
 from workers import catalog
-from workers.catalog import BLOCK_TOKENS, Deployment
+from workers.catalog import Deployment
 
 H100 = Deployment.of("Qwen3-32B", "H100-SXM", 2)
 H200 = Deployment.of("Qwen3-32B", "H200-SXM", 2)
@@ -68,7 +68,7 @@ def test_a_stale_status_predicts_less_prefill_and_more_decode_context():
     later = load.predict(status, NOW + 0.045, H100)  # a step and a half
     assert later.at == NOW + 0.045
     assert later.uncomputed_prefill_tokens == 5000 - 3072  # 1.5 chunks of 2048
-    assert later.decode_context_tokens == 20_000 + 15  # ten sequences, 1.5 tokens each
+    assert later.decode_context_tokens == 20_000 + 3072 + 15  # the prompt tokens computed, and ten sequences 1.5 tokens each
     assert load.prefill_load(later) < load.prefill_load(status)
     assert load.decode_load(later) > load.decode_load(status)
     # prefill finishes, it does not go negative
@@ -80,7 +80,21 @@ def test_prediction_without_a_reported_step_time_uses_the_roofline():
     step = H100.decode_step_s(4, 4000)
     later = load.predict(status, NOW + 2 * step, H100)
     assert later.uncomputed_prefill_tokens == 0
-    assert later.decode_context_tokens == 4008
+    assert later.decode_context_tokens == 4000 + 4096 + 8
+
+
+def test_requests_prefilling_join_the_decode_batch_once_their_prefill_is_predicted_done():
+    """Six requests just admitted, all still in prefill: once the window covers their prefill they
+    decode, so the node never looks as idle as an empty one (it did when prefill simply vanished)."""
+    busy = NodeStatus(at=NOW, running=6, uncomputed_prefill_tokens=2400, decode_batch=0)
+    idle = NodeStatus(at=NOW)
+    later = load.predict(busy, NOW + 0.2, H100)
+    assert later.uncomputed_prefill_tokens == 0 and later.decode_batch == 6 and later.decode_context_tokens >= 2400
+    nodes = {"a": (busy, Pending(), H100, 1.0), "b": (idle, Pending(), H100, 1.0)}
+    assert load.routing_cost(later, Pending(), H100, 4) > load.routing_cost(load.predict(idle, NOW + 0.2, H100), Pending(), H100, 4)
+    assert load.choose_node(nodes, 4, NOW + 0.2) == "b" == load._plain_choose_node(nodes, 4, NOW + 0.2)
+    # still prefilling: they have not joined yet, the prefill queue carries them
+    assert load.predict(busy, NOW + 0.001, H100).decode_batch == 0
 
 
 def test_load_metrics_follow_document_002():
@@ -309,15 +323,20 @@ def test_the_index_bound_is_a_lower_bound_on_the_cost(entries, prompt, dt):
     st.sets(st.sampled_from([f"n{i:02d}" for i in range(24)]), max_size=3),
 )
 def test_choose_node_is_its_definition_through_any_sequence_of_changes(nodes, changes, exclude):
-    """The bound-pruned search returns exactly what costing every node returns."""
+    """The bound-pruned search returns exactly what costing every node returns, and so does
+    a NodeIndex told of each change one node at a time (the gateway's way)."""
     now = NOW
+    index = load.NodeIndex(nodes)
     for slot, entry, prompt, dt in [(None, None, 1000, 0.0), *changes]:
         now += dt
         if slot is not None and nodes:
             name = sorted(nodes)[slot % len(nodes)]
             nodes[name] = entry if slot % 3 else (entry[0], nodes[name][1], nodes[name][2], nodes[name][3])
             nodes[name][1].add(prompt // 2)
-        assert load.choose_node(nodes, prompt, now, exclude) == load._plain_choose_node(nodes, prompt, now, exclude)
+            index.set(name, nodes[name])
+        expected = load._plain_choose_node(nodes, prompt, now, exclude)
+        assert load.choose_node(nodes, prompt, now, exclude) == expected
+        assert index.choose(prompt, now, exclude) == expected
 
 
 near_tie_strategy = st.tuples(
@@ -507,11 +526,14 @@ holder_strategy = st.builds(
 def test_placement_respects_budgets_never_picks_serving_or_dead_and_matches_its_definition(
     candidates, changes, policy, serving, request_bytes, prefix
 ):
+    ranking = placement.HolderRanking(candidates)
     for slot, replacement in [(None, None), *changes]:
         if slot is not None and candidates:
             i = slot % len(candidates)
             candidates[i] = dataclasses.replace(replacement, name=candidates[i].name)
+            ranking.set(candidates[i])
         holders = placement.place(policy, serving, candidates, request_bytes, prefix)
+        assert placement.place(policy, serving, ranking, request_bytes, prefix) == holders
         by_name = {c.name: c for c in candidates}
         assert len(holders) == len(set(holders)) <= 2
         for name in holders:

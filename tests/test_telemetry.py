@@ -22,8 +22,8 @@ from tests.helpers import BASE_DIR
 from workers import catalog
 from workers.faults import FaultState
 from workers.nvml import GpuLost, NotSupported, Nvml, NvmlError, NvmlUnavailable
-from workers.protocol import GpuInfo
-from workers.telemetry import BOARDS, DcgmCollector, EmulatedTelemetry, NvmlTelemetry, XidEvent, open_telemetry
+from workers.protocol import HEARTBEAT_GPU_FIGURES, GpuInfo
+from workers.telemetry import BOARDS, DcgmCollector, EmulatedTelemetry, HeartbeatTelemetry, NvmlTelemetry, XidEvent, open_telemetry
 
 IDLE = {"busy_fraction": 0.0, "kv_bytes_used": 0}
 THERMAL_BITS = 0x20 | 0x40
@@ -421,3 +421,98 @@ def test_seam_shapes_links_events_and_units():
         nvml.remapped_rows("h")
     assert nvml.wait_xid("event-set", 500) is None
     assert nvml.wait_xid("event-set", 500) == ("GPU-1234", 79)
+
+
+# --- what heartbeats carry ------------------------------------------------------------
+
+
+async def test_heartbeat_readings_are_compact_and_what_a_gpu_lacks_stays_null():
+    consumer, _ = _emulated(model="Llama-3-8B", gpu="RTX-4090")
+    [reading] = await HeartbeatTelemetry(consumer).gpus()
+    assert set(reading) == {"index", "lost", *HEARTBEAT_GPU_FIGURES}
+    assert reading["ecc_uncorrected_volatile"] is None and reading["temperature_c"] == 45 and reading["lost"] is False
+
+    telemetry, faults = _emulated(tp=2)
+    faults.inject("xid", {"code": 79, "gpu": 1})
+    working, lost = await HeartbeatTelemetry(telemetry).gpus()
+    assert working["ecc_uncorrected_volatile"] == 0 and working["utilization_pct"] == 0  # a real zero: idle
+    assert lost["lost"] is True and {lost[k] for k in HEARTBEAT_GPU_FIGURES} == {None}
+
+
+def test_heartbeat_xids_are_the_last_two_minutes_at_most_a_hundred_oldest_first():
+    telemetry, faults = _emulated(tp=2)
+    heartbeat = HeartbeatTelemetry(telemetry)
+    now = time.time()
+    assert heartbeat.xids(now) == []
+    faults.inject("xid", {"code": 31, "gpu": 0}, now=now - 121)  # too old to send
+    faults.inject("xid", {"code": 48, "gpu": 1, "count": 3}, now=now - 10)
+    assert heartbeat.xids(now) == [{"at": now - 10 + i * 0.001, "gpu": 1, "code": 48} for i in range(3)]
+    assert heartbeat.xids(now) == heartbeat.xids(now)  # sent again while recent
+    assert heartbeat.xids(now + 111) == []  # two minutes on, they are history
+
+    faults.inject("xid", {"code": 13, "gpu": 0, "count": 130}, now=now)
+    xids = heartbeat.xids(now + 1)
+    assert len(xids) == 100 and xids[0]["at"] == pytest.approx(now + 0.030) and xids[-1]["at"] == pytest.approx(now + 0.129)
+    assert [x["at"] for x in xids] == sorted(x["at"] for x in xids)
+
+
+def test_heartbeat_xid_from_a_gpu_nvml_could_not_locate_has_gpu_minus_one():
+    fake = FakeNvml()
+    telemetry = NvmlTelemetry(fake)
+    telemetry.start()
+    try:
+        fake.events.put(("GPU-not-on-this-host", 79))
+        _eventually(lambda: telemetry.xid_events_since(0)[0])
+        [xid] = HeartbeatTelemetry(telemetry).xids()
+        assert xid["gpu"] == -1 and xid["code"] == 79
+    finally:
+        telemetry.close()
+
+
+class FlakyTelemetry:
+    """Reads fail while `broken` is set, or block while `hold` is clear."""
+
+    source = "nvml"
+
+    def __init__(self):
+        self.inner, _ = _emulated()
+        self.broken = False
+        self.hold = threading.Event()
+        self.hold.set()
+        self.reads = 0
+
+    def read(self):
+        self.reads += 1
+        self.hold.wait(10)
+        if self.broken:
+            raise NvmlError("Unknown Error", 999)
+        return self.inner.read()
+
+    def xid_events_since(self, cursor):
+        return self.inner.xid_events_since(cursor)
+
+
+async def test_a_failing_gpu_read_sends_no_readings_and_is_logged_once(caplog):
+    caplog.set_level(logging.INFO, logger="workers.telemetry")
+    telemetry = FlakyTelemetry()
+    heartbeat = HeartbeatTelemetry(telemetry)
+    assert len(await heartbeat.gpus()) == 1
+    telemetry.broken = True
+    assert [await heartbeat.gpus() for _ in range(3)] == [[], [], []]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "Unknown Error" in warnings[0]
+    telemetry.broken = False
+    assert len(await heartbeat.gpus()) == 1
+    assert "back" in caplog.records[-1].getMessage()
+
+
+async def test_a_hung_gpu_read_does_not_hold_up_heartbeats_or_pile_up():
+    telemetry = FlakyTelemetry()
+    heartbeat = HeartbeatTelemetry(telemetry, read_timeout_s=0.05)
+    telemetry.hold.clear()  # NVML blocks, as on a GPU falling off the bus
+    started = time.monotonic()
+    assert await heartbeat.gpus() == [] and await heartbeat.gpus() == []
+    assert time.monotonic() - started < 1
+    assert telemetry.reads == 1  # the second heartbeat waited on the same read
+    telemetry.hold.set()
+    assert len(await heartbeat.gpus()) == 1

@@ -6,8 +6,8 @@ The node agent proxies completions to the engine and derives its load status
 from the engine's Prometheus metrics, polled every quarter second and after
 each request starts and ends. What a stock engine cannot do through its API
 (stream KV pages to a holder, resume from them, hand a request over, verify a
-draft model's tokens, inject faults) is answered with 501 and named in
-`/agent/capabilities`, rather than pretended.
+draft model's tokens, change its batch limit, reset its GPUs, inject faults)
+is answered with 501 and named in `/agent/capabilities`, rather than pretended.
 """
 
 import asyncio
@@ -35,6 +35,8 @@ CANNOT = {
     "assist": "verify a draft model's tokens (speculative assist)",
     "draft": "serve as a draft model for another node",
     "reload": "reload its model on request",
+    "config": "change its batch limit on request",
+    "reset": "reset its GPUs on request",
     "faults": "inject faults",
 }
 _SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\s+(?P<value>[-+0-9.eEInfa]+)")
@@ -149,6 +151,8 @@ class AdapterEngine:
             "checkpoint_bytes_held": None,
             "checkpoint_budget_bytes": None,
             "step_ms": None,
+            "batch_limit": None,
+            "batch_factor": None,
             "source": "engine_metrics",
         }
 
@@ -244,7 +248,7 @@ async def _status(request: web.Request) -> web.Response:
     engine, identity = request.app[ADAPTER_KEY], request.app[IDENTITY_KEY]
     return web.json_response({
         "name": identity.name, "session": identity.session, "pid": identity.pid, "host": identity.host, "rack": identity.rack,
-        "address": identity.address, "model": engine.model.key, "gpu": engine.deployment.gpu.key, "tp": engine.deployment.tp,
+        "address": identity.address, "spare": identity.spare, "model": engine.model.key, "gpu": engine.deployment.gpu.key, "tp": engine.deployment.tp,
         "engine": {"kind": "adapter", "url": engine.engine_url}, "load": engine.status(), "counters": dict(engine.counters),
         "telemetry_source": request.app[TELEMETRY_KEY].source, "loop_lag_p99_ms": request.app[LOOP_LAG_KEY].p99_ms(),
     })
@@ -317,6 +321,7 @@ def build_adapter_app(engine: AdapterEngine, identity: Identity, telemetry, tele
         ("POST", "/agent/kv/batch", "checkpoint"), ("GET", "/agent/kv/{request_id}", "checkpoint"),
         ("POST", "/agent/requests/{request_id}/migrate", "migrate"), ("POST", "/agent/assist", "assist"),
         ("POST", "/agent/draft", "draft"), ("POST", "/agent/reload", "reload"), ("POST", "/agent/faults", "faults"),
+        ("GET", "/agent/config", "config"), ("POST", "/agent/config", "config"), ("POST", "/agent/reset", "reset"),
     ):
         app.router.add_route(method, path, lambda request, c=capability: _answer_unsupported(request, c))
     return app

@@ -57,6 +57,7 @@ class EngineCollector:
         yield counter("vllm:prompt_tokens", "Prompt tokens received.", engine.counters["prompt_tokens"])
         yield counter("vllm:generation_tokens", "Tokens generated.", engine.counters["generation_tokens"])
         yield counter("vllm:num_preemptions", "Sequences preempted for lack of KV blocks.", engine.counters["preemptions"])
+        yield gauge("lifeline:batch_limit", "Sequences admitted into the running batch at most.", status["batch_limit"])
         yield gauge("lifeline:step_seconds", "Emulated duration of the last engine step.", status["step_ms"] / 1000)
         yield gauge("lifeline:uncomputed_prefill_tokens", "Prompt tokens not yet computed (prefill load).", status["uncomputed_prefill_tokens"])
         yield gauge("lifeline:decode_batch_size", "Sequences in the decode batch.", status["decode_batch"])
@@ -251,6 +252,7 @@ def status_document(runtime: NodeRuntime) -> dict:
         "host": identity.host,
         "rack": identity.rack,
         "address": identity.address,
+        "spare": identity.spare,
         "model": engine.model.key,
         "gpu": engine.deployment.gpu.key,
         "tp": engine.deployment.tp,

@@ -9,7 +9,7 @@ session that starts at JOIN.
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 
@@ -24,7 +24,7 @@ class ControlPlaneLink:
         base_url: str,
         token: str | None,
         registration: Callable[[], protocol.Registration],
-        heartbeat: Callable[[], protocol.Heartbeat],
+        heartbeat: Callable[[], Awaitable[protocol.Heartbeat]],
         interval_s: float = 1.0,
         timeout_s: float = 3.0,
         on_session_closed: Callable[[], None] | None = None,
@@ -83,7 +83,7 @@ class ControlPlaneLink:
         log.info("registered %s (session %s) as %s", registration.name, registration.session, body.get("state"))
 
     async def _beat(self) -> None:
-        heartbeat = self.heartbeat()
+        heartbeat = await self.heartbeat()
         name = self.registration().name
         async with self._session.post(self.base_url + protocol.HEARTBEAT_PATH.format(name=name), json=heartbeat.to_json()) as response:
             body = await _json(response)

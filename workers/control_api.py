@@ -1,8 +1,9 @@
 """The node agent's control endpoints, all behind a bearer token.
 
 Checkpoint pages from other nodes (`/agent/kv/...`), live migration of a
-request, speculative assist (as verifier or as draft), reload, and fault
-injection (a separate token, and only when the node was started with it).
+request, speculative assist (as verifier or as draft), reload, the batch
+limit, GPU reset, and fault injection (a separate token, and only when the
+node was started with it).
 """
 
 import asyncio
@@ -270,6 +271,43 @@ async def reload(request: web.Request, runtime: NodeRuntime) -> web.Response:
     return web.json_response({"reloading": True, "aborted": aborted, "model_state": runtime.engine.model_state})
 
 
+@agent_control
+async def reset(request: web.Request, runtime: NodeRuntime) -> web.Response:
+    """Reset the GPUs (remediation, so the agent token, with or without fault injection).
+
+    Lasting faults end, lost GPUs come back, volatile ECC counts restart; every
+    request in flight fails, and the model loads cold as after a restart.
+    """
+    failed = runtime.engine.reset_gpus()
+    log.warning("%s: GPUs reset; %d requests in flight failed, the model loads again", runtime.identity.name, failed)
+    return web.json_response({"reset": True, "aborted": failed, "model_state": runtime.engine.model_state})
+
+
+# --- batch limit ----------------------------------------------------------------------------------
+def _config(engine) -> dict:
+    return {"batch_factor": engine.batch_factor, "batch_limit": engine.batch_limit, "max_num_seqs": engine.config.max_num_seqs}
+
+
+@agent_control
+async def config_get(request: web.Request, runtime: NodeRuntime) -> web.Response:
+    return web.json_response(_config(runtime.engine))
+
+
+@agent_control
+async def config_set(request: web.Request, runtime: NodeRuntime) -> web.Response:
+    """Lower (or restore) the batch limit: the share `batch_factor` of max_num_seqs, at least one."""
+    body = await _body(request)
+    if body.get("batch_factor") is None:
+        return error(400, "batch_factor is required: a number in (0, 1], the share of max_num_seqs to admit at once", "batch_factor")
+    try:
+        runtime.engine.set_batch_factor(body["batch_factor"])
+    except EngineError as exc:
+        return error(exc.status, str(exc), "batch_factor")
+    config = _config(runtime.engine)
+    log.info("%s: batch limit now %d of %d (factor %s)", runtime.identity.name, config["batch_limit"], config["max_num_seqs"], config["batch_factor"])
+    return web.json_response(config)
+
+
 # --- fault injection ------------------------------------------------------------------------------
 def fault_control(handler):
     @functools.wraps(handler)
@@ -330,6 +368,9 @@ def add_routes(app: web.Application) -> None:
     app.router.add_delete("/agent/assist", assist_stop)
     app.router.add_post("/agent/draft", draft)
     app.router.add_post("/agent/reload", reload)
+    app.router.add_post("/agent/reset", reset)
+    app.router.add_get("/agent/config", config_get)
+    app.router.add_post("/agent/config", config_set)
     app.router.add_get("/agent/faults", faults_get)
     app.router.add_post("/agent/faults", faults_inject)
     app.router.add_delete("/agent/faults", faults_clear)

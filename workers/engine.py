@@ -52,6 +52,7 @@ class SamplingParams:
     seed: int = 0
     stop: tuple[str, ...] = ()
     logprobs: int | None = None  # number of top candidates to report, None for none
+    ignore_eos: bool = False  # vLLM's sampling extra: generate on through the end-of-sequence token up to max_tokens
 
 
 @dataclass
@@ -191,6 +192,9 @@ class Engine:
         self.by_id: dict[str, Sequence] = {}
         self.model_state = "serving"
         self.load_progress = 1.0
+        # The share of max_num_seqs admitted at once, lowered to relieve a struggling node
+        # (see batch_limit); EngineConfig is fixed at start, this changes while serving.
+        self.batch_factor = 1.0
         self.assist: Assist | None = None
         self.step_s = 0.0  # emulated duration of the last step, before time scale and faults
         self.steps = 0
@@ -235,20 +239,20 @@ class Engine:
 
     def begin_load(self, cold: bool = True) -> None:
         """Load the model: the draft first when the family has one (seconds), then the full model."""
-        self._load_task = asyncio.get_running_loop().create_task(self._load(cold), name=f"load-{self.name}")
+        draft = catalog.MODELS.get(self.model.draft) if self.model.draft else None
+        if cold:
+            # At once, not when the load task first runs: from here on the node refuses new work.
+            self._set_model_state("loading_draft" if draft is not None else "loading_full", 0.0)
+        self._load_task = asyncio.get_running_loop().create_task(self._load(cold, draft), name=f"load-{self.name}")
 
-    async def _load(self, cold: bool) -> None:
+    async def _load(self, cold: bool, draft: catalog.Model | None) -> None:
         if not cold:
             self._set_model_state("serving", 1.0)
             return
         scale = self.config.time_scale
-        draft = catalog.MODELS.get(self.model.draft) if self.model.draft else None
         if draft is not None:
-            self._set_model_state("loading_draft", 0.0)
             await asyncio.sleep(catalog.load_time_s(draft) * scale)
             self._set_model_state("draft_ready", 0.0)
-        else:
-            self._set_model_state("loading_full", 0.0)
         # The full model loads in the background; a draft-ready node can assist meanwhile.
         total = catalog.load_time_s(self.model) * scale
         started = time.monotonic()
@@ -264,15 +268,41 @@ class Engine:
         self._publish(f"model_{state}")
         self._wake.set()
 
-    def reload(self, cold: bool = True) -> int:
+    def reload(self, cold: bool = True, finish: str = "abort", reason: str = "node reloading its model") -> int:
         """Drop everything in flight and load the model again (remediation, or a reset GPU)."""
         aborted = len(self.by_id)
         for seq in list(self.by_id.values()):
-            self._finish(seq, "abort", {"reason": "node reloading its model"})
+            self._finish(seq, finish, {"reason": reason})
         if self._load_task is not None:
             self._load_task.cancel()
         self.begin_load(cold)
         return aborted
+
+    def reset_gpus(self) -> int:
+        """A GPU reset: the GPUs' state is gone, and with it every request in flight and the loaded model.
+
+        Injected faults end and lost GPUs come back (see FaultState.reset_gpus); the
+        model then loads cold, draft first. Returns how many requests failed.
+        """
+        self.faults.reset_gpus()
+        failed = self.reload(cold=True, finish="error", reason=f"GPU reset on node {self.name}")
+        self._publish("reset")
+        return failed
+
+    # --- batch limit -------------------------------------------------------------
+    @property
+    def batch_limit(self) -> int:
+        """Sequences admitted into the running batch at most: max(1, floor(max_num_seqs x batch_factor))."""
+        # The small epsilon keeps 100 x 0.29 at 29, not the 28.999... a float product gives.
+        return max(1, math.floor(self.config.max_num_seqs * self.batch_factor + 1e-9))
+
+    def set_batch_factor(self, factor: float) -> None:
+        """Change the batch limit. Running sequences continue; new ones wait while the batch is at the limit."""
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
+            raise EngineError(f"batch_factor must be a number in (0, 1], got {factor!r}", status=400)
+        self.batch_factor = float(factor)
+        self._publish("config")
+        self._wake.set()
 
     # --- requests ----------------------------------------------------------------
     def _check_can_serve(self) -> None:
@@ -456,6 +486,8 @@ class Engine:
             "checkpoint_budget_bytes": store.get("budget_bytes", 0),
             "checkpoint_requests": store.get("requests", 0),
             "step_ms": round(self.step_s * 1000, 3),
+            "batch_limit": self.batch_limit,
+            "batch_factor": self.batch_factor,
             "assist": None if self.assist is None else {
                 "draft": self.assist.draft.name, "k": self.assist.k, "alpha": self.assist.alpha,
                 "acceptance": round(self.counters["draft_accepted"] / tested, 4) if tested else None,
@@ -597,7 +629,7 @@ class Engine:
             index += 1
         # 2. Admit waiting requests while the batch, the budget and free blocks allow.
         admitted = False
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+        while self.waiting and budget > 0 and len(self.running) < self.batch_limit:
             seq = self.waiting[0]
             chunk = min(seq.uncomputed, budget)
             if not self._grow(seq, chunk):
@@ -712,7 +744,7 @@ class Engine:
         self.counters["generation_tokens"] += 1
         text = tokens.piece(choice.token_id, previous)
         reason = None
-        if choice.token_id == tokens.EOS:
+        if choice.token_id == tokens.EOS and not params.ignore_eos:
             reason = "stop"
         elif params.stop:
             combined = seq.text + text

@@ -85,6 +85,15 @@ class FaultState:
         else:
             self.active.pop(kind, None)
 
+    def reset_gpus(self) -> None:
+        """What a GPU reset does: lasting faults end, lost GPUs come back, volatile ECC counts restart.
+
+        Remapped rows and the Xid history stay: they are the GPUs' history, not their state.
+        """
+        self.clear()
+        self.lost_gpus.clear()
+        self.ecc_uncorrected.clear()
+
     def _apply_xid(self, event: XidInjection) -> None:
         self.xids.append(event)
         if event.code in ECC_UNCORRECTED_XIDS:

@@ -7,8 +7,8 @@ SIGINT, when it tells the control plane it is leaving.
 
 Secrets come from the environment, never the command line:
 LIFELINE_NODE_TOKEN (to register), LIFELINE_AGENT_TOKEN (control endpoints:
-checkpoints, migration, assist, reload), LIFELINE_FAULT_TOKEN (fault
-injection, only with --enable-faults).
+checkpoints, migration, assist, reload, batch limit, GPU reset),
+LIFELINE_FAULT_TOKEN (fault injection, only with --enable-faults).
 """
 
 import argparse
@@ -34,7 +34,7 @@ from workers.engine import Engine, EngineConfig
 from workers.faults import FaultState
 from workers.kvstore import CheckpointStore
 from workers.runtime import Identity, LoopLag, NodeRuntime
-from workers.telemetry import DcgmCollector, open_telemetry
+from workers.telemetry import DcgmCollector, HeartbeatTelemetry, open_telemetry
 
 log = logging.getLogger("workers.node")
 
@@ -69,6 +69,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--draft-acceptance", type=float, default=float(env("LIFELINE_DRAFT_ACCEPTANCE", "0.6")), help="alpha when an assist request names none")
     parser.add_argument("--enable-faults", action="store_true", default=_env_flag("LIFELINE_FAULTS_ENABLED"),
                         help="allow fault injection at /agent/faults (with LIFELINE_FAULT_TOKEN); staging only")
+    parser.add_argument("--spare", action="store_true", default=_env_flag("LIFELINE_NODE_SPARE"),
+                        help="join as a hot spare: load the model and answer canaries, but take no traffic until the control plane promotes it")
     parser.add_argument("--engine-url", default=env("LIFELINE_ENGINE_URL"),
                         help="front a real engine (vLLM, SGLang, ...) at this URL instead of emulating one")
     parser.add_argument("--log-level", default=env("LIFELINE_LOG_LEVEL", "INFO"))
@@ -116,7 +118,7 @@ def build_runtime(args: argparse.Namespace) -> tuple[NodeRuntime, object]:
         rack=args.rack, faults=faults, streamer=streamer, store=store,
     )
     identity = Identity(name=args.name, rack=args.rack, host=socket.gethostname(), session=uuid.uuid4().hex,
-                        gpus=emulated_gpus(args.name, deployment.gpu, args.tp))
+                        gpus=emulated_gpus(args.name, deployment.gpu, args.tp), spare=args.spare)
     runtime = NodeRuntime(identity, engine, store, streamer, faults, telemetry=None, agent_token=agent_token,
                           fault_token=os.environ.get("LIFELINE_FAULT_TOKEN") or None, default_alpha=args.draft_acceptance)
     runtime.telemetry = open_telemetry(identity.gpus, deployment, runtime.load_for_telemetry, faults)
@@ -129,7 +131,7 @@ def build_adapter(args: argparse.Namespace):
     deployment = catalog.Deployment.of(args.model, args.gpu, args.tp)
     engine = AdapterEngine(args.engine_url, deployment, args.name)
     identity = Identity(name=args.name, rack=args.rack, host=socket.gethostname(), session=uuid.uuid4().hex,
-                        gpus=emulated_gpus(args.name, deployment.gpu, args.tp))
+                        gpus=emulated_gpus(args.name, deployment.gpu, args.tp), spare=args.spare)
 
     def load() -> dict:
         running = engine.status()["running"] or 0
@@ -151,7 +153,7 @@ async def serve(args: argparse.Namespace) -> None:
         runtime, collector = build_runtime(args)
         engine, identity, telemetry, loop_lag = runtime.engine, runtime.identity, runtime.telemetry, runtime.loop_lag
         app = build_app(runtime, collector)
-        capabilities = ["openai", "events", "checkpoint", "resume", "migrate", "assist", "draft", "reload", "telemetry"]
+        capabilities = ["openai", "events", "checkpoint", "resume", "migrate", "assist", "draft", "reload", "config", "reset", "telemetry"]
         if args.enable_faults:
             capabilities.append("faults")
         closers = [runtime.streamer.close]
@@ -171,6 +173,8 @@ async def serve(args: argparse.Namespace) -> None:
     gc.freeze()
     print(json.dumps({"event": "listening", "name": args.name, "address": identity.address, "pid": os.getpid()}), flush=True)
     what = f"fronting the engine at {args.engine_url}" if args.engine_url else f"{args.start} start"
+    if identity.spare:
+        what += ", as a hot spare"
     log.info("%s: %s on %dx %s at %s (%s, telemetry %s)", args.name, engine.model.key, args.tp, engine.deployment.gpu.key,
              identity.address, what, telemetry.source)
 
@@ -179,16 +183,20 @@ async def serve(args: argparse.Namespace) -> None:
             name=identity.name, session=identity.session, address=identity.address, rack=identity.rack,
             model=engine.model.key, gpu=engine.deployment.gpu.key, tp=engine.deployment.tp, gpus=identity.gpus,
             pid=os.getpid(), host=identity.host, capabilities=tuple(capabilities),
-            engine="adapter" if args.engine_url else "emulated",
+            engine="adapter" if args.engine_url else "emulated", spare=identity.spare,
         )
 
-    def heartbeat() -> protocol.Heartbeat:
+    gpu_telemetry = HeartbeatTelemetry(telemetry)
+
+    async def heartbeat() -> protocol.Heartbeat:
+        gpus = await gpu_telemetry.gpus()  # first: the figures below are the loop's own, read at once
         s = engine.status()
         load = protocol.Load(running=s["running"] or 0, waiting=s["waiting"] or 0, kv_blocks_used=s["kv_blocks_used"] or 0,
                              kv_blocks_total=s["kv_blocks_total"] or 0, step_ms=s["step_ms"] or 0.0)
         store = getattr(engine, "store", None)
         return protocol.Heartbeat(session=identity.session, model_state=engine.model_state, load=load,
-                                  checkpoints=store.by_source() if store is not None else {})
+                                  checkpoints=store.by_source() if store is not None else {},
+                                  xids=gpu_telemetry.xids(), gpus=gpus)
 
     def new_session() -> None:
         identity.session = uuid.uuid4().hex

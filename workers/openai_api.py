@@ -195,6 +195,9 @@ def parse(body: dict, kind: str, served: set[str], model_key: str) -> Completion
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise bad("stream", "must be true or false")
+    ignore_eos = body.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise bad("ignore_eos", "must be true or false")
     stream_options = body.get("stream_options") or {}
     if not isinstance(stream_options, dict):
         raise bad("stream_options", "must be an object")
@@ -210,7 +213,7 @@ def parse(body: dict, kind: str, served: set[str], model_key: str) -> Completion
         kind=kind,
         model=model,
         prompt_ids=prompt_ids,
-        params=SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed, stop=_stop(body), logprobs=logprobs),
+        params=SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed, stop=_stop(body), logprobs=logprobs, ignore_eos=ignore_eos),
         stream=stream,
         include_usage=bool(stream_options.get("include_usage")),
         request_id=request_id or ("cmpl-" if kind == "completion" else "chatcmpl-") + secrets.token_hex(12),

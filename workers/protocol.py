@@ -24,6 +24,17 @@ METRICS_PATH = "/metrics"
 
 MODEL_STATES = ("loading_draft", "draft_ready", "loading_full", "serving")
 
+# What a heartbeat carries from GPU telemetry: the node's Xid events of the last
+# XID_WINDOW_S seconds (at most MAX_HEARTBEAT_XIDS, the most recent), resent in every
+# heartbeat while they are recent, so the control plane de-duplicates them by time;
+# and one compact reading per GPU with these figures, None where the GPU cannot report one.
+XID_WINDOW_S = 120.0
+MAX_HEARTBEAT_XIDS = 100
+HEARTBEAT_GPU_FIGURES = (
+    "utilization_pct", "memory_used_bytes", "memory_total_bytes", "temperature_c", "power_w",
+    "sm_clock_mhz", "throttle_reasons", "ecc_uncorrected_volatile",
+)
+
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
 
@@ -91,6 +102,8 @@ class Registration:
     host: str
     engine: str = "emulated"
     capabilities: tuple[str, ...] = ()
+    # A hot spare holds the model and answers canaries, but takes no traffic until promoted.
+    spare: bool = False
     version: int = PROTOCOL_VERSION
 
     @classmethod
@@ -116,6 +129,9 @@ class Registration:
         capabilities = data.get("capabilities") or []
         if not isinstance(capabilities, list) or not all(isinstance(c, str) for c in capabilities):
             raise ProtocolError("capabilities", "must be a list of strings")
+        spare = data.get("spare")
+        if spare is not None and not isinstance(spare, bool):
+            raise ProtocolError("spare", f"must be bool, got {type(spare).__name__}")
         return cls(
             name=name,
             session=session,
@@ -129,6 +145,7 @@ class Registration:
             host=_require(data, "host", str),
             engine=data.get("engine") or "emulated",
             capabilities=tuple(capabilities),
+            spare=bool(spare),
             version=int(data.get("version") or PROTOCOL_VERSION),
         )
 
@@ -173,6 +190,10 @@ class Heartbeat:
     load: Load = field(default_factory=Load)
     # Other nodes' checkpoints this node holds, by serving node: {"node-03": {"bytes": n, "requests": k}}.
     checkpoints: dict = field(default_factory=dict)
+    # Recent Xid events, oldest first: [{"at": epoch seconds, "gpu": index or -1 if unknown, "code": n}].
+    xids: list = field(default_factory=list)
+    # One compact reading per GPU: {"index", "lost", and HEARTBEAT_GPU_FIGURES (None for n/a)}.
+    gpus: list = field(default_factory=list)
 
     @classmethod
     def parse(cls, data) -> "Heartbeat":
@@ -186,7 +207,63 @@ class Heartbeat:
             isinstance(v, dict) and isinstance(v.get("bytes"), int) and isinstance(v.get("requests"), int) for v in checkpoints.values()
         ):
             raise ProtocolError("checkpoints", "must map serving node names to {bytes, requests}")
-        return cls(session=_require(data, "session", str), model_state=model_state, load=Load.parse(data.get("load")), checkpoints=checkpoints)
+        return cls(
+            session=_require(data, "session", str), model_state=model_state, load=Load.parse(data.get("load")), checkpoints=checkpoints,
+            xids=_parse_xids(data.get("xids")), gpus=_parse_gpu_readings(data.get("gpus")),
+        )
 
     def to_json(self) -> dict:
         return asdict(self)
+
+
+def _list(value, field_: str) -> list:
+    """A list field older nodes leave out: absent or null is empty."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ProtocolError(field_, f"must be a list, got {type(value).__name__}")
+    return value
+
+
+def _parse_xids(value) -> list[dict]:
+    raw = _list(value, "xids")
+    if len(raw) > MAX_HEARTBEAT_XIDS:
+        raise ProtocolError("xids", f"{len(raw)} events: a heartbeat carries at most {MAX_HEARTBEAT_XIDS}")
+    xids = []
+    for i, item in enumerate(raw):
+        prefix = f"xids[{i}]."
+        if not isinstance(item, dict):
+            raise ProtocolError(f"xids[{i}]", "must be an object")
+        at = _require(item, "at", (int, float), prefix)
+        if isinstance(at, bool):
+            raise ProtocolError(f"{prefix}at", "must be int or float, got bool")
+        gpu = _require(item, "gpu", int, prefix)
+        if gpu < -1:
+            raise ProtocolError(f"{prefix}gpu", "must be a GPU index, or -1 when the GPU is unknown")
+        xids.append({"at": float(at), "gpu": gpu, "code": _require(item, "code", int, prefix)})
+    return xids
+
+
+def _parse_gpu_readings(value) -> list[dict]:
+    readings = []
+    for i, item in enumerate(_list(value, "gpus")):
+        prefix = f"gpus[{i}]."
+        if not isinstance(item, dict):
+            raise ProtocolError(f"gpus[{i}]", "must be an object")
+        index = _require(item, "index", int, prefix)
+        if index < 0:
+            raise ProtocolError(f"{prefix}index", "must be 0 or more")
+        lost = item.get("lost", False)
+        if not isinstance(lost, bool):
+            raise ProtocolError(f"{prefix}lost", f"must be bool, got {type(lost).__name__}")
+        reading = {"index": index}
+        for key in HEARTBEAT_GPU_FIGURES:
+            figure = item.get(key)
+            if figure is not None and (isinstance(figure, bool) or not isinstance(figure, (int, float))):
+                raise ProtocolError(f"{prefix}{key}", f"must be a number or null, got {type(figure).__name__}")
+            reading[key] = figure
+        reading["lost"] = lost
+        readings.append(reading)
+    if len({r["index"] for r in readings}) != len(readings):
+        raise ProtocolError("gpus", "two readings share a GPU index")
+    return readings

@@ -23,6 +23,7 @@ class Identity:
     session: str
     gpus: tuple[protocol.GpuInfo, ...]
     address: str = ""  # filled in once the server is bound
+    spare: bool = False  # a hot spare: holds the model, takes no traffic until promoted
 
     @property
     def pid(self) -> int:

@@ -8,18 +8,20 @@ A figure a GPU cannot give is None (shown as n/a), never a healthy-looking zero.
 `python -m workers.telemetry` prints what this host reads, as JSON.
 """
 
+import asyncio
 import json
 import logging
 import socket
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from prometheus_client.core import GaugeMetricFamily
 
-from workers import catalog, faults as faults_mod
+from workers import catalog, faults as faults_mod, protocol
 from workers.nvml import GpuLost, NotSupported, Nvml, NvmlError, NvmlUnavailable
 from workers.protocol import GpuInfo
 
@@ -378,6 +380,94 @@ def _shutdown_quietly(nvml: Nvml) -> None:
         nvml.shutdown()
     except NvmlError:
         pass
+
+
+# --- heartbeats --------------------------------------------------------------------
+
+HEARTBEAT_READ_TIMEOUT_S = 0.5  # a heartbeat waits this long for the GPUs, then goes without them
+
+
+class HeartbeatTelemetry:
+    """What a heartbeat carries from telemetry: a compact reading per GPU and the recent Xid events.
+
+    Reading the GPUs must never cost a heartbeat: NVML can fail, or block for
+    seconds on a GPU falling off the bus, and a late heartbeat marks the node
+    DOWN. So the read runs on a daemon thread (one stuck in NVML must not keep
+    the process from exiting), one read at a time; a heartbeat that cannot have
+    it in time, or whose read failed, carries no readings, and the trouble is
+    logged once until it clears.
+    """
+
+    def __init__(self, telemetry: "NvmlTelemetry | EmulatedTelemetry", read_timeout_s: float = HEARTBEAT_READ_TIMEOUT_S):
+        self.telemetry = telemetry
+        self.read_timeout_s = read_timeout_s
+        self._reading: asyncio.Future | None = None
+        self._xid_cursor = 0
+        self._recent_xids: deque[XidEvent] = deque(maxlen=protocol.MAX_HEARTBEAT_XIDS)
+        self._trouble: str | None = None
+
+    async def gpus(self) -> list[dict]:
+        # A read still running from an earlier heartbeat is waited on again, never doubled.
+        if self._reading is None:
+            self._reading = self._read_on_a_thread()
+        try:
+            readings = await asyncio.wait_for(asyncio.shield(self._reading), self.read_timeout_s)
+        except TimeoutError:
+            self._failed(f"reading the GPUs took over {self.read_timeout_s} s")
+            return []
+        except Exception as exc:  # noqa: BLE001 - whatever NVML raises, the heartbeat goes out
+            self._reading = None
+            self._failed(f"reading the GPUs failed ({exc.__class__.__name__}: {exc})")
+            return []
+        self._reading = None
+        if self._trouble is not None:
+            log.info("GPU readings are back in heartbeats")
+            self._trouble = None
+        return [compact_reading(r) for r in readings]
+
+    def _read_on_a_thread(self) -> asyncio.Future:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+
+        def settle(readings, error) -> None:
+            if future.done():
+                return
+            if error is None:
+                future.set_result(readings)
+            else:
+                future.set_exception(error)
+
+        def read() -> None:
+            try:
+                readings, error = self.telemetry.read(), None
+            except Exception as exc:  # noqa: BLE001 - handed to the heartbeat, which goes out without readings
+                readings, error = None, exc
+            try:
+                loop.call_soon_threadsafe(settle, readings, error)
+            except RuntimeError:  # the loop closed while NVML was stuck
+                pass
+
+        threading.Thread(target=read, name="heartbeat-gpu-read", daemon=True).start()
+        return future
+
+    def _failed(self, trouble: str) -> None:
+        if self._trouble is None:
+            log.warning("%s: heartbeats go without GPU readings until it clears", trouble)
+        self._trouble = trouble
+
+    def xids(self, now: float | None = None) -> list[dict]:
+        """The Xid events of the last XID_WINDOW_S seconds, at most the most recent MAX_HEARTBEAT_XIDS, oldest first."""
+        now = time.time() if now is None else now
+        events, self._xid_cursor = self.telemetry.xid_events_since(self._xid_cursor)
+        self._recent_xids.extend(events)
+        cutoff = now - protocol.XID_WINDOW_S
+        recent = sorted((e for e in self._recent_xids if e.at >= cutoff), key=lambda e: e.at)
+        return [{"at": e.at, "gpu": -1 if e.gpu_index is None else e.gpu_index, "code": e.code} for e in recent]
+
+
+def compact_reading(reading: GpuReading) -> dict:
+    """A reading as a heartbeat carries it: protocol.HEARTBEAT_GPU_FIGURES, None for n/a."""
+    return {"index": reading.index, **{key: getattr(reading, key) for key in protocol.HEARTBEAT_GPU_FIGURES}, "lost": reading.lost}
 
 
 # --- Prometheus -------------------------------------------------------------------

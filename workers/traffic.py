@@ -74,8 +74,9 @@ async def one_request(session: aiohttp.ClientSession, args, rng: random.Random, 
     started = time.monotonic()
     stats.sent += 1
     stats.in_flight += 1
+    headers = {"Authorization": f"Bearer {rng.choice(args.keys)}"}  # several keys: a mix of tenants and tiers
     try:
-        async with session.post(args.gateway.rstrip("/") + path, json=body) as response:
+        async with session.post(args.gateway.rstrip("/") + path, json=body, headers=headers) as response:
             if response.status != 200:
                 stats.errors[str(response.status)] += 1
                 await response.read()
@@ -116,10 +117,9 @@ async def run(args) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    headers = {"Authorization": f"Bearer {args.key}"}
     tasks: set[asyncio.Task] = set()
     deadline = time.monotonic() + args.duration if args.duration else None
-    async with aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=600)) as session:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
         window_started = time.monotonic()
         while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
             try:
@@ -147,7 +147,8 @@ async def run(args) -> None:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m workers.traffic", description="Send OpenAI traffic to a Lifeline gateway.")
     parser.add_argument("--gateway", default=os.environ.get("LIFELINE_GATEWAY_URL", "http://127.0.0.1:8100"))
-    parser.add_argument("--key", default=os.environ.get("LIFELINE_GATEWAY_KEY"), help="gateway API key (or LIFELINE_GATEWAY_KEY)")
+    parser.add_argument("--key", default=os.environ.get("LIFELINE_GATEWAY_KEY"),
+                        help="gateway API key, or several separated by commas, used in turn at random (or LIFELINE_GATEWAY_KEY)")
     parser.add_argument("--model", default="Qwen3-32B")
     parser.add_argument("--rate", type=float, default=2.0, help="mean requests per second")
     parser.add_argument("--max-concurrency", type=int, default=128)
@@ -159,6 +160,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if not args.key:
         parser.error("a gateway key is required: --key or LIFELINE_GATEWAY_KEY (make one with `python manage.py create_api_key`)")
+    args.keys = [k.strip() for k in args.key.split(",") if k.strip()]
     if args.rate <= 0:
         parser.error("--rate must be positive")
     logging.basicConfig(level="INFO", stream=sys.stderr)

@@ -3,6 +3,11 @@
 nodes: the node lifecycle (registration, heartbeats, DOWN, LEFT), routing, keys.
 incidents: incidents and their timelines.
 streams: what the gateways report (signals and request outcomes).
+migrations: cordons, planned migrations, the audit log.
+health: canaries, health states, circuit breakers, Xid events, hot spares.
+drains: drains approved by on-call, and their run.
+capacity: capacity against the SLOs, and the degradation level.
+notify: telling on-call (console, webhook, e-mail).
 """
 
 from recovery.actions.nodes import (  # noqa: F401 - the node actions are the common entry points
@@ -12,6 +17,7 @@ from recovery.actions.nodes import (  # noqa: F401 - the node actions are the co
     deregister_node,
     mark_long_down_nodes_left,
     mark_silent_nodes_down,
+    publish_cluster_config,
     publish_gateway_keys,
     publish_routing,
     record_heartbeat,

@@ -116,7 +116,10 @@ def confirm_failure(node_name: str, at, source: str, reason: str) -> str:
         return "already down"
     up, said = nodeclient.alive(node.address, timeout=0.5)
     if up:
+        from recovery.actions import health
+
         add_event(incident, EventKind.NOT_CONFIRMED, f"{node.name} {said}: left in routing, watching its heartbeats", node=node)
+        health.record_node_failure(node, f"{source} lost it ({reason}) though {said}")
         return "alive"
     transition_node(node, NodeState.DOWN, f"{source} reported it ({reason}); {said}")
     return "down"

@@ -80,6 +80,17 @@ def _after_state_change(node: Node, old_state: str | None = None, cause: str = "
     hot.record_node(node.name, node.session, node.state, node.address, watch=node.state in lifecycle.ALIVE)
     publish_routing()
     events.node_changed(node.pk)
+    if node.state == NodeState.DOWN and not node.spare:
+        from recovery.actions import health
+
+        try:
+            health.promote_spare_for(node, f"{node.name} is DOWN: {cause}")
+        except Exception:  # noqa: BLE001 - the lifecycle step stands; the spare can be promoted by hand
+            log.exception("could not promote a spare for %s", node.name)
+    if node.state == NodeState.SERVING and Cluster.default().degradation_level:
+        from console.celery import app
+
+        app.send_task("recovery.tasks.apply_batch_factor", args=(node.pk,))  # it joins at the current level's batch limit
     if old_state is not None:
         from recovery.actions import incidents
 
@@ -95,7 +106,7 @@ def routing_entries() -> dict[str, dict]:
     return {
         n.name: {
             "address": n.address, "model": n.model_key, "rack": n.rack.name, "gpu": n.gpu_key, "tp": n.tp,
-            "weight": 0.0 if n.cordoned else 1.0, "session": n.session,
+            "weight": n.weight, "session": n.session,
         }
         for n in rows
     }
@@ -134,7 +145,7 @@ def register_node(reg: Registration) -> Node:
         if node is None:
             node = Node.objects.create(
                 cluster=cluster, name=reg.name, session=reg.session, state=NodeState.JOIN,
-                registered_at=now, session_started_at=now, state_changed_at=now, **details,
+                registered_at=now, session_started_at=now, state_changed_at=now, spare=reg.spare, **details,
             )
             NodeTransition.objects.create(
                 node=node, session=reg.session, old_state="", new_state=NodeState.JOIN, at=now,
@@ -202,7 +213,11 @@ def record_heartbeat(name: str, beat: Heartbeat) -> str:
         raise ClosedSession(f"{name} was marked {entry['state']}; its session is closed: register again with a new session")
     load = beat.load
     previous_model_state = entry.get("model_state")
-    hot.heartbeat(name, now, beat.model_state, vars(load), beat.checkpoints)
+    hot.heartbeat(name, now, beat.model_state, vars(load), beat.checkpoints, beat.gpus)
+    if beat.xids:
+        from recovery.actions import health
+
+        health.ingest_xids(name, beat.xids)
     if previous_model_state != beat.model_state and previous_model_state is not None:
         from recovery.actions import incidents
 

@@ -94,6 +94,12 @@ def handle_signal(kind: str, gateway: str, data: dict) -> None:
                 + (f" ({data['error']})" if data.get("error") else ""),
                 at=data.get("at"), source=source, node=lost, request_id=data.get("request_id", ""), details=data,
             )
+    elif kind == "node_error":
+        from recovery.actions import health
+
+        node = Node.objects.filter(name=data.get("node")).first()
+        if node is not None:
+            health.record_node_failure(node, f"{source}: {node.name} answered {data.get('status')} ({data.get('answer', '')[:120]})")
     elif kind == "migration_command_done":
         from recovery.actions import migrations
 

@@ -48,6 +48,7 @@ REGISTRY_KEY = web.AppKey("registry", CollectorRegistry)
 TASKS_KEY = web.AppKey("tasks", list)
 
 _ALIASES = {m.name: m.key for m in catalog.MODELS.values()}
+SHED_RETRY_AFTER_S = 30  # document 003's shedding answer
 
 
 class GatewayMetrics:
@@ -58,6 +59,7 @@ class GatewayMetrics:
             "lifeline_recovery_stall_seconds", "Client-visible gap around a move: last token before to first after.", registry=registry,
             buckets=(0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 1, 2, 5, 10),
         )
+        self.shed = Counter("lifeline_gateway_shed", "Requests refused by the degradation level, by tier.", ["tier"], registry=registry)
         self.ttft = Histogram("lifeline_gateway_ttft_seconds", "Time to first token, as the client sees it.", ["tier"], registry=registry,
                               buckets=(0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
 
@@ -98,6 +100,16 @@ async def _serve(request: web.Request, path: str) -> web.StreamResponse:
     if model not in view.models() and model not in catalog.MODELS:
         served = ", ".join(sorted(view.models())) or "nothing right now"
         return openai_error(404, f"The model `{model}` does not exist: this cluster serves {served}.", "invalid_request_error", "model")
+    config = view.config
+    if not config.accept_new:
+        return openai_error(503, f"The cluster is at degradation level {config.degradation_level}: it takes no new requests while the ones "
+                            f"in flight finish. Try again in {SHED_RETRY_AFTER_S} s.", "service_unavailable",
+                            headers={"Retry-After": str(SHED_RETRY_AFTER_S)})
+    if tenant.tier in config.shed_tiers:
+        request.app[METRICS_KEY].shed.labels(tenant.tier).inc()
+        return openai_error(429, f"The cluster is at degradation level {config.degradation_level} and sheds {tenant.tier} traffic to keep "
+                            f"its SLOs for higher tiers. Try again in {SHED_RETRY_AFTER_S} s.", "rate_limit_exceeded",
+                            headers={"Retry-After": str(SHED_RETRY_AFTER_S)})
     extension = body.get("lifeline") if isinstance(body.get("lifeline"), dict) else {}
     request_id = str(extension.get("request_id") or f"gw-{os.urandom(8).hex()}")
     if request_id in coordinator.flights:
@@ -163,6 +175,7 @@ async def healthz(request: web.Request) -> web.Response:
     return web.json_response({
         "status": "ok", "gateway": coordinator.name, "nodes": len(view.routes), "models": sorted(view.models()),
         "in_flight": len(coordinator.flights), "lost": sorted(coordinator.failed), "placement_policy": view.config.placement_policy,
+        "degradation_level": view.config.degradation_level, "weights": {name: route.weight for name, route in sorted(view.routes.items())},
         "watching": sorted(n for n in view.routes if coordinator.watcher.connected(n)),
     })
 

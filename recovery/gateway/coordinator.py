@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
+from recovery.gateway.fleet import FleetState
 from recovery.gateway.signals import Signals
 from recovery.gateway.table import Route, RoutingView
 from recovery.gateway.watch import NodeWatcher
-from recovery.policy import dispatch, load, placement
+from recovery.policy import dispatch
 from workers.catalog import BLOCK_TOKENS
 
 log = logging.getLogger(__name__)
@@ -62,11 +63,10 @@ class Coordinator:
         self.signals = signals
         self.name = name
         self.headers = headers
-        self.watcher = NodeWatcher(view, self.node_lost, headers, on_back=self._node_back)
+        self.watcher = NodeWatcher(view, self.node_lost, headers, on_back=self._node_back, on_status=self._status_changed)
         self.flights: dict[str, Flight] = {}
         self.failed: dict[str, float] = {}  # node -> when this gateway lost it
-        self._placed: dict[str, list[tuple[float, float]]] = {}  # holder -> (when, pages) placed here, not yet visible
-        self._pools: dict[str, dict] = {}  # model -> node -> (status, pending, deployment, weight)
+        self.fleet = FleetState(view, self.watcher, self.failed)
         self._session: aiohttp.ClientSession | None = None
         self._tasks: set[asyncio.Task] = set()
 
@@ -74,6 +74,8 @@ class Coordinator:
         self._session = aiohttp.ClientSession(headers=self.headers, timeout=aiohttp.ClientTimeout(total=10))
         self.view.listeners.append(self._forget_recovered)
         self.watcher.start()
+        self.view.listeners.append(self.fleet.rebuild)
+        self.fleet.rebuild()
 
     async def close(self) -> None:
         await self.watcher.close()
@@ -92,65 +94,36 @@ class Coordinator:
         for name in list(self.failed):
             if name in self.view.routes and self.watcher.connected(name):
                 del self.failed[name]
+                self.fleet.node_changed(name)
 
     def _node_back(self, name: str) -> None:
         if self.failed.pop(name, None) is not None:
             log.info("node %s is back", name)
+            self.fleet.node_changed(name)
+
+    def _status_changed(self, name: str) -> None:
+        self.fleet.node_changed(name)
 
     # --- load, as the policies see it -------------------------------------------------------
     def routable(self, model: str, exclude: set[str] = frozenset()) -> dict[str, Route]:
         return {r.name: r for r in self.view.candidates(model) if r.name not in self.failed and r.name not in exclude}
 
     def l_hat(self, name: str) -> float:
-        """Recovery load (eq. 4): checkpoint pages held, plus this gateway's recent placements, and queue depth."""
-        route = self.view.routes.get(name)
-        status = self.watcher.status(name)
-        per_block = route.deployment.model.kv_bytes_per_block if route else 1
-        now = time.monotonic()
-        recent = [(t, p) for t, p in self._placed.get(name, []) if now - t < 2.0]
-        self._placed[name] = recent
-        pages = load.pages(status.checkpoint_bytes_held, per_block) + sum(p for _, p in recent)
-        config = self.view.config
-        return load.recovery_load(pages, status.running + status.waiting, config.alpha, config.beta)
+        """Recovery load (eq. 4) of `name` as this gateway sees it (`FleetState.l_hat`)."""
+        return self.fleet.l_hat(name)
 
     def choose(self, model: str, prompt_tokens: int, exclude: set[str] = frozenset()) -> Route | None:
         """The least-loaded node for a new request (document 002), by its predicted status and pending work."""
-        routes = {r.name: r for r in self.view.candidates(model)}
-        # One candidate mapping per model, an entry replaced only when its node's status,
-        # deployment or weight changed: the policy keeps its per-node bounds between calls.
-        pool = self._pools.setdefault(model, {})
-        for name in [n for n in pool if n not in routes]:
-            del pool[name]
-        for name, route in routes.items():
-            entry = pool.get(name)
-            status = self.watcher.status(name)
-            if entry is None or entry[0] is not status or entry[2] is not route.deployment or entry[3] != route.weight:
-                pool[name] = (status, self.watcher.pending_for(name), route.deployment, route.weight)
-        name = load.choose_node(pool, prompt_tokens, time.time(), exclude=set(exclude) | set(self.failed))
-        return routes.get(name) if name else None
+        name = self.fleet.choose(model, prompt_tokens, exclude)
+        return self.view.routes.get(name) if name else None
 
     def place(self, flight: Flight, serving: Route) -> tuple[Route, ...]:
         """Checkpoint holders for a request dispatched to `serving`, by the cluster's policy."""
-        config = self.view.config
-        routes = self.routable(flight.model, {serving.name})
-        per_token = serving.deployment.model.kv_bytes_per_token
-        candidates = [
-            placement.HolderCandidate(
-                name=name, rack=route.rack, l_hat=self.l_hat(name),
-                bytes_held=self.watcher.status(name).checkpoint_bytes_held,
-                budget_bytes=self.watcher.status(name).checkpoint_budget_bytes or 1 << 62,
-            )
-            for name, route in routes.items()
-        ]
-        chosen = placement.place(
-            config.placement_policy, serving.name, candidates,
-            request_bytes=(flight.prompt_tokens + flight.max_tokens) * per_token,
-            prefix_tokens=flight.prompt_tokens, tau=config.tau_tokens,
-        )
-        pages = math.ceil((flight.prompt_tokens + flight.max_tokens) / BLOCK_TOKENS)
-        for name in chosen:
-            self._placed.setdefault(name, []).append((time.monotonic(), pages))
-        return tuple(routes[name] for name in chosen)
+        tokens = flight.prompt_tokens + flight.max_tokens
+        chosen = self.fleet.place(flight.model, serving.name, tokens, flight.prompt_tokens)
+        holders = tuple(self.view.routes[name] for name in chosen)
+        self.fleet.placed(holders, math.ceil(tokens / BLOCK_TOKENS))
+        return holders
 
     # --- losing a node ------------------------------------------------------------------------
     def node_lost(self, name: str, reason: str, at: float) -> None:
@@ -158,6 +131,7 @@ class Coordinator:
         if name in self.failed:
             return
         self.failed[name] = at
+        self.fleet.node_changed(name)
         log.warning("node %s lost: %s", name, reason)
         self.signals.emit("symptom", node=name, reason=reason, at=at, in_flight=sum(1 for f in self.flights.values() if f.node == name))
         self._plan(name)

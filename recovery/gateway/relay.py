@@ -93,6 +93,10 @@ class Relay:
                 if upstream.status != 200:
                     co.watcher.settle(route.name, flight.request_id)
                     answer = await upstream.read()
+                    if upstream.status >= 500 and upstream.status != 503:
+                        # A failure of the node (503 is a node still loading): its circuit breaker counts it.
+                        # A 4xx is the client's doing and never counts.
+                        co.signals.emit("node_error", node=route.name, status=upstream.status, answer=answer[:200].decode(errors="replace"))
                     if upstream.status >= 500 or upstream.status == 409 and decision is not None:
                         # Loading, a lost GPU, a duplicate after a restart: another node, then.
                         exclude.add(route.name)
@@ -314,6 +318,7 @@ class Relay:
     async def _give_up(self, reason: str) -> web.StreamResponse:
         """Nothing can continue the request: 503 before anything was sent, an error event after."""
         self.finish_reason = "error"
+        log.warning("request %s (%s) gives up: %s", self.flight.request_id, self.flight.model, reason)
         if self.response is None and not self._sent_any:
             return openai_error(503, f"No node can take a request for `{self.flight.model}` right now ({reason}): try again in {RETRY_AFTER_S} s.",
                                 "service_unavailable", headers={"Retry-After": str(RETRY_AFTER_S)})

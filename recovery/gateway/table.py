@@ -68,6 +68,10 @@ class ClusterConfig:
     beta: float = 1.0  # weight of queue depth in the recovery load
     stall_timeout_s: float = 5.0  # no byte from a node for this long: it is treated as failed
     dispatch_accounting: bool = True  # count a request on its node at dispatch (document 002)
+    # Degradation (document 003), set by the control plane's capacity evaluation.
+    degradation_level: int = 0
+    shed_tiers: tuple[str, ...] = ()  # tiers answered 429 at this level
+    accept_new: bool = True  # False at level 4: new requests get 503, those in flight finish
 
     @classmethod
     def parse(cls, raw: str | None) -> "ClusterConfig":
@@ -75,6 +79,8 @@ class ClusterConfig:
             return cls()
         data = json.loads(raw)
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        if "shed_tiers" in known:
+            known["shed_tiers"] = tuple(known["shed_tiers"])
         return cls(**known)
 
 

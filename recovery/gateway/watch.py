@@ -26,10 +26,11 @@ log = logging.getLogger(__name__)
 
 class NodeWatcher:
     def __init__(self, view: RoutingView, on_lost: Callable[[str, str, float], None], headers: dict | None = None,
-                 on_back: Callable[[str], None] | None = None):
+                 on_back: Callable[[str], None] | None = None, on_status: Callable[[str], None] | None = None):
         self.view = view
         self.on_lost = on_lost
         self.on_back = on_back or (lambda name: None)
+        self.on_status = on_status or (lambda name: None)  # after every new status of a node
         self.headers = headers or {}
         self.statuses: dict[str, NodeStatus] = {}
         self.pending: dict[str, Pending] = {}
@@ -100,6 +101,7 @@ class NodeWatcher:
             prompt = self._ledger.get(name, {}).pop(request_id, None)
             if prompt is not None:
                 self.pending_for(name).confirm(prompt)  # the node's status now counts it
+        self.on_status(name)
 
     # --- the local account ---------------------------------------------------------------
     def dispatched(self, name: str, request_id: str, prompt_tokens: int) -> None:

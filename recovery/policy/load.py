@@ -89,25 +89,33 @@ def _step_s(status: NodeStatus, deployment: Deployment) -> float:
     return deployment.decode_step_s(max(status.decode_batch, 1), status.decode_context_tokens)
 
 
-def _advance(status: NodeStatus, now: float, step_s: float, chunk_tokens: int) -> tuple[int, int]:
-    """(uncomputed prefill, decode context) after the steps run since the status was taken."""
+def _advance(status: NodeStatus, now: float, step_s: float, chunk_tokens: int) -> tuple[int, int, int]:
+    """(uncomputed prefill, decode context, decode batch) after the steps run since the status was taken."""
+    uncomputed, context, batch = status.uncomputed_prefill_tokens, status.decode_context_tokens, status.decode_batch
     elapsed = now - status.at
     if elapsed <= 0 or step_s <= 0:
-        return status.uncomputed_prefill_tokens, status.decode_context_tokens
+        return uncomputed, context, batch
     steps = elapsed / step_s
-    uncomputed = max(0, status.uncomputed_prefill_tokens - int(chunk_tokens * steps))
-    return uncomputed, status.decode_context_tokens + int(status.decode_batch * steps)
+    computed = min(uncomputed, int(chunk_tokens * steps))
+    context += computed + int(batch * steps)
+    if computed == uncomputed and status.running > batch:
+        batch = status.running  # no prefill left: the requests that were prefilling decode now
+    return uncomputed - computed, context, batch
 
 
 def predict(status: NodeStatus, now: float, deployment: Deployment, chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> NodeStatus:
     """Forward-predict a stale status to `now` (document 002, status forward-prediction).
 
     Each step computes up to `chunk_tokens` of pending prefill and grows every
-    decode sequence by one token. Requests that finish prefill or decode in the
-    window are not moved between the two: the next status says so.
+    decode sequence by one token. Prompt tokens computed in the window join
+    the context they will be attended as, and once no prefill is left the
+    requests that were prefilling join the decode batch: predicted load never
+    falls below what the status reported, so a node busy prefilling never
+    looks idle. Requests that finish in the window are not removed: the next
+    status says so.
     """
-    uncomputed, context = _advance(status, now, _step_s(status, deployment), chunk_tokens)
-    return replace(status, at=now, uncomputed_prefill_tokens=uncomputed, decode_context_tokens=context)
+    uncomputed, context, batch = _advance(status, now, _step_s(status, deployment), chunk_tokens)
+    return replace(status, at=now, uncomputed_prefill_tokens=uncomputed, decode_context_tokens=context, decode_batch=batch)
 
 
 def prefill_load(status: NodeStatus) -> int:
@@ -351,21 +359,25 @@ class _Index:
         status, Pending, deployment and weight objects for every call loses little.
         """
         for i in _changed_slots(values, self.values):
-            entry = values[i]
-            before = self.where[i]
-            self._measure(i, entry)
-            if before == self.where[i]:
-                continue
-            name = self.names[i]
-            if self.where[i] is not None:
-                group, bound = self.where[i]
-                bisect.insort(self.groups[group], (bound, name, i))
-            if before is not None:
-                members = self.groups[before[0]]
-                del members[bisect.bisect_left(members, (before[1], name, i))]
-                if not members:  # a weight level or a deployment no node has any more
-                    del self.groups[before[0]], self.meta[before[0]]
+            self.replace(i, values[i])
         self.values = values
+
+    def replace(self, i: int, entry) -> None:
+        """Entry `i` is now `entry`: re-measure it and move it within its group."""
+        before = self.where[i]
+        self.values[i] = entry
+        self._measure(i, entry)
+        if before == self.where[i]:
+            return
+        name = self.names[i]
+        if self.where[i] is not None:
+            group, bound = self.where[i]
+            bisect.insort(self.groups[group], (bound, name, i))
+        if before is not None:
+            members = self.groups[before[0]]
+            del members[bisect.bisect_left(members, (before[1], name, i))]
+            if not members:  # a weight level or a deployment no node has any more
+                del self.groups[before[0]], self.meta[before[0]]
 
     def search(self, prompt_tokens: int, now: float, exclude: Collection[str]) -> str | None:
         """The least-cost node: groups in order of their best bound, each scanned until its
@@ -399,26 +411,21 @@ class _Index:
                 if name in exclude:
                     continue
                 status, pending, _deployment, _weight = values[i]
-                # _advance, inline: this loop is the hot path
-                uncomputed, grown = status.uncomputed_prefill_tokens, 0
-                elapsed = now - status.at
-                if elapsed > 0:
-                    n_steps = elapsed / steps[i]
-                    uncomputed = max(0, uncomputed - int(DEFAULT_CHUNK_TOKENS * n_steps))
-                    grown = int(status.decode_batch * n_steps)
+                uncomputed, context_now, batch_now = _advance(status, now, steps[i], DEFAULT_CHUNK_TOKENS)
+                grown = context_now - status.decode_context_tokens
                 waiting_tokens = pending.prompt_tokens
                 queued = uncomputed + waiting_tokens  # prefill ahead of the prompt
                 # decode >= the bound's branch at the longer context, the load term grows by
                 # load_slope per token and per request; prefill >= its parts' slopes
-                low += slope * (grown + waiting_tokens) + load_slope * pending.requests
+                low += slope * (grown + waiting_tokens) + load_slope * (pending.requests + batch_now - status.decode_batch)
                 if queued:
                     low += max(compute_p + queued * compute_rate, memory_p + queued * memory_rate) - own_prefill
                 if low > cut:
                     continue
                 new_tokens = waiting_tokens + prompt_tokens
                 prefill_s = own_prefill if queued == 0 else roof.prefill_s(uncomputed + new_tokens)
-                batch = status.decode_batch + status.waiting + pending.requests + 1
-                context = status.decode_context_tokens + grown + new_tokens
+                batch = batch_now + status.waiting + pending.requests + 1
+                context = context_now + new_tokens
                 # routing_cost's operations in its order, so the cost is the same to the last bit
                 cost = (prefill_s + roof.decode_step_s(batch, context) + idle_step * (batch + context) / kv_tokens) / weight
                 if cost < best or (cost == best and best_name is not None and name < best_name):
@@ -474,6 +481,31 @@ def choose_node(
     values = list(candidates.values())
     with _lock:
         return _index_for(candidates, names, values).search(prompt_tokens, now, exclude)
+
+
+class NodeIndex:
+    """`choose_node` over a pool that changes one node at a time, as the gateway's does.
+
+    The same search and the same answer as `choose_node` over a mapping of the
+    same entries, but an entry is measured when it is replaced (`set`, at the
+    moment the node's status arrives), not when a request is waiting for its
+    decision. The pool's names are fixed; build a new index when they change.
+    Pending work is read live at each decision, as in `choose_node`.
+    """
+
+    def __init__(self, candidates: Mapping[str, tuple[NodeStatus, Pending, Deployment, float]]):
+        names = list(candidates)
+        self._slot = {name: i for i, name in enumerate(names)}
+        self._index = _Index(names, list(candidates.values()))
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._slot
+
+    def set(self, name: str, entry: tuple[NodeStatus, Pending, Deployment, float]) -> None:
+        self._index.replace(self._slot[name], entry)
+
+    def choose(self, prompt_tokens: int, now: float, exclude: Collection[str] = ()) -> str | None:
+        return self._index.search(prompt_tokens, now, exclude)
 
 
 # --- recovery load (document 000) ------------------------------------------------------

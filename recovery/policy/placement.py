@@ -112,14 +112,20 @@ class _Ranking:
             self.order = sorted((c.l_hat, c.name, i) for i, c in enumerate(items))
             changed = []
         for i in changed:
-            old, new = self.items[i], items[i]
-            key = (old.l_hat, old.name, i)
-            at = bisect.bisect_left(self.order, key)
-            if at >= len(self.order) or self.order[at] != key:  # NaN L̂ or a mutated entry
+            if not self._rerank(i, items[i]):
                 return False
-            del self.order[at]
-            bisect.insort(self.order, (new.l_hat, new.name, i))
         self.items = items
+        return True
+
+    def _rerank(self, i: int, new: HolderCandidate) -> bool:
+        """Move entry `i` to where `new` ranks; False when the old entry cannot be found (NaN L̂, mutated)."""
+        old = self.items[i]
+        key = (old.l_hat, old.name, i)
+        at = bisect.bisect_left(self.order, key)
+        if at >= len(self.order) or self.order[at] != key:
+            return False
+        del self.order[at]
+        bisect.insort(self.order, (new.l_hat, new.name, i))
         return True
 
     def __iter__(self) -> Iterator[HolderCandidate]:
@@ -127,12 +133,38 @@ class _Ranking:
         return (items[i] for _l, _name, i in self.order)
 
 
+class HolderRanking(_Ranking):
+    """A pool's holder candidates kept in (L̂, name) order as they change one at a time.
+
+    The gateway replaces a node's candidate when its L̂, budget or liveness
+    changes (`set`), at the moment it learns of it, so `place` given this
+    ranking only reads the order. The pool's names are fixed; build a new
+    ranking when they change. L̂ must not be NaN.
+    """
+
+    def __init__(self, candidates: Sequence[HolderCandidate]):
+        super().__init__(list(candidates))
+        self.order = sorted((c.l_hat, c.name, i) for i, c in enumerate(self.items))
+        self.slot = {c.name: i for i, c in enumerate(self.items)}
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def set(self, candidate: HolderCandidate) -> None:
+        i = self.slot[candidate.name]
+        if not self._rerank(i, candidate):
+            raise ValueError(f"cannot re-rank {candidate.name}: its entry was changed in place or its L̂ is NaN")
+        self.items[i] = candidate
+
+
 _rankings: dict[int, _Ranking] = {}
 _lock = threading.Lock()
 
 
 def _by_load(candidates: Sequence[HolderCandidate]) -> Iterator[HolderCandidate]:
-    """The candidates in order of (L̂, name): from the ranking kept for this list, or a scan."""
+    """The candidates in order of (L̂, name): from the caller's HolderRanking, the ranking kept for this list, or a scan."""
+    if isinstance(candidates, HolderRanking):
+        return iter(candidates)
     items = list(candidates)
     ranking = _rankings.get(id(candidates))
     if ranking is not None and ranking.update(items):
@@ -169,6 +201,7 @@ def place(
 
     Never the serving node, never a dead node, never one whose budget this
     request would overflow (eq. 5). Ties in L̂ go to the smallest name.
+    `candidates` is a sequence, or a HolderRanking a caller keeps current.
     """
     if policy not in POLICIES:
         raise ValueError(f"unknown placement policy {policy!r}: expected one of {', '.join(POLICIES)}")

@@ -34,6 +34,7 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=int, default=8000, help="console (web) port")
         parser.add_argument("--gateway-port", type=int, default=8100, help="gateway port")
         parser.add_argument("--nodes", type=int, default=8, help="emulated serving nodes to start")
+        parser.add_argument("--spares", type=int, default=1, help="hot spares to start beside them (hold the model, take no traffic until promoted)")
         parser.add_argument("--racks", type=int, default=2)
         parser.add_argument("--model", default="Qwen3-32B", choices=sorted(catalog.MODELS))
         parser.add_argument("--gpus", default="H100-SXM,H200-SXM", help="GPU type per rack, cycled (catalog keys)")
@@ -109,7 +110,8 @@ class Command(BaseCommand):
         previous = _read_json(self.demo_file)
         logins = self._demo_users(previous)
         api_token = self._api_token(previous)
-        gateway_key = self._gateway_key(previous)
+        gateway_keys = self._gateway_keys(previous)
+        gateway_key = gateway_keys[Tier.STANDARD]
         node_token = settings.LIFELINE_NODE_TOKEN or previous.get("node_token") or secrets.token_urlsafe(24)
         agent_token = os.environ.get("LIFELINE_AGENT_TOKEN") or previous.get("agent_token") or secrets.token_urlsafe(24)
         fault_token = os.environ.get("LIFELINE_FAULT_TOKEN") or previous.get("fault_token") or secrets.token_urlsafe(24)
@@ -134,20 +136,22 @@ class Command(BaseCommand):
         wait_http(f"{gateway_url}/healthz", 60, gateway, self.supervisor)
 
         restart = opts["restart_delay"] if opts["restart_delay"] >= 0 else None
-        for i in range(opts["nodes"]):
-            rack_index = i * opts["racks"] // max(opts["nodes"], 1)
+        total = opts["nodes"] + opts["spares"]
+        for i in range(total):
+            rack_index = min(i, opts["nodes"] - 1) * opts["racks"] // max(opts["nodes"], 1)
             argv = [
                 python(), "-m", "workers.node", "--name", f"node-{i + 1:02d}", "--rack", f"rack-{chr(ord('a') + rack_index)}",
                 "--model", opts["model"], "--gpu", opts["gpu_list"][rack_index % len(opts["gpu_list"])], "--tp", str(opts["tp"]),
                 "--host", host, "--port", "0", "--control-url", web_url, "--time-scale", str(opts["time_scale"]), "--enable-faults",
-            ]
+            ] + (["--spare"] if i >= opts["nodes"] else [])
             # The fleet is already up when the demo opens; a node that crashed reloads its model
             # from disk (draft first), as a real one would.
             self.supervisor.spawn(Child(f"node-{i + 1:02d}", argv + ["--start", "warm"], env, restart_delay_s=restart, restart_argv=argv + ["--start", "cold"]))
-        self._wait_nodes_serving(opts["nodes"], 60)
+        self._wait_nodes_serving(total, 60 + 2 * total)  # a big fleet takes a while to start on a small machine
+        self._set_objectives(opts)
 
         if not opts["no_traffic"]:
-            traffic_env = {**env, "LIFELINE_GATEWAY_KEY": gateway_key}
+            traffic_env = {**env, "LIFELINE_GATEWAY_KEY": ",".join(gateway_keys.values())}  # premium, standard and best-effort
             argv = [python(), "-m", "workers.traffic", "--gateway", gateway_url, "--model", opts["model"], "--rate", str(opts["rate"])]
             self.supervisor.spawn(Child("traffic", argv, traffic_env, restart_delay_s=5))
 
@@ -163,6 +167,7 @@ class Command(BaseCommand):
             "api_token": api_token,
             "api_token_user": "admin",
             "gateway_key": gateway_key,
+            "gateway_keys": gateway_keys,
             "node_token": node_token,
             "agent_token": agent_token,
             "fault_token": fault_token,
@@ -250,7 +255,7 @@ class Command(BaseCommand):
             f"  Logins    {logins}",
             f"  API       {urls['api_cluster']}    Authorization: Bearer {self.info['api_token']}",
             f"  Gateway   {urls['gateway']}    Authorization: Bearer {self.info['gateway_key']}",
-            f"  Nodes     {self.opts['nodes']} emulated {self.opts['model']} nodes in {self.opts['racks']} racks; traffic {traffic}",
+            f"  Nodes     {self.opts['nodes']} emulated {self.opts['model']} nodes in {self.opts['racks']} racks, {self.opts['spares']} hot spare(s); traffic {traffic}",
             f"  Details   {self.demo_file}    logs in {self.supervisor.log_dir}",
             "Press Ctrl-C to stop.",
             "",
@@ -275,12 +280,29 @@ class Command(BaseCommand):
         _, token = ApiToken.issue(get_user_model().objects.get(username="admin"), "demo")
         return token
 
-    def _gateway_key(self, previous: dict) -> str:
-        key = previous.get("gateway_key")
-        if key and ApiKey.objects.filter(digest=key_digest(key), revoked_at__isnull=True).exists():
-            return key
-        _, key = actions.create_api_key("demo", Tier.STANDARD, "demo traffic")
-        return key
+    def _gateway_keys(self, previous: dict) -> dict[str, str]:
+        """One demo key per tier, kept across runs: the traffic mixes them, so shedding shows."""
+        known = previous.get("gateway_keys") or {Tier.STANDARD: previous.get("gateway_key")}
+        keys = {}
+        for tier in Tier.values:
+            key = known.get(tier)
+            if not (key and ApiKey.objects.filter(digest=key_digest(key), revoked_at__isnull=True).exists()):
+                _, key = actions.create_api_key(f"demo-{tier.replace('_', '-')}", tier, "demo traffic")
+            keys[tier] = key
+        return keys
+
+    def _set_objectives(self, opts):
+        """A throughput objective the fleet meets with room to spare, unless an admin has set one: 85% of what
+        the nodes in service can carry, so losing two of eight shows degradation level 1."""
+        from recovery.actions import capacity
+
+        cluster = Cluster.default()
+        if cluster.slo_required_rps > 0:
+            return
+        report = capacity.report(cluster)
+        if report.capacity_rps > 0:
+            Cluster.objects.filter(pk=cluster.pk).update(slo_required_rps=round(0.85 * report.capacity_rps, 1))
+            actions.publish_cluster_config()
 
 
 def _read_json(path: Path) -> dict:

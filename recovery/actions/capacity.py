@@ -1,0 +1,157 @@
+"""Capacity against the SLOs, and the degradation level that follows (source document 003).
+
+`evaluate` runs every couple of seconds (Celery beat): it sums what the
+nodes in service can carry within the latency objectives, from the catalog's
+roofline and each node's live step time, compares it with the required
+throughput, and moves the level with hysteresis. A change is written once
+(DegradationChange), published to every gateway (which sheds or rejects by
+it), sent to the nodes (their batch limit), and shown on every page.
+"""
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass
+
+from django.db import transaction
+from django.utils import timezone
+
+from recovery import events, hot, nodeclient
+from recovery.choices import NodeState
+from recovery.models import Cluster, DegradationChange, Node
+from recovery.policy import capacity as policy
+from workers import catalog
+
+log = logging.getLogger(__name__)
+
+
+def slo_of(cluster: Cluster) -> policy.Slo:
+    return policy.Slo(cluster.slo_ttft_ms, cluster.slo_tpot_ms, cluster.slo_required_rps, cluster.slo_avg_prompt_tokens,
+                      cluster.slo_avg_output_tokens)
+
+
+@dataclass
+class Report:
+    capacity_rps: float
+    required_rps: float
+    nodes: dict  # name -> {rps, batch, limited_by, slowdown}
+    in_service: int
+
+    @property
+    def ratio(self) -> float:
+        return self.capacity_rps / self.required_rps if self.required_rps > 0 else float("inf")
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "ratio": None if self.required_rps <= 0 else round(self.ratio, 4)}
+
+
+def _in_service(node: Node, live: dict, promoted: tuple[str, ...] = ()) -> bool:
+    weight = 1.0 if node.name in promoted else node.weight
+    return weight > 0 and live.get("model_state", "serving") == "serving"
+
+
+def report(cluster: Cluster | None = None, exclude: tuple[str, ...] = (), promoted: tuple[str, ...] = ()) -> Report:
+    """What the nodes in service (weight above 0, model loaded) can carry within the SLOs; `exclude`
+    leaves nodes out and `promoted` counts hot spares in, to ask what would remain after a change."""
+    cluster = cluster or Cluster.default()
+    slo = slo_of(cluster)
+    nodes = [n for n in Node.objects.filter(state=NodeState.SERVING) if n.name not in exclude]
+    live = hot.nodes([n.name for n in nodes])
+    figures, total = {}, 0.0
+    for node in nodes:
+        data = live.get(node.name, {})
+        if not _in_service(node, data, promoted):
+            continue
+        deployment = catalog.Deployment.of(node.model_key, node.gpu_key, node.tp)
+        running = int(float(data.get("running") or 0))
+        context = int(float(data.get("kv_blocks_used") or 0)) * catalog.BLOCK_TOKENS
+        slow = policy.slowdown(deployment, float(data.get("step_ms") or 0), running, context)
+        max_num_seqs = int(float(data.get("max_num_seqs") or 0)) or 128
+        figure = policy.node_capacity(deployment, slo, max_num_seqs, slow)
+        figures[node.name] = {"rps": round(figure.rps, 3), "batch": figure.batch, "limited_by": figure.limited_by, "slowdown": round(slow, 3)}
+        total += figure.rps
+    return Report(round(total, 3), slo.required_rps, figures, len(figures))
+
+
+def evaluate(now: float | None = None) -> int:
+    """Recompute the capacity and move the degradation level; returns the level."""
+    now = time.time() if now is None else now
+    cluster = Cluster.default()
+    figures = report(cluster)
+    hot.client().set(hot.keys().capacity, json.dumps({**figures.to_json(), "at": now, "level": cluster.degradation_level}))
+    if figures.required_rps <= 0:
+        decision = policy.LevelDecision(0, None, cluster.degradation_level != 0)
+    else:
+        decision = policy.next_level(cluster.degradation_level, figures.ratio, now, cluster.degradation_better_since,
+                                     cluster.degradation_margin, cluster.degradation_hold_s)
+    if not decision.changed:
+        if decision.better_since != cluster.degradation_better_since:
+            Cluster.objects.filter(pk=cluster.pk).update(degradation_better_since=decision.better_since)
+        return cluster.degradation_level
+    if figures.required_rps <= 0:
+        cause = "no throughput objective is set"
+    else:
+        cause = (f"capacity {figures.capacity_rps:.1f} req/s from {figures.in_service} nodes in service is "
+                 f"{figures.ratio:.0%} of the required {figures.required_rps:.1f} req/s")
+    set_level(cluster, decision.level, cause, figures)
+    return decision.level
+
+
+def set_level(cluster: Cluster, level: int, cause: str, figures: Report | None = None) -> bool:
+    old = cluster.degradation_level
+    with transaction.atomic():
+        claimed = Cluster.objects.filter(pk=cluster.pk, degradation_level=old).update(
+            degradation_level=level, degradation_changed_at=timezone.now(), degradation_better_since=None)
+        if not claimed:
+            return False
+        DegradationChange.objects.create(
+            cluster=cluster, old_level=old, new_level=level, cause=cause,
+            ratio=None if figures is None or figures.required_rps <= 0 else round(figures.ratio, 4),
+            capacity_rps=figures.capacity_rps if figures else None, required_rps=figures.required_rps if figures else None,
+            details=figures.to_json() if figures else {},
+        )
+        cluster.degradation_level = level
+        _note_on_incidents(old, level, cause)
+        transaction.on_commit(lambda: _after_change(cluster.pk, old, level))
+    log.warning("degradation level %d -> %d: %s", old, level, cause)
+    return True
+
+
+def _note_on_incidents(old: int, new: int, cause: str) -> None:
+    from recovery.actions import incidents
+    from recovery.choices import EventKind, IncidentStatus
+    from recovery.models import Incident
+
+    for incident in Incident.objects.filter(status=IncidentStatus.ACTIVE):
+        incidents.add_event(incident, EventKind.DEGRADATION, f"degradation level {old} → {new}: {policy.LEVEL_DOCS[new]} ({cause})",
+                            details={"old": old, "new": new})
+
+
+def _after_change(cluster_id: int, old: int, new: int) -> None:
+    from recovery.actions.nodes import publish_cluster_config
+
+    publish_cluster_config()
+    events.degradation_changed(new)
+    if policy.EFFECTS[old].batch_factor != policy.EFFECTS[new].batch_factor:
+        from console.celery import app
+
+        for node_id in Node.objects.filter(state=NodeState.SERVING).values_list("pk", flat=True):
+            app.send_task("recovery.tasks.apply_batch_factor", args=(node_id,))
+
+
+def apply_batch_factor(node: Node) -> str:
+    """Send the level's batch factor to a node (at a level change, and when a node joins)."""
+    factor = policy.EFFECTS[Cluster.default().degradation_level].batch_factor
+    try:
+        status, answer = nodeclient.call(node.address, "POST", "/agent/config", {"batch_factor": factor}, timeout=2)
+    except nodeclient.NodeUnreachable as exc:
+        return f"unreachable: {exc}"
+    if status != 200:
+        log.warning("%s refused batch factor %s: %s", node.name, factor, answer)
+    return f"{status} batch_limit={answer.get('batch_limit')}"
+
+
+def latest() -> dict:
+    """The last evaluation, for pages: capacity, required, ratio, per node."""
+    raw = hot.client().get(hot.keys().capacity)
+    return json.loads(raw) if raw else {}

@@ -1,0 +1,342 @@
+"""Drains approved by on-call: the request with its evidence, the approval rules, and the run.
+
+A drain is raised by the health machine (with the canary failures, Xid events
+and telemetry that made it) or by an operator. On-call sees why, the blast
+radius and the plan, and approves or rejects with a reason. Only the oncall
+and admin roles decide (the view checks the role); the requester may not
+approve their own request; a drain that would take capacity below what the
+SLOs need, or a second drain in the same pool, needs a second approver.
+
+An approved drain runs one step at a time (`advance`, from Celery beat every
+second, and at once after the approval): cordon → live-migrate the requests
+in flight, or let them complete → drained → remediation (restart, GPU reset,
+or hand-off to hardware repair) → a canary in half-open → back in service.
+Every step is a DrainStep row with its time and cause, shown live.
+"""
+
+import datetime as dt
+import logging
+
+from django.db import transaction
+from django.utils import timezone
+
+from recovery import events, hot, nodeclient
+from recovery.actions import capacity, health, migrations, notify
+from recovery.choices import (
+    OPEN_DRAIN_STATES, RUNNING_DRAIN_STATES, BreakerState, DrainMode, DrainState, EventKind, Health, NodeState, Remediation,
+)
+from recovery.models import CanaryResult, Cluster, Drain, DrainDecision, DrainStep, Node, RequestOutcome, XidEvent
+from recovery.policy import breaker as breakers
+
+log = logging.getLogger(__name__)
+
+ERROR_BUDGET_DAYS = 30
+AVAILABILITY_OBJECTIVE = 0.999
+REMEDIATION_NAMES = {Remediation.RESTART: "engine restart", Remediation.RESET: "GPU reset", Remediation.HARDWARE_REPAIR: "hardware repair"}
+MIGRATE_AGAIN_S = 10.0  # requests still on the node this long after the migration command: ask the gateways again
+
+
+class DrainRefused(ValueError):
+    """The drain cannot be raised or decided as asked; the message says why and what to do."""
+
+
+def open_drain(node: Node) -> Drain | None:
+    return node.drains.filter(state__in=OPEN_DRAIN_STATES).first()
+
+
+# --- raising a drain ------------------------------------------------------------------------------
+def evidence_for(node: Node) -> dict:
+    """Why the node should be drained: its health, recent canaries, Xid events and telemetry."""
+    canaries = [
+        {"at": c.at.isoformat(), "passed": c.passed, "kind": c.kind, "detail": c.detail, "latency_ms": c.latency_ms}
+        for c in CanaryResult.objects.filter(node=node)[:10]
+    ]
+    xids = [
+        {"first_at": x.first_at.isoformat(), "gpu": x.gpu_index, "code": x.code, "codes": x.codes, "severity": x.severity,
+         "meaning": x.meaning, "action": x.action}
+        for x in XidEvent.objects.filter(node=node)[:10]
+    ]
+    readings = hot.telemetry(node.name, 1)
+    return {
+        "health": node.health, "canary_failures": node.canary_failures, "breaker": node.breaker,
+        "canaries": canaries, "xids": xids, "telemetry": readings[0] if readings else None,
+    }
+
+
+def error_budget() -> dict:
+    """The availability error budget over the last 30 days: failed requests against what the objective allows."""
+    since = timezone.now() - dt.timedelta(days=ERROR_BUDGET_DAYS)
+    outcomes = RequestOutcome.objects.filter(finished_at__gte=since)
+    total = outcomes.exclude(status__in=("rejected", "client_gone")).count()
+    failed = outcomes.filter(status="error").count()
+    allowed = total * (1 - AVAILABILITY_OBJECTIVE)
+    left = None if total == 0 else max(0.0, 1 - failed / allowed) if allowed > 0 else 0.0
+    return {"objective": AVAILABILITY_OBJECTIVE, "window_days": ERROR_BUDGET_DAYS, "requests": total, "failed": failed,
+            "budget_left": None if left is None else round(left, 4)}
+
+
+def blast_radius(node: Node) -> dict:
+    """What draining `node` touches: requests in flight, KV it holds for others, capacity left, error budget."""
+    live = hot.node(node.name) or {}
+    flights = [f for f in hot.gateway_flights() if f.get("node") == node.name]
+    held = hot.checkpoints_held(node.name)
+    now = capacity.report()
+    spare = health.spare_for(node)  # promoted at the cordon: it counts in what remains
+    after = capacity.report(exclude=(node.name,), promoted=(spare.name,) if spare else ())
+    return {
+        "in_flight": len(flights),
+        "in_flight_by_tier": {tier: sum(1 for f in flights if f.get("tier") == tier) for tier in sorted({f.get("tier") for f in flights})},
+        "running_on_node": int(float(live.get("running") or 0)) + int(float(live.get("waiting") or 0)),
+        "kv_held_for_others": {"bytes": sum(v.get("bytes", 0) for v in held.values()), "requests": sum(v.get("requests", 0) for v in held.values()),
+                               "by_node": held},
+        "capacity_rps_now": now.capacity_rps,
+        "capacity_rps_after": after.capacity_rps,
+        "spare_promoted": spare.name if spare else None,
+        "required_rps": after.required_rps,
+        "ratio_after": None if after.required_rps <= 0 else round(after.ratio, 3),
+        "error_budget": error_budget(),
+    }
+
+
+def approvals_needed(node: Node, radius: dict) -> tuple[int, str]:
+    """1, or 2 with the reason: capacity after the drain below the SLOs' need, or another drain open in the pool."""
+    reasons = []
+    ratio = radius.get("ratio_after")
+    if ratio is not None and ratio < 1:
+        reasons.append(f"capacity after the drain ({radius['capacity_rps_after']:.1f} req/s) is below the "
+                       f"{radius['required_rps']:.1f} req/s the SLOs need")
+    others = Drain.objects.filter(node__model_key=node.model_key, state__in=OPEN_DRAIN_STATES).exclude(node=node)
+    if others.exists():
+        reasons.append(f"{', '.join(f'#{d.pk} ({d.node.name})' for d in others.select_related('node'))} already open in the {node.model_key} pool")
+    return (2, "; ".join(reasons)) if reasons else (1, "")
+
+
+def propose(node: Node, *, source: str, reason: str, requested_by=None, mode: str = DrainMode.IMMEDIATE, deadline_s: int | None = None,
+            remediation: str = Remediation.RESTART) -> Drain:
+    """Raise a drain request for on-call. Refused, with the node's state, for a node already draining or down."""
+    node.refresh_from_db()
+    if node.state != NodeState.SERVING:
+        raise DrainRefused(f"{node.name} is {node.get_state_display()} (since {node.state_changed_at:%H:%M:%S}): only a serving node can be drained")
+    existing = open_drain(node)
+    if existing is not None:
+        raise DrainRefused(f"{node.name} already has drain #{existing.pk}, {existing.get_state_display().lower()}")
+    if mode not in DrainMode.values:
+        raise DrainRefused(f"mode: {mode!r} is not a drain mode: expected one of {', '.join(DrainMode.values)}")
+    if remediation not in Remediation.values:
+        raise DrainRefused(f"remediation: {remediation!r} is not known: expected one of {', '.join(Remediation.values)}")
+    if mode == DrainMode.DEADLINE and not deadline_s:
+        raise DrainRefused("deadline_s: a deadline drain needs the seconds after the cordon when what is left is migrated")
+    if not reason.strip():
+        raise DrainRefused("reason: a drain request needs a reason")
+    radius = blast_radius(node)
+    required, why = approvals_needed(node, radius)
+    with transaction.atomic():
+        drain = Drain.objects.create(
+            node=node, mode=mode, deadline_s=deadline_s if mode == DrainMode.DEADLINE else None, remediation=remediation,
+            requested_by=requested_by, source=source, reason=reason.strip(), evidence=evidence_for(node), blast_radius=radius,
+            approvals_required=required, approvals_why=why,
+        )
+        _step(drain, "", DrainState.PROPOSED, f"requested by {source}: {reason.strip()}", actor=source)
+        migrations.audit(source, "drain_requested", f"node:{node.name}", reason.strip(), drain=drain.pk, mode=mode, remediation=remediation)
+        notify.send("drain_requested", f"Drain of {node.name} needs approval",
+                    f"{source} asks to drain {node.name} ({drain.get_mode_display()}; then {REMEDIATION_NAMES[drain.remediation]}): "
+                    f"{reason.strip()}. In flight: {radius['in_flight']}; capacity after: {radius['capacity_rps_after']:.1f} req/s"
+                    + (f". Needs two approvers: {why}" if required > 1 else ""),
+                    f"/drains/{drain.pk}/")
+    log.info("drain #%d of %s proposed by %s", drain.pk, node.name, source)
+    return drain
+
+
+def _step(drain: Drain, old: str, new: str, cause: str, *, actor: str = "system", **details) -> DrainStep:
+    step = DrainStep.objects.create(drain=drain, old_state=old, new_state=new, cause=cause, actor=actor, details=details)
+    transaction.on_commit(lambda: events.drain_changed(drain.pk))
+    return step
+
+
+def _move(drain: Drain, new: str, cause: str, *, actor: str = "system", details: dict | None = None, **fields) -> bool:
+    """Claim the drain's next state with a conditional update; one step row."""
+    old = drain.state
+    with transaction.atomic():
+        claimed = Drain.objects.filter(pk=drain.pk, state=old).update(state=new, state_changed_at=timezone.now(), **fields)
+        if not claimed:
+            return False
+        drain.state = new
+        drain.state_changed_at = timezone.now()
+        for name, value in fields.items():
+            setattr(drain, name, value)
+        _step(drain, old, new, cause, actor=actor, **(details or {}))
+        _note_on_incident(drain, f"drain #{drain.pk} of {drain.node.name}: {DrainState(new).label.lower()} ({cause})")
+    log.info("drain #%d of %s: %s -> %s (%s)", drain.pk, drain.node.name, old, new, cause)
+    return True
+
+
+def _note_on_incident(drain: Drain, text: str) -> None:
+    from recovery.actions import incidents
+
+    incident = incidents.open_incident_for(drain.node)
+    if incident is not None:
+        incidents.add_event(incident, EventKind.DRAIN, text, node=drain.node, details={"drain": drain.pk})
+
+
+# --- deciding -------------------------------------------------------------------------------------------------
+def decide(drain: Drain, user, decision: str, reason: str) -> Drain:
+    """An approval or a rejection by `user` (whose role the caller has checked), with a reason."""
+    name = user.get_username()
+    reason = reason.strip()
+    if decision not in (DrainDecision.APPROVE, DrainDecision.REJECT):
+        raise DrainRefused(f"decision: {decision!r} is not approve or reject")
+    if not reason:
+        raise DrainRefused(f"reason: say why you {decision} this drain")
+    with transaction.atomic():
+        drain = Drain.objects.select_for_update().select_related("node").get(pk=drain.pk)
+        if drain.decisions.filter(user=user).exists():
+            raise DrainRefused(f"{name} has already decided on drain #{drain.pk}: a second approval must come from another person")
+        if drain.state != DrainState.PROPOSED:
+            raise DrainRefused(f"drain #{drain.pk} is {drain.get_state_display().lower()}: it is no longer waiting for a decision")
+        if decision == DrainDecision.APPROVE and drain.requested_by_id == user.pk:
+            raise DrainRefused(f"{name} requested drain #{drain.pk} and may not approve it: another on-call engineer must")
+        DrainDecision.objects.create(drain=drain, user=user, decision=decision, reason=reason)
+        migrations.audit(name, f"drain_{decision}", f"drain:{drain.pk}", reason, node=drain.node.name)
+        if decision == DrainDecision.REJECT:
+            _move(drain, DrainState.REJECTED, f"rejected by {name}: {reason}", actor=name, finished_at=timezone.now())
+            return drain
+        approvals = drain.decisions.filter(decision=DrainDecision.APPROVE).count()
+        if approvals < drain.approvals_required:
+            _step(drain, drain.state, drain.state, f"approved by {name} ({approvals} of {drain.approvals_required}): {reason}", actor=name)
+            return drain
+        who = ", ".join(d.user.get_username() for d in drain.decisions.filter(decision=DrainDecision.APPROVE).select_related("user"))
+        _move(drain, DrainState.APPROVED, f"approved by {who}: {reason}", actor=name, approved_at=timezone.now())
+        transaction.on_commit(lambda: _enqueue_advance(drain.pk))
+    return drain
+
+
+def cancel(drain: Drain, user, reason: str) -> None:
+    """Withdraw a drain not yet running (proposed); a running one is finished by its steps."""
+    if not reason.strip():
+        raise DrainRefused("reason: say why the drain is cancelled")
+    if drain.state != DrainState.PROPOSED:
+        raise DrainRefused(f"drain #{drain.pk} is {drain.get_state_display().lower()}: only a drain waiting for approval can be cancelled")
+    if _move(drain, DrainState.CANCELLED, f"cancelled by {user.get_username()}: {reason.strip()}", actor=user.get_username(), finished_at=timezone.now()):
+        migrations.audit(user.get_username(), "drain_cancel", f"drain:{drain.pk}", reason.strip(), node=drain.node.name)
+
+
+def _enqueue_advance(drain_id: int) -> None:
+    from console.celery import app
+
+    app.send_task("recovery.tasks.advance_drain", args=(drain_id,))
+
+
+# --- running -----------------------------------------------------------------------------------------------------
+def advance_all() -> list[str]:
+    moved = []
+    for drain in Drain.objects.filter(state__in=RUNNING_DRAIN_STATES).select_related("node"):
+        if advance(drain):
+            moved.append(f"#{drain.pk} {drain.state}")
+    return moved
+
+
+def advance(drain: Drain) -> bool:
+    """Take the drain one step further if its condition is met; idempotent, safe to call any time."""
+    node = drain.node
+    node.refresh_from_db()
+    actor = f"drain #{drain.pk}"
+    if drain.state == DrainState.APPROVED:
+        migrations.set_cordon(node, True, actor, f"drain #{drain.pk}: {drain.reason}")
+        health.set_health(node, Health.DRAINING, f"drain #{drain.pk} approved", actor=actor)
+        spare = health.promote_spare_for(node, f"{node.name} is being drained")
+        return _move(drain, DrainState.CORDONED, f"{node.name} cordoned: no new requests reach it"
+                     + (f"; hot spare {spare.name} promoted in its place" if spare else ""), cordoned_at=timezone.now())
+    if drain.state == DrainState.CORDONED:
+        if drain.mode == DrainMode.IMMEDIATE:
+            command = migrations.migrate_node(node, actor, f"drain #{drain.pk}")
+            return _move(drain, DrainState.DRAINING, f"every gateway asked to move {_in_flight(node)} in-flight requests off {node.name} live",
+                         migration_command=command, details={"command": command})
+        plan = "let them finish" if drain.mode == DrainMode.ALLOW_COMPLETION else f"let them finish, migrate what is left after {drain.deadline_s} s"
+        return _move(drain, DrainState.DRAINING, f"{_in_flight(node)} requests in flight on {node.name}: {plan}")
+    if drain.state == DrainState.DRAINING:
+        left = _in_flight(node)
+        if left == 0 or node.state != NodeState.SERVING:
+            return _move(drain, DrainState.DRAINED, f"no request left on {node.name}" if node.state == NodeState.SERVING else f"{node.name} is {node.state}")
+        since = (timezone.now() - (drain.cordoned_at or drain.state_changed_at)).total_seconds()
+        if drain.mode == DrainMode.DEADLINE and not drain.migration_command and since >= (drain.deadline_s or 0):
+            command = migrations.migrate_node(node, actor, f"drain #{drain.pk}: deadline")
+            Drain.objects.filter(pk=drain.pk).update(migration_command=command)
+            _step(drain, drain.state, drain.state, f"deadline of {drain.deadline_s} s reached: {left} requests moved live", command=command)
+            return True
+        if drain.migration_command and (timezone.now() - drain.state_changed_at).total_seconds() >= MIGRATE_AGAIN_S:
+            command = migrations.migrate_node(node, actor, f"drain #{drain.pk}: {left} still there")
+            Drain.objects.filter(pk=drain.pk).update(migration_command=command, state_changed_at=timezone.now())
+            _step(drain, drain.state, drain.state, f"{left} requests still on {node.name}: gateways asked again", command=command)
+            return True
+        return False
+    if drain.state == DrainState.DRAINED:
+        return _remediate(drain, node, actor)
+    if drain.state == DrainState.REMEDIATING:
+        if node.state == NodeState.SERVING and _model_state(node) == "serving":
+            health.set_breaker(node, breakers.Breaker(BreakerState.HALF_OPEN, node.breaker_failures, node.breaker_opened_at, None),
+                               f"drain #{drain.pk}: remediation done, one trial canary", actor=actor)
+            moved = _move(drain, DrainState.VERIFYING, f"{node.name} serves again after the {REMEDIATION_NAMES[drain.remediation]}: "
+                          "a canary in half-open decides")
+            if moved:
+                transaction.on_commit(lambda: _enqueue_trial(node.pk))
+            return moved
+        return False
+    if drain.state == DrainState.VERIFYING:
+        result = CanaryResult.objects.filter(node=node, at__gte=drain.state_changed_at).order_by("-at").first()
+        if result is None:
+            if (timezone.now() - drain.state_changed_at).total_seconds() > 3 * Cluster.default().canary_timeout_s + 5:
+                transaction.on_commit(lambda: _enqueue_trial(node.pk))  # the trial was lost: another
+            return False
+        if result.passed:
+            health.set_breaker(node, breakers.Breaker(), f"drain #{drain.pk}: trial canary passed", actor=actor)
+            health.set_health(node, Health.HEALTHY, f"drain #{drain.pk}: canary passed after remediation", actor=actor, canary_failures=0)
+            migrations.set_cordon(node, False, actor, f"drain #{drain.pk} done: canary passed")
+            return _move(drain, DrainState.RETURNED, f"canary passed ({result.detail}): {node.name} is back in service",
+                         finished_at=timezone.now(), outcome="returned to service")
+        health.set_breaker(node, breakers.Breaker(BreakerState.OPEN, node.breaker_failures + 1, timezone.now().timestamp(), None),
+                           f"drain #{drain.pk}: trial canary failed", actor=actor)
+        health.set_health(node, Health.UNHEALTHY, f"drain #{drain.pk}: canary failed after remediation: {result.detail}", actor=actor)
+        return _move(drain, DrainState.FAILED, f"canary failed after remediation ({result.kind}: {result.detail}); {node.name} stays out of service",
+                     finished_at=timezone.now(), outcome=f"canary failed: {result.detail}")
+    return False
+
+
+def _in_flight(node: Node) -> int:
+    """Requests on the node: what the gateways hold there, and what the node itself reports running or waiting."""
+    live = hot.node(node.name) or {}
+    on_node = int(float(live.get("running") or 0)) + int(float(live.get("waiting") or 0))
+    through_gateways = sum(1 for f in hot.gateway_flights() if f.get("node") == node.name)
+    return max(on_node, through_gateways)
+
+
+def _remediate(drain: Drain, node: Node, actor: str) -> bool:
+    if drain.remediation == Remediation.HARDWARE_REPAIR:
+        migrations.audit(actor, "hardware_repair", f"node:{node.name}", drain.reason, drain=drain.pk)
+        return _move(drain, DrainState.HANDED_OFF, f"{node.name} handed to hardware repair; it stays cordoned until a person returns it",
+                     finished_at=timezone.now(), outcome="handed to hardware repair")
+    path = "/agent/reset" if drain.remediation == Remediation.RESET else "/agent/reload"
+    try:
+        status, answer = nodeclient.call(node.address, "POST", path, {"cold": True}, timeout=5)
+    except nodeclient.NodeUnreachable as exc:
+        status, answer = 0, {"error": {"message": str(exc)}}
+    if status != 200:
+        message = answer.get("error", {}).get("message", status) if isinstance(answer.get("error"), dict) else answer
+        return _move(drain, DrainState.FAILED, f"{REMEDIATION_NAMES[drain.remediation]} failed on {node.name}: {message}",
+                     finished_at=timezone.now(), outcome=f"remediation failed: {message}")
+    return _move(drain, DrainState.REMEDIATING, f"{REMEDIATION_NAMES[drain.remediation]}: {node.name} reloads its model "
+                 f"(state {answer.get('model_state')}, {answer.get('aborted', 0)} requests aborted)", details={"answer": answer})
+
+
+def _model_state(node: Node) -> str | None:
+    """Asked of the node itself: a heartbeat sent before the reload could still say "serving"."""
+    try:
+        status, answer = nodeclient.call(node.address, "GET", "/agent/status", timeout=2)
+    except nodeclient.NodeUnreachable:
+        return None
+    return (answer.get("load") or {}).get("model_state") if status == 200 else None
+
+
+def _enqueue_trial(node_id: int) -> None:
+    from console.celery import app
+
+    app.send_task("recovery.tasks.run_canary", args=(node_id, True))

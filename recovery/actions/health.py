@@ -1,0 +1,371 @@
+"""Node health: canary results, circuit breakers, Xid events, hot spares (source document 003).
+
+Every change of a node's health, breaker or spare status goes through
+`_change`, which claims it with a conditional update, writes a
+HealthTransition row (the node's health timeline and audit log) and, after
+the transaction commits, republishes the routing table (weights reach every
+gateway through Redis pub/sub) and tells the browser.
+"""
+
+import datetime as dt
+import logging
+import random
+import time
+
+from django.db import transaction
+from django.utils import timezone
+
+from recovery import canary, events, hot
+from recovery.actions.nodes import publish_routing
+from recovery.choices import BreakerState, CanaryKind, Health, HealthChange, NodeState
+from recovery.models import CanaryGolden, CanaryResult, Cluster, HealthTransition, Node, XidEvent
+from recovery.policy import breaker as breakers
+from recovery.policy import health as policy
+from workers import catalog
+
+log = logging.getLogger(__name__)
+
+
+def _change(node: Node, kind: str, field: str, new, cause: str, *, actor: str = "system", details: dict | None = None, **also) -> bool:
+    """Set `field` to `new` if nobody changed it first; one transition row; publish after commit."""
+    old = getattr(node, field)
+    if old == new:
+        return False
+    with transaction.atomic():
+        claimed = Node.objects.filter(pk=node.pk, **{field: old}).update(**{field: new}, **also)
+        if not claimed:
+            return False
+        HealthTransition.objects.create(node=node, kind=kind, old=str(old), new=str(new), cause=cause, actor=actor, details=details or {})
+        setattr(node, field, new)
+        for name, value in also.items():
+            setattr(node, name, value)
+        transaction.on_commit(lambda: _published(node.pk))
+    log.info("node %s %s: %s -> %s (%s)", node.name, kind, old, new, cause)
+    return True
+
+
+def _published(node_id: int) -> None:
+    publish_routing()
+    events.node_changed(node_id)
+
+
+def set_health(node: Node, new: str, cause: str, *, actor: str = "system", details: dict | None = None, **also) -> bool:
+    return _change(node, HealthChange.HEALTH, "health", new, cause, actor=actor, details=details, health_changed_at=timezone.now(), **also)
+
+
+def set_breaker(node: Node, state: breakers.Breaker, cause: str, *, actor: str = "system") -> bool:
+    """Save a node's breaker; a change of its state is a transition, a count alone is not."""
+    fields = {"breaker_failures": state.failures, "breaker_opened_at": state.opened_at, "breaker_trial_at": state.trial_at}
+    if state.state == node.breaker:
+        Node.objects.filter(pk=node.pk).update(**fields)
+        for name, value in fields.items():
+            setattr(node, name, value)
+        return False
+    return _change(node, HealthChange.BREAKER, "breaker", state.state, cause, actor=actor, **fields)
+
+
+def breaker_of(node: Node) -> breakers.Breaker:
+    return breakers.Breaker(node.breaker, node.breaker_failures, node.breaker_opened_at, node.breaker_trial_at)
+
+
+# --- automatic cordons and the cluster breaker -----------------------------------------------------------
+def _take_out(node: Node, cluster: Cluster, cause: str, details: dict) -> bool:
+    """The health machine wants `node` UNHEALTHY (weight 0): an automatic cordon, unless the cluster
+    breaker stops it. Returns whether the node went UNHEALTHY."""
+    if cluster.auto_cordon_breaker_open:
+        set_health(node, Health.SUSPICIOUS, f"{cause}; automatic cordons are stopped by the cluster breaker, so it keeps weight 0.5",
+                   details=details)
+        return False
+    window_start = timezone.now() - dt.timedelta(seconds=cluster.auto_cordon_window_s)
+    recent = HealthTransition.objects.filter(kind=HealthChange.HEALTH, new=Health.UNHEALTHY, actor="system", at__gte=window_start).count()
+    fleet = Node.objects.filter(state=NodeState.SERVING).count()
+    if breakers.cluster_breaker_trips(recent, fleet, cluster.auto_cordon_max_share):
+        allowed = breakers.auto_cordons_allowed(fleet, cluster.auto_cordon_max_share)
+        why = (f"{recent} automatic cordons in the last {cluster.auto_cordon_window_s} s; one more ({node.name}) would pass the "
+               f"{allowed} allowed ({cluster.auto_cordon_max_share:.0%} of {fleet} nodes)")
+        open_cluster_breaker(cluster, why)
+        set_health(node, Health.SUSPICIOUS, f"{cause}; not cordoned: the cluster breaker opened ({why})", details=details)
+        return False
+    set_health(node, Health.UNHEALTHY, cause, details=details)
+    promote_spare_for(node, f"{node.name} became UNHEALTHY")
+    return True
+
+
+def open_cluster_breaker(cluster: Cluster, why: str) -> None:
+    from recovery.actions import notify
+
+    with transaction.atomic():
+        opened = Cluster.objects.filter(pk=cluster.pk, auto_cordon_breaker_open=False).update(
+            auto_cordon_breaker_open=True, auto_cordon_breaker_changed_at=timezone.now(), auto_cordon_breaker_reason=why)
+        if opened:
+            cluster.auto_cordon_breaker_open = True
+            from recovery.actions.migrations import audit
+
+            audit("system", "cluster_breaker_open", f"cluster:{cluster.name}", why)
+            notify.send("cluster_breaker", "Automatic cordons stopped", f"The cluster breaker opened: {why}. An admin resets it on the settings page.",
+                        "/settings/")
+
+
+def reset_cluster_breaker(cluster: Cluster, user, reason: str) -> None:
+    from recovery.actions.migrations import audit
+
+    if not reason.strip():
+        raise ValueError("reason: resetting the cluster breaker needs a reason")
+    with transaction.atomic():
+        Cluster.objects.filter(pk=cluster.pk).update(auto_cordon_breaker_open=False, auto_cordon_breaker_changed_at=timezone.now(),
+                                                    auto_cordon_breaker_reason=reason.strip())
+        audit(user.get_username(), "cluster_breaker_reset", f"cluster:{cluster.name}", reason.strip())
+
+
+# --- canaries ---------------------------------------------------------------------------------------
+def golden_for(node: Node) -> CanaryGolden | None:
+    return CanaryGolden.objects.filter(model_key=node.model_key, gpu_key=node.gpu_key, tp=node.tp, active=True).first()
+
+
+def _run_prompts(node: Node, timeout: float) -> list[dict]:
+    prompts = []
+    for prompt in canary.PROMPTS:
+        reply = canary.ask(node.address, node.model_key, prompt, timeout)
+        prompts.append({**prompt, "tokens": [{"id": i, "top_logprob": lp} for i, lp in zip(reply.answer.token_ids, reply.answer.top_logprobs)],
+                        "texts": list(reply.texts)})
+    return prompts
+
+
+def record_golden(nodes: list[Node], by: str) -> CanaryGolden:
+    """Record the golden run of the nodes' deployment: each canary prompt on each node, which must agree.
+
+    An admin records from one node they know to be good; the control plane
+    records by itself from two nodes that agree. Raises ValueError when they
+    disagree or a node gives no answer.
+    """
+    first = nodes[0]
+    if any((n.model_key, n.gpu_key, n.tp) != (first.model_key, first.gpu_key, first.tp) for n in nodes):
+        raise ValueError("the nodes serve different deployments")
+    timeout = Cluster.default().canary_timeout_s
+    runs = []
+    for node in nodes:
+        try:
+            runs.append(_run_prompts(node, timeout))
+        except canary.CanaryFailed as exc:
+            raise ValueError(f"{node.name} gave no canary answer: {exc.detail}") from None
+    for other, node in zip(runs[1:], nodes[1:]):
+        for a, b in zip(runs[0], other):
+            if [t["id"] for t in a["tokens"]] != [t["id"] for t in b["tokens"]] or any(
+                abs((x["top_logprob"] or 0) - (y["top_logprob"] or 0)) > 1e-3 for x, y in zip(a["tokens"], b["tokens"])
+            ):
+                raise ValueError(f"{first.name} and {node.name} disagree on {a['key']!r}: no golden run recorded")
+    with transaction.atomic():
+        CanaryGolden.objects.filter(model_key=first.model_key, gpu_key=first.gpu_key, tp=first.tp, active=True).update(active=False)
+        golden = CanaryGolden.objects.create(model_key=first.model_key, gpu_key=first.gpu_key, tp=first.tp, prompts=runs[0],
+                                             recorded_from=", ".join(n.name for n in nodes), recorded_by=by)
+    log.info("golden canary run for %s recorded from %s by %s", golden.deployment, golden.recorded_from, by)
+    return golden
+
+
+def _auto_golden(node: Node) -> CanaryGolden | None:
+    """No golden run for this deployment yet: record one from two healthy nodes that agree, if there are two."""
+    peers = list(Node.objects.filter(state=NodeState.SERVING, health=Health.HEALTHY, model_key=node.model_key, gpu_key=node.gpu_key,
+                                     tp=node.tp).order_by("name")[:2])
+    if len(peers) < 2:
+        return None
+    try:
+        return record_golden(peers, "system (two nodes agreed)")
+    except ValueError as exc:
+        log.warning("no golden canary run for %s on %s: %s", node.model_key, node.gpu_key, exc)
+        return None
+    except Exception:  # noqa: BLE001 - two nodes racing to record: the other one won
+        return golden_for(node)
+
+
+def canary_gpu_ms(node: Node, prompt: dict, tokens: int) -> float | None:
+    """GPU time one canary costs, as document 003 accounts it: the prefill pass and one decode step per further token."""
+    try:
+        deployment = catalog.Deployment.of(node.model_key, node.gpu_key, node.tp)
+    except catalog.CatalogError:
+        return None
+    from workers import tokens as vocabulary
+
+    prompt_tokens = len(vocabulary.encode(prompt["prompt"]))
+    seconds = deployment.prefill_s(prompt_tokens) + sum(deployment.decode_step_s(1, prompt_tokens + i) for i in range(1, max(tokens, 1)))
+    return round(seconds * 1000, 3)
+
+
+def run_canary(node: Node, *, trial: bool = False) -> CanaryResult:
+    """One canary on `node`, judged against its deployment's golden run, then recorded."""
+    cluster = Cluster.default()
+    golden = golden_for(node) or _auto_golden(node)
+    prompt = random.choice(golden.prompts if golden else canary.PROMPTS)
+    answer, failure = None, None
+    try:
+        reply = canary.ask(node.address, node.model_key, prompt, cluster.canary_timeout_s)
+        answer = reply.answer
+    except canary.CanaryFailed as exc:
+        failure = f"{exc.kind}: {exc.detail}"
+    expected = [policy.GoldenToken(t["id"], t["top_logprob"]) for t in prompt["tokens"]] if golden else None
+    verdict = policy.judge_canary(expected, answer, node.canary_baseline_ms, logprob_tolerance=cluster.canary_logprob_tolerance,
+                                  latency_factor=cluster.canary_latency_factor, failure=failure)
+    return record_canary(node, verdict, answer.latency_ms if answer else None, golden=golden, prompt=prompt, trial=trial, cluster=cluster)
+
+
+@transaction.atomic
+def record_canary(node: Node, verdict: policy.Verdict, latency_ms: float | None, *, golden: CanaryGolden | None = None,
+                  prompt: dict | None = None, trial: bool = False, cluster: Cluster | None = None) -> CanaryResult:
+    """Store a canary result and move the node's health and breaker by it, all or nothing."""
+    cluster = cluster or Cluster.default()
+    node.refresh_from_db()
+    tokens = len(prompt.get("tokens") or []) if prompt else 0
+    result = CanaryResult.objects.create(
+        node=node, golden=golden, prompt_key=(prompt or {}).get("key", ""), passed=verdict.passed, kind=verdict.kind,
+        detail=verdict.detail, latency_ms=latency_ms, baseline_ms=node.canary_baseline_ms, trial=trial,
+        gpu_ms=canary_gpu_ms(node, prompt, tokens or prompt.get("max_tokens", 1)) if prompt else None,
+    )
+    step = policy.after_canary(node.health, node.canary_failures, verdict.passed, cluster.suspicious_after, cluster.unhealthy_after)
+    baseline = policy.next_baseline(node.canary_baseline_ms, latency_ms) if verdict.passed and latency_ms and step.state == Health.HEALTHY else node.canary_baseline_ms
+    Node.objects.filter(pk=node.pk).update(canary_failures=step.failures, canary_baseline_ms=baseline)
+    node.canary_failures, node.canary_baseline_ms = step.failures, baseline
+    evidence = {"canary": result.pk, "kind": verdict.kind, "detail": verdict.detail, "failures": step.failures}
+    # The breaker counts the node's failures; a pass closes it only as the half-open trial, or resets its count.
+    now = time.time()
+    current = breaker_of(node)
+    after = current.on_success() if verdict.passed else current.on_failure(now, cluster.breaker_threshold)
+    cause = f"canary {verdict.kind}: {verdict.detail}"
+    set_breaker(node, after, f"{cause} ({after.failures} consecutive failures)" if not verdict.passed else f"{cause}: trial passed" if trial else cause)
+    if step.state == Health.UNHEALTHY and node.health != Health.UNHEALTHY:
+        why = f"{step.failures} canary failures in a row; last: {verdict.kind} ({verdict.detail})"
+        _take_out(node, cluster, why, evidence)  # or only SUSPICIOUS, when the cluster breaker stops automatic cordons
+        # Wrong answers point at the GPU (silent corruption): reset it. A slow or silent node: restart the engine.
+        wrong = verdict.kind in (CanaryKind.TOKEN_MISMATCH, CanaryKind.LOGPROB)
+        _propose_drain(node, why, remediation="reset" if wrong else "restart")
+    elif step.state != node.health:
+        set_health(node, step.state, cause, details=evidence)
+    transaction.on_commit(lambda: events.node_canary(node.pk, result.pk))
+    return result
+
+
+def record_node_failure(node: Node, cause: str) -> None:
+    """A failure of the node reported from outside the canaries (a gateway's 5xx or a stall): the breaker counts it."""
+    cluster = Cluster.default()
+    after = breaker_of(node).on_failure(time.time(), cluster.breaker_threshold)
+    set_breaker(node, after, f"{cause} ({after.failures} consecutive failures)")
+
+
+def schedule_canaries(now: float | None = None) -> list[tuple[int, bool]]:
+    """The nodes due for a canary now, each claimed so that no other scheduler takes it: (node id, trial)."""
+    now = time.time() if now is None else now
+    cluster = Cluster.default()
+    due = []
+    for node in Node.objects.filter(state=NodeState.SERVING).exclude(health=Health.DRAINING):
+        trial = False
+        if node.breaker != BreakerState.CLOSED:
+            allowed, after = breaker_of(node).allow(now, cluster.breaker_open_s)
+            if not allowed:
+                continue
+            set_breaker(node, after, f"open for {cluster.breaker_open_s:g} s: one trial canary")
+            trial = True
+        else:
+            interval = cluster.canary_retry_s if node.canary_failures else cluster.canary_interval_s
+            last = node.canary_last_at.timestamp() if node.canary_last_at else None
+            if last is not None and now - last < interval:
+                continue
+        stamp = dt.datetime.fromtimestamp(now, tz=dt.UTC)
+        if Node.objects.filter(pk=node.pk, canary_last_at=node.canary_last_at).update(canary_last_at=stamp):
+            due.append((node.pk, trial))
+    return due
+
+
+# --- Xid events from heartbeats ------------------------------------------------------------------------
+def ingest_xids(name: str, xids: list[dict]) -> list[XidEvent]:
+    """New Xid events a heartbeat carried: bursts per GPU become one event each; a CRITICAL one
+    makes the node UNHEALTHY at once and proposes a drain; WARN ones are shown, not acted on."""
+    seen = float((hot.node(name) or {}).get("xid_seen") or 0)
+    fresh = [x for x in xids if x["at"] > seen]
+    if not fresh:
+        return []
+    node = Node.objects.filter(name=name).first()
+    if node is None:
+        return []
+    seen = max(seen, node.xid_seen_until)
+    fresh = [(x["at"], x["gpu"], x["code"]) for x in fresh if x["at"] > seen]
+    if not fresh:
+        return []
+    cluster = Cluster.default()
+    window = cluster.xid_burst_window_s
+    touched = []
+    with transaction.atomic():
+        for burst in policy.group_xids(fresh, window):
+            first_at = dt.datetime.fromtimestamp(burst.first_at, tz=dt.UTC)
+            row = (XidEvent.objects.select_for_update().filter(node=node, gpu_index=burst.gpu, last_at__gte=first_at - dt.timedelta(seconds=window))
+                   .order_by("-last_at").first())
+            codes = {str(c): n for c, n in burst.codes.items()}
+            if row is not None:
+                for code, count in row.codes.items():
+                    codes[code] = codes.get(code, 0) + count
+                merged = policy.XidBurst(burst.gpu, row.first_at.timestamp(), burst.last_at, {int(c): n for c, n in codes.items()})
+            else:
+                merged = burst
+            info = policy.xid_info(merged.worst)
+            fields = dict(last_at=dt.datetime.fromtimestamp(merged.last_at, tz=dt.UTC), codes=codes, code=merged.worst,
+                          severity=merged.severity, meaning=info.meaning, action=info.action)
+            if row is None:
+                row = XidEvent.objects.create(node=node, gpu_index=burst.gpu, first_at=first_at, **fields)
+            else:
+                for key, value in fields.items():
+                    setattr(row, key, value)
+                row.save(update_fields=list(fields))
+            touched.append(row)
+        newest = max(at for at, _, _ in fresh)
+        Node.objects.filter(pk=node.pk, xid_seen_until__lt=newest).update(xid_seen_until=newest)
+        hot.client().hset(hot.keys().node(name), "xid_seen", newest)
+        for row in touched:
+            if row.severity == policy.CRITICAL and not row.acted and node.state == NodeState.SERVING:
+                XidEvent.objects.filter(pk=row.pk).update(acted=True)
+                row.acted = True
+                cause = f"CRITICAL Xid {row.code} on GPU {row.gpu_index} ({row.meaning}): {row.action}"
+                if node.health not in (Health.UNHEALTHY, Health.DRAINING):
+                    _take_out(node, cluster, cause, {"xid_event": row.pk, "codes": row.codes})
+                    _propose_drain(node, cause, remediation="reset")
+        transaction.on_commit(lambda: events.node_changed(node.pk))
+    return touched
+
+
+# --- hot spares ----------------------------------------------------------------------------------------------
+def set_spare(node: Node, spare: bool, actor: str, reason: str) -> bool:
+    return _change(node, HealthChange.SPARE, "spare", spare, reason, actor=actor)
+
+
+def spare_for(node: Node) -> Node | None:
+    """The hot spare that would stand in for `node`: healthy, serving the same model, the same rack first."""
+    spares = Node.objects.filter(spare=True, state=NodeState.SERVING, model_key=node.model_key, health=Health.HEALTHY).exclude(pk=node.pk)
+    return min(spares, key=lambda s: (s.rack_id != node.rack_id, s.name), default=None)
+
+
+def promote_spare_for(node: Node, cause: str) -> Node | None:
+    """A node of this model left service: put a hot spare of the same model in its place at once."""
+    from recovery.actions import incidents
+
+    spare = spare_for(node)
+    if spare is None or not set_spare(spare, False, "system", f"promoted in place of {node.name}: {cause}"):
+        return None
+    incident = incidents.open_incident_for(node)
+    if incident is not None:
+        incidents.add_event(incident, "spare_promoted", f"hot spare {spare.name} promoted in place of {node.name}", node=spare)
+    return spare
+
+
+# --- drains the health machine asks for --------------------------------------------------------------------
+def _open_drain(node: Node):
+    from recovery.actions import drains
+
+    return drains.open_drain(node)
+
+
+def _propose_drain(node: Node, reason: str, remediation: str = "restart") -> None:
+    from recovery.actions import drains
+
+    if _open_drain(node) is not None:
+        return
+    try:
+        drains.propose(node, source="health machine", reason=reason, remediation=remediation)
+    except drains.DrainRefused as exc:
+        log.info("no drain proposed for %s: %s", node.name, exc)
+

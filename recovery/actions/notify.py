@@ -1,0 +1,95 @@
+"""Telling on-call: in the console (live), by a webhook and by e-mail.
+
+A Notification row is written with the state change that calls for it; the
+webhook and the e-mail go out from Celery after the transaction commits, with
+retries, and each records how its delivery went on the row.
+"""
+
+import json
+import logging
+import urllib.error
+import urllib.request
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.mail import send_mail
+from django.db import transaction
+
+from recovery import events
+from recovery.models import Cluster, Notification
+
+log = logging.getLogger(__name__)
+
+
+class DeliveryFailed(Exception):
+    pass
+
+
+def send(kind: str, title: str, body: str, url: str = "") -> Notification:
+    """Write a notification; after commit it shows in every open console and goes out by webhook and e-mail."""
+    notification = Notification.objects.create(kind=kind, title=title, body=body, url=url)
+
+    def after_commit():
+        from console.celery import app
+
+        events.notification(notification.pk)
+        app.send_task("recovery.tasks.deliver_notification", args=(notification.pk, "webhook"))
+        app.send_task("recovery.tasks.deliver_notification", args=(notification.pk, "email"))
+
+    transaction.on_commit(after_commit)
+    return notification
+
+
+def _record(notification: Notification, channel: str, outcome: str) -> None:
+    with transaction.atomic():
+        row = Notification.objects.select_for_update().get(pk=notification.pk)
+        row.delivery = {**row.delivery, channel: outcome}
+        row.save(update_fields=["delivery"])
+
+
+def post_webhook(url: str, payload: dict, timeout: float = 5.0) -> int:
+    """POST `payload` as JSON; the status, or DeliveryFailed when the receiver did not take it."""
+    request = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
+                                     headers={"Content-Type": "application/json", "User-Agent": "lifeline"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        raise DeliveryFailed(f"{url} answered {exc.code}") from None
+    except (urllib.error.URLError, TimeoutError, OSError) as exc:
+        raise DeliveryFailed(f"{url}: {getattr(exc, 'reason', exc)}") from None
+
+
+def recipients(cluster: Cluster) -> list[str]:
+    from console import roles
+
+    listed = [a.strip() for a in cluster.oncall_emails.split(",") if a.strip()]
+    users = get_user_model().objects.filter(groups__name__in=(roles.ONCALL, roles.ADMIN), is_active=True).exclude(email="")
+    return sorted(set(listed) | set(users.values_list("email", flat=True)))
+
+
+def deliver(notification: Notification, channel: str) -> str:
+    """Send one notification on one channel; raises DeliveryFailed for the task to retry."""
+    cluster = Cluster.default()
+    link = settings.LIFELINE_CONSOLE_URL + notification.url if notification.url else settings.LIFELINE_CONSOLE_URL
+    if channel == "webhook":
+        if not cluster.oncall_webhook_url:
+            return "no webhook configured"
+        payload = {"kind": notification.kind, "title": notification.title, "text": f"{notification.title}\n{notification.body}\n{link}",
+                   "body": notification.body, "url": link, "at": notification.at.isoformat(), "id": notification.pk}
+        try:
+            status = post_webhook(cluster.oncall_webhook_url, payload)
+        except DeliveryFailed as exc:
+            _record(notification, channel, f"failed: {exc}")
+            raise
+        outcome = f"delivered ({status})"
+    elif channel == "email":
+        to = recipients(cluster)
+        if not to:
+            return "no on-call e-mail address"
+        send_mail(f"[Lifeline] {notification.title}", f"{notification.body}\n\n{link}\n", settings.DEFAULT_FROM_EMAIL, to)
+        outcome = f"sent to {', '.join(to)}"
+    else:
+        raise ValueError(f"unknown channel {channel!r}")
+    _record(notification, channel, outcome)
+    return outcome

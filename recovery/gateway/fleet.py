@@ -1,0 +1,141 @@
+"""The fleet as the routing and placement policies read it, kept current by events.
+
+A decision must take well under a millisecond at hundreds of nodes, so the
+gateway does not walk its routes for every request. Each node has one entry
+in a `load.NodeIndex` (its status, pending work, deployment and weight) and
+one `HolderCandidate` in a `placement.HolderRanking` (its recovery load L̂,
+checkpoint bytes and budget, alive or not), and an entry is replaced when
+something about that node changed: a status event, a checkpoint placed on
+it, such a placement aging out, the node lost or back. Both indexes re-rank
+the replaced entry at once, so a request waiting for its decision only
+searches. A route or setting change rebuilds them.
+"""
+
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from recovery.gateway.table import Route, RoutingView
+from recovery.policy import load, placement
+
+# Pages placed on a holder count in its L̂ at once, until its own status reports them (a
+# status event comes within a few steps) or this long has passed.
+RECENT_S = 2.0
+UNLIMITED = 1 << 62
+
+
+@dataclass
+class Pool:
+    """One model's routable nodes."""
+
+    nodes: load.NodeIndex
+    holders: placement.HolderRanking
+
+
+class FleetState:
+    def __init__(self, view: RoutingView, watcher, failed: dict[str, float], clock=time.time):
+        self.view = view
+        self.watcher = watcher  # recovery.gateway.watch.NodeWatcher: statuses and pending work
+        self.failed = failed  # node -> when this gateway lost it (the coordinator's)
+        self.clock = clock  # epoch seconds, as node statuses are stamped
+        self.pools: dict[str, Pool] = {}
+        self._model_of: dict[str, str] = {}
+        self._recent: deque[tuple[float, str, float]] = deque()  # (when, holder, pages) in time order
+        self._recent_pages: dict[str, float] = {}
+        self._signature = None
+
+    # --- events ---------------------------------------------------------------------------
+    def rebuild(self) -> None:
+        """After a reload of the routing table: start over if a route or a setting changed."""
+        signature = (self.view.routes, self.view.config)
+        if signature == self._signature:
+            return
+        self._signature = signature
+        by_model: dict[str, list[Route]] = {}
+        for name, route in sorted(self.view.routes.items()):
+            if route.weight > 0:  # cordoned or weight 0: neither routed to nor given checkpoints
+                by_model.setdefault(route.model, []).append(route)
+        self._model_of = {r.name: model for model, routes in by_model.items() for r in routes}
+        self.pools = {
+            model: Pool(load.NodeIndex({r.name: self._entry(r) for r in routes}), placement.HolderRanking([self._holder(r) for r in routes]))
+            for model, routes in by_model.items()
+        }
+
+    def node_changed(self, name: str) -> None:
+        """A status event from `name`, or the gateway lost it or got it back."""
+        pool, route = self._pool_of(name)
+        if pool is not None:
+            pool.nodes.set(name, self._entry(route))
+            pool.holders.set(self._holder(route))
+
+    def placed(self, holders: tuple[Route, ...], pages: float) -> None:
+        """Checkpoints of a new request go to `holders`: their L̂ counts the pages from now."""
+        now = self.clock()
+        for route in holders:
+            self._recent.append((now, route.name, pages))
+            self._recent_pages[route.name] = self._recent_pages.get(route.name, 0.0) + pages
+            self._refresh_holder(route.name)
+
+    def expire(self, now: float) -> None:
+        """Placements older than RECENT_S stop counting: the holder's own status has them by now."""
+        while self._recent and now - self._recent[0][0] >= RECENT_S:
+            _, name, pages = self._recent.popleft()
+            left = self._recent_pages.get(name, 0.0) - pages
+            if left <= 1e-9:
+                self._recent_pages.pop(name, None)
+            else:
+                self._recent_pages[name] = left
+            self._refresh_holder(name)
+
+    # --- what the policies read -------------------------------------------------------------
+    def l_hat(self, name: str) -> float:
+        """Recovery load (eq. 4): checkpoint pages held, plus recent placements here, and queue depth."""
+        route = self.view.routes.get(name)
+        status = self.watcher.status(name)
+        per_block = route.deployment.model.kv_bytes_per_block if route else 1
+        pages = load.pages(status.checkpoint_bytes_held, per_block) + self._recent_pages.get(name, 0.0)
+        config = self.view.config
+        return load.recovery_load(pages, status.running + status.waiting, config.alpha, config.beta)
+
+    def choose(self, model: str, prompt_tokens: int, exclude) -> str | None:
+        pool = self.pools.get(model)
+        if pool is None:
+            return None
+        excluded = self.failed if not exclude else set(exclude) | set(self.failed)
+        return pool.nodes.choose(prompt_tokens, self.clock(), excluded)
+
+    def place(self, model: str, serving: str, request_tokens: int, prefix_tokens: int) -> tuple[str, ...]:
+        pool = self.pools.get(model)
+        route = self.view.routes.get(serving)
+        if pool is None or route is None:
+            return ()
+        self.expire(self.clock())
+        config = self.view.config
+        return placement.place(
+            config.placement_policy, serving, pool.holders,
+            request_bytes=request_tokens * route.deployment.model.kv_bytes_per_token,
+            prefix_tokens=prefix_tokens, tau=config.tau_tokens,
+        )
+
+    # --- building entries -------------------------------------------------------------------------
+    def _pool_of(self, name: str) -> tuple[Pool | None, Route | None]:
+        model = self._model_of.get(name)
+        route = self.view.routes.get(name)
+        if model is None or route is None:
+            return None, None
+        return self.pools[model], route
+
+    def _entry(self, route: Route) -> tuple:
+        return (self.watcher.status(route.name), self.watcher.pending_for(route.name), route.deployment, route.weight)
+
+    def _holder(self, route: Route) -> placement.HolderCandidate:
+        status = self.watcher.status(route.name)
+        return placement.HolderCandidate(
+            name=route.name, rack=route.rack, l_hat=self.l_hat(route.name), bytes_held=status.checkpoint_bytes_held,
+            budget_bytes=status.checkpoint_budget_bytes or UNLIMITED, alive=route.name not in self.failed,
+        )
+
+    def _refresh_holder(self, name: str) -> None:
+        pool, route = self._pool_of(name)
+        if pool is not None:
+            pool.holders.set(self._holder(route))

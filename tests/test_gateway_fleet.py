@@ -1,0 +1,109 @@
+"""The gateway's fleet state: what routing and placement read, kept current by events, not rebuilt per request."""
+
+import pytest
+
+from recovery.gateway.coordinator import Coordinator, Flight
+from recovery.gateway.table import ClusterConfig, Route, RoutingView
+
+NOW = 1_700_000_000.0
+GB = 10**9
+
+
+def route(name, rack="rack-a", weight=1.0, model="Qwen3-32B"):
+    return Route(name, f"http://{name}", model, rack, weight, "H100-SXM", 2, "s1")
+
+
+@pytest.fixture
+def gateway():
+    view = RoutingView("redis://127.0.0.1:1/0", "unused")  # never connected: the routes are set here
+    view.config = ClusterConfig(placement_policy="lifeline", tau_tokens=512)
+    view.routes = {r.name: r for r in (route("a"), route("b"), route("c", "rack-b"), route("d", "rack-b", weight=0.0))}
+    co = Coordinator(view, None, "gw-test", {})
+    clock = [NOW]
+    co.fleet.clock = lambda: clock[0]
+    for name in view.routes:
+        status(co, name)
+    co.fleet.rebuild()
+    return co, clock
+
+
+def status(co, name, **fields):
+    """A status event from `name`, delivered as the watcher delivers it."""
+    data = {"at": NOW, "checkpoint_budget_bytes": 100 * GB, **fields}
+    co.watcher._update(name, data)
+
+
+def flight(i, prompt=100):
+    return Flight(f"r{i}", "acme", "premium", "Qwen3-32B", prompt, 100)
+
+
+def test_a_status_event_moves_the_next_pick_without_a_rebuild(gateway):
+    co, _ = gateway
+    pools = co.fleet.pools
+    status(co, "a", decode_batch=40, decode_context_tokens=80_000)
+    status(co, "b", decode_batch=40, decode_context_tokens=80_000)
+    assert co.choose("Qwen3-32B", 100).name == "c"
+    status(co, "c", decode_batch=60, decode_context_tokens=120_000)
+    assert co.choose("Qwen3-32B", 100).name in ("a", "b")
+    assert co.fleet.pools is pools  # same indexes: only the changed entries moved
+
+
+def test_a_cordoned_node_is_neither_routed_to_nor_a_holder(gateway):
+    co, _ = gateway
+    picks = set()
+    for i in range(12):
+        f = flight(i, prompt=2000)
+        r = co.choose("Qwen3-32B", 2000)
+        holders = co.place(f, r)
+        co.watcher.dispatched(r.name, f.request_id, 2000)
+        picks.add(r.name)
+        assert "d" not in {h.name for h in holders}
+    assert "d" not in picks
+
+
+def test_placements_count_at_once_and_age_out(gateway):
+    co, clock = gateway
+    before = co.l_hat("a")
+    first = co.place(flight(1), co.view.routes["c"])
+    assert [h.name for h in first] == ["a"]  # least L̂, smallest name
+    assert co.l_hat("a") > before
+    # the next request does not pile onto the same holder: a's L̂ already counts the pages
+    assert [h.name for h in co.place(flight(2), co.view.routes["c"])] == ["b"]
+    clock[0] += 2.5
+    co.fleet.expire(clock[0])
+    assert co.l_hat("a") == before
+
+
+def test_a_lost_node_takes_no_request_and_no_checkpoint_until_it_is_back(gateway):
+    co, _ = gateway
+    co.failed["a"] = NOW  # as node_lost does, without its follow-up work
+    co.fleet.node_changed("a")
+    for i in range(6):
+        r = co.choose("Qwen3-32B", 100)
+        assert r.name != "a"
+        assert "a" not in {h.name for h in co.place(flight(i), r)}
+    co._node_back("a")
+    status(co, "b", decode_batch=50, decode_context_tokens=90_000)
+    status(co, "c", decode_batch=50, decode_context_tokens=90_000)
+    assert co.choose("Qwen3-32B", 100).name == "a"
+
+
+def test_a_long_prefix_gets_a_second_holder_in_another_rack(gateway):
+    co, _ = gateway
+    holders = co.place(flight(1, prompt=2000), co.view.routes["a"])
+    assert [h.rack for h in holders] == ["rack-a", "rack-b"]
+
+
+def test_a_route_change_rebuilds_and_an_unchanged_reload_does_not(gateway):
+    co, _ = gateway
+    pools = co.fleet.pools
+    co.view.routes = dict(co.view.routes)  # a reload with the same routes
+    co.fleet.rebuild()
+    assert co.fleet.pools is pools
+    co.view.routes = {**co.view.routes, "d": route("d", "rack-b", weight=1.0)}  # uncordoned
+    co.fleet.rebuild()
+    assert co.fleet.pools is not pools
+    status(co, "a", decode_batch=60, decode_context_tokens=120_000)
+    status(co, "b", decode_batch=60, decode_context_tokens=120_000)
+    status(co, "c", decode_batch=60, decode_context_tokens=120_000)
+    assert co.choose("Qwen3-32B", 100).name == "d"

@@ -1,0 +1,464 @@
+"""Health and operations against the real database, Redis and node processes: canaries, Xid events,
+breakers, drains and their approval, degradation, spares, notifications, settings."""
+
+import http.server
+import json
+import threading
+import time
+import uuid
+
+import pytest
+from django.core import mail
+
+from recovery import actions, hot
+from recovery.actions import capacity, drains, health, streams
+from recovery.choices import DrainState, Health, NodeState
+from recovery.models import AuditEntry, CanaryGolden, Cluster, Drain, HealthTransition, Node, Notification, XidEvent
+from tests.helpers import http_json, wait_for
+from workers.protocol import Heartbeat, Load, Registration
+
+pytestmark = pytest.mark.django_db
+
+AGENT = "agent-token-for-tests"
+FAULT = "fault-token-for-tests"
+ENV = {"LIFELINE_AGENT_TOKEN": AGENT, "LIFELINE_FAULT_TOKEN": FAULT}
+
+
+@pytest.fixture
+def tokens(settings):
+    settings.LIFELINE_AGENT_TOKEN = AGENT
+    settings.LIFELINE_FAULT_TOKEN = FAULT
+    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+
+
+def register(name, address="http://127.0.0.1:9", rack="rack-a", gpu="H100-SXM", serving=True, spare=False):
+    reg = Registration.parse({
+        "name": name, "session": uuid.uuid4().hex, "address": address, "rack": rack, "model": "Qwen3-32B", "gpu": gpu,
+        "tp": 1, "pid": 1, "host": "h", "spare": spare,
+        "gpus": [{"index": 0, "uuid": f"GPU-{name}", "name": "H100", "memory_bytes": 80 * 10**9}],
+    })
+    node = actions.register_node(reg)
+    if serving:
+        actions.transition_node(node, NodeState.SERVING, "test")
+    hot.heartbeat(name, time.time(), "serving", {"running": 0, "waiting": 0})
+    return node, reg
+
+
+def configure(**fields):
+    Cluster.objects.filter(pk=Cluster.default().pk).update(**fields)
+
+
+def weight(name):
+    raw = hot.client().hget(hot.keys().routing, name)
+    return json.loads(raw)["weight"] if raw else None
+
+
+def inject(node, kind, **params):
+    status, answer = http_json(node.address + "/agent/faults", data={"kind": kind, **params}, headers={"Authorization": f"Bearer {FAULT}"})
+    assert status == 200, answer
+
+
+@pytest.fixture
+def pair(node_factory, commit, tokens):
+    """Two real nodes of one deployment, registered and serving."""
+    a = node_factory("hc-a", "--enable-faults", env=ENV)
+    b = node_factory("hc-b", "--enable-faults", env=ENV)
+    commit(register, "hc-a", address=a.address)
+    commit(register, "hc-b", address=b.address, rack="rack-b")
+    return a, b
+
+
+# --- canaries and the health machine ---------------------------------------------------------------------
+def test_the_golden_run_comes_from_two_nodes_that_agree_and_a_healthy_node_passes(pair, commit):
+    node = Node.objects.get(name="hc-a")
+    result = commit(health.run_canary, node)
+    assert result.passed and result.kind == "ok" and result.latency_ms > 0 and result.gpu_ms > 0
+    golden = CanaryGolden.objects.get(active=True)
+    assert golden.recorded_from == "hc-a, hc-b" and golden.recorded_by.startswith("system")
+    assert {p["key"] for p in golden.prompts} == {"capital", "arithmetic", "primes"}
+    assert all(t["top_logprob"] < 0 for p in golden.prompts for t in p["tokens"])
+    node.refresh_from_db()
+    assert node.health == Health.HEALTHY and node.canary_baseline_ms == pytest.approx(result.latency_ms)
+
+
+def test_silent_corruption_makes_a_node_suspicious_then_unhealthy_and_proposes_a_drain(pair, commit):
+    a, _ = pair
+    node = Node.objects.get(name="hc-a")
+    commit(health.run_canary, node)  # records the golden run while both are good
+    inject(a, "sdc", rate=0.0, logprob_drift=-1.5)  # the tokens still look right; the logits do not
+    first = commit(health.run_canary, node)
+    assert not first.passed and first.kind == "logprob_out_of_range"
+    node.refresh_from_db()
+    assert node.health == Health.SUSPICIOUS and weight("hc-a") == 0.5
+    commit(health.run_canary, node)
+    commit(health.run_canary, node)
+    node.refresh_from_db()
+    assert node.health == Health.UNHEALTHY and node.breaker == "open" and weight("hc-a") == 0.0
+    drain = Drain.objects.get(node=node)
+    assert drain.state == DrainState.PROPOSED and drain.source == "health machine" and drain.remediation == "reset"
+    assert [c["kind"] for c in drain.evidence["canaries"][:3]] == ["logprob_out_of_range"] * 3
+    assert drain.blast_radius["capacity_rps_after"] > 0 and "error_budget" in drain.blast_radius
+    assert list(HealthTransition.objects.filter(node=node, kind="health").order_by("at").values_list("new", flat=True)) == ["suspicious", "unhealthy"]
+    notification = Notification.objects.get(kind="drain_requested")
+    assert "hc-a" in notification.title and notification.url == f"/drains/{drain.pk}/"
+
+
+def test_a_wrong_token_fails_the_canary_at_once(pair, commit):
+    a, _ = pair
+    node = Node.objects.get(name="hc-a")
+    commit(health.run_canary, node)
+    inject(a, "sdc", rate=1.0, logprob_drift=0.0)
+    result = commit(health.run_canary, node)
+    assert not result.passed and result.kind == "token_mismatch"
+
+
+def test_a_dead_node_fails_its_canary_with_no_response(commit, tokens):
+    node, _ = commit(register, "hc-gone", address="http://127.0.0.1:9")
+    result = commit(health.run_canary, node)
+    assert not result.passed and result.kind == "no_response"
+
+
+def test_canaries_come_due_at_the_interval_and_sooner_after_a_failure(commit, tokens):
+    node, _ = commit(register, "hc-due")
+    configure(canary_interval_s=30, canary_retry_s=2)
+    now = time.time()
+    assert (node.pk, False) in health.schedule_canaries(now)
+    assert (node.pk, False) not in health.schedule_canaries(now + 1)  # claimed: not twice
+    assert (node.pk, False) not in health.schedule_canaries(now + 29)
+    assert (node.pk, False) in health.schedule_canaries(now + 31)
+    Node.objects.filter(pk=node.pk).update(canary_failures=1)
+    assert (node.pk, False) in health.schedule_canaries(now + 34)
+
+
+# --- circuit breakers ------------------------------------------------------------------------------------
+def test_node_failures_open_the_breaker_and_one_trial_canary_closes_it(pair, commit):
+    node = Node.objects.get(name="hc-b")
+    configure(breaker_threshold=3, breaker_open_s=60)
+    for _ in range(3):
+        commit(health.record_node_failure, node, "gateway gw-1: hc-b answered 500")
+    node.refresh_from_db()
+    assert node.breaker == "open" and weight("hc-b") == 0.0
+    now = time.time()
+    assert all(n != node.pk for n, _ in health.schedule_canaries(now + 10))  # open: no call at all
+    due = health.schedule_canaries(now + 61)
+    assert (node.pk, True) in due
+    node.refresh_from_db()
+    assert node.breaker == "half_open" and weight("hc-b") == 0.0
+    assert all(n != node.pk for n, _ in health.schedule_canaries(now + 62))  # one trial only
+    result = commit(health.run_canary, node, trial=True)
+    node.refresh_from_db()
+    assert result.passed and result.trial and node.breaker == "closed" and weight("hc-b") == 1.0
+
+
+def test_a_gateways_5xx_counts_against_the_breaker_and_a_4xx_never_does(commit, tokens):
+    node, _ = commit(register, "hc-5xx")
+    configure(breaker_threshold=2)
+    for _ in range(2):
+        commit(streams.handle_signal, "node_error", "gw-1", {"node": "hc-5xx", "status": 500, "answer": "engine crashed"})
+    node.refresh_from_db()
+    assert node.breaker == "open" and "answered 500" in node.health_transitions.filter(kind="breaker").first().cause
+
+
+def test_the_cluster_breaker_stops_automatic_cordons_until_an_admin_resets_it(commit, tokens, cast):
+    configure(auto_cordon_max_share=0.10, auto_cordon_window_s=600)
+    nodes = [commit(register, f"hc-cb-{i}")[0] for i in range(4)]
+    critical = lambda name: [{"at": time.time(), "gpu": 0, "code": 79}]  # noqa: E731
+    commit(health.ingest_xids, "hc-cb-0", critical("hc-cb-0"))
+    commit(health.ingest_xids, "hc-cb-1", critical("hc-cb-1"))
+    for n in nodes[:2]:
+        n.refresh_from_db()
+    assert nodes[0].health == Health.UNHEALTHY  # the one cordon 10% of four nodes allows
+    assert nodes[1].health == Health.SUSPICIOUS and weight("hc-cb-1") == 0.5  # stopped: it stays in routing
+    cluster = Cluster.default()
+    assert cluster.auto_cordon_breaker_open and "one more (hc-cb-1)" in cluster.auto_cordon_breaker_reason
+    assert Drain.objects.filter(node=nodes[1], state=DrainState.PROPOSED).exists()  # a person decides
+    with pytest.raises(ValueError, match="reason"):
+        health.reset_cluster_breaker(cluster, cast["admin"], "  ")
+    health.reset_cluster_breaker(cluster, cast["admin"], "driver rolled back")
+    assert not Cluster.default().auto_cordon_breaker_open
+    assert AuditEntry.objects.filter(action="cluster_breaker_reset", actor="admin").exists()
+
+
+# --- Xid events ------------------------------------------------------------------------------------------------
+def test_a_critical_xid_makes_the_node_unhealthy_at_once_and_a_burst_is_one_event(commit, tokens):
+    node, reg = commit(register, "hc-xid")
+    configure(auto_cordon_max_share=1.0)
+    now = time.time()
+    burst = [{"at": now + i * 0.001, "gpu": 1, "code": 48} for i in range(5)]
+    commit(actions.record_heartbeat, "hc-xid", Heartbeat(session=reg.session, load=Load(), xids=burst))
+    node.refresh_from_db()
+    assert node.health == Health.UNHEALTHY and weight("hc-xid") == 0.0
+    event = XidEvent.objects.get(node=node)
+    assert event.codes == {"48": 5} and event.count == 5 and event.severity == "critical" and event.acted
+    assert event.action == "drain, reset GPU"
+    assert Drain.objects.get(node=node).reason.startswith("CRITICAL Xid 48 on GPU 1")
+    # The next heartbeats carry the same recent events: nothing is counted twice.
+    commit(actions.record_heartbeat, "hc-xid", Heartbeat(session=reg.session, load=Load(), xids=burst))
+    assert XidEvent.objects.get(node=node).count == 5
+
+
+def test_warn_xids_are_shown_not_acted_on(commit, tokens):
+    node, reg = commit(register, "hc-warn")
+    commit(actions.record_heartbeat, "hc-warn", Heartbeat(session=reg.session, load=Load(), xids=[{"at": time.time(), "gpu": 0, "code": 13}]))
+    node.refresh_from_db()
+    event = XidEvent.objects.get(node=node)
+    assert event.severity == "warn" and not event.acted and node.health == Health.HEALTHY and weight("hc-warn") == 1.0
+    assert not Drain.objects.filter(node=node).exists()
+
+
+# --- drains ------------------------------------------------------------------------------------------------------
+def test_drain_requests_are_refused_for_a_node_already_draining_or_down(commit, tokens, cast):
+    node, _ = commit(register, "hc-dr")
+    drain = commit(drains.propose, node, source="operator", requested_by=cast["operator"], reason="fan noise")
+    with pytest.raises(drains.DrainRefused, match="already has drain"):
+        drains.propose(node, source="operator", requested_by=cast["operator"], reason="again")
+    actions.transition_node(node, NodeState.DOWN, "test")
+    other, _ = commit(register, "hc-dr2")
+    actions.transition_node(other, NodeState.DOWN, "test")
+    with pytest.raises(drains.DrainRefused, match="hc-dr2 is Down"):
+        drains.propose(other, source="operator", reason="x")
+    third, _ = commit(register, "hc-dr3")
+    with pytest.raises(drains.DrainRefused, match="reason"):
+        drains.propose(third, source="operator", reason=" ")
+    with pytest.raises(drains.DrainRefused, match="deadline_s"):
+        drains.propose(third, source="operator", reason="x", mode="deadline")
+    assert drain.approvals_required == 1
+
+
+def test_approval_rules_requester_twice_and_reject(commit, tokens, cast):
+    from console.actions import set_user_role
+
+    node, _ = commit(register, "hc-ap")
+    drain = commit(drains.propose, node, source="oncall", requested_by=cast["oncall"], reason="flaky NVLink")
+    with pytest.raises(drains.DrainRefused, match="requested drain .* may not approve it"):
+        drains.decide(drain, cast["oncall"], "approve", "mine")
+    second = set_user_role("oncall2", "oncall", password="correct-horse-oncall2")
+    with pytest.raises(drains.DrainRefused, match="reason"):
+        drains.decide(drain, second, "approve", "")
+    commit(drains.decide, drain, second, "approve", "evidence is clear")
+    drain.refresh_from_db()
+    assert drain.state == DrainState.APPROVED and drain.approved_at
+    with pytest.raises(drains.DrainRefused, match="no longer waiting"):
+        drains.decide(drain, cast["admin"], "approve", "late")
+    other, _ = commit(register, "hc-rj")
+    rejected = commit(drains.propose, other, source="health machine", reason="canaries")
+    commit(drains.decide, rejected, cast["oncall"], "reject", "false alarm: the canary host was overloaded")
+    rejected.refresh_from_db()
+    assert rejected.state == DrainState.REJECTED and rejected.finished_at
+    assert AuditEntry.objects.filter(action="drain_reject", actor="oncall").exists()
+
+
+def test_a_second_drain_in_the_pool_or_too_little_capacity_needs_two_approvers(commit, tokens, cast):
+    from console.actions import set_user_role
+
+    first, _ = commit(register, "hc-2p-a")
+    second, _ = commit(register, "hc-2p-b")
+    commit(drains.propose, first, source="operator", requested_by=cast["operator"], reason="one")
+    two = commit(drains.propose, second, source="operator", requested_by=cast["operator"], reason="two")
+    assert two.approvals_required == 2 and "already open in the Qwen3-32B pool" in two.approvals_why
+    commit(drains.decide, two, cast["oncall"], "approve", "ok")
+    two.refresh_from_db()
+    assert two.state == DrainState.PROPOSED  # one of two
+    with pytest.raises(drains.DrainRefused, match="already decided"):
+        drains.decide(two, cast["oncall"], "approve", "again")
+    commit(drains.decide, two, set_user_role("oncall3", "oncall", password="correct-horse-3"), "approve", "second pair of eyes")
+    two.refresh_from_db()
+    assert two.state == DrainState.APPROVED
+    # Capacity: an objective that needs every node makes any drain a two-person one.
+    configure(slo_required_rps=10_000)
+    third, _ = commit(register, "hc-2p-c", rack="rack-c")
+    Drain.objects.all().update(state=DrainState.CANCELLED)
+    low = commit(drains.propose, third, source="operator", requested_by=cast["operator"], reason="three")
+    assert low.approvals_required == 2 and "below the" in low.approvals_why
+
+
+def test_approval_by_a_role_that_may_not_is_refused_with_403_and_logged(commit, tokens, cast, client):
+    node, _ = commit(register, "hc-403")
+    drain = commit(drains.propose, node, source="health machine", reason="canaries")
+    for role in ("operator", "manager"):
+        client.force_login(cast[role])
+        response = client.post(f"/drains/{drain.pk}/approve", {"reason": "let me"})
+        assert response.status_code == 403 and b"only the oncall and admin roles decide" in response.content
+        response = client.post(f"/api/drains/{drain.pk}/approve", {"reason": "let me"}, content_type="application/json")
+        assert response.status_code == 403
+    assert AuditEntry.objects.filter(action="drain_approve_refused").count() == 4
+    drain.refresh_from_db()
+    assert drain.state == DrainState.PROPOSED
+    client.force_login(cast["oncall"])
+    response = client.post(f"/api/drains/{drain.pk}/approve", {"reason": "go"}, content_type="application/json")
+    assert response.status_code == 200 and response.json()["state"] == "approved"
+    response = client.post(f"/api/drains/{drain.pk}/approve", {"reason": "go"}, content_type="application/json")
+    assert response.status_code == 409 and "already decided" in response.json()["error"]["message"]
+    assert client.get(f"/drains/{drain.pk}/").status_code == 200 and client.get("/drains/").status_code == 200
+
+
+def test_an_approved_drain_runs_to_the_end_against_a_real_node(pair, commit, cast):
+    a, _ = pair
+    node = Node.objects.get(name="hc-a")
+    commit(health.run_canary, node)  # golden run
+    drain = commit(drains.propose, node, source="operator", requested_by=cast["operator"], reason="rehearsal", remediation="reset")
+    commit(drains.decide, drain, cast["oncall"], "approve", "go")
+
+    def step():
+        drain.refresh_from_db()
+        commit(drains.advance, drain)
+        drain.refresh_from_db()
+        return drain.state
+
+    assert step() == DrainState.CORDONED
+    node.refresh_from_db()
+    assert node.cordoned and node.health == Health.DRAINING and weight("hc-a") == 0.0
+    assert step() == DrainState.DRAINING and drain.migration_command
+    assert step() == DrainState.DRAINED  # nothing was in flight
+    assert step() == DrainState.REMEDIATING
+    assert http_json(a.address + "/agent/status")[1]["load"]["model_state"] != "serving"  # the GPU reset reloads the model
+    wait_for(lambda: step() == DrainState.VERIFYING, 40, 0.2, "the model back after the reset")
+    node.refresh_from_db()
+    assert node.breaker == "half_open"
+    commit(health.run_canary, node, trial=True)  # the trial the drain asked for (a Celery task in production)
+    assert step() == DrainState.RETURNED
+    node.refresh_from_db()
+    assert not node.cordoned and node.health == Health.HEALTHY and node.breaker == "closed" and weight("hc-a") == 1.0
+    assert list(drain.steps.values_list("new_state", flat=True)) == [
+        "proposed", "approved", "cordoned", "draining", "drained", "remediating", "verifying", "returned"]
+
+
+def test_hardware_repair_hands_the_node_off(commit, tokens, cast):
+    node, _ = commit(register, "hc-hw")
+    drain = commit(drains.propose, node, source="operator", requested_by=cast["operator"], reason="fell off the bus", remediation="hardware_repair",
+                   mode="allow_completion")
+    commit(drains.decide, drain, cast["oncall"], "approve", "go")
+    for _ in range(4):
+        commit(drains.advance, Drain.objects.get(pk=drain.pk))
+    drain.refresh_from_db()
+    node.refresh_from_db()
+    assert drain.state == DrainState.HANDED_OFF and node.cordoned and weight("hc-hw") == 0.0
+
+
+# --- hot spares -----------------------------------------------------------------------------------------------------
+def test_a_spare_takes_no_traffic_and_is_promoted_when_a_node_goes_down(commit, tokens):
+    from recovery.actions import incidents
+
+    node, _ = commit(register, "hc-sp-main")
+    spare, _ = commit(register, "hc-sp-spare", spare=True)
+    assert spare.spare and weight("hc-sp-spare") == 0.0
+    commit(incidents.note_failure, node, time.time(), "gateway gw-1", "stream broke")
+    commit(actions.transition_node, node, NodeState.DOWN, "no heartbeat")
+    spare.refresh_from_db()
+    assert not spare.spare and weight("hc-sp-spare") == 1.0
+    promoted = spare.health_transitions.get(kind="spare")
+    assert promoted.old == "True" and promoted.new == "False" and "in place of hc-sp-main" in promoted.cause
+    assert incidents.open_incident_for(node).events.filter(kind="spare_promoted").exists()
+
+
+# --- degradation --------------------------------------------------------------------------------------------------------
+def test_the_level_rises_as_capacity_falls_and_falls_after_the_hold(commit, tokens):
+    names = [f"hc-cap-{i}" for i in range(4)]
+    for name in names:
+        commit(register, name)
+    from recovery.policy.capacity import node_capacity
+    from workers.catalog import Deployment
+
+    one = node_capacity(Deployment.of("Qwen3-32B", "H100-SXM", 1), capacity.slo_of(Cluster.default())).rps
+    configure(slo_required_rps=3.8 * one, degradation_hold_s=5, degradation_margin=0.05)
+    assert commit(capacity.evaluate, 1000.0) == 0
+    Node.objects.filter(name=names[0]).update(state=NodeState.DOWN)
+    assert commit(capacity.evaluate, 1001.0) == 1  # 3 of 4 nodes: 79%
+    Node.objects.filter(name=names[1]).update(state=NodeState.DOWN)
+    assert commit(capacity.evaluate, 1002.0) == 2  # 53%: best-effort shed
+    config = json.loads(hot.client().get(hot.keys().cluster_config))
+    assert config["degradation_level"] == 2 and config["shed_tiers"] == ["best_effort"] and config["accept_new"]
+    Node.objects.filter(name__in=names[:2]).update(state=NodeState.SERVING)
+    assert commit(capacity.evaluate, 1003.0) == 2  # better, but held
+    assert commit(capacity.evaluate, 1009.0) == 0
+    changes = list(Cluster.default().degradation_changes.order_by("at").values_list("old_level", "new_level"))
+    assert changes == [(0, 1), (1, 2), (2, 0)]
+
+
+# --- notifications ------------------------------------------------------------------------------------------------------
+class _Receiver(http.server.BaseHTTPRequestHandler):
+    received: list = []
+
+    def do_POST(self):  # noqa: N802
+        _Receiver.received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_on_call_is_told_by_webhook_and_e_mail(commit, tokens, cast):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        configure(oncall_webhook_url=f"http://127.0.0.1:{server.server_port}/hook", oncall_emails="pager@example.com")
+        cast["oncall"].email = "oncall@example.com"
+        cast["oncall"].save()
+        node, _ = commit(register, "hc-note")
+        drain = commit(drains.propose, node, source="health machine", reason="canaries failing")
+        notification = Notification.objects.get(kind="drain_requested")
+        from recovery.actions import notify
+
+        assert notify.deliver(notification, "webhook").startswith("delivered (204)")
+        assert notify.deliver(notification, "email").startswith("sent to")
+        assert _Receiver.received[-1]["url"].endswith(f"/drains/{drain.pk}/") and "hc-note" in _Receiver.received[-1]["title"]
+        assert mail.outbox[-1].to == ["oncall@example.com", "pager@example.com"] and "hc-note" in mail.outbox[-1].subject
+        notification.refresh_from_db()
+        assert set(notification.delivery) == {"webhook", "email"}
+        configure(oncall_webhook_url="http://127.0.0.1:9/down")
+        with pytest.raises(notify.DeliveryFailed):
+            notify.deliver(notification, "webhook")
+    finally:
+        server.shutdown()
+
+
+# --- settings -------------------------------------------------------------------------------------------------------------
+def test_settings_are_admin_only_validated_field_by_field_and_audited(client, cast, commit):
+    client.force_login(cast["oncall"])
+    assert client.get("/settings/").status_code == 403
+    client.force_login(cast["admin"])
+    page = client.get("/settings/")
+    assert page.status_code == 200 and b"canary_interval_s" in page.content
+    from console.forms import SettingsForm
+
+    data = {name: getattr(Cluster.default(), name) for name in SettingsForm.Meta.fields}
+    response = client.post("/settings/", {**data, "canary_interval_s": 1})
+    assert response.status_code == 400 and b"canary_interval_s must be between 5 and 3600" in response.content
+    response = client.post("/settings/", {**data, "unhealthy_after": 0, "suspicious_after": 2})
+    assert response.status_code == 400 and b"unhealthy_after" in response.content
+    assert Cluster.default().canary_interval_s == 30  # nothing saved
+    response = commit(client.post, "/settings/", {**data, "canary_interval_s": 10, "slo_required_rps": 50, "reason": "tighter canaries"})
+    assert response.status_code == 302
+    cluster = Cluster.default()
+    assert cluster.canary_interval_s == 10 and cluster.slo_required_rps == 50
+    entry = AuditEntry.objects.get(action="settings")
+    assert entry.actor == "admin" and entry.details["changed"]["canary_interval_s"] == [30, 10] and entry.reason == "tighter canaries"
+
+
+def test_settings_by_api_for_automation(client, cast, commit):
+    client.force_login(cast["operator"])
+    assert client.patch("/api/settings", {"canary_interval_s": 10}, content_type="application/json").status_code == 403
+    client.force_login(cast["admin"])
+    response = client.patch("/api/settings", {"breaker_open_s": -1}, content_type="application/json")
+    assert response.status_code == 400 and response.json()["error"]["field"] == "breaker_open_s"
+    response = client.patch("/api/settings", {"canary_interval": 10}, content_type="application/json")
+    assert response.status_code == 400 and "not a setting" in response.json()["error"]["message"]
+    response = commit(client.patch, "/api/settings", {"degradation_hold_s": 5, "reason": "faster recovery"}, content_type="application/json")
+    assert response.status_code == 200 and response.json()["changed"] == ["degradation_hold_s"]
+    assert Cluster.default().degradation_hold_s == 5
+    assert AuditEntry.objects.get(action="settings").details["changed"] == {"degradation_hold_s": [30.0, 5.0]}
+
+
+def test_the_control_planes_own_metrics(client, cast, commit, tokens):
+    node, _ = commit(register, "hc-m-a")
+    commit(register, "hc-m-spare", spare=True)
+    commit(health.set_health, node, Health.SUSPICIOUS, "test")
+    assert client.get("/metrics").status_code == 401  # a scrape needs a session or an API token
+    client.force_login(cast["manager"])
+    text = client.get("/metrics").content.decode()
+    assert 'lifeline_worker_status{model="Qwen3-32B",node="hc-m-a",rack="rack-a"} 1.0' in text
+    assert 'lifeline_routing_weight{node="hc-m-a"} 0.5' in text and 'lifeline_hot_spare{node="hc-m-spare"} 1.0' in text
+    assert 'lifeline_circuit_breaker_state{node="hc-m-a"} 0.0' in text and "lifeline_degradation_level 0.0" in text
+    commit(actions.transition_node, node, NodeState.DOWN, "test")
+    assert 'lifeline_worker_status{model="Qwen3-32B",node="hc-m-a",rack="rack-a"} 4.0' in client.get("/metrics").content.decode()

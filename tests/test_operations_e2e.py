@@ -1,0 +1,273 @@
+"""Health and operations end to end: the whole system as `manage.py demo` starts it, with a real Celery
+worker and beat, real node processes, a real gateway and headless Chromium.
+
+Silent corruption injected on a node → SUSPICIOUS → UNHEALTHY → a drain proposed → refused for the
+operator and the manager, approved in the browser by the on-call engineer → its in-flight requests
+migrated live with text identical to an undisturbed run → the node out of routing → reset, canary
+passes → back in service. A CRITICAL Xid makes a node UNHEALTHY at once; a hot spare is promoted when
+a node fails; the degradation level rises as nodes are killed (best-effort shed with 429 while premium
+is served) and falls as they return.
+
+The tests share one stack and run in file order, each leaving the cluster serving.
+"""
+
+import json
+import signal
+import threading
+import time
+
+import openai
+import pytest
+
+from tests.conftest import demo_argv, demo_env, stack_database
+from tests.helpers import DemoStack, http_json, wait_for
+from tests.test_browser import browser, log_in  # noqa: F401 - the module's browser fixture
+
+pytestmark = [pytest.mark.e2e, pytest.mark.browser]
+
+PROMPT = "Summarize the on-call runbook for a GPU that returns plausible but wrong answers " * 3
+
+
+@pytest.fixture(scope="module")
+def ops_stack(tmp_path_factory):
+    from console.stack import free_port
+
+    with stack_database(tmp_path_factory) as database_url:
+        var_dir = tmp_path_factory.mktemp("ops-stack")
+        argv = demo_argv(
+            "--nodes", "3", "--spares", "1", "--no-traffic", "--port", str(free_port()), "--gateway-port", str(free_port()),
+            "--restart-delay", "15", "--worker-concurrency", "2",
+            "--time-scale", "0.3",  # a GPU reset reloads the model cold: about 8 s instead of 26
+        )
+        stack = DemoStack(var_dir, demo_env(var_dir, database_url, "ops"), argv).start()
+        try:
+            yield stack
+        finally:
+            assert stack.stop(signum=signal.SIGTERM) == 0, stack.log()
+
+
+def undisturbed(prompt: str, max_tokens: int) -> tuple[list[int], str]:
+    """What a greedy run with ignore_eos produces on any healthy node: the emulated engine's pure token function."""
+    from workers import tokens
+
+    state = tokens.fold(tokens.initial_state("Qwen3-32B"), tokens.encode(prompt))
+    ids, pieces, previous = [], [], None
+    for position in range(max_tokens):
+        token = tokens.next_token(state, position, 0.0, 0).token_id
+        ids.append(token)
+        pieces.append(tokens.piece(token, previous))
+        previous, state = token, tokens.advance(state, token)
+    return ids, "".join(pieces)
+
+
+def call(stack, method, path, body=None):
+    base = stack.info["urls"]["console"].rstrip("/")
+    return http_json(base + path, data=body, method=method, headers={"Authorization": f"Bearer {stack.info['api_token']}"})
+
+
+def health(stack, name):
+    status, body = call(stack, "GET", f"/api/nodes/{name}/health")
+    assert status == 200, body
+    return body
+
+
+def gateway_health(stack):
+    return http_json(stack.info["urls"]["gateway"].removesuffix("/v1") + "/healthz")[1]
+
+
+def all_serving_and_healthy(stack, names=("node-01", "node-02", "node-03")):
+    nodes = {n["name"]: n for n in call(stack, "GET", "/api/cluster")[1]["nodes"]}
+    return all(nodes[n]["state"] == "serving" and nodes[n]["health"] == "healthy" and nodes[n]["weight"] > 0 for n in names)
+
+
+def test_admin_sets_fast_canaries_on_the_settings_page(browser, ops_stack):  # noqa: F811
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    log_in(page, ops_stack, "admin")
+    page.goto(ops_stack.info["urls"]["console"] + "settings/")
+    page.fill("#id_canary_interval_s", "2")  # below the least allowed: refused, the field named
+    page.click("button.primary")
+    assert "canary_interval_s must be between 5 and 3600" in page.locator(".settings").inner_text()
+    for field, value in (("canary_interval_s", "5"), ("canary_retry_s", "0.5"), ("auto_cordon_max_share", "1"), ("degradation_hold_s", "2")):
+        page.fill(f"#id_{field}", value)
+    page.fill("#reason", "end-to-end test: fast canaries")
+    page.click("button.primary")
+    page.wait_for_selector(".message.success")
+    assert "canary_interval_s" in page.locator(".message.success").inner_text()
+    settings = call(ops_stack, "GET", "/api/settings")[1]
+    assert settings["canary_interval_s"] == 5 and settings["canary_retry_s"] == 0.5
+
+
+def test_silent_corruption_is_drained_with_on_calls_approval_and_no_token_lost(browser, ops_stack):  # noqa: F811
+    stack = ops_stack
+    wait_for(lambda: all_serving_and_healthy(stack) and all(health(stack, n)["canaries"] for n in ("node-01", "node-02", "node-03")),
+             30, 0.5, "every node serving, healthy and canaried")
+    client = openai.OpenAI(base_url=stack.info["urls"]["gateway"], api_key=stack.info["gateway_keys"]["premium"], max_retries=0)
+
+    def stream(results, i):
+        with client.completions.with_streaming_response.create(model="Qwen3-32B", prompt=PROMPT + str(i), max_tokens=3500, temperature=0,
+                                                               stream=True, extra_body={"ignore_eos": True}) as response:
+            text, ids, comments = [], [], []
+            results[i] = {"node": response.headers["x-lifeline-node"], "text": text, "ids": ids, "comments": comments}
+            for line in response.iter_lines():
+                if line.startswith(":"):
+                    comments.append(line)  # OpenAI clients skip SSE comments; the move is announced in one
+                elif line.startswith("data: {"):
+                    chunk = json.loads(line[6:])
+                    for choice in chunk.get("choices", []):
+                        text.append(choice["text"])
+                        ids.extend(choice.get("token_ids") or [])
+
+    results: dict = {}
+    threads = [threading.Thread(target=stream, args=(results, i)) for i in range(6)]
+    for t in threads:
+        t.start()
+    wait_for(lambda: len(results) == 6, 20, 0.05, "six streams started")
+    sick = results[0]["node"]
+    on_sick = [i for i, r in results.items() if r["node"] == sick]
+    # Corruption that still picks the right tokens: only the logits drift (what the top-logprob check is for).
+    status, answer = call(stack, "POST", f"/api/nodes/{sick}/faults", {"kind": "sdc", "rate": 0.0, "logprob_drift": -1.5, "reason": "e2e"})
+    assert status == 200, answer
+    injected = time.monotonic()
+    wait_for(lambda: health(stack, sick)["health"] == "suspicious", 15, 0.1, f"{sick} SUSPICIOUS")
+    wait_for(lambda: health(stack, sick)["health"] == "unhealthy", 15, 0.1, f"{sick} UNHEALTHY")
+    detected_s = time.monotonic() - injected
+    wait_for(lambda: gateway_health(stack)["weights"].get(sick) == 0.0, 5, 0.05, "weight 0 at the gateway")
+    drain = wait_for(lambda: next((d for d in call(stack, "GET", "/api/drains")[1]["drains"] if d["node"] == sick and d["waiting"]), None),
+                     10, 0.2, "a drain proposed")
+    assert drain["source"] == "health machine" and "logprob_out_of_range" in drain["reason"]
+    url = stack.info["urls"]["console"] + f"drains/{drain['id']}/"
+
+    # The operator and the manager see why, but may not decide: refused, and logged.
+    for role in ("operator", "manager"):
+        page = browser.new_page()
+        log_in(page, stack, role)
+        page.goto(url)
+        assert "Only the oncall and admin roles approve or reject drains." in page.locator(".decide").inner_text()
+        assert page.locator("#approve-form").count() == 0
+        csrf = next(c["value"] for c in page.context.cookies() if c["name"] == "csrftoken")
+        refused = page.request.post(url + "approve", form={"reason": "let me"}, headers={"X-CSRFToken": csrf, "Referer": url})
+        assert refused.status == 403 and "only the oncall and admin roles decide" in refused.text()
+        page.close()
+
+    # On-call approves in the browser and watches it run, live.
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+    errors = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    log_in(page, stack, "oncall")
+    page.goto(url)
+    page.wait_for_selector("#live-status[data-state=live]")
+    assert "logprob_out_of_range" in page.locator(".evidence").inner_text()
+    page.fill("#approve-form input[name=reason]", "canaries show logit drift: silent corruption")
+    page.click("#approve-form button")
+    page.wait_for_selector("#live-status[data-state=live]")
+    page.evaluate("window.__noReload = 'drain'")
+    page.wait_for_selector("#drain-steps tr[data-step=cordoned]", timeout=15_000)
+    page.wait_for_selector("#drain-steps tr[data-step=drained]", timeout=30_000)
+    assert gateway_health(stack)["weights"].get(sick) == 0.0  # out of routing while it is remediated
+    page.wait_for_selector("#drain-steps tr[data-step=returned]", timeout=60_000)
+    assert page.evaluate("window.__noReload") == "drain", "the page reloaded"
+    page.screenshot(path=str(stack.var_dir / "drain-returned.png"), full_page=True)
+    assert errors == []
+
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads)
+    moved = [i for i in on_sick if results[i]["comments"]]
+    assert moved == on_sick and all(f"from {sick}" in results[i]["comments"][0] for i in moved)
+    # Each stream equals an undisturbed run of the same request: token for token, and so in text.
+    for i, r in results.items():
+        ids, text = undisturbed(PROMPT + str(i), 3500)
+        assert r["ids"] == ids, f"stream {i}: tokens lost or repeated"
+        assert "".join(r["text"]) == text, f"stream {i} differs"
+    node = health(stack, sick)
+    assert node["health"] == "healthy" and node["weight"] == 1.0 and node["breaker"] == "closed"
+    assert any(c["trial"] and c["passed"] for c in node["canaries"][:5])  # the half-open trial that returned it
+    wait_for(lambda: gateway_health(stack)["weights"].get(sick) == 1.0, 5, 0.05, "back in routing")
+    assert detected_s < 15
+
+
+def test_a_critical_xid_makes_a_node_unhealthy_at_once(ops_stack):
+    stack = ops_stack
+    wait_for(lambda: all_serving_and_healthy(stack), 30, 0.5, "a quiet cluster")
+    target = "node-02"
+    started = time.monotonic()
+    status, answer = call(stack, "POST", f"/api/nodes/{target}/faults", {"kind": "xid", "code": 48, "count": 4, "reason": "e2e"})
+    assert status == 200, answer
+    wait_for(lambda: health(stack, target)["health"] == "unhealthy", 5, 0.05, f"{target} UNHEALTHY")
+    took = time.monotonic() - started
+    body = health(stack, target)
+    assert body["xids"][0]["code"] == 48 and body["xids"][0]["count"] == 4 and body["xids"][0]["severity"] == "critical"
+    assert took < 5  # one heartbeat, not a canary interval
+    # An ECC error does not corrupt the canary's answer: the on-call engineer rejects the drain and the node
+    # returns on its own when its canary passes.
+    drain = next(d for d in call(stack, "GET", "/api/drains")[1]["drains"] if d["node"] == target and d["waiting"])
+    assert call(stack, "POST", f"/api/drains/{drain['id']}/reject", {"reason": "ECC burst during a rehearsal"})[0] == 200
+    wait_for(lambda: health(stack, target)["health"] == "healthy", 20, 0.2, f"{target} healthy again")
+
+
+def test_a_hot_spare_is_promoted_when_a_node_fails(browser, ops_stack):  # noqa: F811
+    import os
+
+    stack = ops_stack
+    # The demo's spare stood in when the corrupted node left service; on-call makes it a spare again.
+    assert any(t["kind"] == "spare" and t["new"] == "False" for t in health(stack, "node-04")["transitions"])
+    page = browser.new_page()
+    log_in(page, stack, "oncall")
+    page.goto(stack.info["urls"]["console"] + "nodes/node-04/")
+    page.fill("input[aria-label='Reason for the spare change']", "back to the spare pool")
+    page.click("text=Keep as hot spare")
+    page.wait_for_selector(".message.success")
+    page.close()
+    wait_for(lambda: stack.node("node-04")["spare"] and stack.node("node-04")["weight"] == 0.0, 5, 0.1, "node-04 a spare")
+    wait_for(lambda: gateway_health(stack)["weights"].get("node-04") == 0.0, 5, 0.05, "no traffic for the spare")
+    pid = stack.node("node-01")["pid"]
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: stack.node("node-04")["weight"] == 1.0, 15, 0.1, "the spare promoted")
+    transitions = health(stack, "node-04")["transitions"]
+    assert transitions[0]["kind"] == "spare" and "in place of node-01" in transitions[0]["cause"]
+    wait_for(lambda: stack.node("node-01")["state"] == "serving", 60, 0.5, "node-01 restarted")
+
+
+def test_the_degradation_level_rises_as_nodes_die_and_falls_as_they_return(browser, ops_stack):  # noqa: F811
+    import os
+
+    stack = ops_stack
+    wait_for(lambda: all_serving_and_healthy(stack, ("node-01", "node-02", "node-03", "node-04")), 60, 0.5, "four nodes in service")
+    capacity = wait_for(lambda: (c := call(stack, "GET", "/api/degradation")[1]["report"])["in_service"] == 4 and c, 10, 0.5, "capacity of four")
+    per_node = capacity["nodes"]
+    # An objective the four meet with room; without the two largest it falls to about 57%: level 2.
+    largest = sorted(per_node, key=lambda n: per_node[n]["rps"])[-2:]
+    required = round(0.80 * capacity["capacity_rps"], 2)
+    assert call(stack, "PATCH", "/api/settings", {"slo_required_rps": required, "reason": "e2e"})[0] == 200
+    wait_for(lambda: call(stack, "GET", "/api/degradation")[1]["level"] == 0, 10, 0.2, "level 0")
+    keys = stack.info["gateway_keys"]
+    gateway = stack.info["urls"]["gateway"]
+
+    def status_for(tier):
+        try:
+            status, _ = http_json(gateway + "/completions", data={"model": "Qwen3-32B", "prompt": "hi", "max_tokens": 2},
+                                  headers={"Authorization": f"Bearer {keys[tier]}"})
+        except OSError as exc:
+            return str(exc)
+        return status
+
+    assert status_for("best_effort") == 200
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    log_in(page, stack, "manager")
+    assert page.locator("#banner [data-level]").get_attribute("data-level") == "0"
+    os.kill(stack.node(largest[0])["pid"], signal.SIGKILL)
+    wait_for(lambda: call(stack, "GET", "/api/degradation")[1]["level"] >= 1, 15, 0.2, "level 1 or more")
+    os.kill(stack.node(largest[1])["pid"], signal.SIGKILL)
+    wait_for(lambda: call(stack, "GET", "/api/degradation")[1]["level"] == 2, 15, 0.2, "level 2")
+    page.wait_for_selector("#banner [data-level='2']", timeout=10_000)  # live, on every page
+    assert "best-effort traffic shed" in page.locator("#banner").inner_text()
+    wait_for(lambda: gateway_health(stack)["degradation_level"] == 2, 5, 0.05, "the gateway at level 2")
+    assert status_for("best_effort") == 429
+    assert status_for("premium") == 200 and status_for("standard") == 200
+    # The supervisor restarts them: capacity returns, the level falls after its hold.
+    wait_for(lambda: call(stack, "GET", "/api/degradation")[1]["level"] == 0, 90, 0.5, "level 0 again")
+    history = [(h["old"], h["new"]) for h in call(stack, "GET", "/api/degradation")[1]["history"]][::-1]
+    assert history[:2] == [(0, 1), (1, 2)] and history[-1][1] == 0
+    wait_for(lambda: gateway_health(stack)["degradation_level"] == 0, 5, 0.05, "the gateway at level 0")
+    assert status_for("best_effort") == 200
+    page.close()
