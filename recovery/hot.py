@@ -41,7 +41,8 @@ def client() -> redis.Redis:
 def keys() -> Keys:
     return Keys(settings.LIFELINE_NAMESPACE)
 
-LOAD_FIELDS = ("running", "waiting", "kv_blocks_used", "kv_blocks_total", "step_ms", "tokens_per_s")
+LOAD_FIELDS = ("running", "waiting", "kv_blocks_used", "kv_blocks_total", "step_ms", "tokens_per_s",
+               "decode_step_ms", "decode_step_batch", "decode_step_context_tokens")
 
 
 # --- nodes -------------------------------------------------------------------

@@ -375,6 +375,43 @@ def test_the_level_rises_as_capacity_falls_and_falls_after_the_hold(commit, toke
     assert changes == [(0, 1), (1, 2), (2, 0)]
 
 
+def _beat_from(node, name):
+    """Pass the node's own status to the control plane as its heartbeat would."""
+    load = http_json(node.address + "/agent/status")[1]["load"]
+    hot.heartbeat(name, time.time(), "serving", {key: load[key] or 0 for key in (
+        "running", "waiting", "kv_blocks_used", "kv_blocks_total", "step_ms",
+        "decode_step_ms", "decode_step_batch", "decode_step_context_tokens")})
+    return load
+
+
+def test_capacity_sees_a_slow_gpu_and_not_a_prefill_chunk(pair, commit):
+    """A step that carries a prefill chunk is long by design; only a GPU slower than the model costs capacity."""
+    from recovery.policy.capacity import slowdown
+    from workers.catalog import Deployment
+
+    a, b = pair
+    inject(a, "slow", factor=2.5)
+    stream = threading.Thread(target=http_json, args=(b.address + "/v1/completions",), daemon=True, kwargs={"data": {
+        "model": "Qwen3-32B", "prompt": "decode", "max_tokens": 400, "ignore_eos": True}})
+    stream.start()
+    for node in (a, b):
+        http_json(node.address + "/v1/completions", data={"model": "Qwen3-32B", "prompt": "warm", "max_tokens": 12})
+    # b now takes a long prompt beside its stream: its last step holds a prefill chunk.
+    threading.Thread(target=http_json, args=(b.address + "/v1/completions",), daemon=True, kwargs={"data": {
+        "model": "Qwen3-32B", "prompt": "long " * 12_000, "max_tokens": 2}}).start()
+    deployment = Deployment.of("Qwen3-32B", "H100-SXM", 1)
+
+    def naive(load):  # the whole last step against a decode step of the node's batch
+        return slowdown(deployment, load["step_ms"], load["running"], load["kv_blocks_used"] * 16)
+
+    wait_for(lambda: naive(_beat_from(b, "hc-b")) > 1.5, 10, 0.01, "b stepping a prefill chunk beside a decode")
+    _beat_from(a, "hc-a")
+    figures = commit(capacity.report).nodes
+    assert figures["hc-b"]["slowdown"] == 1.0, figures
+    assert 2.2 < figures["hc-a"]["slowdown"] < 2.8, figures
+    assert figures["hc-a"]["rps"] < 0.6 * figures["hc-b"]["rps"], figures
+
+
 # --- notifications ------------------------------------------------------------------------------------------------------
 class _Receiver(http.server.BaseHTTPRequestHandler):
     received: list = []

@@ -197,6 +197,10 @@ class Engine:
         self.batch_factor = 1.0
         self.assist: Assist | None = None
         self.step_s = 0.0  # emulated duration of the last step, before time scale and faults
+        # The last decode-only step as the GPU ran it (faults included, time scale not):
+        # (seconds, batch, context tokens). The control plane measures slowdown on it, as a
+        # step with a prefill chunk in it is long by design, not because the GPU is slow.
+        self.decode_step: tuple[float, int, int] = (0.0, 0, 0)
         self.steps = 0
         self.busy_s = 0.0  # wall seconds spent in steps, for utilization
         self.status_seq = 0
@@ -486,6 +490,9 @@ class Engine:
             "checkpoint_budget_bytes": store.get("budget_bytes", 0),
             "checkpoint_requests": store.get("requests", 0),
             "step_ms": round(self.step_s * 1000, 3),
+            "decode_step_ms": round(self.decode_step[0] * 1000, 3),
+            "decode_step_batch": self.decode_step[1],
+            "decode_step_context_tokens": self.decode_step[2],
             "batch_limit": self.batch_limit,
             "batch_factor": self.batch_factor,
             "assist": None if self.assist is None else {
@@ -550,7 +557,11 @@ class Engine:
                 self.counters["step_actual_s"] += began - previous[0]
                 self.counters["step_modeled_s"] += previous[1]
             self.step_s = self._step_time(plan, drafts)
-            scaled = self.step_s * self.faults.step_factor() * self.config.time_scale
+            factor = self.faults.step_factor()
+            prefill_tokens, _, decode_batch, decode_context = plan.shape
+            if not prefill_tokens and decode_batch and drafts is None:
+                self.decode_step = (self.step_s * factor, decode_batch, decode_context)
+            scaled = self.step_s * factor * self.config.time_scale
             previous = (began, scaled)
             # Deadline-based sleep: the loop's own overhead (and the timer's coarseness) does
             # not stretch the steps; a short oversleep is made up on the next one.

@@ -192,7 +192,9 @@ async def serve(args: argparse.Namespace) -> None:
         gpus = await gpu_telemetry.gpus()  # first: the figures below are the loop's own, read at once
         s = engine.status()
         load = protocol.Load(running=s["running"] or 0, waiting=s["waiting"] or 0, kv_blocks_used=s["kv_blocks_used"] or 0,
-                             kv_blocks_total=s["kv_blocks_total"] or 0, step_ms=s["step_ms"] or 0.0)
+                             kv_blocks_total=s["kv_blocks_total"] or 0, step_ms=s["step_ms"] or 0.0,
+                             decode_step_ms=s["decode_step_ms"] or 0.0, decode_step_batch=s["decode_step_batch"] or 0,
+                             decode_step_context_tokens=s["decode_step_context_tokens"] or 0)
         store = getattr(engine, "store", None)
         return protocol.Heartbeat(session=identity.session, model_state=engine.model_state, load=load,
                                   checkpoints=store.by_source() if store is not None else {},

@@ -163,6 +163,10 @@ class Load:
     kv_blocks_total: int = 0
     step_ms: float = 0.0
     tokens_per_s: float = 0.0
+    # The last decode-only step as the GPU ran it, with its shape: what slowdown is measured on.
+    decode_step_ms: float = 0.0
+    decode_step_batch: int = 0
+    decode_step_context_tokens: int = 0
 
     @classmethod
     def parse(cls, data) -> "Load":
@@ -171,13 +175,13 @@ class Load:
         if not isinstance(data, dict):
             raise ProtocolError("load", "must be an object")
         values = {}
-        for key, kind in (("running", int), ("waiting", int), ("kv_blocks_used", int), ("kv_blocks_total", int)):
+        for key in ("running", "waiting", "kv_blocks_used", "kv_blocks_total", "decode_step_batch", "decode_step_context_tokens"):
             if key in data:
                 value = _require(data, key, int, "load.")
                 if value < 0:
                     raise ProtocolError(f"load.{key}", "must be 0 or more")
                 values[key] = value
-        for key in ("step_ms", "tokens_per_s"):
+        for key in ("step_ms", "tokens_per_s", "decode_step_ms"):
             if key in data:
                 values[key] = float(_require(data, key, (int, float), "load."))
         return cls(**values)

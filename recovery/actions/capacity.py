@@ -63,9 +63,9 @@ def report(cluster: Cluster | None = None, exclude: tuple[str, ...] = (), promot
         if not _in_service(node, data, promoted):
             continue
         deployment = catalog.Deployment.of(node.model_key, node.gpu_key, node.tp)
-        running = int(float(data.get("running") or 0))
-        context = int(float(data.get("kv_blocks_used") or 0)) * catalog.BLOCK_TOKENS
-        slow = policy.slowdown(deployment, float(data.get("step_ms") or 0), running, context)
+        # Measured on the last decode-only step: a step carrying a prefill chunk is long by design.
+        slow = policy.slowdown(deployment, float(data.get("decode_step_ms") or 0), int(float(data.get("decode_step_batch") or 0)),
+                               int(float(data.get("decode_step_context_tokens") or 0)))
         max_num_seqs = int(float(data.get("max_num_seqs") or 0)) or 128
         figure = policy.node_capacity(deployment, slo, max_num_seqs, slow)
         figures[node.name] = {"rps": round(figure.rps, 3), "batch": figure.batch, "limited_by": figure.limited_by, "slowdown": round(slow, 3)}
