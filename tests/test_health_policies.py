@@ -204,7 +204,7 @@ def test_tight_objectives_limit_the_batch_and_impossible_ones_give_nothing():
     tight = capacity.node_capacity(H100, capacity.Slo(tpot_ms=17, avg_prompt_tokens=512, avg_output_tokens=256))
     loose = capacity.node_capacity(H100, SLO)
     assert tight.limited_by == "tpot" and tight.batch < loose.batch and tight.rps < loose.rps
-    assert H100.decode_step_s(tight.batch, tight.batch * 640) <= 0.017 < H100.decode_step_s(tight.batch + 1, (tight.batch + 1) * 640)
+    assert H100.step_s(0, 0, tight.batch, tight.batch * 640) <= 0.017 < H100.step_s(0, 0, tight.batch + 1, (tight.batch + 1) * 640)
     assert capacity.node_capacity(H100, capacity.Slo(tpot_ms=1)).rps == 0
     assert capacity.node_capacity(H100, capacity.Slo(ttft_ms=1, avg_prompt_tokens=8000)).limited_by == "ttft"
     long_context = capacity.node_capacity(H100, capacity.Slo(ttft_ms=600_000, tpot_ms=1000, avg_prompt_tokens=100_000, avg_output_tokens=1000))
@@ -212,10 +212,13 @@ def test_tight_objectives_limit_the_batch_and_impossible_ones_give_nothing():
 
 
 def test_the_slowdown_is_measured_against_the_model():
-    model_ms = H100.decode_step_s(8, 8000) * 1000
+    model_ms = H100.step_s(0, 0, 8, 8000) * 1000  # the whole step, tensor-parallel all-reduces included
+    assert capacity.slowdown(H100, model_ms, 8, 8000) == 1.0
     assert capacity.slowdown(H100, 2 * model_ms, 8, 8000) == pytest.approx(2.0)
     assert capacity.slowdown(H100, 0, 8, 8000) == 1.0 and capacity.slowdown(H100, 30, 0, 0) == 1.0
-    assert capacity.slowdown(H100, 1.1 * model_ms, 8, 8000) == 1.0  # scheduling noise, not the GPU
+    assert capacity.slowdown(H100, 1.1 * model_ms, 8, 8000) == 1.0  # jitter, not the GPU
+    over_pcie = H100.step_s(0, 0, 8, 8000, "pcie") * 1000  # NVLink down: the all-reduces cross PCIe
+    assert over_pcie / model_ms > 1.15 and capacity.slowdown(H100, over_pcie, 8, 8000) == pytest.approx(over_pcie / model_ms)
 
 
 @pytest.mark.parametrize("ratio, level", [(1.5, 0), (1.0, 0), (0.99, 1), (0.75, 1), (0.6, 2), (0.5, 2), (0.3, 3), (0.25, 3), (0.2, 4), (0.0, 4)])

@@ -197,6 +197,40 @@ async def test_holder_pushes_a_status_for_each_page_and_frees_pages_when_the_req
     assert checkpoints["refused_order"] == 0 and checkpoints["refused_digest"] == 0 and checkpoints["dropped"] == 1
 
 
+async def test_a_sender_stops_streaming_a_request_its_holder_refused(node_factory):
+    """A full holder refuses the request with the shortest prefix; its later pages could not be
+    stored either, so the serving node stops sending them instead of having each refused."""
+    from workers import catalog
+    from workers.checkpoint import CheckpointStreamer, Peer
+
+    # 1 GB of host memory, 2.2% of it for checkpoints: 22 MB, room for five 4 MiB pages of Qwen3-32B.
+    holder = node_factory("rf-b", *SCALE, "--host-memory-gb", "1", "--checkpoint-budget", "0.022", env=ENV)
+    streamer = CheckpointStreamer("rf-a", catalog.model("Qwen3-32B"), HEAD, flush_s=0.01)
+    target = Peer(holder.name, holder.address)
+    try:
+        for block in range(5):
+            streamer.page(target, "r-long", block, list(range(16 * block, 16 * block + 16)))
+        await wait_until(lambda: streamer.pending() == 0)
+        for block in range(12):  # one page at a time, as decode produces them
+            streamer.page(target, "r-short", block, list(range(16 * block, 16 * block + 16)))
+            await asyncio.sleep(0.03)
+        await wait_until(lambda: streamer.pending() == 0)
+    finally:
+        await streamer.close()
+    stats = http_json(f"{holder.address}/agent/status")[1]["checkpoints"]
+    assert stats["refused_budget"] == 1 and stats["refused_order"] == 0, stats  # refused once, then no more sent
+    assert streamer.counters["pages_refused"] == 1 and streamer.counters["pages_sent"] == 6, streamer.counters
+    assert checkpoint_of(holder, "r-long")["blocks"] == 5 and checkpoint_of(holder, "r-short") is None
+
+
+async def wait_until(predicate, timeout_s=10.0):
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(0.1)  # the last batch's answer
+
+
 def test_pages_with_a_bad_digest_or_out_of_order_are_refused(fleet):
     from workers import catalog
     from workers.checkpoint import make_page

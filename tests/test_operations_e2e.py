@@ -164,7 +164,11 @@ def test_silent_corruption_is_drained_with_on_calls_approval_and_no_token_lost(b
     page.click("#approve-form button")
     page.wait_for_selector("#live-status[data-state=live]")
     page.evaluate("window.__noReload = 'drain'")
-    page.wait_for_selector("#drain-steps tr[data-step=cordoned]", timeout=15_000)
+    try:
+        page.wait_for_selector("#drain-steps tr[data-step=cordoned]", timeout=15_000)
+    except Exception:  # say where the drain stood, not only that a row did not show
+        detail = call(stack, "GET", f"/api/drains/{drain['id']}")[1]
+        raise AssertionError(f"drain not cordoned 15 s after approval: {json.dumps(detail)[:3000]}") from None
     page.wait_for_selector("#drain-steps tr[data-step=drained]", timeout=30_000)
     drained_s = time.monotonic() - injected
     assert gateway_health(stack)["weights"].get(sick) == 0.0  # out of routing while it is remediated

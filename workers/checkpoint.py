@@ -69,6 +69,9 @@ class CheckpointStreamer:
         self._seq: dict[tuple[str, str], int] = defaultdict(int)
         self._session: aiohttp.ClientSession | None = None
         self.dead: set[str] = set()
+        # (holder, request) whose stream a holder refused (out of budget, out of order): its later
+        # pages could not be stored either, so they are not sent; a restore there re-prefills.
+        self.refused: set[tuple[str, str]] = set()
         self.counters = {"pages_sent": 0, "bytes_accounted": 0, "bytes_moved": 0, "batches": 0, "send_failures": 0, "pages_refused": 0}
 
     # --- what the engine calls (never blocks) ---------------------------------------
@@ -79,7 +82,7 @@ class CheckpointStreamer:
 
     def page(self, holder: Peer, request_id: str, block: int, token_ids: list[int]) -> None:
         key = self._key(holder)
-        if key in self.dead:
+        if key in self.dead or (key, request_id) in self.refused:
             return
         self._seq[(key, request_id)] += 1
         self._queue(holder).append(("page", request_id, self._seq[(key, request_id)], block, list(token_ids)))
@@ -87,6 +90,7 @@ class CheckpointStreamer:
     def drop(self, holder: Peer, request_id: str) -> None:
         key = self._key(holder)
         self._seq.pop((key, request_id), None)
+        self.refused.discard((key, request_id))
         if key not in self.dead:
             self._queue(holder).append(("drop", request_id))
 
@@ -118,8 +122,9 @@ class CheckpointStreamer:
                 items = [queue.popleft() for _ in range(min(len(queue), 512))]
                 body = self._batch(items)
                 try:
-                    await self._post(peer, body)
+                    answer = await self._post(peer, body)
                     failing_since = None
+                    self._stop_refused(name, answer.get("refused") or [], queue)
                 except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                     self.counters["send_failures"] += 1
                     failing_since = failing_since or time.monotonic()
@@ -130,6 +135,15 @@ class CheckpointStreamer:
                         return
                     queue.extendleft(reversed(items))  # keep the order for the retry
                     await asyncio.sleep(0.2)
+
+    def _stop_refused(self, key: str, refused: list[dict], queue: deque) -> None:
+        stopped = {r.get("request_id") for r in refused if r.get("reason") != "malformed"} - {None}
+        if not stopped:
+            return
+        self.refused.update((key, request_id) for request_id in stopped)
+        kept = [item for item in queue if not (item[0] == "page" and item[1] in stopped)]
+        queue.clear()
+        queue.extend(kept)
 
     def _batch(self, items: list[tuple]) -> dict:
         pages, commits, drops = [], {}, []

@@ -61,8 +61,8 @@ def node_capacity(deployment: Deployment, slo: Slo, max_num_seqs: int = 128, slo
     context = slo.avg_prompt_tokens + slo.avg_output_tokens // 2  # a sequence's mean context while it decodes
     tpot_s = slo.tpot_ms / 1000
 
-    def step(batch: int) -> float:
-        return deployment.decode_step_s(batch, batch * context) * slowdown
+    def step(batch: int) -> float:  # with the tensor-parallel all-reduces, as the node steps
+        return deployment.step_s(0, 0, batch, batch * context) * slowdown
 
     if step(1) > tpot_s:
         return NodeCapacity(0.0, 0, "tpot")
@@ -75,25 +75,26 @@ def node_capacity(deployment: Deployment, slo: Slo, max_num_seqs: int = 128, slo
             else:
                 high = mid - 1
         limit, limited_by = low, "tpot"
-    prefill = deployment.prefill_s(slo.avg_prompt_tokens) * slowdown
+    prefill = deployment.step_s(slo.avg_prompt_tokens, 0, 0, 0) * slowdown
     if prefill * 1000 > slo.ttft_ms:
         return NodeCapacity(0.0, limit, "ttft")
     return NodeCapacity(1 / (prefill + slo.avg_output_tokens * step(limit) / limit), limit, limited_by)
 
 
-SLOWDOWN_DEADBAND = 1.15  # within this of the model, a step's excess is the host's scheduling, not the GPU
+SLOWDOWN_DEADBAND = 1.15  # within this of the model, a step's excess is measurement jitter, not the GPU
 
 
 def slowdown(deployment: Deployment, step_ms: float, batch: int, context_tokens: int) -> float:
-    """How much slower the node steps than the model says for its batch (1 when idle or unknown).
+    """How much slower the node ran its last decode-only step than the model says (1 when idle or unknown).
 
-    A node within 15% of the model counts as running at full speed: at a small batch a
-    millisecond of scheduling is a tenth of the step, and capacity must not jitter with it.
-    A throttled or failing GPU (1.5× and more) shows plainly.
+    `step_ms` is a step without a prefill chunk: a mixed step is long by design. A node
+    within 15% of the model counts as running at full speed, so that capacity does not
+    jitter with a real engine's step times; a throttled GPU, a slow one or a tensor-parallel
+    group fallen back to PCIe (1.5× and more) shows plainly.
     """
     if step_ms <= 0 or batch <= 0:
         return 1.0
-    model = deployment.decode_step_s(batch, context_tokens) * 1000
+    model = deployment.step_s(0, 0, batch, context_tokens) * 1000
     ratio = step_ms / model if model > 0 else 1.0
     return ratio if ratio >= SLOWDOWN_DEADBAND else 1.0
 
