@@ -71,7 +71,7 @@ def stack_database(tmp_path_factory):
             connection.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def e2e_database_url(tmp_path_factory):
     with stack_database(tmp_path_factory) as url:
         yield url
@@ -91,16 +91,20 @@ def demo_env(var_dir, database_url: str, suffix: str) -> dict:
     }
 
 
-@pytest.fixture(scope="session")
-def demo_stack(tmp_path_factory, e2e_database_url):
-    """The whole system as `manage.py demo` starts it: web, Celery worker and beat, gateway, 3 nodes."""
+@pytest.fixture(scope="module")
+def demo_stack(request, tmp_path_factory, e2e_database_url):
+    """The whole system as `manage.py demo` starts it: web, Celery worker and beat, gateway, 3 nodes.
+
+    One per module, stopped at its end: a stack left running would share this machine's two
+    cores with every later test, and with the other stacks those start."""
     var_dir = tmp_path_factory.mktemp("stack")
     argv = demo_argv(
         "--nodes", "3", "--spares", "0", "--no-traffic", "--port", str(free_port()), "--gateway-port", str(free_port()),
         "--restart-delay", "6", "--worker-concurrency", "1",
         "--time-scale", "0.1",  # a restarted node reloads its model cold: 2.6 s instead of 26
     )
-    stack = DemoStack(var_dir, demo_env(var_dir, e2e_database_url, "e2e"), argv).start()
+    suffix = "e2e-" + request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_")  # its own Redis keys
+    stack = DemoStack(var_dir, demo_env(var_dir, e2e_database_url, suffix), argv).start()
     yield stack
     # SIGTERM, as a service manager sends it, stops every child as Ctrl-C does.
     pids = list(stack.refresh()["pids"].values())

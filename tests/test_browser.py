@@ -108,3 +108,58 @@ def test_incident_timeline_grows_live_while_a_node_is_killed(browser, demo_stack
     page.wait_for_selector("#incident-status[data-status=stable]", timeout=20_000)
     assert "Recovered" in page.locator("#events").inner_text()
     assert errors == []
+
+
+def test_a_live_refresh_keeps_the_reason_being_typed(browser, demo_stack):
+    """The drain page refreshes at every step; what an approver is typing, and where, survives it."""
+    from tests.helpers import wait_for
+
+    console = demo_stack.info["urls"]["console"]
+    contexts = {role: browser.new_context() for role in ("operator", "oncall", "admin")}
+    pages = {role: context.new_page() for role, context in contexts.items()}
+    for role, page in pages.items():
+        log_in(page, demo_stack, role)
+
+    def post(role, path, form):
+        page = pages[role]
+        csrf = next(c["value"] for c in page.context.cookies() if c["name"] == "csrftoken")
+        answer = page.request.post(console + path, form=form, headers={"X-CSRFToken": csrf, "Referer": console}, max_redirects=0)
+        assert answer.status == 302, (answer.status, answer.text()[:500])
+        return answer.headers["location"]
+
+    def drain_of(node):
+        return wait_for(lambda: next((d for d in demo_stack.api("/api/drains")[1]["drains"] if d["node"] == node and d["waiting"]), None),
+                        5, 0.1, f"a drain of {node}")
+
+    try:
+        # Two drains in one pool: the second needs two approvers.
+        post("operator", "nodes/node-01/drain", {"reason": "fan noise", "mode": "allow_completion", "remediation": "restart"})
+        post("operator", "nodes/node-02/drain", {"reason": "ECC errors climbing", "mode": "allow_completion", "remediation": "restart"})
+        first, second = drain_of("node-01"), drain_of("node-02")
+        assert second["approvals_required"] == 2
+        page = pages["admin"]
+        errors = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(console + f"drains/{second['id']}/")
+        page.wait_for_selector("#live-status[data-state=live]")
+        page.evaluate("window.__noReload = 'drain'")
+        field = page.locator("#approve-form input[name=reason]")
+        field.type("the node's ECC count doubled in an hour")
+        page.evaluate("document.querySelector('#approve-form input[name=reason]').setSelectionRange(9, 13)")
+        # On-call approves first, elsewhere: a step, so the admin's page refreshes while the reason is in the box.
+        post("oncall", f"drains/{second['id']}/approve", {"reason": "first of two"})
+        page.wait_for_function("() => document.querySelector('.facts').innerText.includes('1 of 2')", timeout=10_000)
+        assert page.evaluate("window.__noReload") == "drain", "the page reloaded"
+        assert field.input_value() == "the node's ECC count doubled in an hour"
+        assert page.evaluate("[document.activeElement.name, document.activeElement.selectionStart, document.activeElement.selectionEnd]") == ["reason", 9, 13]
+        assert page.locator("#reject-form input[name=reason]").input_value() == ""  # what was not typed in stays empty
+        # The reason typed before the refresh is the one submitted.
+        page.click("#approve-form button")
+        page.wait_for_selector("#drain-state:not([data-state=proposed])", timeout=10_000)
+        decisions = demo_stack.api(f"/api/drains/{second['id']}")[1]["decisions"]
+        assert [d["reason"] for d in decisions] == ["first of two", "the node's ECC count doubled in an hour"]
+        assert errors == []
+        post("operator", f"drains/{first['id']}/cancel", {"reason": "the fans were fine"})
+    finally:
+        for context in contexts.values():
+            context.close()

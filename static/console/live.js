@@ -1,4 +1,6 @@
 // A list page kept live: any frame on its socket refreshes its server-rendered fragment.
+// What the user is typing in a form inside the fragment (a reason to approve a drain, say)
+// survives the refresh, with the focus and the cursor where they were.
 (function () {
   "use strict";
   const target = document.querySelector("[data-socket]");
@@ -8,12 +10,51 @@
   let pending = null;
   let retry = 0;
 
+  function fieldKey(el) {
+    return (el.form && el.form.id ? el.form.id : "") + "|" + el.name;
+  }
+
+  function typedFields() {
+    const typed = new Map();
+    body.querySelectorAll("input[name], textarea[name], select[name]").forEach((el) => {
+      if (el.type === "hidden" || el.type === "submit") return;
+      const checkable = el.type === "checkbox" || el.type === "radio";
+      const changed = checkable ? el.checked !== el.defaultChecked : el.value !== el.defaultValue;
+      const focused = el === document.activeElement;
+      if (!changed && !focused) return;
+      typed.set(fieldKey(el) + (el.type === "radio" ? "=" + el.value : ""), {
+        value: el.value, checked: el.checked, checkable, focused,
+        selection: focused && "selectionStart" in el ? [el.selectionStart, el.selectionEnd] : null,
+      });
+    });
+    return typed;
+  }
+
+  function restore(typed) {
+    if (!typed.size) return;
+    body.querySelectorAll("input[name], textarea[name], select[name]").forEach((el) => {
+      const kept = typed.get(fieldKey(el) + (el.type === "radio" ? "=" + el.value : ""));
+      if (!kept) return;
+      if (kept.checkable) el.checked = kept.checked; else el.value = kept.value;
+      if (kept.focused) {
+        el.focus();
+        if (kept.selection) {
+          try { el.setSelectionRange(kept.selection[0], kept.selection[1]); } catch (e) { /* not a text field */ }
+        }
+      }
+    });
+  }
+
   function refresh() {
     if (pending) return;
     pending = setTimeout(async () => {
       pending = null;
       const response = await fetch(target.dataset.livePartial, { credentials: "same-origin" });
-      if (response.ok) body.innerHTML = await response.text();
+      if (!response.ok) return;
+      const html = await response.text();
+      const typed = typedFields();  // read just before the swap: nothing typed while fetching is lost
+      body.innerHTML = html;
+      restore(typed);
     }, 300);
   }
 
