@@ -92,9 +92,10 @@ def test_incident_timeline_grows_live_while_a_node_is_killed(browser, demo_stack
     page.evaluate("window.__noReload = 'list'")
     os.kill(demo_stack.node("node-03")["pid"], signal.SIGKILL)
     # The new incident appears in the list without a reload.
-    row = page.wait_for_selector("#incident-rows tr[data-status=active]:has-text('node-03')", timeout=10_000)
+    row = "#incident-rows tr[data-status=active]:has-text('node-03')"
+    page.wait_for_selector(row, timeout=10_000)
     assert page.evaluate("window.__noReload") == "list"
-    row.query_selector("a").click()
+    page.locator(row + " a").first.click()  # found again at the click: the list may have been refreshed since
     page.wait_for_selector("#live-status[data-state=live]")
     page.wait_for_selector("#events tr[data-kind=detected]", timeout=10_000)
     assert page.locator("#events tr[data-kind=symptom]").count() == 1

@@ -61,13 +61,15 @@ async def test_tokens_match_the_pure_function_whatever_the_batch(engine):
         assert [e.index for e in events] == list(range(len(events)))
 
 
-async def test_step_time_follows_the_roofline(engine):
+async def test_step_time_follows_the_roofline(realtime_engine):
+    # At real GPU time (about 0.45 s in all) a host hiccup of a tenth of a second cannot fail it.
+    engine = realtime_engine
     seq = engine.submit(tokens.encode("time me"), SamplingParams(max_tokens=30, temperature=0.0))
     started = time.monotonic()
     events, _ = await collect(seq)
     elapsed = time.monotonic() - started
-    expected = sum(engine.deployment.decode_step_s(1, len(seq.prompt_ids) + i) for i in range(len(events))) * FAST
-    assert elapsed == pytest.approx(expected, rel=0.5, abs=0.05)
+    expected = sum(engine.deployment.step_s(0, 0, 1, len(seq.prompt_ids) + i) for i in range(len(events)))
+    assert elapsed == pytest.approx(expected, rel=0.5)
     assert engine.step_s == pytest.approx(engine.deployment.step_s(0, 0, 1, seq.context_len - 1), rel=0.05)
 
 

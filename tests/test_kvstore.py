@@ -95,3 +95,19 @@ def test_never_over_budget(streams, budget_blocks):
                 next_block[request_id] = 0
             assert store.bytes_held <= store.budget_bytes
             assert store.bytes_held == sum(c.nbytes for c in store.checkpoints.values())
+
+
+def test_a_sender_stops_only_when_no_later_page_could_be_stored():
+    from workers.checkpoint import _breaks_the_stream
+
+    store = CheckpointStore(budget_bytes=100 * BLOCK_BYTES)
+    fill(store, "r1", 3, commit=False)
+    refusals = []
+    for seq, block in ((2, 1), (5, 4)):  # a page sent again after a retry; a page after a gap
+        with pytest.raises(PageRefused) as refused:
+            store.put("node-a", MODEL.key, "r1", seq, page("r1", block))
+        refusals.append({"request_id": "r1", "seq": seq, "reason": refused.value.reason, "expected": refused.value.expected})
+    assert [r["expected"] for r in refusals] == [4, 4]
+    assert [_breaks_the_stream(r) for r in refusals] == [False, True]
+    assert _breaks_the_stream({"request_id": "r1", "seq": 9, "reason": "budget"})
+    assert not _breaks_the_stream({"request_id": "r1", "seq": 9, "reason": "digest"})  # only that page; a gap shows after it

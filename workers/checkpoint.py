@@ -54,6 +54,18 @@ def make_page(request_id: str, block: int, token_ids: list[int], model: Model, w
     return Page(block, list(token_ids), nbytes, payload, page_digest(request_id, block, token_ids, payload))
 
 
+def _breaks_the_stream(refusal: dict) -> bool:
+    """A refusal after which the holder can store no later page of the request: out of budget, or
+    a page missing before this one. A page sent again after a retry (its seq below the one the
+    holder waits for) is a harmless duplicate, and a malformed or corrupt page says nothing of the rest."""
+    if refusal.get("reason") == "budget":
+        return True
+    if refusal.get("reason") == "order":
+        expected, seq = refusal.get("expected"), refusal.get("seq")
+        return not (isinstance(expected, int) and isinstance(seq, int) and seq < expected)
+    return False
+
+
 class CheckpointStreamer:
     def __init__(self, source: str, model: Model, headers: dict, wire_scale: float = 1 / 4096, flush_s: float = 0.02, give_up_s: float = 5.0):
         self.source = source
@@ -137,7 +149,7 @@ class CheckpointStreamer:
                     await asyncio.sleep(0.2)
 
     def _stop_refused(self, key: str, refused: list[dict], queue: deque) -> None:
-        stopped = {r.get("request_id") for r in refused if r.get("reason") != "malformed"} - {None}
+        stopped = {r.get("request_id") for r in refused if _breaks_the_stream(r)} - {None}
         if not stopped:
             return
         self.refused.update((key, request_id) for request_id in stopped)

@@ -80,7 +80,8 @@ async def kv_batch(request: web.Request, runtime: NodeRuntime) -> web.Response:
             accepted += 1
         except PageRefused as exc:
             log.warning("refused a page from %s: %s", source, exc)
-            refused.append({"request_id": data.get("request_id"), "seq": data.get("seq"), "reason": exc.reason, "message": str(exc)})
+            refused.append({"request_id": data.get("request_id"), "seq": data.get("seq"), "reason": exc.reason, "message": str(exc),
+                            "expected": exc.expected})
         except ValueError as exc:
             store.counters["refused_malformed"] = store.counters.get("refused_malformed", 0) + 1
             refused.append({"request_id": data.get("request_id"), "seq": data.get("seq"), "reason": "malformed", "message": str(exc)})

@@ -55,9 +55,10 @@ class Page:
 
 
 class PageRefused(Exception):
-    def __init__(self, reason: str, message: str):
+    def __init__(self, reason: str, message: str, expected: int | None = None):
         super().__init__(message)
         self.reason = reason  # "digest", "order" or "budget"
+        self.expected = expected  # for "order": the page the holder waits for
 
 
 @dataclass
@@ -108,7 +109,8 @@ class CheckpointStore:
         expected_block = len(checkpoint.pages) if checkpoint else 0
         if seq != expected or page.block != expected_block:
             self.counters["refused_order"] += 1
-            raise PageRefused("order", f"page {seq} (block {page.block}) of {request_id} is out of order: expected page {expected} (block {expected_block})")
+            raise PageRefused("order", f"page {seq} (block {page.block}) of {request_id} is out of order: expected page {expected} (block {expected_block})",
+                              expected)
         if not self._make_room(page.nbytes, request_id):
             self.counters["refused_budget"] += 1
             self.drop(request_id, count=False)
