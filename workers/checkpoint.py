@@ -81,8 +81,8 @@ class CheckpointStreamer:
         self._seq: dict[tuple[str, str], int] = defaultdict(int)
         self._session: aiohttp.ClientSession | None = None
         self.dead: set[str] = set()
-        # (holder, request) whose stream a holder refused (out of budget, out of order): its later
-        # pages could not be stored either, so they are not sent; a restore there re-prefills.
+        # (holder, request) whose stream a holder broke off (out of budget, or a page missing): its
+        # later pages could not be stored either, so they are not sent; a restore there re-prefills.
         self.refused: set[tuple[str, str]] = set()
         self.counters = {"pages_sent": 0, "bytes_accounted": 0, "bytes_moved": 0, "batches": 0, "send_failures": 0, "pages_refused": 0}
 

@@ -93,7 +93,8 @@ def judge_canary(
                                                f"(limit {latency_factor:g}×)")
     if golden is None:
         return Verdict(True, "ok", f"answered in {answer.latency_ms:.1f} ms (no golden run yet to compare tokens with)")
-    return Verdict(True, "ok", f"{len(got)} tokens match, {answer.latency_ms:.1f} ms")
+    matched = "1 token matches" if len(got) == 1 else f"{len(got)} tokens match"
+    return Verdict(True, "ok", f"{matched}, {answer.latency_ms:.1f} ms")
 
 
 def next_baseline(baseline_ms: float | None, latency_ms: float, alpha: float = EMA_ALPHA) -> float:
