@@ -232,6 +232,8 @@ def node_action(request, name: str, action: str):
         for key in ("factor", "rate", "code", "seconds", "target_c"):
             if request.POST.get(key):
                 params[key] = float(request.POST[key]) if "." in request.POST[key] or key != "code" else int(request.POST[key])
+        if request.POST.get("kind") == "poison":
+            params["match"] = request.POST.get("match", "")  # "" fails every request: a broken engine
         status, answer = _inject(node, request.POST.get("kind", ""), params, request.user.username, reason)
         (messages.success if status < 300 else messages.error)(request, f"{request.POST.get('kind')}: {answer.get('error', {}).get('message') or 'injected'}")
     elif action in ("cordon", "uncordon"):

@@ -113,13 +113,15 @@ def last_seen(name: str) -> float | None:
 
 
 # --- routing table --------------------------------------------------------------
-def publish_routing(entries: dict[str, dict]) -> None:
+def publish_routing(entries: dict[str, dict], deployed_models: list[str] | None = None) -> None:
     """Replace the routing table gateways read, and tell them it changed."""
     r = client()
     pipe = r.pipeline()
     pipe.delete(keys().routing)
     if entries:
         pipe.hset(keys().routing, mapping={name: json.dumps(entry) for name, entry in entries.items()})
+    if deployed_models is not None:
+        pipe.set(keys().deployed_models, json.dumps(sorted(deployed_models)))
     pipe.publish(keys().routing_changed, str(time.time()))
     pipe.execute()
 

@@ -30,6 +30,14 @@ class Keys:
         return self._k("routing", "changed")
 
     @property
+    def deployed_models(self) -> str:
+        """JSON list: every model a registered node serves or is loading, in routing or not.
+
+        A gateway answers 404 for a model outside it, and 503 (try again) for one
+        inside it that no node can take right now."""
+        return self._k("routing", "models")
+
+    @property
     def gateway_keys(self) -> str:
         return self._k("gateway", "keys")
 
@@ -78,6 +86,14 @@ class Keys:
     def telemetry(self, node: str) -> str:
         """List, newest first: a node's GPU readings from its heartbeats (the node page's charts)."""
         return self._k("telemetry", node)
+
+    def request_failures(self, fingerprint: str) -> str:
+        """Set, expiring: the nodes a request (by its content's fingerprint) failed on, as gateways reported."""
+        return self._k("failures", "request", fingerprint)
+
+    def node_failures(self, node: str) -> str:
+        """Set, expiring: fingerprints of the requests counted against a node's breaker."""
+        return self._k("failures", "node", node)
 
     @property
     def notifications(self) -> str:

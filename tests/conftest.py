@@ -7,6 +7,8 @@ import sys
 import pytest
 
 from console.stack import free_port
+from recovery.keys import Keys
+from tests.gateway_cluster import Cluster
 from tests.helpers import BASE_DIR, DemoStack, NodeProcess, pid_alive
 
 ROLE_PASSWORD = "correct-horse-{}"
@@ -110,3 +112,23 @@ def demo_stack(request, tmp_path_factory, e2e_database_url):
     pids = list(stack.refresh()["pids"].values())
     assert stack.stop(signum=signal.SIGTERM) == 0, stack.log()
     assert [pid for pid in pids if pid_alive(pid)] == []
+
+
+@pytest.fixture
+def redis_keys():
+    """The Redis the gateway reads, under a namespace of this test's own."""
+    import redis
+
+    client = redis.Redis.from_url(os.environ["REDIS_URL"], decode_responses=True)
+    keys = Keys(os.environ["LIFELINE_NAMESPACE"] + "-gw")
+    yield client, keys
+    for name in client.scan_iter(match=keys.namespace + ":*"):
+        client.delete(name)
+
+
+@pytest.fixture
+async def cluster(node_factory, redis_keys):
+    """Nodes started on demand, a routing table, gateways; all closed at the end."""
+    c = Cluster(node_factory, redis_keys)
+    yield c
+    await c.close()

@@ -122,7 +122,7 @@ def test_gpu_fallen_off_the_bus_fails_the_group(faulty):
     assert status == 503 and "lost GPU" in body["error"]["message"]
     readings = gpus(node)
     assert readings[0]["lost"] and readings[0]["temperature_c"] is None and not readings[1]["lost"]
-    assert any(line.endswith(" 1.0") and 'gpu="0"' in line for line in metric(node, "lifeline:gpu_lost"))
+    assert any(line.endswith(" 1.0") and 'gpu="0"' in line for line in metric(node, "lifeline_gpu_lost"))
 
 
 def test_nvlink_down_slows_the_tensor_parallel_group(faulty):

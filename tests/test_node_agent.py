@@ -86,7 +86,7 @@ async def test_chat_completion_with_logprobs_and_usage(node):
         ({"model": "Qwen3-32B", "prompt": ""}, 400, "prompt"),
         ({"model": "Qwen3-32B", "prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
         ({"model": "Qwen3-32B", "prompt": "x", "temperature": 9}, 400, "temperature"),
-        ({"model": "Qwen3-32B", "prompt": "x", "stop": [1]}, 400, "stop"),
+        ({"model": "Qwen3-32B", "prompt": "x", "stop": [1]}, 400, "stop[0]"),
         ({"model": "Llama-3-70B", "prompt": "x"}, 404, "model"),
     ],
 )
@@ -113,7 +113,7 @@ def test_health_status_and_metrics(node):
     metrics = urllib.request.urlopen(node.address + "/metrics").read().decode()
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:generation_tokens_total", "vllm:time_to_first_token_seconds_bucket"):
         assert f'{name}{{' in metrics, name
-    assert 'vllm:generation_tokens_total{model_name="Qwen3-32B"} 5.0' in metrics
+    assert 'vllm:generation_tokens_total{model_name="Qwen3-32B",node="agent-a"} 5.0' in metrics
 
 
 async def test_event_stream_pushes_a_status_at_each_load_change(node):

@@ -165,9 +165,9 @@ def test_xid_79_makes_that_gpu_lost_and_its_figures_absent():
     assert set(figures.values()) == {None}
 
     samples = _samples(telemetry)
-    assert samples["lifeline:gpu_lost", "1"] == 1 and samples["lifeline:gpu_lost", "0"] == 0
+    assert samples["lifeline_gpu_lost", "1"] == 1 and samples["lifeline_gpu_lost", "0"] == 0
     assert samples["DCGM_FI_DEV_XID_ERRORS", "1"] == 79  # the event says why it is lost
-    assert {name for name, gpu in samples if gpu == "1"} == {"lifeline:gpu_lost", "DCGM_FI_DEV_XID_ERRORS"}
+    assert {name for name, gpu in samples if gpu == "1"} == {"lifeline_gpu_lost", "DCGM_FI_DEV_XID_ERRORS"}
 
 
 def test_nvlink_down_turns_every_link_off():
@@ -175,7 +175,7 @@ def test_nvlink_down_turns_every_link_off():
     assert [r.nvlink_up for r in telemetry.read()] == [[True] * 18] * 2
     faults.inject("nvlink_down", {})
     assert [r.nvlink_up for r in telemetry.read()] == [[False] * 18] * 2
-    assert _samples(telemetry)["lifeline:gpu_nvlink_links_up", "0"] == 0
+    assert _samples(telemetry)["lifeline_gpu_nvlink_links_up", "0"] == 0
 
 
 def test_consumer_card_reports_no_ecc_rows_or_nvlink_as_absent_not_zero():
@@ -184,14 +184,14 @@ def test_consumer_card_reports_no_ecc_rows_or_nvlink_as_absent_not_zero():
     assert reading.ecc_uncorrected_volatile is None and reading.remapped_rows is None and reading.nvlink_up is None
     text = _exposition(telemetry)
     assert "DCGM_FI_DEV_GPU_UTIL{" in text
-    for absent in ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_ROW_REMAP_FAILURE", "lifeline:gpu_nvlink_links_up"):
+    for absent in ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_ROW_REMAP_FAILURE", "lifeline_gpu_nvlink_links_up"):
         assert absent not in text
 
 
 def test_collector_uses_dcgm_exporter_labels_and_units():
     telemetry, _ = _emulated()
     text = _exposition(telemetry)
-    assert 'DCGM_FI_DEV_FB_USED{Hostname="node-01",UUID="GPU-emulated-0",gpu="0",modelName="NVIDIA H100 80GB HBM3",source="emulated"}' in text
+    assert 'DCGM_FI_DEV_FB_USED{Hostname="node-01",UUID="GPU-emulated-0",gpu="0",modelName="NVIDIA H100 80GB HBM3",node="node-01",source="emulated"}' in text
     samples = _samples(telemetry)
     [reading] = telemetry.read()
     assert samples["DCGM_FI_DEV_FB_USED", "0"] + samples["DCGM_FI_DEV_FB_FREE", "0"] == reading.memory_total_bytes // 2**20
@@ -330,7 +330,7 @@ def test_nvml_lost_gpu_is_a_reading_not_an_exception():
     gpu0, gpu1 = telemetry.read()
     assert not gpu0.lost and gpu0.power_w == 412.5
     assert gpu1.lost and gpu1.uuid == "GPU-fake-1" and gpu1.power_w is None
-    assert _samples(telemetry)["lifeline:gpu_lost", "1"] == 1
+    assert _samples(telemetry)["lifeline_gpu_lost", "1"] == 1
     assert len(telemetry.gpus()) == 2  # identities read at start stay known
 
 

@@ -293,22 +293,23 @@ async def _metrics(request: web.Request) -> web.Response:
 
 
 class AdapterCollector:
-    def __init__(self, engine: AdapterEngine):
+    def __init__(self, engine: AdapterEngine, node: str):
         self.engine = engine
+        self.node = node
 
     def collect(self):
         status = self.engine.status()
         for name, key in (("vllm:num_requests_running", "running"), ("vllm:num_requests_waiting", "waiting")):
             if status[key] is not None:
-                family = GaugeMetricFamily(name, f"{key} requests, as the engine reports them", labels=["model_name"])
-                family.add_metric([self.engine.model.key], status[key])
+                family = GaugeMetricFamily(name, f"{key} requests, as the engine reports them", labels=["model_name", "node"])
+                family.add_metric([self.engine.model.key, self.node], status[key])
                 yield family
 
 
 def build_adapter_app(engine: AdapterEngine, identity: Identity, telemetry, telemetry_collector, loop_lag: LoopLag) -> web.Application:
     app = web.Application(client_max_size=64 * 1024 * 1024)
     registry = CollectorRegistry()
-    registry.register(AdapterCollector(engine))
+    registry.register(AdapterCollector(engine, identity.name))
     registry.register(telemetry_collector)
     app[ADAPTER_KEY], app[IDENTITY_KEY], app[REGISTRY_KEY], app[TELEMETRY_KEY], app[LOOP_LAG_KEY] = engine, identity, registry, telemetry, loop_lag
     app.router.add_post("/v1/completions", _proxy)

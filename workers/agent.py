@@ -11,18 +11,23 @@ import logging
 import time
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from workers import control_api, protocol
 from workers.checkpoint import fetch_checkpoint
 from workers.engine import Engine, EngineError, FinishEvent, Sequence, TokenEvent
-from workers.openai_api import ApiError, ChunkWriter, CompletionRequest, parse, read_json, sse
+from workers.openai_api import ChunkWriter, error_response, read_json, sse
+from workers.openai_schema import ApiError, CompletionRequest, parse
 from workers.runtime import Identity, NodeRuntime, token_matches
 
 log = logging.getLogger(__name__)
 
 RUNTIME_KEY = control_api.RUNTIME_KEY
+# A quiet status stream still says something this often: a gateway tells a working node
+# (busy with a long prefill, say) from a frozen one by it.
+KEEPALIVE_S = 1.0
+LARGE_BODY_BYTES = 64 * 1024  # requests validated in a worker thread above this
 METRICS_KEY = web.AppKey("metrics", object)
 REGISTRY_KEY = web.AppKey("registry", CollectorRegistry)
 
@@ -32,21 +37,22 @@ __all__ = ["Identity", "build_app", "status_document"]
 class EngineCollector:
     """Reads the engine's live figures at scrape time, under vLLM's metric names."""
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, node: str):
         self.engine = engine
+        self.node = node
 
     def collect(self):
         engine = self.engine
-        label = [engine.model.key]
+        label = [engine.model.key, self.node]
         status = engine.status()
 
         def gauge(name, doc, value):
-            family = GaugeMetricFamily(name, doc, labels=["model_name"])
+            family = GaugeMetricFamily(name, doc, labels=["model_name", "node"])
             family.add_metric(label, value)
             return family
 
         def counter(name, doc, value):
-            family = CounterMetricFamily(name, doc, labels=["model_name"])
+            family = CounterMetricFamily(name, doc, labels=["model_name", "node"])
             family.add_metric(label, value)
             return family
 
@@ -57,32 +63,36 @@ class EngineCollector:
         yield counter("vllm:prompt_tokens", "Prompt tokens received.", engine.counters["prompt_tokens"])
         yield counter("vllm:generation_tokens", "Tokens generated.", engine.counters["generation_tokens"])
         yield counter("vllm:num_preemptions", "Sequences preempted for lack of KV blocks.", engine.counters["preemptions"])
-        yield gauge("lifeline:batch_limit", "Sequences admitted into the running batch at most.", status["batch_limit"])
-        yield gauge("lifeline:step_seconds", "Emulated duration of the last engine step.", status["step_ms"] / 1000)
-        yield gauge("lifeline:uncomputed_prefill_tokens", "Prompt tokens not yet computed (prefill load).", status["uncomputed_prefill_tokens"])
-        yield gauge("lifeline:decode_batch_size", "Sequences in the decode batch.", status["decode_batch"])
-        yield gauge("lifeline:decode_context_tokens", "Sum of sequence lengths in the decode batch.", status["decode_context_tokens"])
-        yield gauge("lifeline:checkpoint_bytes_held", "Other nodes' KV pages held in host memory.", status["checkpoint_bytes_held"])
-        yield gauge("lifeline:checkpoint_budget_bytes", "Host-memory budget for checkpoints.", status["checkpoint_budget_bytes"])
-        yield gauge("lifeline:model_ready", "1 when the full model serves, 0 while loading.", 1 if status["model_state"] == "serving" else 0)
-        yield counter("lifeline:draft_tokens_proposed", "Drafted tokens verified here (speculative assist).", engine.counters["draft_proposed"])
-        yield counter("lifeline:draft_tokens_accepted", "Drafted tokens accepted here.", engine.counters["draft_accepted"])
+        yield gauge("lifeline_batch_limit", "Sequences admitted into the running batch at most.", status["batch_limit"])
+        yield gauge("lifeline_step_seconds", "Emulated duration of the last engine step.", status["step_ms"] / 1000)
+        yield gauge("lifeline_uncomputed_prefill_tokens", "Prompt tokens not yet computed (prefill load).", status["uncomputed_prefill_tokens"])
+        yield gauge("lifeline_decode_batch_size", "Sequences in the decode batch.", status["decode_batch"])
+        yield gauge("lifeline_decode_context_tokens", "Sum of sequence lengths in the decode batch.", status["decode_context_tokens"])
+        yield gauge("lifeline_checkpoint_bytes_held", "Other nodes' KV pages held in host memory.", status["checkpoint_bytes_held"])
+        yield gauge("lifeline_checkpoint_budget_bytes", "Host-memory budget for checkpoints.", status["checkpoint_budget_bytes"])
+        yield gauge("lifeline_model_ready", "1 when the full model serves, 0 while loading.", 1 if status["model_state"] == "serving" else 0)
+        yield counter("lifeline_draft_tokens_proposed", "Drafted tokens verified here (speculative assist).", engine.counters["draft_proposed"])
+        yield counter("lifeline_draft_tokens_accepted", "Drafted tokens accepted here.", engine.counters["draft_accepted"])
 
 
 class RequestMetrics:
-    def __init__(self, registry: CollectorRegistry, model_key: str):
+    def __init__(self, registry: CollectorRegistry, model_key: str, node: str):
         self.model = model_key
         latency_buckets = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
-        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token.", ["model_name"], registry=registry, buckets=latency_buckets)
+        labels = ["model_name", "node"]
+        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token.", labels, registry=registry, buckets=latency_buckets)
         self.itl = Histogram(
-            "vllm:inter_token_latency_seconds", "Time between tokens.", ["model_name"], registry=registry,
+            "vllm:inter_token_latency_seconds", "Time between tokens.", labels, registry=registry,
             buckets=(0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1),
         )
-        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Request latency.", ["model_name"], registry=registry, buckets=latency_buckets)
-        self.queue = Histogram("vllm:request_queue_time_seconds", "Time waiting for admission.", ["model_name"], registry=registry, buckets=latency_buckets)
+        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Request latency.", labels, registry=registry, buckets=latency_buckets)
+        self.queue = Histogram("vllm:request_queue_time_seconds", "Time waiting for admission.", labels, registry=registry, buckets=latency_buckets)
+        self.refused = Counter("lifeline_requests_refused", "Requests refused before the engine saw them, by HTTP status.", ["node", "status"],
+                               registry=registry)
+        self.node = node
         # One labelled child each, looked up once: observe() runs for every token.
-        self.ttft_child, self.itl_child = self.ttft.labels(model_key), self.itl.labels(model_key)
-        self.e2e_child, self.queue_child = self.e2e.labels(model_key), self.queue.labels(model_key)
+        self.ttft_child, self.itl_child = self.ttft.labels(model_key, node), self.itl.labels(model_key, node)
+        self.e2e_child, self.queue_child = self.e2e.labels(model_key, node), self.queue.labels(model_key, node)
 
     def token(self, seq: Sequence, event: TokenEvent, last_at: float | None) -> float:
         if event.index == seq.resumed_with and seq.first_token_at is not None:
@@ -113,6 +123,10 @@ async def _start(request: web.Request, runtime: NodeRuntime, req: CompletionRequ
     privileged = ext.holders or ext.resume is not None or ext.checkpoint_prefill_chunks
     if privileged and not token_matches(_bearer(request), runtime.agent_token):
         raise ApiError(401, "lifeline.holders and lifeline.resume need the agent token: send `Authorization: Bearer <agent token>`.", param="lifeline", kind="authentication_error")
+    poison = runtime.faults.poisoned_by(req.prompt_ids)
+    if poison is not None:
+        # An injected query of death: the engine fails on this input, as a real one with such a bug would.
+        raise EngineError(f"engine failure on this request (injected poison fault matching {poison!r})", status=500)
     if ext.resume is None:
         seq = engine.submit(req.prompt_ids, req.params, req.request_id, holders=ext.holders, checkpoint_prefill_chunks=ext.checkpoint_prefill_chunks)
         return seq, None
@@ -133,13 +147,23 @@ async def _run_request(request: web.Request, kind: str) -> web.StreamResponse:
     headers = {"X-Lifeline-Node": runtime.identity.name}
     try:
         body = await read_json(request)
-        req = parse(body, kind, _served_names(engine), engine.model.key)
+        model = body.get("model")
+        if isinstance(model, str) and model and model not in _served_names(engine):
+            raise ApiError(404, f"The model `{model}` does not exist on this node: it serves {engine.model.key}.", param="model",
+                           code="model_not_found")
+        if (request.content_length or 0) > LARGE_BODY_BYTES:
+            # Tokenizing a long prompt takes a while: off the event loop, so the engine's steps and streams keep time.
+            req = await asyncio.get_running_loop().run_in_executor(None, parse, body, kind, engine.deployment.max_context_tokens)
+        else:
+            req = parse(body, kind, engine.deployment.max_context_tokens)
         seq, resume = await _start(request, runtime, req)
     except ApiError as exc:
-        return exc.response(headers)
+        metrics.refused.labels(metrics.node, str(exc.status)).inc()
+        return error_response(exc, headers)
     except EngineError as exc:
-        kind_ = "service_unavailable" if exc.status == 503 else "invalid_request_error"
-        return ApiError(exc.status, str(exc), param="lifeline.request_id" if exc.status == 409 else None, kind=kind_).response(headers)
+        kind_ = {503: "service_unavailable", 500: "server_error"}.get(exc.status, "invalid_request_error")
+        metrics.refused.labels(metrics.node, str(exc.status)).inc()
+        return error_response(ApiError(exc.status, str(exc), param="lifeline.request_id" if exc.status == 409 else None, kind=kind_), headers)
     headers["X-Request-Id"] = req.request_id
     if resume is not None:
         headers["X-Lifeline-Resume"] = resume.method
@@ -212,7 +236,7 @@ def _abnormal_end(seq: Sequence, event: FinishEvent, headers: dict) -> web.Respo
         error = {"message": "The request moved to another node mid-way.", "type": "migrated", "param": None, "code": None}
         return web.json_response({"error": error, "lifeline": {"migrated": detail}}, status=409, headers=headers)
     reason = (event.detail or {}).get("reason", "the request was aborted")
-    return ApiError(503 if event.reason == "error" else 409, reason, kind="node_failure").response(headers)
+    return error_response(ApiError(503 if event.reason == "error" else 409, reason, kind="node_failure"), headers)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -226,7 +250,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 async def models(request: web.Request) -> web.Response:
     engine = request.app[RUNTIME_KEY].engine
     created = int(time.time())
-    data = [{"id": engine.model.key, "object": "model", "created": created, "owned_by": "lifeline", "root": engine.model.name}]
+    data = [{"id": engine.model.key, "object": "model", "created": created, "owned_by": "lifeline", "root": engine.model.name,
+             "max_model_len": engine.deployment.max_context_tokens}]
     return web.json_response({"object": "list", "data": data})
 
 
@@ -287,7 +312,7 @@ async def events(request: web.Request) -> web.StreamResponse:
         await response.write(f"event: status\ndata: {json.dumps(engine.status())}\n\n".encode())
         while True:
             try:
-                item = await asyncio.wait_for(queue.get(), timeout=15)
+                item = await asyncio.wait_for(queue.get(), timeout=KEEPALIVE_S)
             except TimeoutError:
                 await response.write(b": keep-alive\n\n")
                 continue
@@ -301,22 +326,30 @@ async def events(request: web.Request) -> web.StreamResponse:
 
 @web.middleware
 async def error_middleware(request: web.Request, handler):
+    """Every refusal and every failure answers JSON in OpenAI's shape; a 405 keeps its Allow header."""
     try:
         return await handler(request)
     except web.HTTPException as exc:
-        if exc.status >= 400 and request.path.startswith("/v1/"):
-            return ApiError(exc.status, f"{exc.reason}: {request.method} {request.path}", kind="invalid_request_error").response()
+        if exc.status < 400:
+            raise
+        headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+        kind = "not_found_error" if exc.status == 404 else "invalid_request_error"
+        return error_response(ApiError(exc.status, f"{exc.reason}: {request.method} {request.path}", kind=kind), headers)
+    except (ConnectionResetError, asyncio.CancelledError):
         raise
+    except Exception:
+        log.exception("%s %s failed", request.method, request.path)
+        return error_response(ApiError(500, f"The node failed on {request.method} {request.path}; its log has the traceback.", kind="server_error"))
 
 
 def build_app(runtime: NodeRuntime, telemetry_collector=None) -> web.Application:
     app = web.Application(middlewares=[error_middleware], client_max_size=64 * 1024 * 1024)
     registry = CollectorRegistry()
-    registry.register(EngineCollector(runtime.engine))
+    registry.register(EngineCollector(runtime.engine, runtime.identity.name))
     if telemetry_collector is not None:
         registry.register(telemetry_collector)
     app[REGISTRY_KEY] = registry
-    app[METRICS_KEY] = RequestMetrics(registry, runtime.engine.model.key)
+    app[METRICS_KEY] = RequestMetrics(registry, runtime.engine.model.key, runtime.identity.name)
     app[RUNTIME_KEY] = runtime
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)

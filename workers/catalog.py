@@ -48,6 +48,9 @@ class Model:
     experts_per_token: int = 0
     draft: str | None = None  # the catalogued draft model of the same family
     is_draft: bool = False
+    # The longest context (prompt plus output) it serves: vLLM's max_model_len, which it takes
+    # from max_position_embeddings in the model's config.json.
+    context_tokens: int = 8192
 
     @property
     def weight_bytes(self) -> int:
@@ -82,10 +85,10 @@ GPUS: dict[str, Gpu] = {
 MODELS: dict[str, Model] = {
     m.key: m
     for m in (
-        Model("Llama-3-8B", "meta-llama/Meta-Llama-3-8B-Instruct", 8.0, 32, 8, 128, 32, draft="Llama-3.2-1B"),
-        Model("Llama-3-70B", "meta-llama/Meta-Llama-3-70B-Instruct", 70.6, 80, 8, 128, 64, draft="Llama-3.2-1B"),
-        Model("Qwen3-14B", "Qwen/Qwen3-14B", 14.8, 40, 8, 128, 40, draft="Qwen3-1.7B"),
-        Model("Qwen3-32B", "Qwen/Qwen3-32B", 32.8, 64, 8, 128, 64, draft="Qwen3-1.7B"),
+        Model("Llama-3-8B", "meta-llama/Meta-Llama-3-8B-Instruct", 8.0, 32, 8, 128, 32, draft="Llama-3.2-1B", context_tokens=8192),
+        Model("Llama-3-70B", "meta-llama/Meta-Llama-3-70B-Instruct", 70.6, 80, 8, 128, 64, draft="Llama-3.2-1B", context_tokens=8192),
+        Model("Qwen3-14B", "Qwen/Qwen3-14B", 14.8, 40, 8, 128, 40, draft="Qwen3-1.7B", context_tokens=40960),
+        Model("Qwen3-32B", "Qwen/Qwen3-32B", 32.8, 64, 8, 128, 64, draft="Qwen3-1.7B", context_tokens=40960),
         Model(
             "Mixtral-8x7B",
             "mistralai/Mixtral-8x7B-Instruct-v0.1",
@@ -97,9 +100,10 @@ MODELS: dict[str, Model] = {
             active_params_b=12.9,
             experts=8,
             experts_per_token=2,
+            context_tokens=32768,
         ),
-        Model("Qwen3-1.7B", "Qwen/Qwen3-1.7B", 1.7, 28, 8, 128, 16, is_draft=True),
-        Model("Llama-3.2-1B", "meta-llama/Llama-3.2-1B-Instruct", 1.2, 16, 8, 64, 32, is_draft=True),
+        Model("Qwen3-1.7B", "Qwen/Qwen3-1.7B", 1.7, 28, 8, 128, 16, is_draft=True, context_tokens=40960),
+        Model("Llama-3.2-1B", "meta-llama/Llama-3.2-1B-Instruct", 1.2, 16, 8, 64, 32, is_draft=True, context_tokens=131072),
     )
 }
 
@@ -171,6 +175,12 @@ class Deployment:
     @property
     def kv_blocks(self) -> int:
         return self.kv_capacity_bytes // self.model.kv_bytes_per_block
+
+    @property
+    def max_context_tokens(self) -> int:
+        """The longest sequence this node can hold: the model's context, or less where the KV cache is smaller
+        (vLLM will not start with a max_model_len its cache cannot hold; it is lowered to fit)."""
+        return min(self.model.context_tokens, self.kv_blocks * BLOCK_TOKENS)
 
     # --- compute -------------------------------------------------------------
     @property

@@ -53,6 +53,16 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     logprobs: int | None = None  # number of top candidates to report, None for none
     ignore_eos: bool = False  # vLLM's sampling extra: generate on through the end-of-sequence token up to max_tokens
+    top_p: float = 1.0
+    top_k: int = -1  # vLLM's: -1 (or 0) for no limit
+    min_p: float = 0.0  # vLLM's
+    min_tokens: int = 0  # vLLM's: no end of sequence before this many output tokens
+
+    @property
+    def sampling(self) -> tokens.Sampling | None:
+        """The filters and minimum length for the token function; None when there are none (the fast path)."""
+        sampling = tokens.Sampling(self.temperature, self.seed, self.top_p, self.top_k, self.min_p, self.min_tokens)
+        return sampling if sampling.filtered or self.min_tokens else None
 
 
 @dataclass
@@ -116,6 +126,7 @@ class Sequence:
     checkpoint_prefill_chunks: bool = False
     streamed_blocks: int = 0
     resumed_with: int = 0  # output tokens it already had when it arrived (a resumed request)
+    sampling: tokens.Sampling | None = None  # the token function's filters, from params
     migration: asyncio.Future | None = None
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
 
@@ -330,12 +341,18 @@ class Engine:
         self._check_can_serve()
         if not prompt_ids:
             raise EngineError("the prompt is empty", status=400)
+        needed = self._blocks_for(len(prompt_ids) + params.max_tokens)
+        if needed > self.total_blocks:
+            # It would prefill, run out of KV, preempt itself and start over, forever: refuse it instead.
+            raise EngineError(f"the request needs {needed} KV blocks ({len(prompt_ids)} prompt + {params.max_tokens} output tokens) and "
+                              f"{self.name} has {self.total_blocks}: shorten it to {self.total_blocks * BLOCK_TOKENS} tokens in all", status=400)
         request_id = request_id or f"req-{uuid.uuid4().hex[:20]}"
         if request_id in self.by_id:
             raise EngineError(f"request id {request_id!r} is already running on this node")
         generated = list(generated or [])
         seq = Sequence(request_id, list(prompt_ids), params, arrival=time.monotonic(), generated=generated, holders=holders)
         seq.checkpoint_prefill_chunks = checkpoint_prefill_chunks
+        seq.sampling = params.sampling
         seq.resumed_with = len(generated)
         seq.state = tokens.fold(tokens.initial_state(self.model.key), seq.prompt_ids + generated)
         seq.text = tokens.decode(generated)
@@ -490,6 +507,8 @@ class Engine:
             "checkpoint_budget_bytes": store.get("budget_bytes", 0),
             "checkpoint_requests": store.get("requests", 0),
             "step_ms": round(self.step_s * 1000, 3),
+            "steps": self.steps,  # advances while the engine works: a gateway tells slow from hung by it
+            "time_scale": self.config.time_scale,
             "decode_step_ms": round(self.decode_step[0] * 1000, 3),
             "decode_step_batch": self.decode_step[1],
             "decode_step_context_tokens": self.decode_step[2],
@@ -662,7 +681,8 @@ class Engine:
         assist = self.assist
         chosen = plan.decode[: self.config.max_assisted]
         items = [
-            {"id": s.request_id, "state": s.state.hex(), "position": len(s.generated), "temperature": s.params.temperature, "seed": s.params.seed}
+            {"id": s.request_id, "state": s.state.hex(), "position": len(s.generated), "temperature": s.params.temperature, "seed": s.params.seed,
+             "top_p": s.params.top_p, "top_k": s.params.top_k, "min_p": s.params.min_p, "min_tokens": s.params.min_tokens}
             for s in chosen
         ]
         try:
@@ -723,7 +743,7 @@ class Engine:
         """Accept drafted tokens left to right while they match the target; emit them plus one."""
         state, accepted = seq.state, 0
         for offset, drafted in enumerate(proposal):
-            target = tokens.next_token(state, len(seq.generated) + offset, seq.params.temperature, seq.params.seed).token_id
+            target = tokens.next_token(state, len(seq.generated) + offset, seq.params.temperature, seq.params.seed, seq.sampling).token_id
             if drafted != target:
                 break
             accepted += 1
@@ -745,8 +765,11 @@ class Engine:
 
     def _emit_next(self, seq: Sequence, now: float) -> None:
         params = seq.params
-        choice = tokens.next_token(seq.state, len(seq.generated), params.temperature, params.seed)
+        choice = tokens.next_token(seq.state, len(seq.generated), params.temperature, params.seed, seq.sampling)
         choice = self.faults.corrupt(seq.state, len(seq.generated), choice)
+        top = choice.top[: params.logprobs] if params.logprobs else ()
+        if params.logprobs and params.logprobs > len(choice.top):
+            top = choice.top + tokens.more_candidates(seq.state, choice, params.logprobs - len(choice.top))
         previous = seq.generated[-1] if seq.generated else None
         seq.generated.append(choice.token_id)
         seq.state = tokens.advance(seq.state, choice.token_id)
@@ -767,7 +790,6 @@ class Engine:
                     break
         seq.text += text
         index = len(seq.generated) - 1
-        top = choice.top[: params.logprobs] if params.logprobs else ()
         seq.events.put_nowait(TokenEvent(index, choice.token_id, text, choice.logprob, top, time.time()))
         if reason is None and len(seq.generated) >= params.max_tokens:
             reason = "length"
@@ -842,9 +864,11 @@ def propose_drafts(model_key: str, k: int, alpha: float, items: list[dict]) -> l
     for item in items:
         state = bytes.fromhex(item["state"])
         position = int(item["position"])
+        sampling = tokens.Sampling(float(item.get("temperature", 0.0)), int(item.get("seed", 0)), float(item.get("top_p", 1.0)),
+                                   int(item.get("top_k", -1)), float(item.get("min_p", 0.0)), int(item.get("min_tokens", 0)))
         drafted = []
         for offset in range(k):
-            target = tokens.next_token(state, position + offset, float(item.get("temperature", 0.0)), int(item.get("seed", 0))).token_id
+            target = tokens.next_token(state, position + offset, sampling.temperature, sampling.seed, sampling).token_id
             digest = hashlib.blake2b(state + (position + offset).to_bytes(8, "little"), digest_size=8, person=b"lifeline-draft").digest()
             agree = int.from_bytes(digest, "little") / 2**64 < alpha
             token = target if agree else (target + 1 + digest[0] % 7) % tokens.WORD_COUNT

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from workers import tokens
 
-KINDS = ("crash", "hang", "slow", "sdc", "thermal", "xid", "nvlink_down")
+KINDS = ("crash", "hang", "slow", "sdc", "thermal", "xid", "nvlink_down", "poison")
 
 # Xid codes whose hardware effect telemetry shows beyond the event itself.
 ECC_UNCORRECTED_XIDS = {48, 94, 95}
@@ -143,6 +143,25 @@ class FaultState:
             factor *= slow.params["factor"]
         return factor
 
+    def poisoned_by(self, prompt_ids: list[int]) -> str | None:
+        """A query of death: the engine fails on requests whose prompt holds the fault's text.
+
+        What a tokenizer or kernel bug triggered by one input looks like from
+        outside: that request fails on every node with the bug, the others are
+        served. Returns the matched text, or None.
+        """
+        fault = self.active.get("poison")
+        if fault is None:
+            return None
+        needle = fault.params["ids"]
+        if not needle:
+            return fault.params["match"]
+        first, n = needle[0], len(needle)
+        for start, token in enumerate(prompt_ids):
+            if token == first and prompt_ids[start : start + n] == needle:
+                return fault.params["match"]
+        return None
+
     def corrupt(self, state: bytes, position: int, choice: tokens.Choice) -> tokens.Choice:
         """Silent data corruption: at the fault's rate a wrong token, and logprobs that drift."""
         fault = self.active.get("sdc")
@@ -211,6 +230,11 @@ def _validate(kind: str, params: dict, tp: int) -> dict:
             "gpu": _number(params, "gpu", 0, 0, max(tp - 1, 0), int),
             "count": _number(params, "count", 1, 1, 1000, int),
         }
+    if kind == "poison":
+        match = params.get("match", "")
+        if not isinstance(match, str):
+            raise FaultError("match", "must be the text that makes the engine fail, or \"\" for every request")
+        return {"match": match, "ids": tokens.encode(match)}
     if kind == "nvlink_down":
         if tp < 2:
             raise FaultError("kind", "nvlink_down needs a tensor-parallel group: this node has one GPU and no NVLink peers")

@@ -123,7 +123,7 @@ def build_runtime(args: argparse.Namespace) -> tuple[NodeRuntime, object]:
                           fault_token=os.environ.get("LIFELINE_FAULT_TOKEN") or None, default_alpha=args.draft_acceptance)
     runtime.telemetry = open_telemetry(identity.gpus, deployment, runtime.load_for_telemetry, faults)
     identity.gpus = runtime.telemetry.gpus() or identity.gpus  # real GPUs when NVML sees them
-    return runtime, DcgmCollector(runtime.telemetry, identity.host)
+    return runtime, DcgmCollector(runtime.telemetry, identity.host, identity.name)
 
 
 def build_adapter(args: argparse.Namespace):
@@ -140,7 +140,7 @@ def build_adapter(args: argparse.Namespace):
     telemetry = open_telemetry(identity.gpus, deployment, load, FaultState(enabled=False, tp=args.tp))
     identity.gpus = telemetry.gpus() or identity.gpus
     loop_lag = LoopLag()
-    app = build_adapter_app(engine, identity, telemetry, DcgmCollector(telemetry, identity.host), loop_lag)
+    app = build_adapter_app(engine, identity, telemetry, DcgmCollector(telemetry, identity.host, identity.name), loop_lag)
     return engine, identity, telemetry, loop_lag, app
 
 

@@ -472,7 +472,7 @@ def compact_reading(reading: GpuReading) -> dict:
 
 # --- Prometheus -------------------------------------------------------------------
 
-LABELS = ["gpu", "UUID", "modelName", "Hostname", "source"]  # dcgm-exporter's labels, plus ours
+LABELS = ["gpu", "UUID", "modelName", "Hostname", "node", "source"]  # dcgm-exporter's labels, plus ours
 
 # (metric, help, value from a reading or None for n/a), DCGM's names and units.
 _METRICS: list[tuple[str, str, Callable[[GpuReading], float | None]]] = [
@@ -490,8 +490,8 @@ _METRICS: list[tuple[str, str, Callable[[GpuReading], float | None]]] = [
     ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "Total number of double-bit volatile ECC errors.", lambda r: r.ecc_uncorrected_volatile),
     ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "Current clock throttle reasons (bitmask).", lambda r: r.throttle_reasons),
     ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "Whether remapping of rows has failed.", lambda r: None if r.remapped_rows is None else int(r.remapped_rows["failure"])),
-    ("lifeline:gpu_nvlink_links_up", "NVLink links up on this GPU.", lambda r: None if r.nvlink_up is None else sum(r.nvlink_up)),
-    ("lifeline:gpu_lost", "1 when the GPU is lost (fallen off the bus or needs a reset).", lambda r: int(r.lost)),
+    ("lifeline_gpu_nvlink_links_up", "NVLink links up on this GPU.", lambda r: None if r.nvlink_up is None else sum(r.nvlink_up)),
+    ("lifeline_gpu_lost", "1 when the GPU is lost (fallen off the bus or needs a reset).", lambda r: int(r.lost)),
 ]
 
 
@@ -501,9 +501,10 @@ class DcgmCollector:
     A figure the GPU cannot give is left out for that GPU: absence is n/a, a zero would lie.
     """
 
-    def __init__(self, telemetry: NvmlTelemetry | EmulatedTelemetry, hostname: str):
+    def __init__(self, telemetry: NvmlTelemetry | EmulatedTelemetry, hostname: str, node: str = ""):
         self.telemetry = telemetry
         self.hostname = hostname
+        self.node = node or hostname
 
     def collect(self):
         readings = self.telemetry.read()
@@ -512,7 +513,7 @@ class DcgmCollector:
             for reading in readings:
                 value = value_of(reading)
                 if value is not None:
-                    labels = [str(reading.index), reading.uuid or "", reading.name or "", self.hostname, reading.source]
+                    labels = [str(reading.index), reading.uuid or "", reading.name or "", self.hostname, self.node, reading.source]
                     family.add_metric(labels, value)
             if family.samples:
                 yield family

@@ -7,6 +7,7 @@ state. Candidates and their logprobs come from the same digest, so greedy
 decoding (temperature 0) and seeded sampling are both reproducible.
 """
 
+import functools
 import hashlib
 import math
 import re
@@ -45,6 +46,7 @@ WORD_COUNT = len(VOCAB) - 3
 # Prompt words outside the vocabulary still get stable ids, above the vocabulary.
 UNKNOWN_BASE = 1 << 20
 UNKNOWN_SPAN = 1 << 30
+MAX_TOKEN_ID = UNKNOWN_BASE + UNKNOWN_SPAN  # every id encode() gives is below this
 
 CANDIDATES = 5
 MIN_TOKENS_BEFORE_EOS = 8
@@ -54,7 +56,14 @@ _TOKEN_RE = re.compile(r"[A-Za-z0-9_']+|[^\sA-Za-z0-9_']")
 
 
 def _stable_hash(text: str) -> int:
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+    # surrogatepass: a lone surrogate is refused at the API, but the tokenizer itself never fails on text.
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _unknown_id(lowered: str) -> int:
+    # Words repeat (Zipf): hashing each distinct one once makes a long prompt several times cheaper to encode.
+    return UNKNOWN_BASE + _stable_hash(lowered) % UNKNOWN_SPAN
 
 
 def encode(text: str) -> list[int]:
@@ -63,7 +72,7 @@ def encode(text: str) -> list[int]:
     for piece in _TOKEN_RE.findall(text):
         lowered = piece.lower()
         index = VOCAB_INDEX.get(lowered)
-        ids.append(index if index is not None else UNKNOWN_BASE + _stable_hash(lowered) % UNKNOWN_SPAN)
+        ids.append(index if index is not None else _unknown_id(lowered))
     return ids
 
 
@@ -116,7 +125,7 @@ _MARGIN = [0.4 + b / 255 * 1.6 for b in range(256)]  # logit step between candid
 _REST = math.log(max(WORD_COUNT - CANDIDATES, 1)) - 1.0  # the rest of the vocabulary, below the last candidate
 
 
-def _candidates(state: bytes, position: int) -> tuple[list[int], list[float]]:
+def _candidates(state: bytes, position: int, min_tokens: int = 0) -> tuple[list[int], list[float]]:
     digest = hashlib.blake2b(state, digest_size=32, person=b"lifeline-next").digest()
     ids: list[int] = []
     for raw in _UNPACK_CANDIDATES(digest):
@@ -126,7 +135,7 @@ def _candidates(state: bytes, position: int) -> tuple[list[int], list[float]]:
         ids.append(token)
     # Punctuation and the end of the sequence take the lead now and then, so text reads as sentences.
     selector = digest[20]
-    if position >= MIN_TOKENS_BEFORE_EOS and digest[21] * 1000 // 256 < EOS_PER_MILLE:
+    if position >= MIN_TOKENS_BEFORE_EOS and position >= min_tokens and digest[21] * 1000 // 256 < EOS_PER_MILLE:
         ids[0] = EOS
     elif selector < 22:
         ids[0] = PERIOD
@@ -143,9 +152,32 @@ def _candidates(state: bytes, position: int) -> tuple[list[int], list[float]]:
     return ids, [-norm, l1 - norm, l2 - norm, l3 - norm, l4 - norm]
 
 
-def next_token(state: bytes, position: int, temperature: float, seed: int) -> Choice:
-    """The token after the context folded into `state`, `position` tokens into the output."""
-    ids, logprobs = _candidates(state, position)
+@dataclass(frozen=True)
+class Sampling:
+    """How the next token is drawn: temperature and seed, and vLLM's filters and minimum length."""
+
+    temperature: float = 0.0
+    seed: int = 0
+    top_p: float = 1.0
+    top_k: int = -1  # -1 or 0: no limit
+    min_p: float = 0.0
+    min_tokens: int = 0  # no end of sequence before this many output tokens
+
+    @property
+    def filtered(self) -> bool:
+        return self.top_p < 1.0 or 0 < self.top_k < CANDIDATES or self.min_p > 0.0
+
+
+GREEDY = Sampling()
+
+
+def next_token(state: bytes, position: int, temperature: float, seed: int, sampling: Sampling | None = None) -> Choice:
+    """The token after the context folded into `state`, `position` tokens into the output.
+
+    `sampling`, when given, carries the filters (top_p, top_k, min_p) and the
+    minimum length; its temperature and seed are the ones passed here.
+    """
+    ids, logprobs = _candidates(state, position, sampling.min_tokens if sampling is not None else 0)
     top = tuple(zip(ids, logprobs))
     if temperature <= 0:
         return Choice(ids[0], logprobs[0], top)
@@ -153,14 +185,60 @@ def next_token(state: bytes, position: int, temperature: float, seed: int) -> Ch
     scaled = [lp / temperature for lp in logprobs]
     peak = max(scaled)
     weights = [math.exp(s - peak) for s in scaled]
+    if sampling is not None and sampling.filtered:
+        weights = _filter(weights, sampling)
     total = sum(weights)
     u_digest = hashlib.blake2b(state + seed.to_bytes(8, "little", signed=True), digest_size=8, person=b"lifeline-samp").digest()
     u = int.from_bytes(u_digest, "little") / 2**64 * total
     for token_id, logprob, weight in zip(ids, logprobs, weights):
+        if weight <= 0:
+            continue
         u -= weight
         if u <= 0:
             return Choice(token_id, logprob, top)
-    return Choice(ids[-1], logprobs[-1], top)
+    last = max(i for i, w in enumerate(weights) if w > 0)
+    return Choice(ids[last], logprobs[last], top)
+
+
+def _filter(weights: list[float], sampling: Sampling) -> list[float]:
+    """vLLM's order: top-k, then top-p over what is left (the leader always stays), then min-p.
+
+    The weights come most likely first, as the candidates do.
+    """
+    kept = list(weights)
+    if 0 < sampling.top_k < len(kept):
+        kept[sampling.top_k:] = [0.0] * (len(kept) - sampling.top_k)
+    if sampling.top_p < 1.0:
+        total, running = sum(kept), 0.0
+        for i, weight in enumerate(kept):
+            if i and running >= sampling.top_p * total:
+                kept[i] = 0.0
+            running += weight
+    if sampling.min_p > 0.0:
+        floor = sampling.min_p * kept[0]
+        kept = [w if w >= floor else 0.0 for w in kept]
+    return kept
+
+
+def more_candidates(state: bytes, choice: Choice, count: int) -> tuple[tuple[int, float], ...]:
+    """Candidates beyond the sampled five, for top_logprobs above CANDIDATES.
+
+    They come from the rest of the vocabulary's share, each less likely than
+    the fifth candidate and all of them together well inside that share, so the
+    distribution stays a distribution. Sampling never draws them, as before.
+    """
+    digest = hashlib.blake2b(state, digest_size=64, person=b"lifeline-more").digest()
+    taken = {token for token, _ in choice.top}
+    logprob = choice.top[-1][1]
+    extra = []
+    for i in range(count):
+        token = int.from_bytes(digest[2 * i : 2 * i + 2], "little") % WORD_COUNT
+        while token in taken:
+            token = (token + 1) % WORD_COUNT
+        taken.add(token)
+        logprob -= _MARGIN[digest[40 + i % 24]] / 2
+        extra.append((token, logprob))
+    return tuple(extra)
 
 
 def token_text(token_id: int) -> str:

@@ -242,11 +242,36 @@ def record_canary(node: Node, verdict: policy.Verdict, latency_ms: float | None,
     return result
 
 
-def record_node_failure(node: Node, cause: str) -> None:
-    """A failure of the node reported from outside the canaries (a gateway's 5xx or a stall): the breaker counts it."""
+def record_node_failure(node: Node, cause: str, request_key: str | None = None) -> str:
+    """A failure of the node reported from outside the canaries (a gateway's 5xx or a stall).
+
+    With the failed request's fingerprint, the breaker counts it only when it is
+    the node's fault (`breaker.blame`): not when the same request failed on
+    another node too, and once for a request that fails here again. Returns
+    the verdict.
+    """
+    if request_key:
+        r, k = hot.client(), hot.keys()
+        pipe = r.pipeline()
+        pipe.sadd(k.request_failures(request_key), node.name)
+        pipe.expire(k.request_failures(request_key), breakers.BLAME_WINDOW_S)
+        pipe.smembers(k.request_failures(request_key))
+        pipe.sismember(k.node_failures(node.name), request_key)
+        _, _, failed_on, counted_here = pipe.execute()
+        verdict = breakers.blame(node.name, failed_on, bool(counted_here))
+        if verdict != breakers.NODE:
+            log.info("not counted against %s's breaker (%s): %s", node.name,
+                     "the same request failed on " + ", ".join(sorted(failed_on - {node.name})) if verdict == breakers.REQUEST
+                     else "that request already counted here", cause)
+            return verdict
+        pipe = r.pipeline()
+        pipe.sadd(k.node_failures(node.name), request_key)
+        pipe.expire(k.node_failures(node.name), breakers.BLAME_WINDOW_S)
+        pipe.execute()
     cluster = Cluster.default()
     after = breaker_of(node).on_failure(time.time(), cluster.breaker_threshold)
     set_breaker(node, after, f"{cause} ({after.failures} consecutive failures)")
+    return breakers.NODE
 
 
 def schedule_canaries(now: float | None = None) -> list[tuple[int, bool]]:

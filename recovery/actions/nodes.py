@@ -112,8 +112,13 @@ def routing_entries() -> dict[str, dict]:
     }
 
 
+def deployed_models() -> list[str]:
+    """The models of every node that has not left: served now, or coming back."""
+    return sorted(set(Node.objects.exclude(state=NodeState.LEFT).values_list("model_key", flat=True)))
+
+
 def publish_routing() -> None:
-    hot.publish_routing(routing_entries())
+    hot.publish_routing(routing_entries(), deployed_models())
 
 
 def publish_cluster_config() -> None:

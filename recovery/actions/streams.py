@@ -99,7 +99,9 @@ def handle_signal(kind: str, gateway: str, data: dict) -> None:
 
         node = Node.objects.filter(name=data.get("node")).first()
         if node is not None:
-            health.record_node_failure(node, f"{source}: {node.name} answered {data.get('status')} ({data.get('answer', '')[:120]})")
+            served = f"; {data['served_by']} served the same request" if data.get("served_by") else ""
+            health.record_node_failure(node, f"{source}: {node.name} answered {data.get('status')} ({data.get('answer', '')[:120]}){served}",
+                                       data.get("request_key"))
     elif kind == "migration_command_done":
         from recovery.actions import migrations
 

@@ -6,6 +6,7 @@ happened goes back through Redis streams (recovery.gateway.signals).
 """
 
 import asyncio
+import hashlib
 import json
 import logging
 import os
@@ -21,8 +22,10 @@ from recovery.gateway.coordinator import Coordinator, Flight
 from recovery.gateway.relay import ClientGone, Relay, openai_error
 from recovery.gateway.signals import Signals
 from recovery.gateway.table import RoutingView, Tenant
-from workers import catalog, tokens
+from workers import catalog
 from workers.aio import cancel
+from workers.openai_api import read_json
+from workers.openai_schema import ApiError, CompletionRequest, parse
 
 log = logging.getLogger(__name__)
 
@@ -46,14 +49,17 @@ COORDINATOR_KEY = web.AppKey("coordinator", Coordinator)
 METRICS_KEY = web.AppKey("metrics", object)
 REGISTRY_KEY = web.AppKey("registry", CollectorRegistry)
 TASKS_KEY = web.AppKey("tasks", list)
+STARTED_KEY = web.AppKey("started", int)
 
 _ALIASES = {m.name: m.key for m in catalog.MODELS.values()}
 SHED_RETRY_AFTER_S = 30  # document 003's shedding answer
+LARGE_BODY_BYTES = 64 * 1024  # validated in a worker thread above this
 
 
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry):
-        self.requests = Counter("lifeline_gateway_requests", "Finished requests by outcome.", ["status", "tier"], registry=registry)
+        self.requests = Counter("lifeline_gateway_requests", "Every answer the gateway gave, by outcome, tier and HTTP status.",
+                                ["status", "tier", "code"], registry=registry)
         self.migrations = Counter("lifeline_migrations", "Requests moved to another node, by method.", ["kind", "method"], registry=registry)
         self.stall = Histogram(
             "lifeline_recovery_stall_seconds", "Client-visible gap around a move: last token before to first after.", registry=registry,
@@ -63,6 +69,9 @@ class GatewayMetrics:
         self.ttft = Histogram("lifeline_gateway_ttft_seconds", "Time to first token, as the client sees it.", ["tier"], registry=registry,
                               buckets=(0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
 
+    def answered(self, outcome: str, tier: str, code: int) -> None:
+        self.requests.labels(outcome, tier, str(code)).inc()
+
 
 def _authenticate(request: web.Request) -> Tenant | None:
     scheme, _, key = request.headers.get("Authorization", "").partition(" ")
@@ -71,73 +80,103 @@ def _authenticate(request: web.Request) -> Tenant | None:
     return request.app[VIEW_KEY].tenant_for(key.strip())
 
 
-def _prompt_tokens(body: dict) -> int:
-    """Roughly the node's count: the same tokenizer for the emulated engine."""
-    if isinstance(body.get("prompt"), str):
-        return len(tokens.encode(body["prompt"]))
-    messages = body.get("messages")
-    if isinstance(messages, list):
-        text = " ".join(m.get("content") for m in messages if isinstance(m, dict) and isinstance(m.get("content"), str))
-        return len(tokens.encode(text)) + 3 * len(messages)
-    return 0
+def _refusal(error: ApiError, headers: dict | None = None) -> web.Response:
+    return web.json_response(error.to_json(), status=error.status, headers=headers)
+
+
+def _validate(request: web.Request, body: dict, kind: str) -> CompletionRequest:
+    """The whole request checked before anything is booked for it: the model served, then the schema the nodes use."""
+    view = request.app[VIEW_KEY]
+    model = body.get("model")
+    if isinstance(model, str) and model:
+        model = _ALIASES.get(model, model)
+        if model not in view.served_models():
+            served = ", ".join(sorted(view.served_models())) or "nothing right now"
+            raise ApiError(404, f"The model `{model}` does not exist: this cluster serves {served}.", param="model", code="model_not_found")
+    context = None
+    if isinstance(model, str) and model in catalog.MODELS:
+        # The longest any node of the model can hold; a node that holds less refuses the rest itself.
+        fits = [r.deployment.max_context_tokens for r in view.routes.values() if r.model == model]
+        context = max(fits) if fits else catalog.MODELS[model].context_tokens
+    return parse({**body, "model": model} if isinstance(model, str) else body, kind, context)
+
+
+def request_key(body: dict) -> str:
+    """A request's content, fingerprinted: the same request sent again (a client's retry) has the same key."""
+    content = {k: v for k, v in body.items() if k not in ("lifeline", "stream", "stream_options")}
+    return hashlib.blake2b(json.dumps(content, sort_keys=True, default=str).encode(), digest_size=12).hexdigest()
 
 
 async def _serve(request: web.Request, path: str) -> web.StreamResponse:
+    """Authenticate, validate, admit, then relay; every answer, refusals included, is counted once."""
+    metrics: GatewayMetrics = request.app[METRICS_KEY]
     view, coordinator = request.app[VIEW_KEY], request.app[COORDINATOR_KEY]
     tenant = _authenticate(request)
     if tenant is None:
-        return openai_error(401, "Missing or unknown API key: send `Authorization: Bearer <key>` with a key from `python manage.py create_api_key`.", "authentication_error")
+        metrics.answered("rejected", "none", 401)
+        return openai_error(401, "Missing or unknown API key: send `Authorization: Bearer <key>` with a key from `python manage.py create_api_key`.",
+                            "authentication_error")
     try:
-        body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return openai_error(400, "The body is not valid JSON.", "invalid_request_error", "body")
-    if not isinstance(body, dict):
-        return openai_error(400, "The body must be a JSON object.", "invalid_request_error", "body")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        return openai_error(400, "model: is required", "invalid_request_error", "model")
-    model = _ALIASES.get(model, model)
-    if model not in view.models() and model not in catalog.MODELS:
-        served = ", ".join(sorted(view.models())) or "nothing right now"
-        return openai_error(404, f"The model `{model}` does not exist: this cluster serves {served}.", "invalid_request_error", "model")
+        body = await read_json(request)
+        kind = "chat" if path.endswith("/chat/completions") else "completion"
+        if (request.content_length or 0) > LARGE_BODY_BYTES:
+            # Tokenizing a long prompt takes a while: off the event loop, so the streams it relays keep flowing.
+            req = await asyncio.get_running_loop().run_in_executor(None, _validate, request, body, kind)
+        else:
+            req = _validate(request, body, kind)
+    except ApiError as exc:
+        metrics.answered("rejected", tenant.tier, exc.status)
+        return _refusal(exc)
     config = view.config
     if not config.accept_new:
+        metrics.answered("shed", tenant.tier, 503)
         return openai_error(503, f"The cluster is at degradation level {config.degradation_level}: it takes no new requests while the ones "
                             f"in flight finish. Try again in {SHED_RETRY_AFTER_S} s.", "service_unavailable",
                             headers={"Retry-After": str(SHED_RETRY_AFTER_S)})
     if tenant.tier in config.shed_tiers:
-        request.app[METRICS_KEY].shed.labels(tenant.tier).inc()
+        metrics.shed.labels(tenant.tier).inc()
+        metrics.answered("shed", tenant.tier, 429)
         return openai_error(429, f"The cluster is at degradation level {config.degradation_level} and sheds {tenant.tier} traffic to keep "
                             f"its SLOs for higher tiers. Try again in {SHED_RETRY_AFTER_S} s.", "rate_limit_exceeded",
                             headers={"Retry-After": str(SHED_RETRY_AFTER_S)})
-    extension = body.get("lifeline") if isinstance(body.get("lifeline"), dict) else {}
-    request_id = str(extension.get("request_id") or f"gw-{os.urandom(8).hex()}")
+    request_id = req.extension.request_id or f"gw-{os.urandom(8).hex()}"
     if request_id in coordinator.flights:
+        metrics.answered("rejected", tenant.tier, 409)
         return openai_error(409, f"lifeline.request_id {request_id!r} is already in flight.", "invalid_request_error", "lifeline.request_id")
-    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or (16 if path.endswith("/completions") and "prompt" in body else 512)
-    flight = Flight(request_id, tenant.tenant, tenant.tier, model, _prompt_tokens(body), int(max_tokens) if isinstance(max_tokens, int) else 512)
+    body = {**body, "model": req.model}
+    if req.params.temperature > 0 and body.get("seed") is None:
+        # A sampled request gets its seed here, so a node that continues it draws the same text.
+        body["seed"] = req.params.seed
+    flight = Flight(request_id, tenant.tenant, tenant.tier, req.model, req.prompt_tokens, req.params.max_tokens)
+    relay = Relay(coordinator, request, body, req, flight, path, request_key(body))
     coordinator.flights[request_id] = flight
-    relay = Relay(coordinator, request, {**body, "model": model}, flight, path)
-    status = "ok"
+    status, response = "error", None
     try:
         response = await relay.run()
-        if response.status >= 400 or relay.finish_reason == "error":
-            status = "error" if response.status >= 500 or relay.finish_reason == "error" else "rejected"
+        if response.status >= 500 or relay.finish_reason == "error":
+            status = "error"
+        elif response.status >= 400:
+            status = "rejected"
+        else:
+            status = "ok"
         return response
     except ClientGone:
         status = "client_gone"
-        return relay.response
+        response = relay.response
+        return response
     except asyncio.CancelledError:
         status = "client_gone"
         raise
     finally:
+        # Released on every path, an exception included: a flight left behind would block its request id for good.
         coordinator.flights.pop(request_id, None)
-        _report(request.app, flight, relay, status)
+        code = response.status if response is not None else (499 if status == "client_gone" else 500)
+        _report(request.app, flight, relay, status, code)
 
 
-def _report(app: web.Application, flight: Flight, relay: Relay, status: str) -> None:
+def _report(app: web.Application, flight: Flight, relay: Relay, status: str, code: int) -> None:
     metrics: GatewayMetrics = app[METRICS_KEY]
-    metrics.requests.labels(status, flight.tier).inc()
+    metrics.answered(status, flight.tier, code)
     ttft = (flight.first_token_at - flight.started) if flight.first_token_at else None
     n = len(flight.generated)
     tpot = ((flight.last_token_at - flight.first_token_at) / (n - 1)) if n > 1 and flight.first_token_at else None
@@ -155,6 +194,24 @@ def _report(app: web.Application, flight: Flight, relay: Relay, status: str) -> 
     )
 
 
+@web.middleware
+async def error_middleware(request: web.Request, handler):
+    """Every refusal and failure answers JSON in OpenAI's shape: a 404, a 405 (with its Allow), a 500."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+        kind = "not_found_error" if exc.status == 404 else "invalid_request_error"
+        return openai_error(exc.status, f"{exc.reason}: {request.method} {request.path}", kind, headers=headers)
+    except (ConnectionResetError, asyncio.CancelledError):
+        raise
+    except Exception:
+        log.exception("%s %s failed", request.method, request.path)
+        return openai_error(500, f"The gateway failed on {request.method} {request.path}; its log has the traceback.", "server_error")
+
+
 async def completions(request: web.Request) -> web.StreamResponse:
     return await _serve(request, "/v1/completions")
 
@@ -166,8 +223,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 async def models(request: web.Request) -> web.Response:
     if _authenticate(request) is None:
         return openai_error(401, "Missing or unknown API key.", "authentication_error")
-    names = sorted(request.app[VIEW_KEY].models())
-    return web.json_response({"object": "list", "data": [{"id": m, "object": "model", "owned_by": "lifeline"} for m in names]})
+    names = sorted(request.app[VIEW_KEY].served_models())
+    created = request.app[STARTED_KEY]
+    data = [{"id": m, "object": "model", "created": created, "owned_by": "lifeline", "root": catalog.MODELS[m].name if m in catalog.MODELS else m,
+             "max_model_len": max((r.deployment.max_context_tokens for r in request.app[VIEW_KEY].routes.values() if r.model == m),
+                                  default=catalog.MODELS[m].context_tokens if m in catalog.MODELS else None)} for m in names]
+    return web.json_response({"object": "list", "data": data})
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -218,8 +279,9 @@ async def _follow_commands(app: web.Application) -> None:
 
 
 def build_app(config: GatewayConfig) -> web.Application:
-    app = web.Application(client_max_size=16 * 1024 * 1024)
+    app = web.Application(client_max_size=16 * 1024 * 1024, middlewares=[error_middleware])
     app[CONFIG_KEY] = config
+    app[STARTED_KEY] = int(time.time())
     registry = CollectorRegistry()
     app[REGISTRY_KEY] = registry
     app[METRICS_KEY] = GatewayMetrics(registry)

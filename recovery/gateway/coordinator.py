@@ -26,6 +26,8 @@ from workers.catalog import BLOCK_TOKENS
 
 log = logging.getLogger(__name__)
 
+FIRST_TOKEN_MARGIN = 2.0
+
 
 @dataclass
 class Flight:
@@ -137,13 +139,13 @@ class Coordinator:
         self._plan(name)
         self._replace_holders(name)
 
-    def _plan(self, failed_node: str, only: list[Flight] | None = None) -> None:
+    def _plan(self, failed_node: str, only: list[Flight] | None = None, exclude: set[str] = frozenset()) -> None:
         stranded = only if only is not None else [f for f in self.flights.values() if f.node == failed_node]
         if not stranded:
             return
         model = stranded[0].model
         survivors = {}
-        for name, route in self.routable(model).items():
+        for name, route in self.routable(model, exclude).items():
             status = self.watcher.status(name)
             survivors[name] = dispatch.Survivor(
                 name=name, rack=route.rack, l_hat=self.l_hat(name),
@@ -162,7 +164,7 @@ class Coordinator:
         theta = dispatch.theta_for([s.l_hat for s in survivors.values()], self.view.config.theta_factor)
         try:
             decisions = dispatch.plan_recovery(
-                interrupted, survivors, set(self.failed), theta, self.view.config.tau_tokens, self.view.config.alpha, self.view.config.beta
+                interrupted, survivors, set(self.failed) | set(exclude), theta, self.view.config.tau_tokens, self.view.config.alpha, self.view.config.beta
             )
         except dispatch.NoSurvivors as exc:
             for flight in stranded:
@@ -189,6 +191,28 @@ class Coordinator:
         if flight.decision is None or flight.decision_for_node != failed_node:
             self._plan(failed_node, only=[flight])  # it reached that node after the plan was made
         return await flight.decision
+
+    def redirect(self, flight: Flight, node: str) -> dispatch.Decision:
+        """Where `flight` continues after `node` failed or refused it while staying up.
+
+        Planned for this request alone with `node` left out; nothing is marked
+        lost, so the node's other requests and its routing are untouched.
+        Raises NoSurvivors when no other node can take it.
+        """
+        self._plan(node, only=[flight], exclude={node})
+        return flight.decision.result()
+
+    def first_token_s(self, route: Route, prompt_tokens: int) -> float:
+        """How long the first token may take on `route`: its queued prefill plus this one, by the roofline, with margin.
+
+        Twice the modelled time, scaled as the node runs (an emulated node's time scale).
+        A node still working after that is given more time by the relay; this only
+        sets when it first asks.
+        """
+        status = self.watcher.status(route.name)
+        pending = self.watcher.pending_for(route.name)
+        ahead = status.uncomputed_prefill_tokens + pending.prompt_tokens
+        return FIRST_TOKEN_MARGIN * (status.time_scale or 1.0) * route.deployment.prefill_s(max(ahead + prompt_tokens, 1))
 
     def _replace_holders(self, lost: str) -> None:
         """Requests elsewhere that had `lost` as a holder get a new one (the serving node resends its blocks)."""

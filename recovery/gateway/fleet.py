@@ -11,6 +11,7 @@ the replaced entry at once, so a request waiting for its decision only
 searches. A route or setting change rebuilds them.
 """
 
+import math
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ class FleetState:
         self._model_of: dict[str, str] = {}
         self._recent: deque[tuple[float, str, float]] = deque()  # (when, holder, pages) in time order
         self._recent_pages: dict[str, float] = {}
+        self._recent_count: dict[str, int] = {}  # placements behind each sum: at 0 the sum goes, whatever rounding left
         self._signature = None
 
     # --- events ---------------------------------------------------------------------------
@@ -69,22 +71,31 @@ class FleetState:
             pool.holders.set(self._holder(route))
 
     def placed(self, holders: tuple[Route, ...], pages: float) -> None:
-        """Checkpoints of a new request go to `holders`: their L̂ counts the pages from now."""
+        """Checkpoints of a new request go to `holders`: their L̂ counts the pages from now.
+
+        Pages are a count: one that is not a positive finite number books nothing, so
+        the bookkeeping cannot go negative nor keep a load that never expires.
+        """
+        if not (isinstance(pages, (int, float)) and 0 < pages < math.inf):
+            return
         now = self.clock()
         for route in holders:
             self._recent.append((now, route.name, pages))
             self._recent_pages[route.name] = self._recent_pages.get(route.name, 0.0) + pages
+            self._recent_count[route.name] = self._recent_count.get(route.name, 0) + 1
             self._refresh_holder(route.name)
 
     def expire(self, now: float) -> None:
         """Placements older than RECENT_S stop counting: the holder's own status has them by now."""
         while self._recent and now - self._recent[0][0] >= RECENT_S:
             _, name, pages = self._recent.popleft()
-            left = self._recent_pages.get(name, 0.0) - pages
-            if left <= 1e-9:
+            count = self._recent_count.get(name, 1) - 1
+            if count <= 0:
                 self._recent_pages.pop(name, None)
+                self._recent_count.pop(name, None)
             else:
-                self._recent_pages[name] = left
+                self._recent_pages[name] = max(self._recent_pages.get(name, 0.0) - pages, 0.0)
+                self._recent_count[name] = count
             self._refresh_holder(name)
 
     # --- what the policies read -------------------------------------------------------------

@@ -13,14 +13,16 @@ import asyncio
 import json
 import logging
 import re
-import secrets
 import time
+from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
 
 from recovery.gateway.coordinator import Coordinator, Flight
+from recovery.gateway.table import Route
 from recovery.policy.dispatch import Decision, NoSurvivors
+from workers.openai_schema import CompletionRequest
 
 log = logging.getLogger(__name__)
 
@@ -28,30 +30,50 @@ TOKEN_IDS = re.compile(rb'"token_ids":\[([0-9,]*)\]')
 FINISH = re.compile(rb'"finish_reason":"([a-z_]+)"')
 BROKEN = (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientConnectionError, ConnectionResetError)
 RETRY_AFTER_S = 2
-MAX_ROUTING_ATTEMPTS = 4
 
 
 class UpstreamBroken(Exception):
-    """The node stopped giving this request tokens: it died, hung, or failed it."""
+    """The node stopped giving this request tokens: it died, hung, or failed it.
+
+    `lost` says whether the node itself is gone (its connection broke, or it
+    went silent, status stream and all), or only this request is stuck on a
+    node that still answers.
+    """
+
+    def __init__(self, message: str, lost: bool = True):
+        super().__init__(message)
+        self.lost = lost
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A node that answered this request with a server error: whose fault it was, the next node decides."""
+
+    node: str
+    status: int
+    answer: str
 
 
 class ClientGone(Exception):
     pass
 
 
-def openai_error(status: int, message: str, kind: str, param: str | None = None, headers: dict | None = None) -> web.Response:
-    return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": None}}, status=status, headers=headers)
+def openai_error(status: int, message: str, kind: str, param: str | None = None, headers: dict | None = None,
+                 code: str | None = None) -> web.Response:
+    return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": code}}, status=status, headers=headers)
 
 
 class Relay:
-    def __init__(self, coordinator: Coordinator, request: web.Request, body: dict, flight: Flight, path: str):
+    def __init__(self, coordinator: Coordinator, request: web.Request, body: dict, req: CompletionRequest, flight: Flight, path: str,
+                 request_key: str):
         self.co = coordinator
         self.request = request
-        self.body = body
+        self.body = body  # validated by workers.openai_schema, as every node validates it
         self.flight = flight
         self.path = path
-        self.client_stream = bool(body.get("stream"))
-        self.client_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        self.request_key = request_key  # the content's fingerprint: the same request sent again has the same key
+        self.client_stream = req.stream
+        self.client_usage = req.include_usage
         self.response: web.StreamResponse | None = None
         self.finish_reason: str | None = None
         self.usage: dict | None = None
@@ -59,9 +81,7 @@ class Relay:
         self.nodes: list[str] = []
         self._migrated = False
         self._second_holder_asked = False
-        if float(body.get("temperature", 1.0) or 0) > 0 and body.get("seed") is None:
-            # A sampled request gets a seed here, so a node that continues it draws the same text.
-            self.body = {**body, "seed": secrets.randbits(62)}
+        self._failure: Failure | None = None  # the first node that answered it with a server error
 
     # --- the loop --------------------------------------------------------------------------
     async def run(self) -> web.StreamResponse:
@@ -94,29 +114,30 @@ class Relay:
                     co.watcher.settle(route.name, flight.request_id)
                     answer = await upstream.read()
                     if upstream.status >= 500 and upstream.status != 503:
-                        # A failure of the node (503 is a node still loading): its circuit breaker counts it.
-                        # A 4xx is the client's doing and never counts.
-                        co.signals.emit("node_error", node=route.name, status=upstream.status, answer=answer[:200].decode(errors="replace"))
+                        # The node failed this request but answers: the node's fault, or the request's? A second
+                        # node decides. If it fails there too, the request is poison: it stops here and counts
+                        # against no node. If another node serves it, the first one's breaker counts it.
+                        failure = Failure(route.name, upstream.status, answer[:200].decode(errors="replace"))
+                        if self._failure is not None:
+                            return await self._request_failed(self._failure, failure)
+                        self._failure = failure
                     if upstream.status >= 500 or upstream.status == 409 and decision is not None:
-                        # Loading, a lost GPU, a duplicate after a restart: another node, then.
-                        exclude.add(route.name)
+                        # A server error, a node still loading, a duplicate after a restart: another node, then.
                         reason = f"{route.name} answered {upstream.status}"
-                        if decision is not None:
-                            decision, broke_at = await self._recover(route.name, reason, broke_at, exclude)
-                            if decision is None:
-                                return await self._give_up(reason)
+                        decision, broke_at = await self._recover(route.name, reason, broke_at, exclude, lost=False)
                         continue
                     if self._sent_any:  # a resumed request refused: end the client's stream plainly
                         return await self._give_up(f"{route.name} refused to continue it ({upstream.status})")
                     return web.Response(status=upstream.status, body=answer, content_type="application/json",
                                         headers={"X-Lifeline-Node": route.name, "X-Request-Id": flight.request_id})
+                self._served_by(route.name)
                 try:
-                    await self._pump(upstream, route.name, decision, broke_at, reason)
+                    await self._pump(upstream, route, decision, broke_at, reason)
                 except UpstreamBroken as exc:
                     broke_at = time.monotonic()
                     reason = f"{route.name}: {exc}"
-                    decision, broke_at = await self._recover(route.name, reason, broke_at, exclude)
-                    if decision is None:
+                    decision, broke_at = await self._recover(route.name, reason, broke_at, exclude, lost=exc.lost)
+                    if decision is None and self._sent_any:
                         return await self._give_up(reason)
                     continue
                 if self._migrated:
@@ -131,11 +152,18 @@ class Relay:
                 return await self._finish()
         return await self._give_up("too many failures in a row")
 
+    def _served_by(self, node: str) -> None:
+        """`node` took the request another node had failed with a server error: that one was at fault."""
+        failure, self._failure = self._failure, None
+        if failure is not None and failure.node != node:
+            self.co.signals.emit("node_error", node=failure.node, status=failure.status, answer=failure.answer,
+                                 request_id=self.flight.request_id, request_key=self.request_key, served_by=node)
+
     def _route(self, decision: Decision | None, exclude: set[str]):
         """The node to (re)start on, and the decision that goes with it."""
         if decision is not None:
             route = self.co.view.routes.get(decision.target)
-            if route is not None and decision.target not in self.co.failed:
+            if route is not None and decision.target not in self.co.failed and decision.target not in exclude:
                 return route, decision
             # The planned target left routing meanwhile: whoever is least loaded re-prefills it.
             exclude.add(decision.target)
@@ -148,18 +176,26 @@ class Relay:
     def _sent_any(self) -> bool:
         return bool(self.flight.generated)
 
-    async def _recover(self, node: str, reason: str, broke_at: float | None, exclude: set[str]) -> tuple[Decision | None, float]:
-        """Where the request goes on; None when nothing has been sent yet and a fresh pick will do."""
+    async def _recover(self, node: str, reason: str, broke_at: float | None, exclude: set[str], lost: bool = True) -> tuple[Decision | None, float]:
+        """Where the request goes on; None when nothing has been sent yet and a fresh pick will do.
+
+        A node that is `lost` (dead, unreachable, silent) is lost for every request
+        this gateway has on it, and reported. A node that answered (a server error,
+        still loading, a request stuck on a live engine) is only left out for this
+        request: no symptom, no incident, its other requests untouched.
+        """
         broke_at = broke_at or time.monotonic()
+        exclude.add(node)
         if not self._sent_any and self.flight.decision is None:
-            exclude.add(node)
-            self.co.node_lost(node, reason, time.time())
+            if lost:
+                self.co.node_lost(node, reason, time.time())
             return None, broke_at
         try:
-            return await self.co.decision_for(self.flight, node, reason), broke_at
+            if lost:
+                return await self.co.decision_for(self.flight, node, reason), broke_at
+            return self.co.redirect(self.flight, node), broke_at
         except NoSurvivors:
             # The plan saw no survivor; a node may have come back since: a fresh pick, re-prefilling.
-            exclude.add(node)
             return Decision(self.flight.request_id, node, "reprefill", None, "no survivor in the plan"), broke_at
 
     # --- talking to the node ------------------------------------------------------------------
@@ -183,15 +219,23 @@ class Relay:
         payload["lifeline"] = lifeline
         return payload
 
-    async def _pump(self, upstream: aiohttp.ClientResponse, node: str, decision: Decision | None, broke_at: float | None, reason: str) -> None:
+    async def _pump(self, upstream: aiohttp.ClientResponse, route: Route, decision: Decision | None, broke_at: float | None, reason: str) -> None:
         """Forward the node's chunks until it finishes, hands the request over, or breaks."""
-        flight, stall = self.flight, self.co.view.config.stall_timeout_s
+        flight, stall, node = self.flight, self.co.view.config.stall_timeout_s, route.name
         resumed = decision is not None
+        timeout = stall + self.co.first_token_s(route, flight.context_tokens)  # the work in front of it, with margin
+        waiting_since = time.monotonic()
         while True:
             try:
-                raw = await asyncio.wait_for(upstream.content.readline(), timeout=stall)
+                raw = await asyncio.wait_for(upstream.content.readline(), timeout=timeout)
             except TimeoutError:
-                raise UpstreamBroken(f"no byte for {stall:g} s (hung)") from None
+                waited = time.monotonic() - waiting_since
+                if not self.co.watcher.answering(node):
+                    raise UpstreamBroken(f"no byte for {waited:.1f} s and its status stream is silent too (hung)") from None
+                if self.co.watcher.progressed_within(node, timeout):
+                    timeout = stall  # alive and working (a long prefill, a queue, a slow GPU): not a failure
+                    continue
+                raise UpstreamBroken(f"no byte for {waited:.1f} s while its engine made no progress", lost=False) from None
             except BROKEN as exc:
                 raise UpstreamBroken(f"stream broke ({exc.__class__.__name__})") from None
             if not raw:
@@ -216,6 +260,7 @@ class Relay:
             ids = TOKEN_IDS.search(data)
             if ids and ids.group(1):
                 now = time.monotonic()
+                timeout, waiting_since = stall, now
                 if resumed:
                     await self._announce(node, decision, broke_at, now, chunk, reason)
                     resumed = False
@@ -302,7 +347,7 @@ class Relay:
         body = "".join(text)
         choice = {"index": 0, "logprobs": logprobs, "finish_reason": self.finish_reason}
         if chat:
-            choice["message"] = {"role": "assistant", "content": body}
+            choice["message"] = {"role": "assistant", "content": body, "refusal": None}
         else:
             choice["text"] = body
         answer = {
@@ -314,6 +359,24 @@ class Relay:
         if self.flight.migrations:
             answer["lifeline"] = {"migrations": self.flight.migrations}
         return answer
+
+    async def _request_failed(self, first: Failure, second: Failure) -> web.StreamResponse:
+        """Two nodes failed this request with server errors: the request's doing, not theirs. It stops here."""
+        self.finish_reason = "error"
+        message = (f"{first.node} and {second.node} both failed this request ({first.status}, then {second.status}: {second.answer[:120]}). "
+                   f"A request that fails on two nodes is not tried on more and counts against no node; "
+                   f"if it should have worked, report it with request id {self.flight.request_id}.")
+        log.warning("request %s failed on %s and %s; not retried: %s", self.flight.request_id, first.node, second.node, second.answer[:200])
+        self.co.signals.emit("request_failed", request_id=self.flight.request_id, request_key=self.request_key,
+                             nodes=[first.node, second.node], statuses=[first.status, second.status], answer=second.answer)
+        if self.response is None and not self._sent_any:
+            return openai_error(500, message, "server_error", code="request_failed_on_two_nodes")
+        error = {"error": {"message": message, "type": "server_error", "param": None, "code": "request_failed_on_two_nodes"}}
+        if self.client_stream:
+            await self._write(f"data: {json.dumps(error)}\n\n".encode())
+            await self.response.write_eof()
+            return self.response
+        return web.json_response(error, status=500)
 
     async def _give_up(self, reason: str) -> web.StreamResponse:
         """Nothing can continue the request: 503 before anything was sent, an error event after."""

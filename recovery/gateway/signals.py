@@ -62,7 +62,11 @@ class Signals:
         except (RedisError, OSError) as exc:
             log.warning("could not publish in-flight requests: %s", exc)
 
+    async def flush(self) -> None:
+        """Wait until everything emitted so far is written (or given up)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
     async def close(self) -> None:
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.flush()
         await self.redis.aclose()

@@ -92,6 +92,7 @@ class RoutingView:
     routes: dict[str, Route] = field(default_factory=dict)
     tenants: dict[str, Tenant] = field(default_factory=dict)
     config: ClusterConfig = field(default_factory=ClusterConfig)
+    deployed: frozenset[str] = frozenset()  # models registered nodes serve, in routing or not
     listeners: list = field(default_factory=list)  # called after every reload
 
     def __post_init__(self):
@@ -110,8 +111,9 @@ class RoutingView:
 
     async def reload(self) -> None:
         try:
-            raw_routes, raw_keys, raw_config = await asyncio.gather(
-                self.redis.hgetall(self.keys.routing), self.redis.hgetall(self.keys.gateway_keys), self.redis.get(self.keys.cluster_config)
+            raw_routes, raw_keys, raw_config, raw_models = await asyncio.gather(
+                self.redis.hgetall(self.keys.routing), self.redis.hgetall(self.keys.gateway_keys), self.redis.get(self.keys.cluster_config),
+                self.redis.get(self.keys.deployed_models),
             )
         except (RedisError, OSError) as exc:
             log.warning("cannot read the routing table, keeping the last copy: %s", exc)
@@ -134,6 +136,10 @@ class RoutingView:
             self.config = ClusterConfig.parse(raw_config)
         except (ValueError, TypeError) as exc:
             log.warning("ignoring a malformed cluster config: %s", exc)
+        try:
+            self.deployed = frozenset(json.loads(raw_models)) if raw_models else frozenset()
+        except (ValueError, TypeError) as exc:
+            log.warning("ignoring a malformed list of deployed models: %s", exc)
         self.loaded.set()
         for listener in list(self.listeners):
             listener()
@@ -161,7 +167,12 @@ class RoutingView:
         return self.tenants.get(hashlib.sha256(key.encode()).hexdigest())
 
     def models(self) -> set[str]:
+        """The models some node in routing serves now."""
         return {route.model for route in self.routes.values()}
+
+    def served_models(self) -> set[str]:
+        """The models this cluster serves: in routing now, or on a registered node that is coming back."""
+        return self.models() | self.deployed
 
     def candidates(self, model: str) -> list[Route]:
         return [r for r in self.routes.values() if r.model == model and r.weight > 0]

@@ -12,6 +12,7 @@ even for a node with no request in flight.
 import asyncio
 import json
 import logging
+import math
 import time
 from collections.abc import Callable
 
@@ -22,6 +23,10 @@ from recovery.policy.load import NodeStatus, Pending
 from workers.aio import cancel
 
 log = logging.getLogger(__name__)
+
+# Nodes send a status or a keep-alive at least every second (workers.agent.KEEPALIVE_S); a stream
+# silent this long belongs to a node that is frozen or gone.
+SILENT_S = 3.0
 
 
 class NodeWatcher:
@@ -38,10 +43,15 @@ class NodeWatcher:
         self._tasks: dict[str, tuple[str, asyncio.Task]] = {}  # node -> (session, task)
         self.lost: dict[str, float] = {}  # node -> when its stream broke
         self._heard: set[str] = set()  # nodes whose status stream is up and has spoken
+        self._heard_at: dict[str, float] = {}  # node -> monotonic time of its stream's last line (a keep-alive counts)
+        self._progress_at: dict[str, float] = {}  # node -> monotonic time its engine's step count last moved
+        self._step_gap: dict[str, float] = {}  # node -> seconds between the last two moves while it was busy
         self._session: aiohttp.ClientSession | None = None
 
     def start(self) -> None:
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, connect=2, sock_read=30), headers=self.headers)
+        # A node's stream speaks at least every second (a keep-alive when idle): silence this long is a frozen node.
+        timeout = aiohttp.ClientTimeout(total=None, connect=2, sock_read=SILENT_S * 3)
+        self._session = aiohttp.ClientSession(timeout=timeout, headers=self.headers)
         self.view.listeners.append(self.sync)
         self.sync()
 
@@ -75,6 +85,7 @@ class NodeWatcher:
                 connected = True
                 data = None
                 async for raw in response.content:
+                    self._heard_at[route.name] = time.monotonic()
                     line = raw.decode().rstrip("\n")
                     if line.startswith("data: "):
                         data = line[6:]
@@ -92,7 +103,14 @@ class NodeWatcher:
             self.on_lost(route.name, reason, time.time())
 
     def _update(self, name: str, data: dict) -> None:
-        self.statuses[name] = NodeStatus.from_event(data)
+        status = NodeStatus.from_event(data)
+        previous = self.statuses.get(name)
+        if previous is None or status.steps != previous.steps:
+            now = time.monotonic()
+            if previous is not None and (previous.running or previous.waiting) and name in self._progress_at:
+                self._step_gap[name] = now - self._progress_at[name]  # how often a busy node is seen to step
+            self._progress_at[name] = now
+        self.statuses[name] = status
         if name not in self._heard:
             self._heard.add(name)
             self.on_back(name)
@@ -127,3 +145,14 @@ class NodeWatcher:
 
     def connected(self, name: str) -> bool:
         return name in self._heard and name not in self.lost
+
+    def answering(self, name: str) -> bool:
+        """The node's status stream spoke within the last few seconds: the process is alive."""
+        heard = self._heard_at.get(name)
+        return self.connected(name) and heard is not None and time.monotonic() - heard < SILENT_S
+
+    def progressed_within(self, name: str, window_s: float) -> bool:
+        """The node's engine took a step in the last `window_s` seconds, or in the last three of its own
+        steps where those are longer (a slow GPU's long prefill chunks): it is working."""
+        window_s = max(window_s, 3 * self._step_gap.get(name, 0.0))
+        return time.monotonic() - self._progress_at.get(name, -math.inf) < window_s

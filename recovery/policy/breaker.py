@@ -13,6 +13,7 @@ health machine drain the whole fleet. Only a person resets it.
 """
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 
 CLOSED = "closed"
@@ -60,6 +61,32 @@ class Breaker:
         if self.trial_at is not None and now - self.trial_at < open_s:
             return False, self
         return True, replace(self, trial_at=now)
+
+
+# --- whose fault is a failed request -------------------------------------------------------------
+NODE = "node"  # counts against the node's breaker
+REQUEST = "request"  # the request fails wherever it goes: a poison request, nobody's breaker
+REPEAT = "repeat"  # the same request again on the same node: counted once already
+
+# How long a request's failures are remembered for the two rules below.
+BLAME_WINDOW_S = 600
+
+
+def blame(node: str, failed_on: Collection[str], counted_here: bool) -> str:
+    """Whose fault a request's failure on `node` is, from what the control plane saw of that request.
+
+    `failed_on` is every node the same request (by content) failed on within
+    the window, `node` included; `counted_here` says whether it already counted
+    against this node. A request that failed on two nodes is the request's
+    fault, so one request can never open more than one breaker; the same
+    request failing again on one node counts once, so only failures that repeat
+    across different requests open a node's breaker.
+    """
+    if any(other != node for other in failed_on):
+        return REQUEST
+    if counted_here:
+        return REPEAT
+    return NODE
 
 
 def auto_cordons_allowed(node_count: int, max_share: float) -> int:

@@ -40,6 +40,8 @@ class NodeStatus:
     checkpoint_bytes_held: int = 0
     checkpoint_budget_bytes: int = 0
     step_ms: float = 0.0
+    steps: int = 0  # engine steps so far: a node whose count moves is working, however slowly
+    time_scale: float = 0.0  # the emulated engine's; 0 when the node does not say (real time)
 
     @classmethod
     def from_event(cls, data: dict) -> "NodeStatus":
@@ -71,12 +73,12 @@ class Pending:
 
     def add(self, prompt_tokens: int) -> None:
         self.requests += 1
-        self.prompt_tokens += prompt_tokens
+        self.prompt_tokens += max(0, prompt_tokens)
 
     def confirm(self, prompt_tokens: int) -> None:
         """The node's status now includes a request of `prompt_tokens`: stop counting it here."""
         self.requests = max(0, self.requests - 1)
-        self.prompt_tokens = max(0, self.prompt_tokens - prompt_tokens)
+        self.prompt_tokens = max(0, self.prompt_tokens - max(0, prompt_tokens))
 
 
 # --- forward prediction and cost ----------------------------------------------------
