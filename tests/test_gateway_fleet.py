@@ -107,3 +107,48 @@ def test_a_route_change_rebuilds_and_an_unchanged_reload_does_not(gateway):
     status(co, "b", decode_batch=60, decode_context_tokens=120_000)
     status(co, "c", decode_batch=60, decode_context_tokens=120_000)
     assert co.choose("Qwen3-32B", 100).name == "d"
+
+
+async def test_a_planned_migration_to_a_full_target_re_prefills_rather_than_transfers():
+    """A target whose status says 0 free KV blocks is full: its KV cannot take a transfer (it was read as empty)."""
+    import aiohttp
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    asked = []
+
+    async def migrate(request):
+        asked.append(await request.json())
+        return web.json_response({"migrated": True})
+
+    app = web.Application()
+    app.router.add_post("/agent/requests/{request_id}/migrate", migrate)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        view = RoutingView("redis://127.0.0.1:1/0", "unused")
+        view.config = ClusterConfig(placement_policy="none")
+        source = Route("src", f"http://127.0.0.1:{server.port}", "Qwen3-32B", "rack-a", 1.0, "H100-SXM", 2, "s1")
+        view.routes = {"src": source, "full": route("full")}
+        co = Coordinator(view, _Signals(), "gw-test", {})
+        co._session = aiohttp.ClientSession()
+        for name in view.routes:
+            status(co, name, kv_blocks_total=1000, kv_blocks_used=1000 if name == "full" else 0)
+        co.fleet.rebuild()
+        moving = Flight("m1", "acme", "premium", "Qwen3-32B", 4000, 100, node="src")
+        assert co.admit(moving)
+        assert co.survivor(view.routes["full"]).free_blocks == 0
+        result = await co.migrate_node("src", "cmd-1")
+        await co._session.close()
+    finally:
+        await server.close()
+    assert result["reprefill"] == 1 and result["transfer"] == 0
+    assert asked == [{"target": view.routes["full"].peer(), "transfer": False}]
+
+
+class _Signals:
+    def __init__(self):
+        self.emitted = []
+
+    def emit(self, kind, **data):
+        self.emitted.append((kind, data))

@@ -140,16 +140,15 @@ async def _serve(request: web.Request, path: str) -> web.StreamResponse:
                             f"its SLOs for higher tiers. Try again in {SHED_RETRY_AFTER_S} s.", "rate_limit_exceeded",
                             headers={"Retry-After": str(SHED_RETRY_AFTER_S)})
     request_id = req.extension.request_id or f"gw-{os.urandom(8).hex()}"
-    if request_id in coordinator.flights:
+    flight = Flight(request_id, tenant.tenant, tenant.tier, req.model, req.prompt_tokens, req.params.max_tokens)
+    if not coordinator.admit(flight):
         metrics.answered("rejected", tenant.tier, 409)
         return openai_error(409, f"lifeline.request_id {request_id!r} is already in flight.", "invalid_request_error", "lifeline.request_id")
     body = {**body, "model": req.model}
     if req.params.temperature > 0 and body.get("seed") is None:
         # A sampled request gets its seed here, so a node that continues it draws the same text.
         body["seed"] = req.params.seed
-    flight = Flight(request_id, tenant.tenant, tenant.tier, req.model, req.prompt_tokens, req.params.max_tokens)
     relay = Relay(coordinator, request, body, req, flight, path, request_key(body))
-    coordinator.flights[request_id] = flight
     status, response = "error", None
     try:
         response = await relay.run()
@@ -167,9 +166,16 @@ async def _serve(request: web.Request, path: str) -> web.StreamResponse:
     except asyncio.CancelledError:
         status = "client_gone"
         raise
+    except Exception:
+        if relay.response is None:
+            raise  # nothing sent yet: the error middleware answers a JSON 500
+        # The stream had started: its status line is gone, so it ends with an error event instead.
+        log.exception("request %s failed in the gateway mid-stream", request_id)
+        response = await relay.fail_stream("the gateway failed while relaying it; its log has the traceback")
+        return response
     finally:
         # Released on every path, an exception included: a flight left behind would block its request id for good.
-        coordinator.flights.pop(request_id, None)
+        coordinator.finished(flight)
         code = response.status if response is not None else (499 if status == "client_gone" else 500)
         _report(request.app, flight, relay, status, code)
 

@@ -47,9 +47,6 @@ class Flight:
     first_token_at: float | None = None
     last_token_at: float | None = None
     migrations: list[dict] = field(default_factory=list)
-    decision: asyncio.Future | None = None  # a recovery decision, once this request's node is lost
-    decision_for_node: str | None = None  # the lost node that decision was made for
-    planned: dict | None = None  # a planned migration under way: target, method, command
 
     @property
     def context_tokens(self) -> int:
@@ -69,6 +66,11 @@ class Coordinator:
         self.flights: dict[str, Flight] = {}
         self.failed: dict[str, float] = {}  # node -> when this gateway lost it
         self.fleet = FleetState(view, self.watcher, self.failed)
+        # Owned here and nowhere else: each interrupted request's recovery decision (with the node it was
+        # made for), and each planned migration under way (target, method, command).
+        self._decisions: dict[str, tuple[str, asyncio.Future]] = {}
+        self._planned: dict[str, dict] = {}
+        self._second_asked: set[str] = set()
         self._session: aiohttp.ClientSession | None = None
         self._tasks: set[asyncio.Task] = set()
 
@@ -85,6 +87,104 @@ class Coordinator:
             task.cancel()
         if self._session is not None:
             await self._session.close()
+
+    # --- the relay's side: one request's life ------------------------------------------------
+    @property
+    def config(self):
+        return self.view.config
+
+    def admit(self, flight: Flight) -> bool:
+        """Take `flight` in; False when a request with its id is already in flight here."""
+        if flight.request_id in self.flights:
+            return False
+        self.flights[flight.request_id] = flight
+        return True
+
+    def finished(self, flight: Flight) -> None:
+        """The request is over, however it ended: nothing of it stays."""
+        self.flights.pop(flight.request_id, None)
+        self._decisions.pop(flight.request_id, None)
+        self._planned.pop(flight.request_id, None)
+        self._second_asked.discard(flight.request_id)
+
+    def route_for(self, flight: Flight, decision: dispatch.Decision | None, exclude: set[str]) -> tuple[Route | None, dispatch.Decision | None]:
+        """The node to (re)start `flight` on, and the decision that goes with it."""
+        if decision is not None:
+            route = self.view.routes.get(decision.target)
+            if route is not None and decision.target not in self.failed and decision.target not in exclude:
+                return route, decision
+            # The planned target left routing meanwhile: whoever is least loaded re-prefills it.
+            exclude.add(decision.target)
+        route = self.choose(flight.model, flight.context_tokens, exclude)
+        if route is not None and decision is not None:
+            decision = dispatch.Decision(flight.request_id, route.name, "reprefill", None, f"{decision.target} gone; re-prefill on least-loaded {route.name}")
+        return route, decision
+
+    def assign(self, flight: Flight, route: Route) -> tuple[Route, ...]:
+        """`flight` goes to `route` now: its checkpoint holders by the cluster's policy, and the node's local account."""
+        holders = self.place(flight, route)
+        flight.node, flight.holders = route.name, tuple(h.name for h in holders)
+        self.watcher.dispatched(route.name, flight.request_id, flight.context_tokens)
+        return holders
+
+    def refused(self, flight: Flight, node: str) -> None:
+        """The node never took the request (it refused, or could not be reached): stop counting it there."""
+        self.watcher.settle(node, flight.request_id)
+
+    async def send(self, route: Route, path: str, payload: dict) -> aiohttp.ClientResponse:
+        """POST a request to a node, its stream read as it comes (no read timeout: the relay watches for stalls)."""
+        return await self._session.post(route.address + path, json=payload, timeout=aiohttp.ClientTimeout(total=None, connect=2, sock_read=None))
+
+    def resume_sources(self, decision: dispatch.Decision) -> list[dict]:
+        """The holder a resumed request's KV comes from, for the node that continues it."""
+        if decision.method in ("restore", "fetch") and decision.source in self.view.routes:
+            return [self.view.routes[decision.source].peer()]
+        return []
+
+    def report(self, kind: str, /, **data) -> None:
+        """Tell the control plane (recovery.gateway.signals)."""
+        self.signals.emit(kind, **data)
+
+    def answering(self, node: str) -> bool:
+        return self.watcher.answering(node)
+
+    def working(self, node: str, window_s: float) -> bool:
+        return self.watcher.progressed_within(node, window_s)
+
+    async def recover(self, flight: Flight, node: str, reason: str, *, lost: bool) -> dispatch.Decision | None:
+        """Where `flight` goes on now that `node` broke it; None when nothing was sent yet and a fresh pick will do.
+
+        A node that is `lost` (dead, unreachable, silent) is lost for every request
+        this gateway has on it, and reported. A node that answered (a server error,
+        still loading, a request stuck on a live engine) is only left out for this
+        request: no symptom, no incident, its other requests untouched.
+        """
+        if not flight.generated and flight.request_id not in self._decisions:
+            if lost:
+                self.node_lost(node, reason, time.time())
+            return None
+        try:
+            if lost:
+                return await self.decision_for(flight, node, reason)
+            return self.redirect(flight, node)
+        except dispatch.NoSurvivors:
+            # The plan saw no survivor; a node may have come back since: a fresh pick, re-prefilling.
+            return dispatch.Decision(flight.request_id, node, "reprefill", None, "no survivor in the plan")
+
+    def planned_move(self, flight: Flight) -> dispatch.Decision:
+        """The decision a finished planned migration hands the relay: KV already on the target, or re-prefill there."""
+        plan = self._planned.pop(flight.request_id, None) or {}
+        transfer = plan.get("method") == "transfer"
+        return dispatch.Decision(flight.request_id, plan.get("target", ""), "restore" if transfer else "reprefill",
+                                 plan.get("target") if transfer else None, f"planned migration ({plan.get('method', 'reprefill')})")
+
+    def consider_second_holder(self, flight: Flight) -> None:
+        """Ours: once a request's prefix passes τ, a second holder in another rack (asked once)."""
+        config = self.view.config
+        if (config.placement_policy == "lifeline" and len(flight.holders) == 1 and flight.context_tokens > config.tau_tokens
+                and flight.request_id not in self._second_asked):
+            self._second_asked.add(flight.request_id)
+            self._spawn(self.add_second_holder(flight))
 
     def _spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -139,6 +239,13 @@ class Coordinator:
         self._plan(name)
         self._replace_holders(name)
 
+    def survivor(self, route: Route) -> dispatch.Survivor:
+        """`route` as a recovery target: its L̂ and its free KV blocks as its status says, the whole cache only
+        when it has not said (a node that reports 0 free blocks is full, not empty)."""
+        status = self.watcher.status(route.name)
+        free = max(status.kv_blocks_total - status.kv_blocks_used, 0) if status.kv_blocks_total else route.deployment.kv_blocks
+        return dispatch.Survivor(name=route.name, rack=route.rack, l_hat=self.l_hat(route.name), free_blocks=free, deployment=route.deployment)
+
     def _plan(self, failed_node: str, only: list[Flight] | None = None, exclude: set[str] = frozenset()) -> None:
         stranded = only if only is not None else [f for f in self.flights.values() if f.node == failed_node]
         if not stranded:
@@ -146,12 +253,7 @@ class Coordinator:
         model = stranded[0].model
         survivors = {}
         for name, route in self.routable(model, exclude).items():
-            status = self.watcher.status(name)
-            survivors[name] = dispatch.Survivor(
-                name=name, rack=route.rack, l_hat=self.l_hat(name),
-                free_blocks=max(status.kv_blocks_total - status.kv_blocks_used, 0) if status.kv_blocks_total else route.deployment.kv_blocks,
-                deployment=route.deployment,
-            )
+            survivors[name] = self.survivor(route)
         interrupted = [
             dispatch.Interrupted(
                 request_id=f.request_id,
@@ -168,14 +270,14 @@ class Coordinator:
             )
         except dispatch.NoSurvivors as exc:
             for flight in stranded:
-                flight.decision = asyncio.get_running_loop().create_future()
-                flight.decision.set_exception(exc)
-                flight.decision_for_node = failed_node
+                future = asyncio.get_running_loop().create_future()
+                future.set_exception(exc)
+                self._decisions[flight.request_id] = (failed_node, future)
             return
         for flight, decision in zip(stranded, decisions):
-            flight.decision = asyncio.get_running_loop().create_future()
-            flight.decision.set_result(decision)
-            flight.decision_for_node = failed_node
+            future = asyncio.get_running_loop().create_future()
+            future.set_result(decision)
+            self._decisions[flight.request_id] = (failed_node, future)
 
     def _checkpointed_estimate(self, flight: Flight) -> int:
         """KV tokens the holders most likely have: whole blocks, the last one possibly still in transit."""
@@ -188,9 +290,10 @@ class Coordinator:
     async def decision_for(self, flight: Flight, failed_node: str, reason: str) -> dispatch.Decision:
         """Where `flight` continues now that `failed_node` is gone (planned with its companions)."""
         self.node_lost(failed_node, reason, time.time())
-        if flight.decision is None or flight.decision_for_node != failed_node:
+        made_for, _ = self._decisions.get(flight.request_id, (None, None))
+        if made_for != failed_node:
             self._plan(failed_node, only=[flight])  # it reached that node after the plan was made
-        return await flight.decision
+        return await self._decisions[flight.request_id][1]
 
     def redirect(self, flight: Flight, node: str) -> dispatch.Decision:
         """Where `flight` continues after `node` failed or refused it while staying up.
@@ -200,7 +303,7 @@ class Coordinator:
         Raises NoSurvivors when no other node can take it.
         """
         self._plan(node, only=[flight], exclude={node})
-        return flight.decision.result()
+        return self._decisions[flight.request_id][1].result()
 
     def first_token_s(self, route: Route, prompt_tokens: int) -> float:
         """How long the first token may take on `route`: its queued prefill plus this one, by the roofline, with margin.
@@ -257,7 +360,7 @@ class Coordinator:
     # --- planned migration ---------------------------------------------------------------------
     async def migrate_node(self, name: str, command: str) -> dict:
         """Move every request this gateway has on `name` elsewhere, live, at token boundaries."""
-        moving = [f for f in self.flights.values() if f.node == name and f.planned is None]
+        moving = [f for f in self.flights.values() if f.node == name and f.request_id not in self._planned]
         source = self.view.routes.get(name)
         results = {"command": command, "node": name, "gateway": self.name, "requests": len(moving), "transfer": 0, "reprefill": 0, "failed": 0}
         for flight in moving:
@@ -265,11 +368,10 @@ class Coordinator:
             if target is None or source is None:
                 results["failed"] += 1
                 continue
-            status = self.watcher.status(target.name)
-            survivor = dispatch.Survivor(target.name, target.rack, self.l_hat(target.name),
-                                         max(status.kv_blocks_total - status.kv_blocks_used, 0) or target.deployment.kv_blocks, target.deployment)
-            method, transfer_s, reprefill_s = dispatch.migration_method(flight.context_tokens, flight.context_tokens, source.rack, survivor)
-            flight.planned = {"target": target.name, "method": method, "command": command, "transfer_s": transfer_s, "reprefill_s": reprefill_s}
+            method, transfer_s, reprefill_s = dispatch.migration_method(flight.context_tokens, flight.context_tokens, source.rack,
+                                                                        self.survivor(target))
+            self._planned[flight.request_id] = {"target": target.name, "method": method, "command": command, "transfer_s": transfer_s,
+                                                "reprefill_s": reprefill_s}
             try:
                 async with self._session.post(f"{source.address}/agent/requests/{flight.request_id}/migrate",
                                               json={"target": target.peer(), "transfer": method == "transfer"}) as response:
@@ -279,7 +381,7 @@ class Coordinator:
                 results[method] += 1
             except Exception as exc:  # noqa: BLE001 - finished meanwhile, or the node failed: the relay handles both
                 log.info("planned migration of %s did not start: %s", flight.request_id, exc)
-                flight.planned = None
+                self._planned.pop(flight.request_id, None)
                 results["failed"] += 1
         self.signals.emit("migration_command_done", **results)
         return results

@@ -21,7 +21,7 @@ from aiohttp import web
 
 from recovery.gateway.coordinator import Coordinator, Flight
 from recovery.gateway.table import Route
-from recovery.policy.dispatch import Decision, NoSurvivors
+from recovery.policy.dispatch import Decision
 from workers.openai_schema import CompletionRequest
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,6 @@ class Relay:
         self.chunks: list[dict] = []  # for a non-streaming client
         self.nodes: list[str] = []
         self._migrated = False
-        self._second_holder_asked = False
         self._failure: Failure | None = None  # the first node that answered it with a server error
 
     # --- the loop --------------------------------------------------------------------------
@@ -91,27 +90,23 @@ class Relay:
         broke_at: float | None = None
         reason = ""
         for _ in range(64):  # a bound, far above any real chain of failures
-            route, decision = self._route(decision, exclude)
+            route, decision = co.route_for(flight, decision, exclude)
             if route is None:
                 return await self._give_up("no node can take it")
-            holders = co.place(flight, route)
-            payload = self._payload(holders, decision)
-            flight.node, flight.holders = route.name, tuple(h.name for h in holders)
+            payload = self._payload(co.assign(flight, route), decision)
             self.nodes.append(route.name)
-            co.watcher.dispatched(route.name, flight.request_id, flight.context_tokens)
             try:
-                upstream = await co._session.post(route.address + self.path, json=payload,
-                                                  timeout=aiohttp.ClientTimeout(total=None, connect=2, sock_read=None))
+                upstream = await co.send(route, self.path, payload)
             except BROKEN + (TimeoutError, OSError) as exc:
-                co.watcher.settle(route.name, flight.request_id)
+                co.refused(flight, route.name)
                 reason = f"{route.name} unreachable ({exc.__class__.__name__})"
-                decision, broke_at = await self._recover(route.name, reason, broke_at, exclude)
+                decision, broke_at = await self._recover(route.name, reason, broke_at, exclude, lost=True)
                 if decision is None and self._sent_any:
                     return await self._give_up(reason)
                 continue  # to the decision's target, or (nothing sent yet) a fresh pick
             async with upstream:
                 if upstream.status != 200:
-                    co.watcher.settle(route.name, flight.request_id)
+                    co.refused(flight, route.name)
                     answer = await upstream.read()
                     if upstream.status >= 500 and upstream.status != 503:
                         # The node failed this request but answers: the node's fault, or the request's? A second
@@ -141,12 +136,8 @@ class Relay:
                         return await self._give_up(reason)
                     continue
                 if self._migrated:
-                    # Handed over at a token boundary: KV already on the target ("transfer"), or re-prefill there.
                     self._migrated = False
-                    plan, flight.planned = flight.planned or {}, None
-                    transfer = plan.get("method") == "transfer"
-                    decision = Decision(flight.request_id, plan.get("target", ""), "restore" if transfer else "reprefill",
-                                        plan.get("target") if transfer else None, f"planned migration ({plan.get('method', 'reprefill')})")
+                    decision = co.planned_move(flight)
                     broke_at, reason = time.monotonic(), "planned migration"
                     continue
                 return await self._finish()
@@ -156,51 +147,21 @@ class Relay:
         """`node` took the request another node had failed with a server error: that one was at fault."""
         failure, self._failure = self._failure, None
         if failure is not None and failure.node != node:
-            self.co.signals.emit("node_error", node=failure.node, status=failure.status, answer=failure.answer,
-                                 request_id=self.flight.request_id, request_key=self.request_key, served_by=node)
-
-    def _route(self, decision: Decision | None, exclude: set[str]):
-        """The node to (re)start on, and the decision that goes with it."""
-        if decision is not None:
-            route = self.co.view.routes.get(decision.target)
-            if route is not None and decision.target not in self.co.failed and decision.target not in exclude:
-                return route, decision
-            # The planned target left routing meanwhile: whoever is least loaded re-prefills it.
-            exclude.add(decision.target)
-        route = self.co.choose(self.flight.model, self.flight.context_tokens, exclude)
-        if route is not None and decision is not None:
-            decision = Decision(self.flight.request_id, route.name, "reprefill", None, f"{decision.target} gone; re-prefill on least-loaded {route.name}")
-        return route, decision
+            self.co.report("node_error", node=failure.node, status=failure.status, answer=failure.answer,
+                           request_id=self.flight.request_id, request_key=self.request_key, served_by=node)
 
     @property
     def _sent_any(self) -> bool:
         return bool(self.flight.generated)
 
-    async def _recover(self, node: str, reason: str, broke_at: float | None, exclude: set[str], lost: bool = True) -> tuple[Decision | None, float]:
-        """Where the request goes on; None when nothing has been sent yet and a fresh pick will do.
-
-        A node that is `lost` (dead, unreachable, silent) is lost for every request
-        this gateway has on it, and reported. A node that answered (a server error,
-        still loading, a request stuck on a live engine) is only left out for this
-        request: no symptom, no incident, its other requests untouched.
-        """
-        broke_at = broke_at or time.monotonic()
+    async def _recover(self, node: str, reason: str, broke_at: float | None, exclude: set[str], *, lost: bool) -> tuple[Decision | None, float]:
+        """Where the request goes on (the coordinator decides), with `node` left out of this request's tries."""
         exclude.add(node)
-        if not self._sent_any and self.flight.decision is None:
-            if lost:
-                self.co.node_lost(node, reason, time.time())
-            return None, broke_at
-        try:
-            if lost:
-                return await self.co.decision_for(self.flight, node, reason), broke_at
-            return self.co.redirect(self.flight, node), broke_at
-        except NoSurvivors:
-            # The plan saw no survivor; a node may have come back since: a fresh pick, re-prefilling.
-            return Decision(self.flight.request_id, node, "reprefill", None, "no survivor in the plan"), broke_at
+        return await self.co.recover(self.flight, node, reason, lost=lost), broke_at or time.monotonic()
 
     # --- talking to the node ------------------------------------------------------------------
     def _payload(self, holders, decision: Decision | None) -> dict:
-        flight, config = self.flight, self.co.view.config
+        flight, config = self.flight, self.co.config
         lifeline = {
             "request_id": flight.request_id,
             "return_token_ids": True,
@@ -208,10 +169,7 @@ class Relay:
             "checkpoint_prefill_chunks": config.placement_policy == "lifeline",
         }
         if decision is not None:
-            sources = []
-            if decision.method in ("restore", "fetch") and decision.source in self.co.view.routes:
-                sources.append(self.co.view.routes[decision.source].peer())
-            lifeline["resume"] = {"generated_token_ids": list(flight.generated), "sources": sources}
+            lifeline["resume"] = {"generated_token_ids": list(flight.generated), "sources": self.co.resume_sources(decision)}
         payload = {k: v for k, v in self.body.items() if k != "lifeline"}
         payload["stream"] = True
         if not self.client_stream:
@@ -221,7 +179,7 @@ class Relay:
 
     async def _pump(self, upstream: aiohttp.ClientResponse, route: Route, decision: Decision | None, broke_at: float | None, reason: str) -> None:
         """Forward the node's chunks until it finishes, hands the request over, or breaks."""
-        flight, stall, node = self.flight, self.co.view.config.stall_timeout_s, route.name
+        flight, stall, node = self.flight, self.co.config.stall_timeout_s, route.name
         resumed = decision is not None
         timeout = stall + self.co.first_token_s(route, flight.context_tokens)  # the work in front of it, with margin
         waiting_since = time.monotonic()
@@ -230,9 +188,9 @@ class Relay:
                 raw = await asyncio.wait_for(upstream.content.readline(), timeout=timeout)
             except TimeoutError:
                 waited = time.monotonic() - waiting_since
-                if not self.co.watcher.answering(node):
+                if not self.co.answering(node):
                     raise UpstreamBroken(f"no byte for {waited:.1f} s and its status stream is silent too (hung)") from None
-                if self.co.watcher.progressed_within(node, timeout):
+                if self.co.working(node, timeout):
                     timeout = stall  # alive and working (a long prefill, a queue, a slow GPU): not a failure
                     continue
                 raise UpstreamBroken(f"no byte for {waited:.1f} s while its engine made no progress", lost=False) from None
@@ -268,7 +226,7 @@ class Relay:
                     flight.generated.append(int(token))
                 flight.first_token_at = flight.first_token_at or now
                 flight.last_token_at = now
-                self._maybe_second_holder()
+                self.co.consider_second_holder(flight)
             finish = FINISH.search(data)
             if finish:
                 self.finish_reason = finish.group(1).decode()
@@ -280,13 +238,6 @@ class Relay:
                 await self._write(raw)
             elif chunk is not None:
                 self.chunks.append(chunk)
-
-    def _maybe_second_holder(self) -> None:
-        flight, config = self.flight, self.co.view.config
-        if (config.placement_policy == "lifeline" and not self._second_holder_asked and len(flight.holders) == 1
-                and flight.context_tokens > config.tau_tokens):
-            self._second_holder_asked = True
-            self.co._spawn(self.co.add_second_holder(flight))
 
     async def _announce(self, node: str, decision: Decision, broke_at: float | None, now: float, chunk: dict | None, reason: str) -> None:
         """The first token after a move: tell the client (a comment line) and the control plane."""
@@ -301,7 +252,7 @@ class Relay:
             "reason": decision.reason, "cause": reason,
         }
         flight.migrations.append(move)
-        self.co.signals.emit("request_moved", request_id=flight.request_id, tenant=flight.tenant, **move)
+        self.co.report("request_moved", request_id=flight.request_id, tenant=flight.tenant, **move)
         if self.client_stream:
             await self._write(f": lifeline moved this stream from {previous} to {node} at token {move['at_token']} "
                               f"({move['method'] or decision.method}; {decision.reason})\n\n".encode())
@@ -367,7 +318,7 @@ class Relay:
                    f"A request that fails on two nodes is not tried on more and counts against no node; "
                    f"if it should have worked, report it with request id {self.flight.request_id}.")
         log.warning("request %s failed on %s and %s; not retried: %s", self.flight.request_id, first.node, second.node, second.answer[:200])
-        self.co.signals.emit("request_failed", request_id=self.flight.request_id, request_key=self.request_key,
+        self.co.report("request_failed", request_id=self.flight.request_id, request_key=self.request_key,
                              nodes=[first.node, second.node], statuses=[first.status, second.status], answer=second.answer)
         if self.response is None and not self._sent_any:
             return openai_error(500, message, "server_error", code="request_failed_on_two_nodes")
@@ -377,6 +328,17 @@ class Relay:
             await self.response.write_eof()
             return self.response
         return web.json_response(error, status=500)
+
+    async def fail_stream(self, reason: str) -> web.StreamResponse:
+        """End a stream already under way with an error event (its status line went out long ago)."""
+        self.finish_reason = "error"
+        error = {"error": {"message": f"the request could not continue: {reason}", "type": "server_error", "param": None, "code": None}}
+        try:
+            await self.response.write(f"data: {json.dumps(error)}\n\n".encode())
+            await self.response.write_eof()
+        except (ConnectionResetError, RuntimeError):
+            pass
+        return self.response
 
     async def _give_up(self, reason: str) -> web.StreamResponse:
         """Nothing can continue the request: 503 before anything was sent, an error event after."""
