@@ -1,22 +1,24 @@
-"""State changes of the console: users and their roles."""
+"""State changes of the console: users and their roles, audited like every other change."""
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.db import transaction
 
-from console import roles
+from recovery import roles
+from recovery.actions import audit
 
 
 @transaction.atomic
-def set_user_role(username: str, role: str, *, email: str = "", password: str | None = None):
+def set_user_role(username: str, role: str, *, email: str = "", password: str | None = None, actor: str = "system"):
     """Create the user if needed and make `role` their only Lifeline role."""
     roles.check_role(role)
-    user, _ = get_user_model().objects.get_or_create(username=username, defaults={"email": email})
+    user, created = get_user_model().objects.get_or_create(username=username, defaults={"email": email})
     if password is not None:
         user.set_password(password)
     user.is_staff = role == roles.ADMIN  # admins may use Django's admin site
-    user.save()
+    user.save(update_fields=["password", "is_staff"])
     groups = Group.objects.filter(name__in=roles.ROLES)
     user.groups.remove(*groups)
-    user.groups.add(Group.objects.get(name=role))
+    user.groups.add(Group.objects.get_or_create(name=role)[0])
+    audit.record(actor, "create_user" if created else "set_role", f"user:{username}", role=role)
     return user

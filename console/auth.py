@@ -1,4 +1,7 @@
-"""Access for JSON endpoints: a session or an API token, then a role check."""
+"""Who may do what, and the doors that check it: pages (a session), JSON endpoints (a session or an API token).
+
+The roles named for each kind of act are here, in one place; the admin role may do everything.
+"""
 
 import functools
 
@@ -7,10 +10,18 @@ from django.middleware.csrf import CsrfViewMiddleware
 from django.shortcuts import render
 from django.views.decorators.csrf import csrf_exempt
 
-from console import roles
 from console.models import ApiToken
+from recovery import roles
+from recovery.actions import drains
 from recovery.http import bearer_token
 from recovery.http import json_error as error
+
+ACT_ON_NODES = (roles.OPERATOR, roles.ONCALL)  # cordon, migrate, acknowledge and annotate incidents
+INJECT_FAULTS = (roles.OPERATOR,)  # on a staging cluster
+CLOSE_INCIDENTS = (roles.ONCALL,)
+REQUEST_DRAINS = drains.REQUEST
+DECIDE_DRAINS = drains.DECIDE
+MANAGE_SPARES = (roles.ONCALL,)
 
 
 def api_view(*allowed_roles: str):

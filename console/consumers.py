@@ -1,14 +1,25 @@
 """WebSocket consumers: they turn channel-layer events into frames, nothing more."""
 
 import time
+from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.template.loader import render_to_string
 
-from console import presenters, roles
-from console import incidents as shapes
-from recovery.events import CHECKPOINTS_GROUP, CLUSTER_GROUP, DRAINS_GROUP, INCIDENTS_GROUP, STATUS_GROUP, drain_group, incident_group, node_group
+from console.readmodels import cluster as cluster_model
+from console.readmodels import incidents as incident_model
+from recovery import roles
+from recovery.events import (
+    CHECKPOINTS_GROUP,
+    CLUSTER_GROUP,
+    DRAINS_GROUP,
+    INCIDENTS_GROUP,
+    STATUS_GROUP,
+    drain_group,
+    incident_group,
+    node_group,
+)
 from recovery.models import IncidentEvent
 
 
@@ -19,7 +30,7 @@ def _role(user):
 
 @database_sync_to_async
 def _node_frame(node_id: int) -> dict | None:
-    card = presenters.node_card_by_id(node_id)
+    card = cluster_model.node_card_by_id(node_id)
     if card is None:
         return None
     return {
@@ -28,7 +39,7 @@ def _node_frame(node_id: int) -> dict | None:
         "rack": card["rack"],
         "state": card["state"],
         "html": render_to_string("console/_node_tile.html", {"node": card}),
-        "summary": render_to_string("console/_summary.html", {"summary": presenters.cluster_summary()}),
+        "summary": render_to_string("console/_summary.html", {"summary": cluster_model.cluster_summary()}),
     }
 
 
@@ -85,7 +96,7 @@ def _event_frame(event_id: int) -> dict | None:
     event = IncidentEvent.objects.select_related("node", "incident").filter(pk=event_id).first()
     if event is None:
         return None
-    row = shapes.event_row(event)
+    row = incident_model.event_row(event)
     html = render_to_string("console/_incident_event.html", {"event": row, "opened": event.incident.opened_at.timestamp()})
     return {"kind": "event", "id": event.pk, "event": row, "html": html}
 
@@ -98,11 +109,36 @@ class IncidentsConsumer(RoleConsumer):
         await self.send_json({"kind": "incident", "id": event["id"]})
 
 
+@database_sync_to_async
+def _events_after(incident_id: int, after: int) -> list[int]:
+    return list(IncidentEvent.objects.filter(incident_id=incident_id, pk__gt=after).order_by("at", "pk").values_list("pk", flat=True))
+
+
 class IncidentConsumer(RoleConsumer):
-    """One incident: each new timeline event as a rendered row, and a nudge when its facts change."""
+    """One incident: each new timeline event as a rendered row, and a nudge when its facts change.
+
+    The page says which event it shows last (`?after=<id>`); on connecting it is sent every one written
+    since, so what committed between its render and its subscription is not lost."""
 
     def groups_for(self):
-        return [incident_group(int(self.scope["url_route"]["kwargs"]["incident_id"]))]
+        return [incident_group(self._incident_id())]
+
+    def _incident_id(self) -> int:
+        return int(self.scope["url_route"]["kwargs"]["incident_id"])
+
+    async def connect(self):
+        await super().connect()
+        if not getattr(self, "joined", None):
+            return
+        query = parse_qs(self.scope.get("query_string", b"").decode())
+        try:
+            after = int(query.get("after", ["0"])[0])
+        except ValueError:
+            after = 0
+        for event_id in await _events_after(self._incident_id(), after):
+            frame = await _event_frame(event_id)
+            if frame is not None:
+                await self.send_json(frame)
 
     async def incident_event(self, event):
         frame = await _event_frame(event["id"])

@@ -1,72 +1,8 @@
 """Forms: validation only (the actions do the work). Every bad value names its field and the range it must be in."""
 
 from django import forms
-from django.core.exceptions import ValidationError
 
 from recovery.choices import DrainMode, Remediation
-from recovery.models import Cluster
-
-# field -> (least, most, what it is)
-RANGES = {
-    "canary_interval_s": (5, 3600, "seconds between a node's canaries"),
-    "canary_retry_s": (0.5, 600, "seconds before re-checking a node whose canary failed"),
-    "canary_timeout_s": (0.1, 60, "seconds a canary may take"),
-    "canary_logprob_tolerance": (0.0, 20.0, "nats a top logprob may differ from the golden run"),
-    "canary_latency_factor": (1.0, 100.0, "times the moving baseline"),
-    "suspicious_after": (1, 20, "consecutive failures"),
-    "unhealthy_after": (1, 50, "consecutive failures"),
-    "xid_burst_window_s": (0.1, 3600, "seconds"),
-    "breaker_threshold": (1, 100, "consecutive failures"),
-    "breaker_open_s": (1, 86400, "seconds"),
-    "auto_cordon_max_share": (0.01, 1.0, "share of the fleet (0.10 is 10%)"),
-    "auto_cordon_window_s": (10, 86400 * 7, "seconds"),
-    "slo_ttft_ms": (1, 600_000, "milliseconds"),
-    "slo_tpot_ms": (0.1, 60_000, "milliseconds"),
-    "slo_required_rps": (0, 1_000_000, "requests per second (0: no objective)"),
-    "slo_avg_prompt_tokens": (1, 1_000_000, "tokens"),
-    "slo_avg_output_tokens": (1, 1_000_000, "tokens"),
-    "degradation_margin": (0.0, 1.0, "share of the ratio"),
-    "degradation_hold_s": (0, 86400, "seconds"),
-}
-
-SETTINGS_GROUPS = (
-    ("Canaries", ("canary_interval_s", "canary_retry_s", "canary_timeout_s", "canary_logprob_tolerance", "canary_latency_factor",
-                  "suspicious_after", "unhealthy_after", "xid_burst_window_s")),
-    ("Circuit breakers", ("breaker_threshold", "breaker_open_s", "auto_cordon_max_share", "auto_cordon_window_s")),
-    ("SLOs and degradation", ("slo_ttft_ms", "slo_tpot_ms", "slo_required_rps", "slo_avg_prompt_tokens", "slo_avg_output_tokens",
-                              "degradation_margin", "degradation_hold_s")),
-    ("On-call", ("oncall_webhook_url", "oncall_emails")),
-)
-
-
-class SettingsForm(forms.ModelForm):
-    oncall_webhook_url = forms.URLField(label="On-call webhook", required=False, assume_scheme="https",
-                                        help_text=Cluster._meta.get_field("oncall_webhook_url").help_text)
-
-    class Meta:
-        model = Cluster
-        fields = [name for _, names in SETTINGS_GROUPS for name in names]
-        labels = {"xid_burst_window_s": "Xid burst window (s)", "auto_cordon_max_share": "Automatic cordons: most of the fleet",
-                  "auto_cordon_window_s": "Automatic cordons: window (s)", "canary_logprob_tolerance": "Top-logprob tolerance"}
-
-    def clean(self):
-        data = super().clean()
-        for name, (low, high, unit) in RANGES.items():
-            value = data.get(name)
-            if value is not None and not low <= value <= high:
-                self.add_error(name, f"{name} must be between {low:g} and {high:g} ({unit}); got {value:g}")
-        if data.get("suspicious_after") and data.get("unhealthy_after") and data["unhealthy_after"] < data["suspicious_after"]:
-            self.add_error("unhealthy_after", "unhealthy_after must be at least suspicious_after: a node is SUSPICIOUS before it is UNHEALTHY")
-        emails = [a.strip() for a in (data.get("oncall_emails") or "").split(",") if a.strip()]
-        for address in emails:
-            try:
-                forms.EmailField().clean(address)
-            except ValidationError:
-                self.add_error("oncall_emails", f"oncall_emails: {address!r} is not an e-mail address")
-        return data
-
-    def groups(self):
-        return [(title, [self[name] for name in names]) for title, names in SETTINGS_GROUPS]
 
 
 class DrainRequestForm(forms.Form):

@@ -12,7 +12,7 @@ from django.db.models import Count
 from django.utils import timezone
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
-from console import incidents as shapes
+from console.readmodels import checkpoints as checkpoint_model
 from recovery.actions import capacity
 from recovery.choices import NodeState
 from recovery.models import CanaryResult, Cluster, Drain, Node
@@ -54,7 +54,7 @@ def render() -> bytes:
             seen.add(row["node__name"])
             last.labels(row["node__name"]).set(row["latency_ms"] / 1000)
 
-    snapshot = shapes.checkpoint_snapshot()
+    snapshot = checkpoint_model.checkpoint_snapshot()
     if snapshot["coverage"] is not None:
         Gauge("lifeline_checkpoint_coverage", "Share of in-flight requests with a usable checkpoint.", registry=registry).set(snapshot["coverage"])
     if snapshot["holder_balance"] is not None:

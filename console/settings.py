@@ -54,7 +54,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
-                "console.roles.context_processor",
+                "console.context_processors.lifeline",
             ],
         },
     },
@@ -152,6 +152,12 @@ EMAIL_USE_TLS = env.boolean("EMAIL_USE_TLS", False)
 DEFAULT_FROM_EMAIL = env.string("LIFELINE_FROM_EMAIL", "lifeline@localhost")
 
 CELERY_BEAT_SCHEDULE = {
+    # What follows every committed change (spares, drains proposed, incident timelines, assist): recovery.reactions.
+    "react": {
+        "task": "recovery.reactions.react",
+        "schedule": 1.0,
+        "options": {"expires": 5.0},
+    },
     "check-heartbeats": {
         "task": "recovery.tasks.check_heartbeats",
         "schedule": LIFELINE_HEARTBEAT_CHECK_S,

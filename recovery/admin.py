@@ -1,39 +1,96 @@
+"""The Django admin: a window onto the records, not a side door.
+
+State that has rules (a node's lifecycle, health, breaker, cordon, spare
+status; the cluster's degradation level and breaker) is read-only here: it
+changes through the actions, which check the old state and write the
+transition rows. The cluster's settings are editable, and saved through the
+same action as the settings page, audited.
+"""
+
 from django.contrib import admin
 
-from recovery.models import ApiKey, Cluster, Gpu, Node, NodeTransition, Rack
+from recovery.actions import cluster_settings
+from recovery.forms import SettingsForm
+from recovery.models import ApiKey, AuditEntry, Cluster, Gpu, Node, NodeTransition, Rack
 
 
 class GpuInline(admin.TabularInline):
     model = Gpu
     extra = 0
     readonly_fields = ("index", "uuid", "name", "memory_bytes")
+    can_delete = False
 
 
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
-    list_display = ("name", "rack", "state", "model_key", "gpu_key", "tp", "address", "state_changed_at")
-    list_filter = ("state", "rack", "model_key")
+    list_display = ("name", "rack", "state", "health", "breaker", "cordoned", "spare", "model_key", "gpu_key", "tp", "address", "state_changed_at")
+    list_filter = ("state", "health", "rack", "model_key")
     search_fields = ("name", "address", "host")
-    readonly_fields = ("state", "state_changed_at", "session", "registered_at", "session_started_at", "last_seen_at")
     inlines = [GpuInline]
+
+    def get_readonly_fields(self, request, obj=None):
+        return [f.name for f in Node._meta.fields]  # every change has its action (and its transition row)
+
+    def has_add_permission(self, request):
+        return False  # nodes register themselves
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # a node that left keeps its history
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Append-only records: the audit log and the timelines."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
 
 
 @admin.register(NodeTransition)
-class NodeTransitionAdmin(admin.ModelAdmin):
+class NodeTransitionAdmin(ReadOnlyAdmin):
     list_display = ("node", "old_state", "new_state", "at", "actor", "cause")
     list_filter = ("new_state", "actor")
     search_fields = ("node__name", "cause")
 
-    def has_change_permission(self, request, obj=None):
-        return False  # the audit log is append-only
+
+@admin.register(AuditEntry)
+class AuditEntryAdmin(ReadOnlyAdmin):
+    list_display = ("at", "actor", "action", "target", "reason")
+    list_filter = ("action",)
+    search_fields = ("actor", "target", "reason")
 
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
+    """Keys are created on the console's keys page or with `manage.py create_api_key` (the secret is shown once)."""
+
     list_display = ("prefix", "tenant", "tier", "label", "created_at", "revoked_at")
     list_filter = ("tier",)
-    readonly_fields = ("prefix", "digest", "created_at")
+    readonly_fields = ("prefix", "digest", "tenant", "tier", "created_at", "revoked_at", "created_by")
+
+    def has_add_permission(self, request):
+        return False
 
 
-admin.site.register(Cluster)
+@admin.register(Cluster)
+class ClusterAdmin(admin.ModelAdmin):
+    form = SettingsForm
+    readonly_fields = ("name", "degradation_level", "degradation_changed_at", "auto_cordon_breaker_open", "auto_cordon_breaker_reason")
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def save_model(self, request, obj, form, change):
+        values = {name: form.cleaned_data[name] for name in form.changed_data if name in cluster_settings.FIELDS}
+        cluster_settings.update(Cluster.objects.get(pk=obj.pk), values, request.user.get_username(), "Django admin")
+
+
 admin.site.register(Rack)

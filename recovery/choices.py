@@ -119,6 +119,7 @@ class HealthChange(models.TextChoices):
     BREAKER = "breaker", "Circuit breaker"
     SPARE = "spare", "Hot spare"
     CORDON = "cordon", "Cordon"
+    MODEL = "model", "Model load"  # loading_draft → draft_ready → loading_full → serving, from heartbeats
 
 
 class DrainState(models.TextChoices):

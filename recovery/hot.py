@@ -9,11 +9,13 @@ which the next heartbeats bring back.
 import json
 import os
 import time
+from dataclasses import dataclass, field
 
 import redis
 from django.conf import settings
 
 from recovery.keys import Keys
+from workers.protocol import HEARTBEAT_LOAD_FIELDS
 
 
 class RedisNotConfigured(RuntimeError):
@@ -41,8 +43,7 @@ def client() -> redis.Redis:
 def keys() -> Keys:
     return Keys(settings.LIFELINE_NAMESPACE)
 
-LOAD_FIELDS = ("running", "waiting", "kv_blocks_used", "kv_blocks_total", "step_ms", "tokens_per_s",
-               "decode_step_ms", "decode_step_batch", "decode_step_context_tokens")
+LOAD_FIELDS = HEARTBEAT_LOAD_FIELDS  # what a heartbeat's load keeps in a node's entry (workers.protocol, the one status schema)
 
 
 # --- nodes -------------------------------------------------------------------
@@ -63,18 +64,70 @@ def unwatch(name: str) -> None:
     client().zrem(keys().heartbeats, name)
 
 
-def node(name: str) -> dict | None:
-    data = client().hgetall(keys().node(name))
-    return data or None
+def _int(raw: str | None) -> int | None:
+    return None if raw in (None, "", "None") else int(float(raw))
 
 
-def nodes(names: list[str]) -> dict[str, dict]:
+def _float(raw: str | None) -> float | None:
+    return None if raw in (None, "", "None") else float(raw)
+
+
+@dataclass(frozen=True)
+class NodeEntry:
+    """A node's entry in Redis, parsed once: its identity and state as the control plane recorded them, and
+    the figures of its latest heartbeat (None where it has not reported one: n/a, never a zero)."""
+
+    session: str | None = None
+    state: str | None = None
+    address: str | None = None
+    last_seen: float | None = None
+    model_state: str | None = None
+    running: int | None = None
+    waiting: int | None = None
+    kv_blocks_used: int | None = None
+    kv_blocks_total: int | None = None
+    step_ms: float | None = None
+    tokens_per_s: float | None = None
+    decode_step_ms: float | None = None
+    decode_step_batch: int | None = None
+    decode_step_context_tokens: int | None = None
+    checkpoints: dict = field(default_factory=dict)  # other nodes' KV it holds, by serving node: {bytes, requests}
+    xid_seen: float = 0.0  # the newest Xid event taken from its heartbeats
+
+    @classmethod
+    def parse(cls, raw: dict[str, str]) -> "NodeEntry":
+        return cls(
+            session=raw.get("session"), state=raw.get("state"), address=raw.get("address"), last_seen=_float(raw.get("last_seen")),
+            model_state=raw.get("model_state") or None, running=_int(raw.get("running")), waiting=_int(raw.get("waiting")),
+            kv_blocks_used=_int(raw.get("kv_blocks_used")), kv_blocks_total=_int(raw.get("kv_blocks_total")),
+            step_ms=_float(raw.get("step_ms")), tokens_per_s=_float(raw.get("tokens_per_s")),
+            decode_step_ms=_float(raw.get("decode_step_ms")), decode_step_batch=_int(raw.get("decode_step_batch")),
+            decode_step_context_tokens=_int(raw.get("decode_step_context_tokens")),
+            checkpoints=json.loads(raw["checkpoints"]) if raw.get("checkpoints") else {}, xid_seen=_float(raw.get("xid_seen")) or 0.0,
+        )
+
+    @property
+    def queue_depth(self) -> int:
+        """Requests on the node, running or waiting (0 while it has not said)."""
+        return (self.running or 0) + (self.waiting or 0)
+
+    @property
+    def checkpoint_bytes_held(self) -> int:
+        return sum(v.get("bytes", 0) for v in self.checkpoints.values())
+
+
+def node(name: str) -> NodeEntry | None:
+    raw = client().hgetall(keys().node(name))
+    return NodeEntry.parse(raw) if raw else None
+
+
+def nodes(names: list[str]) -> dict[str, NodeEntry]:
     if not names:
         return {}
     pipe = client().pipeline()
     for name in names:
         pipe.hgetall(keys().node(name))
-    return {name: data for name, data in zip(names, pipe.execute()) if data}
+    return {name: NodeEntry.parse(raw) for name, raw in zip(names, pipe.execute()) if raw}
 
 
 TELEMETRY_KEPT = 600  # readings per node: ten minutes at one heartbeat a second

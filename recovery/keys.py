@@ -94,7 +94,3 @@ class Keys:
     def node_failures(self, node: str) -> str:
         """Set, expiring: fingerprints of the requests counted against a node's breaker."""
         return self._k("failures", "node", node)
-
-    @property
-    def notifications(self) -> str:
-        return self._k("notifications")

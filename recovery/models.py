@@ -6,9 +6,27 @@ from django.db import models
 from django.utils import timezone
 
 from recovery.choices import (
-    BREAKER_BADGE, DRAIN_BADGE, HEALTH_BADGE, INCIDENT_STATUS_BADGE, NODE_STATE_BADGE, OPEN_DRAIN_STATES, BreakerState, CanaryKind, DrainMode, DrainState,
-    EventKind, Health, HealthChange, IncidentStatus, NodeState, PlacementPolicy, Remediation, Tier,
+    BREAKER_BADGE,
+    DRAIN_BADGE,
+    HEALTH_BADGE,
+    INCIDENT_STATUS_BADGE,
+    NODE_STATE_BADGE,
+    OPEN_DRAIN_STATES,
+    BreakerState,
+    CanaryKind,
+    DrainMode,
+    DrainState,
+    EventKind,
+    Health,
+    HealthChange,
+    IncidentStatus,
+    NodeState,
+    PlacementPolicy,
+    Remediation,
+    Tier,
 )
+from recovery.policy import capacity as capacity_policy
+from recovery.policy import health as health_policy
 
 
 class Cluster(models.Model):
@@ -60,9 +78,7 @@ class Cluster(models.Model):
         return self.name
 
     def gateway_config(self) -> dict:
-        from recovery.policy.capacity import EFFECTS
-
-        effects = EFFECTS[self.degradation_level]
+        effects = capacity_policy.EFFECTS[self.degradation_level]
         return {
             "placement_policy": self.placement_policy, "tau_tokens": self.tau_tokens, "theta_factor": self.theta_factor,
             "alpha": self.alpha, "beta": self.beta, "stall_timeout_s": self.stall_timeout_s,
@@ -148,11 +164,9 @@ class Node(models.Model):
     @property
     def weight(self) -> float:
         """The routing weight every gateway gets for this node (0 when it may take no traffic)."""
-        from recovery.policy.health import routing_weight
-
         if self.state != NodeState.SERVING:
             return 0.0
-        return routing_weight(self.health, cordoned=self.cordoned, spare=self.spare, breaker=self.breaker)
+        return health_policy.routing_weight(self.health, cordoned=self.cordoned, spare=self.spare, breaker=self.breaker)
 
 
 class Gpu(models.Model):
@@ -170,7 +184,17 @@ class Gpu(models.Model):
         return f"{self.node.name}/gpu{self.index}"
 
 
-class NodeTransition(models.Model):
+class Outbox(models.Model):
+    """A row whose follow-ups run once, after it committed, from recovery.reactions."""
+
+    reacted_at = models.DateTimeField(null=True, blank=True, db_index=True, editable=False,
+                                      help_text="When recovery.reactions ran its follow-ups; empty until then.")
+
+    class Meta:
+        abstract = True
+
+
+class NodeTransition(Outbox):
     """One lifecycle step of a node: the audit log, the timeline and the outbox."""
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="transitions")
@@ -318,8 +342,8 @@ class AuditEntry(models.Model):
         return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor} {self.action} {self.target}"
 
 
-class HealthTransition(models.Model):
-    """One change of a node's health, breaker, spare status or cordon: the node's health timeline and audit log."""
+class HealthTransition(Outbox):
+    """One change of a node's health, breaker, spare status, cordon or model load: the node's health timeline and audit log."""
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="health_transitions")
     kind = models.CharField(max_length=16, choices=HealthChange.choices)
@@ -460,7 +484,7 @@ class DrainDecision(models.Model):
         constraints = [models.UniqueConstraint(fields=["drain", "user"], name="drain_one_decision_per_user")]
 
 
-class DrainStep(models.Model):
+class DrainStep(Outbox):
     """One step of a drain: the live progress on its page and its audit trail."""
 
     drain = models.ForeignKey(Drain, on_delete=models.CASCADE, related_name="steps")
@@ -475,7 +499,7 @@ class DrainStep(models.Model):
         ordering = ["at", "id"]
 
 
-class DegradationChange(models.Model):
+class DegradationChange(Outbox):
     """The cluster's degradation level changed: the banner's history."""
 
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="degradation_changes")
@@ -492,7 +516,7 @@ class DegradationChange(models.Model):
         ordering = ["-at", "-id"]
 
 
-class Notification(models.Model):
+class Notification(Outbox):
     """Something on-call must see: shown in the console, and sent by webhook and e-mail."""
 
     at = models.DateTimeField(default=timezone.now, db_index=True)

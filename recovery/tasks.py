@@ -1,19 +1,33 @@
-"""Celery tasks: adapters that call the actions and own retries."""
+"""Celery tasks: adapters that take ids, re-read the rows, call an action and own retries.
+
+No business logic here, and no enqueueing of other work from inside an
+action: what follows a committed change is recovery.reactions' to start.
+"""
 
 from celery import shared_task
 
-from recovery import actions, events
-from recovery.actions import incidents, streams
+from recovery import events
+from recovery.actions import (
+    capacity,
+    drains,
+    health,
+    incidents,
+    nodes,
+    notify,
+    routing,
+    streams,
+)
+from recovery.models import Drain, Node, Notification
 
 
 @shared_task(ignore_result=True)
 def check_heartbeats() -> dict:
-    return {"down": actions.mark_silent_nodes_down(), "left": actions.mark_long_down_nodes_left()}
+    return {"down": nodes.mark_silent_nodes_down(), "left": nodes.mark_long_down_nodes_left()}
 
 
 @shared_task(ignore_result=True)
 def sync_hot_state() -> None:
-    actions.sync_hot_state()
+    routing.sync_hot_state()
 
 
 @shared_task(ignore_result=True)
@@ -47,8 +61,6 @@ def publish_checkpoints() -> None:
 @shared_task(ignore_result=True)
 def schedule_canaries() -> int:
     """Every second: the nodes whose canary is due (or whose breaker allows a trial) get one, each in its own task."""
-    from recovery.actions import health
-
     due = health.schedule_canaries()
     for node_id, trial in due:
         run_canary.delay(node_id, trial)
@@ -57,9 +69,6 @@ def schedule_canaries() -> int:
 
 @shared_task(ignore_result=True, expires=60)
 def run_canary(node_id: int, trial: bool = False) -> str:
-    from recovery.actions import health
-    from recovery.models import Node
-
     node = Node.objects.filter(pk=node_id).first()
     if node is None:
         return "no such node"
@@ -69,41 +78,28 @@ def run_canary(node_id: int, trial: bool = False) -> str:
 
 @shared_task(ignore_result=True)
 def evaluate_capacity() -> int:
-    from recovery.actions import capacity
-
     return capacity.evaluate()
 
 
 @shared_task(ignore_result=True, autoretry_for=(OSError,), retry_backoff=True, max_retries=3)
 def apply_batch_factor(node_id: int) -> str:
-    from recovery.actions import capacity
-    from recovery.models import Node
-
     node = Node.objects.filter(pk=node_id).first()
     return capacity.apply_batch_factor(node) if node else "no such node"
 
 
 @shared_task(ignore_result=True)
 def advance_drains() -> list[str]:
-    from recovery.actions import drains
-
     return drains.advance_all()
 
 
 @shared_task(ignore_result=True)
 def advance_drain(drain_id: int) -> bool:
-    from recovery.actions import drains
-    from recovery.models import Drain
-
     drain = Drain.objects.select_related("node").filter(pk=drain_id).first()
     return drains.advance(drain) if drain else False
 
 
 @shared_task(bind=True, ignore_result=True, max_retries=5)
 def deliver_notification(self, notification_id: int, channel: str) -> str:
-    from recovery.actions import notify
-    from recovery.models import Notification
-
     notification = Notification.objects.filter(pk=notification_id).first()
     if notification is None:
         return "no such notification"

@@ -9,7 +9,7 @@ from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from recovery import actions
+from recovery.actions import nodes
 from recovery.http import bearer_token, json_error
 from workers.protocol import Heartbeat, ProtocolError, Registration
 
@@ -35,9 +35,9 @@ def node_endpoint(view):
             return view(request, body, *args, **kwargs)
         except ProtocolError as exc:
             return json_error(400, str(exc), field=exc.field)
-        except actions.UnknownNode as exc:
+        except nodes.UnknownNode as exc:
             return json_error(404, str(exc))
-        except actions.ClosedSession as exc:
+        except nodes.ClosedSession as exc:
             return json_error(409, str(exc))
 
     return wrapper
@@ -45,7 +45,7 @@ def node_endpoint(view):
 
 @node_endpoint
 def register(request, body):
-    node = actions.register_node(Registration.parse(body))
+    node = nodes.register_node(Registration.parse(body))
     return JsonResponse(
         {
             "name": node.name,
@@ -59,7 +59,7 @@ def register(request, body):
 
 @node_endpoint
 def heartbeat(request, body, name):
-    state = actions.record_heartbeat(name, Heartbeat.parse(body))
+    state = nodes.record_heartbeat(name, Heartbeat.parse(body))
     return JsonResponse({"name": name, "state": state})
 
 
@@ -68,5 +68,5 @@ def deregister(request, body, name):
     if not isinstance(body, dict) or not isinstance(body.get("session"), str):
         raise ProtocolError("session", "is required")
     reason = str(body.get("reason") or "no reason given")[:200]
-    node = actions.deregister_node(name, body["session"], reason)
+    node = nodes.deregister_node(name, body["session"], reason)
     return JsonResponse({"name": node.name, "state": node.state})

@@ -17,8 +17,8 @@ ROLE_PASSWORD = "correct-horse-{}"
 @pytest.fixture
 def cast(db):
     """One user per role: operator, oncall, manager, admin (password: correct-horse-<role>)."""
-    from console import roles
     from console.actions import set_user_role
+    from recovery import roles
 
     return {role: set_user_role(role, role, password=ROLE_PASSWORD.format(role)) for role in roles.ROLES}
 
@@ -30,6 +30,18 @@ def commit(django_capture_on_commit_callbacks):
     def run(fn, *args, **kwargs):
         with django_capture_on_commit_callbacks(execute=True):
             return fn(*args, **kwargs)
+
+    return run
+
+
+@pytest.fixture
+def react(django_capture_on_commit_callbacks):
+    """Run the reactions to what has committed (recovery.reactions), as the worker's beat task does every second."""
+    from recovery import reactions
+
+    def run() -> int:
+        with django_capture_on_commit_callbacks(execute=True):
+            return reactions.process()
 
     return run
 

@@ -53,8 +53,8 @@ class Cluster:
         self.client.set(self.keys.cluster_config, json.dumps(self.config))
         self.client.publish(self.keys.routing_changed, "1")
 
-    async def gateway(self, name="gw-test") -> str:
-        app = build_app(GatewayConfig(redis_url=os.environ["REDIS_URL"], namespace=self.keys.namespace, name=name, agent_token=AGENT))
+    async def gateway(self, name="gw-test", **config) -> str:
+        app = build_app(GatewayConfig(redis_url=os.environ["REDIS_URL"], namespace=self.keys.namespace, name=name, agent_token=AGENT, **config))
         server = TestServer(app, host="127.0.0.1")
         await server.start_server()
         self.servers.append(server)

@@ -23,11 +23,11 @@ from recovery.gateway.fleet import FleetState
 from recovery.gateway.table import ClusterConfig, Route
 from recovery.policy import breaker
 from recovery.policy.load import Pending
+from tests.gateway_cluster import KEY, gw
+from tests.helpers import http_json
 from workers import catalog, tokens
 from workers.engine import SamplingParams
 from workers.openai_schema import ApiError, parse
-from tests.gateway_cluster import KEY, gw
-from tests.helpers import http_json
 
 QWEN_CONTEXT = catalog.MODELS["Qwen3-32B"].context_tokens
 NODE_CONTEXT = catalog.Deployment.of("Qwen3-32B", "H100-SXM", 1).max_context_tokens  # what the test nodes' KV caches hold

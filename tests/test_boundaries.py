@@ -45,3 +45,52 @@ def test_importing_the_node_side_loads_no_django():
     code = "import sys\n" + "".join(f"import {m}\n" for m in modules) + "loaded = [m for m in sys.modules if m.split('.')[0] in ('django', 'channels', 'celery')]\nprint(loaded)\nsys.exit(1 if loaded else 0)"
     result = subprocess.run([sys.executable, "-c", code], cwd=BASE_DIR, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _imported_names(path: Path) -> list[str]:
+    """Every module a file imports, `from x import y` counted as both x and x.y, function-local imports included."""
+    names = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.append(node.module)
+            names += [f"{node.module}.{alias.name}" for alias in node.names]
+    return names
+
+
+@pytest.mark.parametrize("path", _python_files("recovery") + _python_files("workers"), ids=lambda p: str(p.relative_to(BASE_DIR)))
+def test_nothing_below_the_console_imports_it(path):
+    """console → recovery → workers, one way: the control plane and the data plane never reach up into the console."""
+    assert not [n for n in _imports(path) if n.split(".")[0] == "console"], f"{path.relative_to(BASE_DIR)} imports the console"
+
+
+def test_the_actions_import_only_downward():
+    """Each module of recovery/actions imports only the ones before it in ORDER: no loop, no arrow back up.
+
+    What must follow a committed change elsewhere is a reaction (recovery.reactions), which may import
+    them all; nothing in recovery/actions imports recovery.reactions or recovery.tasks."""
+    from recovery.actions import ORDER
+
+    found = sorted(p.stem for p in (BASE_DIR / "recovery/actions").glob("*.py") if p.stem != "__init__")
+    assert sorted(ORDER) == found, "recovery/actions/__init__.py's ORDER must list every actions module"
+    for position, module in enumerate(ORDER):
+        imported = _imported_names(BASE_DIR / f"recovery/actions/{module}.py")
+        actions = {n.split(".")[2] for n in imported if n.startswith("recovery.actions.") and n.split(".")[2] in ORDER}
+        above = sorted(a for a in actions if ORDER.index(a) >= position)
+        assert not above, f"recovery/actions/{module}.py imports {above}, which are not below it in ORDER"
+        upward = [n for n in imported if n.startswith(("recovery.reactions", "recovery.tasks", "recovery.views"))]
+        assert not upward, f"recovery/actions/{module}.py imports {upward}"
+
+
+def test_tasks_are_enqueued_by_reference_and_every_scheduled_name_exists():
+    """No `send_task("...")` with a string nothing checks; the beat schedule names only registered tasks."""
+    from django.conf import settings
+
+    from console.celery import app
+
+    for path in _python_files("recovery") + _python_files("console"):
+        assert "send_task(" not in path.read_text(), f"{path.relative_to(BASE_DIR)} enqueues a task by its name"
+    app.loader.import_default_modules()
+    missing = [entry["task"] for entry in settings.CELERY_BEAT_SCHEDULE.values() if entry["task"] not in app.tasks]
+    assert not missing, f"scheduled but not registered: {missing}"

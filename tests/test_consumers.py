@@ -8,7 +8,7 @@ from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import AnonymousUser
 
 from console.asgi import application
-from recovery import actions
+from recovery.actions import nodes
 from workers.protocol import Heartbeat, Load, Registration
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -38,13 +38,13 @@ def register(name):
         "model": "Qwen3-32B", "gpu": "H100-SXM", "tp": 1, "pid": 77, "host": "h",
         "gpus": [{"index": 0, "uuid": "GPU-0", "name": "H100", "memory_bytes": 80 * 10**9}],
     })
-    actions.register_node(reg)
+    nodes.register_node(reg)
     return reg
 
 
 @database_sync_to_async
 def heartbeat(name, session):
-    return actions.record_heartbeat(name, Heartbeat(session=session, load=Load(running=2, waiting=7)))
+    return nodes.record_heartbeat(name, Heartbeat(session=session, load=Load(running=2, waiting=7)))
 
 
 @database_sync_to_async
@@ -81,3 +81,32 @@ async def test_anonymous_and_roleless_users_are_turned_away(django_user_model):
     ws = communicator(user)
     connected, code = await ws.connect()
     assert not connected and code == 4403
+
+
+@database_sync_to_async
+def incident_with_events(name):
+    from recovery.actions import incidents
+    from recovery.choices import EventKind
+    from recovery.models import Node
+
+    node = Node.objects.get(name=name)
+    incident = incidents.note_failure(node, None, "gateway gw-1", "stream broke")
+    later = [incidents.add_event(incident, EventKind.DETECTED, f"{name} is DOWN", node=node),
+             incidents.add_event(incident, EventKind.REMOVED, f"{name} removed", node=node)]
+    return incident, incident.events.order_by("pk").first(), later
+
+
+async def test_an_incident_page_gets_what_was_written_before_it_subscribed():
+    """Events written between the page's render and its subscription (a reaction a moment late) still reach it."""
+    await register("node-inc")
+    incident, first, later = await incident_with_events("node-inc")
+    ws = WebsocketCommunicator(application, f"/ws/incidents/{incident.pk}/?after={first.pk}",
+                               headers=[(b"origin", b"http://127.0.0.1:8000"), (b"host", b"127.0.0.1:8000")])
+    ws.scope["user"] = await make_user("oncall")
+    connected, _ = await ws.connect()
+    assert connected
+    assert (await ws.receive_json_from())["kind"] == "hello"
+    frames = [await ws.receive_json_from(timeout=5) for _ in later]
+    assert [f["id"] for f in frames] == [e.pk for e in later] and all(f["kind"] == "event" for f in frames)
+    assert await ws.receive_nothing(timeout=0.2)  # the page already had the first: not sent again
+    await ws.disconnect()

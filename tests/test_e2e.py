@@ -10,7 +10,14 @@ import urllib.request
 import pytest
 
 from tests.conftest import demo_argv, demo_env
-from tests.helpers import BASE_DIR, DemoStack, http_json, pid_alive, processes_mentioning, wait_for
+from tests.helpers import (
+    BASE_DIR,
+    DemoStack,
+    http_json,
+    pid_alive,
+    processes_mentioning,
+    wait_for,
+)
 
 pytestmark = pytest.mark.e2e
 

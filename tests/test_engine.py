@@ -94,9 +94,9 @@ async def test_batch_limit_and_queueing(realtime_engine):
     seqs = [e.submit(tokens.encode(f"queued {i}"), SamplingParams(max_tokens=8, temperature=0.0)) for i in range(5)]
     await asyncio.sleep(0.03)
     status = e.status()
-    assert status["running"] == 2 and status["waiting"] == 3
+    assert status.running == 2 and status.waiting == 3
     await asyncio.gather(*(collect(s) for s in seqs))
-    assert e.status()["running"] == 0 and e.used_blocks == 0
+    assert e.status().running == 0 and e.used_blocks == 0
 
 
 async def test_preemption_when_kv_runs_out_keeps_the_text_identical():
@@ -141,9 +141,9 @@ async def test_status_reports_prefill_and_decode_load(realtime_engine):
     engine = realtime_engine
     engine.submit(list(range(3000)), SamplingParams(max_tokens=200, temperature=0.0))
     status = engine.status()
-    assert status["waiting"] == 1 and status["uncomputed_prefill_tokens"] == 3000
+    assert status.waiting == 1 and status.uncomputed_prefill_tokens == 3000
     await asyncio.sleep(0.5)
     status = engine.status()
-    assert status["decode_batch"] == 1 and status["decode_context_tokens"] > 3000
-    assert status["kv_blocks_used"] >= 3000 // catalog.BLOCK_TOKENS
+    assert status.decode_batch == 1 and status.decode_context_tokens > 3000
+    assert status.kv_blocks_used >= 3000 // catalog.BLOCK_TOKENS
     assert dataclasses.asdict(SamplingParams())  # params stay a plain dataclass for the wire

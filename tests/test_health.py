@@ -10,10 +10,19 @@ import uuid
 import pytest
 from django.core import mail
 
-from recovery import actions, hot
-from recovery.actions import capacity, drains, health, streams
+from recovery import hot
+from recovery.actions import capacity, drains, health, nodes, streams
 from recovery.choices import DrainState, Health, NodeState
-from recovery.models import AuditEntry, CanaryGolden, Cluster, Drain, HealthTransition, Node, Notification, XidEvent
+from recovery.models import (
+    AuditEntry,
+    CanaryGolden,
+    Cluster,
+    Drain,
+    HealthTransition,
+    Node,
+    Notification,
+    XidEvent,
+)
 from tests.helpers import http_json, wait_for
 from workers.protocol import Heartbeat, Load, Registration
 
@@ -37,9 +46,9 @@ def register(name, address="http://127.0.0.1:9", rack="rack-a", gpu="H100-SXM", 
         "tp": 1, "pid": 1, "host": "h", "spare": spare,
         "gpus": [{"index": 0, "uuid": f"GPU-{name}", "name": "H100", "memory_bytes": 80 * 10**9}],
     })
-    node = actions.register_node(reg)
+    node = nodes.register_node(reg)
     if serving:
-        actions.transition_node(node, NodeState.SERVING, "test")
+        nodes.transition_node(node, NodeState.SERVING, "test")
     hot.heartbeat(name, time.time(), "serving", {"running": 0, "waiting": 0})
     return node, reg
 
@@ -81,7 +90,7 @@ def test_the_golden_run_comes_from_two_nodes_that_agree_and_a_healthy_node_passe
     assert node.health == Health.HEALTHY and node.canary_baseline_ms == pytest.approx(result.latency_ms)
 
 
-def test_silent_corruption_makes_a_node_suspicious_then_unhealthy_and_proposes_a_drain(pair, commit):
+def test_silent_corruption_makes_a_node_suspicious_then_unhealthy_and_proposes_a_drain(pair, commit, react):
     a, _ = pair
     node = Node.objects.get(name="hc-a")
     commit(health.run_canary, node)  # records the golden run while both are good
@@ -94,6 +103,8 @@ def test_silent_corruption_makes_a_node_suspicious_then_unhealthy_and_proposes_a
     commit(health.run_canary, node)
     node.refresh_from_db()
     assert node.health == Health.UNHEALTHY and node.breaker == "open" and weight("hc-a") == 0.0
+    assert not Drain.objects.filter(node=node).exists()  # not on the canary's path: a reaction to the transition
+    react()
     drain = Drain.objects.get(node=node)
     assert drain.state == DrainState.PROPOSED and drain.source == "health machine" and drain.remediation == "reset"
     assert [c["kind"] for c in drain.evidence["canaries"][:3]] == ["logprob_out_of_range"] * 3
@@ -159,7 +170,7 @@ def test_a_gateways_5xx_counts_against_the_breaker_and_a_4xx_never_does(commit, 
     assert node.breaker == "open" and "answered 500" in node.health_transitions.filter(kind="breaker").first().cause
 
 
-def test_the_cluster_breaker_stops_automatic_cordons_until_an_admin_resets_it(commit, tokens, cast):
+def test_the_cluster_breaker_stops_automatic_cordons_until_an_admin_resets_it(commit, tokens, cast, react):
     configure(auto_cordon_max_share=0.10, auto_cordon_window_s=600)
     nodes = [commit(register, f"hc-cb-{i}")[0] for i in range(4)]
     critical = lambda name: [{"at": time.time(), "gpu": 0, "code": 79}]  # noqa: E731
@@ -171,6 +182,7 @@ def test_the_cluster_breaker_stops_automatic_cordons_until_an_admin_resets_it(co
     assert nodes[1].health == Health.SUSPICIOUS and weight("hc-cb-1") == 0.5  # stopped: it stays in routing
     cluster = Cluster.default()
     assert cluster.auto_cordon_breaker_open and "one more (hc-cb-1)" in cluster.auto_cordon_breaker_reason
+    react()
     assert Drain.objects.filter(node=nodes[1], state=DrainState.PROPOSED).exists()  # a person decides
     with pytest.raises(ValueError, match="reason"):
         health.reset_cluster_breaker(cluster, cast["admin"], "  ")
@@ -180,26 +192,28 @@ def test_the_cluster_breaker_stops_automatic_cordons_until_an_admin_resets_it(co
 
 
 # --- Xid events ------------------------------------------------------------------------------------------------
-def test_a_critical_xid_makes_the_node_unhealthy_at_once_and_a_burst_is_one_event(commit, tokens):
+def test_a_critical_xid_makes_the_node_unhealthy_at_once_and_a_burst_is_one_event(commit, tokens, react):
     node, reg = commit(register, "hc-xid")
     configure(auto_cordon_max_share=1.0)
     now = time.time()
     burst = [{"at": now + i * 0.001, "gpu": 1, "code": 48} for i in range(5)]
-    commit(actions.record_heartbeat, "hc-xid", Heartbeat(session=reg.session, load=Load(), xids=burst))
+    commit(nodes.record_heartbeat, "hc-xid", Heartbeat(session=reg.session, load=Load(), xids=burst))
     node.refresh_from_db()
     assert node.health == Health.UNHEALTHY and weight("hc-xid") == 0.0
     event = XidEvent.objects.get(node=node)
     assert event.codes == {"48": 5} and event.count == 5 and event.severity == "critical" and event.acted
     assert event.action == "drain, reset GPU"
+    assert not Drain.objects.filter(node=node).exists()  # the heartbeat only records; the drain is a reaction, off its path
+    react()
     assert Drain.objects.get(node=node).reason.startswith("CRITICAL Xid 48 on GPU 1")
     # The next heartbeats carry the same recent events: nothing is counted twice.
-    commit(actions.record_heartbeat, "hc-xid", Heartbeat(session=reg.session, load=Load(), xids=burst))
+    commit(nodes.record_heartbeat, "hc-xid", Heartbeat(session=reg.session, load=Load(), xids=burst))
     assert XidEvent.objects.get(node=node).count == 5
 
 
 def test_warn_xids_are_shown_not_acted_on(commit, tokens):
     node, reg = commit(register, "hc-warn")
-    commit(actions.record_heartbeat, "hc-warn", Heartbeat(session=reg.session, load=Load(), xids=[{"at": time.time(), "gpu": 0, "code": 13}]))
+    commit(nodes.record_heartbeat, "hc-warn", Heartbeat(session=reg.session, load=Load(), xids=[{"at": time.time(), "gpu": 0, "code": 13}]))
     node.refresh_from_db()
     event = XidEvent.objects.get(node=node)
     assert event.severity == "warn" and not event.acted and node.health == Health.HEALTHY and weight("hc-warn") == 1.0
@@ -212,9 +226,9 @@ def test_drain_requests_are_refused_for_a_node_already_draining_or_down(commit, 
     drain = commit(drains.propose, node, source="operator", requested_by=cast["operator"], reason="fan noise")
     with pytest.raises(drains.DrainRefused, match="already has drain"):
         drains.propose(node, source="operator", requested_by=cast["operator"], reason="again")
-    actions.transition_node(node, NodeState.DOWN, "test")
+    nodes.transition_node(node, NodeState.DOWN, "test")
     other, _ = commit(register, "hc-dr2")
-    actions.transition_node(other, NodeState.DOWN, "test")
+    nodes.transition_node(other, NodeState.DOWN, "test")
     with pytest.raises(drains.DrainRefused, match="hc-dr2 is Down"):
         drains.propose(other, source="operator", reason="x")
     third, _ = commit(register, "hc-dr3")
@@ -336,19 +350,34 @@ def test_hardware_repair_hands_the_node_off(commit, tokens, cast):
 
 
 # --- hot spares -----------------------------------------------------------------------------------------------------
-def test_a_spare_takes_no_traffic_and_is_promoted_when_a_node_goes_down(commit, tokens):
+def test_a_spare_takes_no_traffic_and_is_promoted_when_a_node_goes_down(commit, tokens, react):
     from recovery.actions import incidents
 
     node, _ = commit(register, "hc-sp-main")
     spare, _ = commit(register, "hc-sp-spare", spare=True)
     assert spare.spare and weight("hc-sp-spare") == 0.0
     commit(incidents.note_failure, node, time.time(), "gateway gw-1", "stream broke")
-    commit(actions.transition_node, node, NodeState.DOWN, "no heartbeat")
+    commit(nodes.transition_node, node, NodeState.DOWN, "no heartbeat")
+    react()
     spare.refresh_from_db()
     assert not spare.spare and weight("hc-sp-spare") == 1.0
     promoted = spare.health_transitions.get(kind="spare")
     assert promoted.old == "True" and promoted.new == "False" and "in place of hc-sp-main" in promoted.cause
     assert incidents.open_incident_for(node).events.filter(kind="spare_promoted").exists()
+
+
+def test_capacity_counts_the_spare_a_pending_reaction_is_about_to_promote(commit, tokens, react):
+    """Between a node going DOWN and its spare's promotion (a reaction, within a second) the capacity must not dip:
+    a dip there raised the degradation level for nothing."""
+    main, _ = commit(register, "hc-cs-main")
+    commit(register, "hc-cs-spare", spare=True)
+    assert set(capacity.report().nodes) == {"hc-cs-main"}
+    commit(nodes.transition_node, main, NodeState.DOWN, "no heartbeat")
+    during = capacity.report()
+    assert set(during.nodes) == {"hc-cs-spare"}  # the promotion is pending: its spare counts already
+    react()
+    after = capacity.report()
+    assert set(after.nodes) == {"hc-cs-spare"} and after.capacity_rps == during.capacity_rps
 
 
 # --- degradation --------------------------------------------------------------------------------------------------------
@@ -457,7 +486,7 @@ def test_settings_are_admin_only_validated_field_by_field_and_audited(client, ca
     client.force_login(cast["admin"])
     page = client.get("/settings/")
     assert page.status_code == 200 and b"canary_interval_s" in page.content
-    from console.forms import SettingsForm
+    from recovery.forms import SettingsForm
 
     data = {name: getattr(Cluster.default(), name) for name in SettingsForm.Meta.fields}
     response = client.post("/settings/", {**data, "canary_interval_s": 1})
@@ -487,6 +516,21 @@ def test_settings_by_api_for_automation(client, cast, commit):
     assert AuditEntry.objects.get(action="settings").details["changed"] == {"degradation_hold_s": [30.0, 5.0]}
 
 
+def test_a_settings_change_never_undoes_what_the_control_plane_wrote_meanwhile(client, cast, commit, monkeypatch):
+    """The settings and the degradation level share the cluster's row: saving settings read before Celery moved the
+    level must not write the old level back (it did, when the page saved the whole row)."""
+    from recovery.actions import capacity
+
+    stale = Cluster.default()  # the settings request reads the row...
+    commit(capacity.set_level, Cluster.default(), 2, "test: capacity fell")  # ...Celery moves the level meanwhile...
+    monkeypatch.setattr(Cluster, "default", classmethod(lambda cls: stale))
+    client.force_login(cast["admin"])
+    response = commit(client.patch, "/api/settings", {"degradation_hold_s": 7, "reason": "test"}, content_type="application/json")
+    assert response.status_code == 200 and response.json()["changed"] == ["degradation_hold_s"]
+    row = Cluster.objects.get(pk=stale.pk)
+    assert row.degradation_hold_s == 7 and row.degradation_level == 2  # ...and the save leaves it where Celery put it
+
+
 def test_the_control_planes_own_metrics(client, cast, commit, tokens):
     node, _ = commit(register, "hc-m-a")
     commit(register, "hc-m-spare", spare=True)
@@ -497,5 +541,5 @@ def test_the_control_planes_own_metrics(client, cast, commit, tokens):
     assert 'lifeline_worker_status{model="Qwen3-32B",node="hc-m-a",rack="rack-a"} 1.0' in text
     assert 'lifeline_routing_weight{node="hc-m-a"} 0.5' in text and 'lifeline_hot_spare{node="hc-m-spare"} 1.0' in text
     assert 'lifeline_circuit_breaker_state{node="hc-m-a"} 0.0' in text and "lifeline_degradation_level 0.0" in text
-    commit(actions.transition_node, node, NodeState.DOWN, "test")
+    commit(nodes.transition_node, node, NodeState.DOWN, "test")
     assert 'lifeline_worker_status{model="Qwen3-32B",node="hc-m-a",rack="rack-a"} 4.0' in client.get("/metrics").content.decode()

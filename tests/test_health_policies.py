@@ -7,8 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from recovery.policy import breaker as breakers
-from recovery.policy import capacity
-from recovery.policy import health
+from recovery.policy import capacity, health
 from recovery.policy.health import CanaryAnswer, GoldenToken
 from workers.catalog import Deployment
 

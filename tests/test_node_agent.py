@@ -300,3 +300,27 @@ def test_an_adapter_node_cannot_change_its_batch_limit_or_reset_its_gpus(node_fa
     status, answer = http_json(adapter.address + "/agent/reset", method="POST", headers=AGENT_HEAD)
     assert status == 501 and "cannot reset its GPUs" in answer["error"]["message"]
     assert {"config", "reset"} <= set(http_json(adapter.address + "/agent/capabilities")[1]["cannot"])
+
+
+def test_a_node_registers_what_it_offers_and_its_heartbeats_carry_its_status(node_factory):
+    with FakeControlPlane() as plane:
+        node = node_factory("offers-a", *FAST, "--control-url", plane.url)
+        registration = plane.wait_for_registration()
+        assert registration.engine == "emulated" and list(registration.capabilities) == [
+            "openai", "events", "checkpoint", "resume", "migrate", "assist", "draft", "reload", "config", "reset", "telemetry"]
+        capabilities = http_json(node.address + "/agent/capabilities")[1]
+        assert capabilities == {"engine": {"kind": "emulated"}, "offers": list(registration.capabilities), "cannot": {}}
+        body = {"model": "Qwen3-32B", "prompt": "keep the heartbeat busy", "max_tokens": 200, "temperature": 0, "ignore_eos": True}
+        assert http_json(node.address + "/v1/completions", data=body)[0] == 200
+        # The heartbeat measures the token rate, and carries the whole status beside the figures the control plane keeps.
+        beat = plane.wait_for_heartbeat(lambda h: h.load.tokens_per_s > 0)
+        assert beat.load.steps > 0 and beat.load.kv_blocks_total > 0 and beat.load.source == "engine"
+    with FakeControlPlane() as plane:
+        node_factory("offers-b", *FAST, "--control-url", plane.url, "--enable-faults", env={"LIFELINE_FAULT_TOKEN": "fault-token"})
+        assert plane.wait_for_registration().capabilities[-2:] == ("telemetry", "faults")
+    with FakeControlPlane() as plane:
+        node_factory("offers-c", "--engine-url", "http://127.0.0.1:9", "--control-url", plane.url)
+        registration = plane.wait_for_registration()
+        assert registration.engine == "adapter" and registration.capabilities == ("openai", "events", "telemetry")
+        beat = plane.wait_for_heartbeat(lambda h: True)
+        assert beat.load.running == 0 and beat.load.step_ms == 0.0 and beat.load.decode_batch is None  # the heartbeat's own figures are numbers

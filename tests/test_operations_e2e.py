@@ -211,7 +211,9 @@ def test_a_critical_xid_makes_a_node_unhealthy_at_once(ops_stack):
     assert took < 5  # one heartbeat, not a canary interval
     # An ECC error does not corrupt the canary's answer: the on-call engineer rejects the drain and the node
     # returns on its own when its canary passes.
-    drain = next(d for d in call(stack, "GET", "/api/drains")[1]["drains"] if d["node"] == target and d["waiting"])
+    # The drain is the UNHEALTHY transition's reaction (recovery.reactions), within a second or so.
+    drain = wait_for(lambda: next((d for d in call(stack, "GET", "/api/drains")[1]["drains"] if d["node"] == target and d["waiting"]), None),
+                     10, 0.2, f"a drain proposed for {target}")
     assert call(stack, "POST", f"/api/drains/{drain['id']}/reject", {"reason": "ECC burst during a rehearsal"})[0] == 200
     wait_for(lambda: health(stack, target)["health"] == "healthy", 20, 0.2, f"{target} healthy again")
 

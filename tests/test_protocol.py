@@ -5,7 +5,20 @@ import uuid
 
 import pytest
 
-from workers.protocol import MAX_HEARTBEAT_XIDS, Heartbeat, ProtocolError, Registration
+from workers import catalog
+from workers.adapter import AdapterEngine
+from workers.checkpoint import Peer
+from workers.engine import Assist, Engine
+from workers.kvstore import CheckpointStore
+from workers.protocol import (
+    HEARTBEAT_LOAD_FIELDS,
+    MAX_HEARTBEAT_XIDS,
+    Heartbeat,
+    Load,
+    NodeStatus,
+    ProtocolError,
+    Registration,
+)
 
 SESSION = uuid.uuid4().hex
 
@@ -116,3 +129,83 @@ def test_bad_xids_are_refused_naming_the_field(xids, message):
 )
 def test_bad_gpu_readings_are_refused_naming_the_field(gpus, message):
     assert str(refusal(Heartbeat.parse, heartbeat(gpus=gpus))) == message
+
+
+# --- the node's status: one schema for every engine ---------------------------------------------
+
+
+def emulated_status(assist: bool = False) -> NodeStatus:
+    engine = Engine(catalog.Deployment.of("Qwen3-32B", "H100-SXM", 1), store=CheckpointStore(10**9))
+    engine.steps, engine.step_s, engine.decode_step = 42, 0.0125, (0.011, 3, 900)
+    if assist:
+        engine.assist = Assist(Peer("draft-1", "http://127.0.0.1:1"), 4, 0.6, propose=None)
+    return engine.status()
+
+
+def test_the_emulated_engines_status_round_trips_through_json():
+    for status in (emulated_status(), emulated_status(assist=True)):
+        wire = json.loads(json.dumps(status.to_json()))
+        assert NodeStatus.parse(wire) == status
+        assert NodeStatus.parse({**wire, "reason": "arrival", "request_id": "r-1", "from_a_newer_node": [1]}) == status  # unknown keys ignored
+    wire = emulated_status(assist=True).to_json()
+    assert wire["assist"] == {"draft": "draft-1", "k": 4, "alpha": 0.6, "acceptance": None}
+    assert wire["steps"] == 42 and wire["step_ms"] == 12.5 and wire["decode_step_batch"] == 3 and wire["checkpoint_budget_bytes"] == 10**9
+
+
+def test_what_an_adapter_cannot_report_stays_null_and_a_figure_left_out_is_null_too():
+    engine = AdapterEngine("http://127.0.0.1:9", catalog.Deployment.of("Qwen3-32B", "H100-SXM", 1), "adapter")
+    status = engine.status()
+    wire = json.loads(json.dumps(status.to_json()))
+    assert wire["step_ms"] is None and wire["running"] is None and wire["source"] == "engine_metrics"
+    assert NodeStatus.parse(wire) == status
+    older = NodeStatus.parse({"seq": 1, "at": 1.5, "model_state": "serving", "running": 2})
+    assert older.running == 2 and older.checkpoint_requests is None and older.waiting is None
+    # The gateway's lenient reading: n/a counts as nothing for routing.
+    routed = NodeStatus.from_event(wire)
+    assert routed.running == 0 and routed.step_ms == 0.0 and routed.steps == 0 and routed.model_state == "loading_full"
+
+
+@pytest.mark.parametrize(
+    "figures,message",
+    [
+        ({"running": "3"}, "running: must be int, got str"),
+        ({"kv_blocks_used": 1.5}, "kv_blocks_used: must be int, got float"),
+        ({"step_ms": True}, "step_ms: must be float, got bool"),
+        ({"decode_step_context_tokens": -1}, "decode_step_context_tokens: must be 0 or more"),
+        ({"seq": None}, "seq: must not be null: only a figure may be n/a"),
+        ({"model_state": "asleep"}, "model_state: 'asleep' is not known: expected one of loading_draft, draft_ready, loading_full, serving"),
+        ({"source": 7}, "source: must be str, got int"),
+        ({"assist": "draft-1"}, "assist: must be an object or null, got str"),
+        ({"assist": {"draft": "d", "k": "four", "alpha": 0.6}}, "assist.k: must be int, got str"),
+    ],
+)
+def test_a_bad_status_is_refused_naming_the_field(figures, message):
+    wire = {**emulated_status().to_json(), **figures}
+    assert str(refusal(NodeStatus.parse, wire)) == message
+    assert refusal(NodeStatus.parse, wire).field == message.split(":")[0]
+
+
+def test_a_status_must_be_an_object():
+    assert str(refusal(NodeStatus.parse, [1, 2])) == "status: must be an object, got list"
+
+
+def test_a_heartbeat_carries_the_status_with_its_heartbeat_figures_as_numbers():
+    adapter = AdapterEngine("http://127.0.0.1:9", catalog.Deployment.of("Qwen3-32B", "H100-SXM", 1), "adapter")
+    load = Load.of(adapter.status(), tokens_per_s=12.5)
+    wire = json.loads(json.dumps(Heartbeat(session=SESSION, load=load).to_json()))["load"]
+    assert set(HEARTBEAT_LOAD_FIELDS) <= set(wire) and all(isinstance(wire[f], (int, float)) for f in HEARTBEAT_LOAD_FIELDS)
+    assert wire["step_ms"] == 0.0 and wire["running"] == 0 and wire["tokens_per_s"] == 12.5  # an older control plane refuses null
+    assert wire["uncomputed_prefill_tokens"] is None  # the rest of the status keeps its n/a
+    assert Heartbeat.parse(heartbeat(load=wire)).load == load
+    status = emulated_status()
+    assert {k: v for k, v in vars(Load.of(status, 0.0)).items() if k != "tokens_per_s"} == vars(status)
+
+
+def test_an_older_nodes_heartbeat_load_reads_as_before():
+    old = {"running": 4, "waiting": 1, "kv_blocks_used": 50, "kv_blocks_total": 200, "step_ms": 12, "tokens_per_s": 0.0}
+    load = Heartbeat.parse(heartbeat(load=old)).load
+    assert (load.running, load.waiting, load.kv_blocks_used, load.step_ms, load.decode_step_ms, load.decode_step_batch) == (4, 1, 50, 12.0, 0.0, 0)
+    assert isinstance(load.step_ms, float) and Heartbeat.parse(heartbeat(load=None)).load == Load()
+    assert str(refusal(Heartbeat.parse, heartbeat(load={"running": None}))) == "load.running: is required"
+    assert str(refusal(Heartbeat.parse, heartbeat(load={"waiting": -2}))) == "load.waiting: must be 0 or more"
+    assert str(refusal(Heartbeat.parse, heartbeat(load=[]))) == "load: must be an object, got list"

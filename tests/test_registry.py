@@ -8,7 +8,8 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from recovery import actions, hot
+from recovery import hot
+from recovery.actions import nodes
 from recovery.events import CLUSTER_GROUP
 from recovery.models import Node, NodeTransition
 
@@ -55,7 +56,7 @@ def test_register_then_heartbeat_makes_the_node_serving(node_api, django_capture
     with django_capture_on_commit_callbacks(execute=True):
         response = beat(node_api, "node-x", body["session"], running=3, waiting=2)
     assert response.json()["state"] == "serving"
-    assert hot.node("node-x")["running"] == "3"
+    assert hot.node("node-x").running == 3
     assert "node-x" in hot.routing_table()
     steps = list(NodeTransition.objects.filter(node=node).order_by("at").values_list("old_state", "new_state", "actor"))
     assert steps == [("", "join", "system"), ("join", "serving", "system")]
@@ -114,22 +115,22 @@ def test_silent_node_goes_down_then_left_and_a_new_session_rejoins(node_api, dja
         node_api("/api/nodes/register", body)
     with django_capture_on_commit_callbacks(execute=True):
         beat(node_api, "node-x", body["session"])
-    assert actions.mark_silent_nodes_down() == []
+    assert nodes.mark_silent_nodes_down() == []
     # Pretend the last heartbeat was 3.5 s ago.
     hot.client().zadd(hot.keys().heartbeats, {"node-x": time.time() - 3.5})
     with django_capture_on_commit_callbacks(execute=True):
-        assert actions.mark_silent_nodes_down() == ["node-x"]
+        assert nodes.mark_silent_nodes_down() == ["node-x"]
     node = Node.objects.get(name="node-x")
     assert node.state == "down"
     down = node.transitions.latest("at")
     assert down.cause.startswith("no heartbeat for 3.") and "(allowed 3 s)" in down.cause
     assert "node-x" not in hot.routing_table()
-    assert actions.mark_silent_nodes_down() == []  # idempotent: nothing is marked twice
+    assert nodes.mark_silent_nodes_down() == []  # idempotent: nothing is marked twice
     # Its session is closed; heartbeats from it are refused until it registers again.
     assert beat(node_api, "node-x", body["session"]).status_code == 409
     settings.LIFELINE_LEFT_AFTER_S = 0
     with django_capture_on_commit_callbacks(execute=True):
-        assert actions.mark_long_down_nodes_left() == ["node-x"]
+        assert nodes.mark_long_down_nodes_left() == ["node-x"]
     assert Node.objects.get(name="node-x").state == "left"
     again = registration()
     with django_capture_on_commit_callbacks(execute=True):
@@ -152,11 +153,11 @@ def test_graceful_leave(node_api, django_capture_on_commit_callbacks):
 def test_transition_is_claimed_once(django_capture_on_commit_callbacks):
     from workers.protocol import Registration
 
-    node = actions.register_node(Registration.parse(registration()))
+    node = nodes.register_node(Registration.parse(registration()))
     stale_copy = Node.objects.get(pk=node.pk)
-    assert actions.transition_node(node, "serving", "first")
+    assert nodes.transition_node(node, "serving", "first")
     # A second actor still holding the old state loses the race and writes nothing.
-    assert not actions.transition_node(stale_copy, "serving", "second")
+    assert not nodes.transition_node(stale_copy, "serving", "second")
     assert NodeTransition.objects.filter(node=node, new_state="serving").count() == 1
 
 

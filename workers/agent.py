@@ -1,8 +1,11 @@
-"""The node agent: the HTTP face of one serving node.
+"""The node agent: the HTTP face of one serving node, the same for every engine.
 
-Serves the OpenAI API from the engine, `/health`, Prometheus `/metrics` under
-vLLM's and DCGM's names, the status endpoint and the status event stream.
-The token-protected control endpoints are in workers.control_api.
+Serves the OpenAI API from the engine (any workers.engine_api.ServingEngine),
+`/health`, Prometheus `/metrics` under vLLM's and DCGM's names, the status
+endpoint and the status event stream, and what the node offers at
+`/agent/capabilities`. The token-protected control endpoints are in
+workers.control_api; a call on a capability the engine does not offer is
+answered 501 there (`control_api.lacking`).
 """
 
 import asyncio
@@ -16,7 +19,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from workers import control_api, protocol
 from workers.checkpoint import fetch_checkpoint
-from workers.engine import Engine, EngineError, FinishEvent, Sequence, TokenEvent
+from workers.engine import EngineError, FinishEvent, Sequence, TokenEvent
+from workers.engine_api import CAPABILITIES, ServingEngine
 from workers.openai_api import ChunkWriter, error_response, read_json, sse
 from workers.openai_schema import ApiError, CompletionRequest, parse
 from workers.runtime import Identity, NodeRuntime, token_matches
@@ -28,16 +32,23 @@ RUNTIME_KEY = control_api.RUNTIME_KEY
 # (busy with a long prefill, say) from a frozen one by it.
 KEEPALIVE_S = 1.0
 LARGE_BODY_BYTES = 64 * 1024  # requests validated in a worker thread above this
+# How a request ends other than with its answer; "stop" and "length" (and a real engine's
+# "tool_calls" or "content_filter", through an adapter) end it with one.
+ABNORMAL_ENDS = ("migrated", "abort", "error")
 METRICS_KEY = web.AppKey("metrics", object)
 REGISTRY_KEY = web.AppKey("registry", CollectorRegistry)
 
-__all__ = ["Identity", "build_app", "status_document"]
+__all__ = ["Identity", "build_app", "offered_capabilities", "status_document"]
 
 
 class EngineCollector:
-    """Reads the engine's live figures at scrape time, under vLLM's metric names."""
+    """Reads the engine's live figures at scrape time, under vLLM's metric names.
 
-    def __init__(self, engine: Engine, node: str):
+    A figure the engine cannot report (None in its status, absent from its
+    counters) is left out: absence is n/a, a zero would lie.
+    """
+
+    def __init__(self, engine: ServingEngine, node: str):
         self.engine = engine
         self.node = node
 
@@ -46,33 +57,38 @@ class EngineCollector:
         label = [engine.model.key, self.node]
         status = engine.status()
 
+        def family(kind, name, doc, value):
+            if value is None:
+                return
+            metric = kind(name, doc, labels=["model_name", "node"])
+            metric.add_metric(label, value)
+            yield metric
+
         def gauge(name, doc, value):
-            family = GaugeMetricFamily(name, doc, labels=["model_name", "node"])
-            family.add_metric(label, value)
-            return family
+            return family(GaugeMetricFamily, name, doc, value)
 
-        def counter(name, doc, value):
-            family = CounterMetricFamily(name, doc, labels=["model_name", "node"])
-            family.add_metric(label, value)
-            return family
+        def counter(name, doc, key):
+            return family(CounterMetricFamily, name, doc, engine.counters.get(key))
 
-        yield gauge("vllm:num_requests_running", "Requests in the running batch.", status["running"])
-        yield gauge("vllm:num_requests_waiting", "Requests waiting to be admitted.", status["waiting"])
-        total = status["kv_blocks_total"] or 1
-        yield gauge("vllm:kv_cache_usage_perc", "Share of KV-cache blocks in use (1 = full).", status["kv_blocks_used"] / total)
-        yield counter("vllm:prompt_tokens", "Prompt tokens received.", engine.counters["prompt_tokens"])
-        yield counter("vllm:generation_tokens", "Tokens generated.", engine.counters["generation_tokens"])
-        yield counter("vllm:num_preemptions", "Sequences preempted for lack of KV blocks.", engine.counters["preemptions"])
-        yield gauge("lifeline_batch_limit", "Sequences admitted into the running batch at most.", status["batch_limit"])
-        yield gauge("lifeline_step_seconds", "Emulated duration of the last engine step.", status["step_ms"] / 1000)
-        yield gauge("lifeline_uncomputed_prefill_tokens", "Prompt tokens not yet computed (prefill load).", status["uncomputed_prefill_tokens"])
-        yield gauge("lifeline_decode_batch_size", "Sequences in the decode batch.", status["decode_batch"])
-        yield gauge("lifeline_decode_context_tokens", "Sum of sequence lengths in the decode batch.", status["decode_context_tokens"])
-        yield gauge("lifeline_checkpoint_bytes_held", "Other nodes' KV pages held in host memory.", status["checkpoint_bytes_held"])
-        yield gauge("lifeline_checkpoint_budget_bytes", "Host-memory budget for checkpoints.", status["checkpoint_budget_bytes"])
-        yield gauge("lifeline_model_ready", "1 when the full model serves, 0 while loading.", 1 if status["model_state"] == "serving" else 0)
-        yield counter("lifeline_draft_tokens_proposed", "Drafted tokens verified here (speculative assist).", engine.counters["draft_proposed"])
-        yield counter("lifeline_draft_tokens_accepted", "Drafted tokens accepted here.", engine.counters["draft_accepted"])
+        yield from gauge("vllm:num_requests_running", "Requests in the running batch.", status.running)
+        yield from gauge("vllm:num_requests_waiting", "Requests waiting to be admitted.", status.waiting)
+        if status.kv_blocks_used is not None:
+            total = status.kv_blocks_total or 1
+            yield from gauge("vllm:kv_cache_usage_perc", "Share of KV-cache blocks in use (1 = full).", status.kv_blocks_used / total)
+        yield from counter("vllm:prompt_tokens", "Prompt tokens received.", "prompt_tokens")
+        yield from counter("vllm:generation_tokens", "Tokens generated.", "generation_tokens")
+        yield from counter("vllm:num_preemptions", "Sequences preempted for lack of KV blocks.", "preemptions")
+        yield from gauge("lifeline_batch_limit", "Sequences admitted into the running batch at most.", status.batch_limit)
+        step_s = None if status.step_ms is None else status.step_ms / 1000
+        yield from gauge("lifeline_step_seconds", "Emulated duration of the last engine step.", step_s)
+        yield from gauge("lifeline_uncomputed_prefill_tokens", "Prompt tokens not yet computed (prefill load).", status.uncomputed_prefill_tokens)
+        yield from gauge("lifeline_decode_batch_size", "Sequences in the decode batch.", status.decode_batch)
+        yield from gauge("lifeline_decode_context_tokens", "Sum of sequence lengths in the decode batch.", status.decode_context_tokens)
+        yield from gauge("lifeline_checkpoint_bytes_held", "Other nodes' KV pages held in host memory.", status.checkpoint_bytes_held)
+        yield from gauge("lifeline_checkpoint_budget_bytes", "Host-memory budget for checkpoints.", status.checkpoint_budget_bytes)
+        yield from gauge("lifeline_model_ready", "1 when the full model serves, 0 while loading.", 1 if status.model_state == "serving" else 0)
+        yield from counter("lifeline_draft_tokens_proposed", "Drafted tokens verified here (speculative assist).", "draft_proposed")
+        yield from counter("lifeline_draft_tokens_accepted", "Drafted tokens accepted here.", "draft_accepted")
 
 
 class RequestMetrics:
@@ -107,7 +123,7 @@ class RequestMetrics:
             self.queue_child.observe(seq.admitted_at - seq.arrival)
 
 
-def _served_names(engine: Engine) -> set[str]:
+def _served_names(engine: ServingEngine) -> set[str]:
     return {engine.model.key, engine.model.name}
 
 
@@ -120,6 +136,10 @@ async def _start(request: web.Request, runtime: NodeRuntime, req: CompletionRequ
     """Submit a new request, or resume one from its checkpoint at token N."""
     engine = runtime.engine
     ext = req.extension
+    if ext.resume is not None:
+        control_api.require(engine, "resume", param="lifeline")
+    if ext.holders or ext.checkpoint_prefill_chunks:
+        control_api.require(engine, "checkpoint", param="lifeline")
     privileged = ext.holders or ext.resume is not None or ext.checkpoint_prefill_chunks
     if privileged and not token_matches(_bearer(request), runtime.agent_token):
         raise ApiError(401, "lifeline.holders and lifeline.resume need the agent token: send `Authorization: Bearer <agent token>`.", param="lifeline", kind="authentication_error")
@@ -128,8 +148,7 @@ async def _start(request: web.Request, runtime: NodeRuntime, req: CompletionRequ
         # An injected query of death: the engine fails on this input, as a real one with such a bug would.
         raise EngineError(f"engine failure on this request (injected poison fault matching {poison!r})", status=500)
     if ext.resume is None:
-        seq = engine.submit(req.prompt_ids, req.params, req.request_id, holders=ext.holders, checkpoint_prefill_chunks=ext.checkpoint_prefill_chunks)
-        return seq, None
+        return await engine.submit_request(req), None
 
     async def fetch(holder, request_id):
         return await fetch_checkpoint(holder, request_id, runtime.peer_headers)
@@ -161,7 +180,7 @@ async def _run_request(request: web.Request, kind: str) -> web.StreamResponse:
         metrics.refused.labels(metrics.node, str(exc.status)).inc()
         return error_response(exc, headers)
     except EngineError as exc:
-        kind_ = {503: "service_unavailable", 500: "server_error"}.get(exc.status, "invalid_request_error")
+        kind_ = {503: "service_unavailable", 502: "engine_unavailable", 500: "server_error"}.get(exc.status, "invalid_request_error")
         metrics.refused.labels(metrics.node, str(exc.status)).inc()
         return error_response(ApiError(exc.status, str(exc), param="lifeline.request_id" if exc.status == 409 else None, kind=kind_), headers)
     headers["X-Request-Id"] = req.request_id
@@ -196,7 +215,7 @@ async def _run_request(request: web.Request, kind: str) -> web.StreamResponse:
                 events.append(event)
                 continue
             metrics.finish(seq)
-            if event.reason in ("stop", "length"):
+            if event.reason not in ABNORMAL_ENDS:
                 whole = writer.whole(events, event)
                 if extension:
                     whole["lifeline"] = extension
@@ -270,6 +289,7 @@ async def metrics(request: web.Request) -> web.Response:
 
 def status_document(runtime: NodeRuntime) -> dict:
     engine, identity = runtime.engine, runtime.identity
+    load = engine.status()
     return {
         "name": identity.name,
         "session": identity.session,
@@ -281,9 +301,10 @@ def status_document(runtime: NodeRuntime) -> dict:
         "model": engine.model.key,
         "gpu": engine.deployment.gpu.key,
         "tp": engine.deployment.tp,
-        "time_scale": engine.config.time_scale,
-        "load": engine.status(),
-        "counters": {**engine.counters, "steps": engine.steps},
+        "engine": engine.describe(),
+        "time_scale": load.time_scale,
+        "load": load.to_json(),
+        "counters": {**engine.counters, "steps": load.steps},
         "checkpoints": runtime.store.stats(),
         "streaming": runtime.streamer.stats(),
         "faults": runtime.faults.to_json(),
@@ -294,6 +315,22 @@ def status_document(runtime: NodeRuntime) -> dict:
 
 async def status(request: web.Request) -> web.Response:
     return web.json_response(status_document(request.app[RUNTIME_KEY]))
+
+
+def offered_capabilities(runtime: NodeRuntime) -> list[str]:
+    """What the node offers, as it registers: the agent's own services and its engine's capabilities."""
+    engine = runtime.engine
+    offered = ["openai", "events", *(c for c in CAPABILITIES if c in engine.capabilities and c != "faults"), "telemetry"]
+    if "faults" in engine.capabilities and runtime.faults.enabled:
+        offered.append("faults")  # switched on per node, for staging (--enable-faults)
+    return offered
+
+
+async def capabilities(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME_KEY]
+    engine = runtime.engine
+    cannot = {name: capability.does for name, capability in CAPABILITIES.items() if name not in engine.capabilities}
+    return web.json_response({"engine": engine.describe(), "offers": offered_capabilities(runtime), "cannot": cannot})
 
 
 async def telemetry(request: web.Request) -> web.Response:
@@ -309,7 +346,7 @@ async def events(request: web.Request) -> web.StreamResponse:
     await response.prepare(request)
     queue = engine.subscribe()
     try:
-        await response.write(f"event: status\ndata: {json.dumps(engine.status())}\n\n".encode())
+        await response.write(f"event: status\ndata: {json.dumps(engine.status().to_json())}\n\n".encode())
         while True:
             try:
                 item = await asyncio.wait_for(queue.get(), timeout=KEEPALIVE_S)
@@ -359,5 +396,6 @@ def build_app(runtime: NodeRuntime, telemetry_collector=None) -> web.Application
     app.router.add_get(protocol.STATUS_PATH, status)
     app.router.add_get(protocol.EVENTS_PATH, events)
     app.router.add_get("/agent/telemetry", telemetry)
+    app.router.add_get("/agent/capabilities", capabilities)
     control_api.add_routes(app)
     return app

@@ -3,7 +3,9 @@
 Checkpoint pages from other nodes (`/agent/kv/...`), live migration of a
 request, speculative assist (as verifier or as draft), reload, the batch
 limit, GPU reset, and fault injection (a separate token, and only when the
-node was started with it).
+node was started with it). Each needs a capability of the engine
+(workers.engine_api.CAPABILITIES); where the engine does not offer it, the
+endpoint answers 501 (`lacking`) before anything else.
 """
 
 import asyncio
@@ -18,7 +20,10 @@ from workers import catalog, faults as faults_
 from workers.catalog import BLOCK_TOKENS
 from workers.checkpoint import Peer
 from workers.engine import Assist, EngineError, propose_drafts
+from workers.engine_api import CAPABILITIES, ServingEngine
 from workers.kvstore import PageRefused, page_from_wire
+from workers.openai_api import error_response
+from workers.openai_schema import ApiError
 from workers.runtime import NodeRuntime, token_matches
 
 log = logging.getLogger(__name__)
@@ -30,6 +35,32 @@ def error(status: int, message: str, field: str | None = None, **extra) -> web.R
     body = {"error": {"message": message, "type": "invalid_request_error" if status == 400 else "control_error", "param": field}}
     body.update(extra)
     return web.json_response(body, status=status)
+
+
+def lacking(engine: ServingEngine, capability: str, param: str | None = None) -> ApiError:
+    """The one answer to a call on a capability the engine does not offer: 501, in OpenAI's shape."""
+    described = engine.describe()
+    engine_ = described["kind"] + (f" at {described['url']}" if described.get("url") else "")
+    return ApiError(501, f"This node's engine ({engine_}) cannot {CAPABILITIES[capability].does}: it does not offer `{capability}`. "
+                         f"See /agent/capabilities for what it offers.", param=param, kind="not_implemented")
+
+
+def require(engine: ServingEngine, capability: str, param: str | None = None) -> None:
+    if capability not in engine.capabilities:
+        raise lacking(engine, capability, param)
+
+
+def offered(capability: str, handler):
+    """An endpoint that needs `capability` of the engine: 501 without it, before the token is asked for."""
+
+    @functools.wraps(handler)
+    async def wrapper(request: web.Request) -> web.StreamResponse:
+        engine = request.app[RUNTIME_KEY].engine
+        if capability not in engine.capabilities:
+            return error_response(lacking(engine, capability))
+        return await handler(request)
+
+    return wrapper
 
 
 def _bearer(request: web.Request) -> str | None:
@@ -358,23 +389,33 @@ async def faults_clear(request: web.Request, runtime: NodeRuntime) -> web.Respon
     return web.json_response(runtime.faults.to_json())
 
 
+# Every control endpoint, with the engine capability it needs.
+ROUTES = (
+    ("POST", "/agent/kv/batch", kv_batch, "checkpoint"),
+    ("GET", "/agent/kv", kv_list, "checkpoint"),
+    ("GET", "/agent/kv/{request_id}", kv_get, "checkpoint"),
+    ("DELETE", "/agent/kv/{request_id}", kv_drop, "checkpoint"),
+    ("POST", "/agent/requests/{request_id}/migrate", migrate, "migrate"),
+    ("POST", "/agent/requests/{request_id}/holders", set_holders, "checkpoint"),
+    ("POST", "/agent/assist", assist_start, "assist"),
+    ("DELETE", "/agent/assist", assist_stop, "assist"),
+    ("POST", "/agent/draft", draft, "draft"),
+    ("POST", "/agent/reload", reload, "reload"),
+    ("POST", "/agent/reset", reset, "reset"),
+    ("GET", "/agent/config", config_get, "config"),
+    ("POST", "/agent/config", config_set, "config"),
+    ("GET", "/agent/faults", faults_get, "faults"),
+    ("POST", "/agent/faults", faults_inject, "faults"),
+    ("DELETE", "/agent/faults", faults_clear, "faults"),
+)
+
+
 def add_routes(app: web.Application) -> None:
-    app.router.add_post("/agent/kv/batch", kv_batch)
-    app.router.add_get("/agent/kv", kv_list)
-    app.router.add_get("/agent/kv/{request_id}", kv_get)
-    app.router.add_delete("/agent/kv/{request_id}", kv_drop)
-    app.router.add_post("/agent/requests/{request_id}/migrate", migrate)
-    app.router.add_post("/agent/requests/{request_id}/holders", set_holders)
-    app.router.add_post("/agent/assist", assist_start)
-    app.router.add_delete("/agent/assist", assist_stop)
-    app.router.add_post("/agent/draft", draft)
-    app.router.add_post("/agent/reload", reload)
-    app.router.add_post("/agent/reset", reset)
-    app.router.add_get("/agent/config", config_get)
-    app.router.add_post("/agent/config", config_set)
-    app.router.add_get("/agent/faults", faults_get)
-    app.router.add_post("/agent/faults", faults_inject)
-    app.router.add_delete("/agent/faults", faults_clear)
+    for method, path, handler, capability in ROUTES:
+        if method == "GET":
+            app.router.add_get(path, offered(capability, handler))  # and HEAD, as aiohttp does for a GET
+        else:
+            app.router.add_route(method, path, offered(capability, handler))
 
 
 def expected_tokens_per_step(alpha: float, k: int) -> float:

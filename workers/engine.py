@@ -24,6 +24,7 @@ import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from workers import catalog, tokens
 from workers.aio import cancel
@@ -31,10 +32,13 @@ from workers.catalog import BLOCK_TOKENS, Deployment
 from workers.checkpoint import CheckpointStreamer, Peer
 from workers.faults import FaultState
 from workers.kvstore import CheckpointStore, Page
+from workers.protocol import AssistStatus, NodeStatus
+
+if TYPE_CHECKING:  # for the annotation only: workers.openai_schema imports this module
+    from workers.openai_schema import CompletionRequest
 
 log = logging.getLogger(__name__)
 
-MODEL_STATES = ("loading_draft", "draft_ready", "loading_full", "serving")
 APPLY_SLICE = 32  # sequences emitted between two yields to the event loop
 MAX_CATCH_UP_S = 0.25  # how far behind its model the step loop catches up rather than resets
 
@@ -68,11 +72,14 @@ class SamplingParams:
 @dataclass
 class TokenEvent:
     index: int  # position in the output, from 0
-    token_id: int
+    token_id: int | None  # None where an engine behind an adapter does not say (workers.adapter)
     text: str
-    logprob: float
-    top: tuple[tuple[int, float], ...]
+    logprob: float | None  # None where the engine was not asked for logprobs
+    # The top candidates with their logprobs, each named by its token id, or by its text
+    # where the engine names it so (a real engine's logprobs, through an adapter).
+    top: tuple[tuple[int | str, float], ...]
     at: float
+    token: str | None = None  # the token as the engine spells it in logprobs; None: workers.tokens spells it from its id
 
 
 @dataclass
@@ -113,7 +120,7 @@ class Sequence:
     prompt_ids: list[int]
     params: SamplingParams
     arrival: float
-    generated: list[int] = field(default_factory=list)
+    generated: list[int] = field(default_factory=list)  # through an adapter, None for an id its engine did not say
     computed: int = 0  # context tokens whose KV is in the cache
     blocks: int = 0  # KV blocks held
     state: bytes = b""  # rolling hash of the context
@@ -178,6 +185,11 @@ class Assist:
 
 
 class Engine:
+    """The emulated engine: a workers.engine_api.ServingEngine with every capability (fault
+    injection among them, which a node still switches on only with --enable-faults)."""
+
+    capabilities = frozenset({"checkpoint", "resume", "migrate", "assist", "draft", "reload", "config", "reset", "faults"})
+
     def __init__(
         self,
         deployment: Deployment,
@@ -239,6 +251,9 @@ class Engine:
         self._task: asyncio.Task | None = None
         self._load_task: asyncio.Task | None = None
         self._steps_since_status = 0
+
+    def describe(self) -> dict:
+        return {"kind": "emulated"}
 
     # --- lifecycle -------------------------------------------------------------
     def start(self) -> None:
@@ -325,6 +340,11 @@ class Engine:
             raise EngineError(f"node {self.name} has lost GPU {sorted(self.faults.lost_gpus)} and cannot serve", status=503)
         if self.model_state != "serving":
             raise EngineError(f"node {self.name} is {self.model_state.replace('_', ' ')}, not serving yet", status=503)
+
+    async def submit_request(self, req: "CompletionRequest") -> Sequence:
+        """Queue a validated request (workers.engine_api.ServingEngine)."""
+        ext = req.extension
+        return self.submit(req.prompt_ids, req.params, req.request_id, holders=ext.holders, checkpoint_prefill_chunks=ext.checkpoint_prefill_chunks)
 
     def submit(
         self,
@@ -486,39 +506,41 @@ class Engine:
         return assist
 
     # --- status --------------------------------------------------------------------
-    def status(self) -> dict:
+    def status(self) -> NodeStatus:
         decode = [s for s in self.running if not s.in_prefill]
         uncomputed_prefill = sum(s.uncomputed for s in self.running if s.in_prefill) + sum(s.uncomputed for s in self.waiting)
         store = self.store.stats() if self.store is not None else {}
         tested = self.counters["draft_tested"]
-        return {
-            "seq": self.status_seq,
-            "at": time.time(),
-            "model_state": self.model_state,
-            "load_progress": round(self.load_progress, 3),
-            "waiting": len(self.waiting),
-            "running": len(self.running),
-            "uncomputed_prefill_tokens": uncomputed_prefill,
-            "decode_batch": len(decode),
-            "decode_context_tokens": sum(s.context_len for s in decode),
-            "kv_blocks_used": self.used_blocks,
-            "kv_blocks_total": self.total_blocks,
-            "checkpoint_bytes_held": store.get("bytes_held", 0),
-            "checkpoint_budget_bytes": store.get("budget_bytes", 0),
-            "checkpoint_requests": store.get("requests", 0),
-            "step_ms": round(self.step_s * 1000, 3),
-            "steps": self.steps,  # advances while the engine works: a gateway tells slow from hung by it
-            "time_scale": self.config.time_scale,
-            "decode_step_ms": round(self.decode_step[0] * 1000, 3),
-            "decode_step_batch": self.decode_step[1],
-            "decode_step_context_tokens": self.decode_step[2],
-            "batch_limit": self.batch_limit,
-            "batch_factor": self.batch_factor,
-            "assist": None if self.assist is None else {
-                "draft": self.assist.draft.name, "k": self.assist.k, "alpha": self.assist.alpha,
-                "acceptance": round(self.counters["draft_accepted"] / tested, 4) if tested else None,
-            },
-        }
+        return NodeStatus(
+            seq=self.status_seq,
+            at=time.time(),
+            model_state=self.model_state,
+            load_progress=round(self.load_progress, 3),
+            waiting=len(self.waiting),
+            running=len(self.running),
+            uncomputed_prefill_tokens=uncomputed_prefill,
+            decode_batch=len(decode),
+            decode_context_tokens=sum(s.context_len for s in decode),
+            kv_blocks_used=self.used_blocks,
+            kv_blocks_total=self.total_blocks,
+            checkpoint_bytes_held=store.get("bytes_held", 0),
+            checkpoint_budget_bytes=store.get("budget_bytes", 0),
+            checkpoint_requests=store.get("requests", 0),
+            step_ms=round(self.step_s * 1000, 3),
+            steps=self.steps,
+            time_scale=self.config.time_scale,
+            decode_step_ms=round(self.decode_step[0] * 1000, 3),
+            decode_step_batch=self.decode_step[1],
+            decode_step_context_tokens=self.decode_step[2],
+            batch_limit=self.batch_limit,
+            batch_factor=self.batch_factor,
+            assist=None if self.assist is None else AssistStatus(
+                self.assist.draft.name, self.assist.k, self.assist.alpha,
+                round(self.counters["draft_accepted"] / tested, 4) if tested else None,
+            ),
+            in_flight=len(self.by_id),
+            source="engine",
+        )
 
     def subscribe(self) -> asyncio.Queue:
         queue: asyncio.Queue = asyncio.Queue(maxsize=256)
@@ -532,7 +554,7 @@ class Engine:
         self.status_seq += 1
         if not self._subscribers:
             return
-        status = self.status()
+        status = self.status().to_json()
         status["reason"] = reason
         if request_id is not None:
             # A gateway that dispatched this request settles its own account against this status.

@@ -5,6 +5,9 @@ its address and pid, loads its model (the draft first, then the full model),
 registers with the control plane and sends heartbeats until SIGTERM or
 SIGINT, when it tells the control plane it is leaving.
 
+With --engine-url the node fronts a real engine (workers.adapter) instead of
+emulating one; the agent, its runtime and its HTTP face are the same.
+
 Secrets come from the environment, never the command line:
 LIFELINE_NODE_TOKEN (to register), LIFELINE_AGENT_TOKEN (control endpoints:
 checkpoints, migration, assist, reload, batch limit, GPU reset),
@@ -20,21 +23,22 @@ import os
 import signal
 import socket
 import sys
+import time
 import uuid
 
 from aiohttp import web
 
 from workers import catalog, protocol
-from workers.adapter import OFFERS as ADAPTER_OFFERS
-from workers.adapter import AdapterEngine, build_adapter_app
-from workers.agent import build_app
+from workers.adapter import AdapterEngine
+from workers.agent import build_app, offered_capabilities
 from workers.checkpoint import CheckpointStreamer
 from workers.control import ControlPlaneLink
 from workers.engine import Engine, EngineConfig
+from workers.engine_api import ServingEngine
 from workers.faults import FaultState
 from workers.kvstore import CheckpointStore
-from workers.runtime import Identity, LoopLag, NodeRuntime
-from workers.telemetry import DcgmCollector, HeartbeatTelemetry, open_telemetry
+from workers.runtime import Identity, NodeRuntime
+from workers.telemetry import DcgmCollector, HeartbeatTelemetry, emulated_gpus, open_telemetry
 
 log = logging.getLogger("workers.node")
 
@@ -47,7 +51,9 @@ def _env_flag(name: str) -> bool:
 
 def parse_args(argv=None) -> argparse.Namespace:
     env = os.environ.get
-    parser = argparse.ArgumentParser(prog="python -m workers.node", description="Run one Lifeline serving node (emulated GPU engine).")
+    parser = argparse.ArgumentParser(
+        prog="python -m workers.node", description="Run one Lifeline serving node: the emulated GPU engine, or a real one at --engine-url.",
+    )
     parser.add_argument("--name", default=env("LIFELINE_NODE_NAME", socket.gethostname()), help="node name, unique in the cluster")
     parser.add_argument("--rack", default=env("LIFELINE_NODE_RACK", "rack-a"))
     parser.add_argument("--model", default=env("LIFELINE_NODE_MODEL", "Qwen3-32B"), choices=sorted(catalog.MODELS))
@@ -97,15 +103,18 @@ def advertised_host(args: argparse.Namespace) -> str:
         return socket.gethostname()
 
 
-def emulated_gpus(name: str, gpu: catalog.Gpu, tp: int) -> tuple[protocol.GpuInfo, ...]:
-    """Stable, UUID-shaped identities for the GPUs of an emulated node."""
-    return tuple(
-        protocol.GpuInfo(i, f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{name}.gpu{i}.lifeline')}", gpu.name, gpu.memory_bytes)
-        for i in range(tp)
+def build_engine(args: argparse.Namespace, deployment: catalog.Deployment, faults: FaultState, streamer: CheckpointStreamer,
+                 store: CheckpointStore) -> ServingEngine:
+    """The emulated GPU engine, or an adapter in front of the real engine at --engine-url."""
+    if args.engine_url:
+        return AdapterEngine(args.engine_url, deployment, args.name)
+    return Engine(
+        deployment, EngineConfig(time_scale=args.time_scale, max_num_seqs=args.max_num_seqs), name=args.name,
+        rack=args.rack, faults=faults, streamer=streamer, store=store,
     )
 
 
-def build_runtime(args: argparse.Namespace) -> tuple[NodeRuntime, object]:
+def build_runtime(args: argparse.Namespace) -> tuple[NodeRuntime, DcgmCollector]:
     deployment = catalog.Deployment.of(args.model, args.gpu, args.tp)
     host_memory = int((args.host_memory_gb or 2 * deployment.gpu.memory_gb * args.tp) * 1e9)
     agent_token = os.environ.get("LIFELINE_AGENT_TOKEN") or None
@@ -113,10 +122,7 @@ def build_runtime(args: argparse.Namespace) -> tuple[NodeRuntime, object]:
     faults = FaultState(enabled=args.enable_faults, tp=args.tp)
     store = CheckpointStore(int(host_memory * args.checkpoint_budget))
     streamer = CheckpointStreamer(args.name, deployment.model, headers, wire_scale=args.kv_wire_scale)
-    engine = Engine(
-        deployment, EngineConfig(time_scale=args.time_scale, max_num_seqs=args.max_num_seqs), name=args.name,
-        rack=args.rack, faults=faults, streamer=streamer, store=store,
-    )
+    engine = build_engine(args, deployment, faults, streamer, store)
     identity = Identity(name=args.name, rack=args.rack, host=socket.gethostname(), session=uuid.uuid4().hex,
                         gpus=emulated_gpus(args.name, deployment.gpu, args.tp), spare=args.spare)
     runtime = NodeRuntime(identity, engine, store, streamer, faults, telemetry=None, agent_token=agent_token,
@@ -126,37 +132,10 @@ def build_runtime(args: argparse.Namespace) -> tuple[NodeRuntime, object]:
     return runtime, DcgmCollector(runtime.telemetry, identity.host, identity.name)
 
 
-def build_adapter(args: argparse.Namespace):
-    """A node in front of a real engine: proxy, load from its metrics, and plain about the rest."""
-    deployment = catalog.Deployment.of(args.model, args.gpu, args.tp)
-    engine = AdapterEngine(args.engine_url, deployment, args.name)
-    identity = Identity(name=args.name, rack=args.rack, host=socket.gethostname(), session=uuid.uuid4().hex,
-                        gpus=emulated_gpus(args.name, deployment.gpu, args.tp), spare=args.spare)
-
-    def load() -> dict:
-        running = engine.status()["running"] or 0
-        return {"busy_fraction": 1.0 if running else 0.0, "kv_bytes_used": engine.used_blocks * deployment.model.kv_bytes_per_block}
-
-    telemetry = open_telemetry(identity.gpus, deployment, load, FaultState(enabled=False, tp=args.tp))
-    identity.gpus = telemetry.gpus() or identity.gpus
-    loop_lag = LoopLag()
-    app = build_adapter_app(engine, identity, telemetry, DcgmCollector(telemetry, identity.host, identity.name), loop_lag)
-    return engine, identity, telemetry, loop_lag, app
-
-
 async def serve(args: argparse.Namespace) -> None:
-    if args.engine_url:
-        engine, identity, telemetry, loop_lag, app = build_adapter(args)
-        capabilities = list(ADAPTER_OFFERS)
-        closers = []
-    else:
-        runtime, collector = build_runtime(args)
-        engine, identity, telemetry, loop_lag = runtime.engine, runtime.identity, runtime.telemetry, runtime.loop_lag
-        app = build_app(runtime, collector)
-        capabilities = ["openai", "events", "checkpoint", "resume", "migrate", "assist", "draft", "reload", "config", "reset", "telemetry"]
-        if args.enable_faults:
-            capabilities.append("faults")
-        closers = [runtime.streamer.close]
+    runtime, collector = build_runtime(args)
+    engine, identity, telemetry, loop_lag = runtime.engine, runtime.identity, runtime.telemetry, runtime.loop_lag
+    app = build_app(runtime, collector)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)
@@ -172,33 +151,26 @@ async def serve(args: argparse.Namespace) -> None:
     gc.collect()
     gc.freeze()
     print(json.dumps({"event": "listening", "name": args.name, "address": identity.address, "pid": os.getpid()}), flush=True)
-    what = f"fronting the engine at {args.engine_url}" if args.engine_url else f"{args.start} start"
-    if identity.spare:
-        what += ", as a hot spare"
-    log.info("%s: %s on %dx %s at %s (%s, telemetry %s)", args.name, engine.model.key, args.tp, engine.deployment.gpu.key,
-             identity.address, what, telemetry.source)
+    log.info("%s: %s on %dx %s at %s (engine %s, %s start%s, telemetry %s)", args.name, engine.model.key, args.tp,
+             engine.deployment.gpu.key, identity.address, engine.describe(), args.start, ", as a hot spare" if identity.spare else "",
+             telemetry.source)
 
     def registration() -> protocol.Registration:
         return protocol.Registration(
             name=identity.name, session=identity.session, address=identity.address, rack=identity.rack,
             model=engine.model.key, gpu=engine.deployment.gpu.key, tp=engine.deployment.tp, gpus=identity.gpus,
-            pid=os.getpid(), host=identity.host, capabilities=tuple(capabilities),
-            engine="adapter" if args.engine_url else "emulated", spare=identity.spare,
+            pid=os.getpid(), host=identity.host, capabilities=tuple(offered_capabilities(runtime)),
+            engine=engine.describe()["kind"], spare=identity.spare,
         )
 
     gpu_telemetry = HeartbeatTelemetry(telemetry)
+    token_rate = TokenRate(engine)
 
     async def heartbeat() -> protocol.Heartbeat:
         gpus = await gpu_telemetry.gpus()  # first: the figures below are the loop's own, read at once
-        s = engine.status()
-        load = protocol.Load(running=s["running"] or 0, waiting=s["waiting"] or 0, kv_blocks_used=s["kv_blocks_used"] or 0,
-                             kv_blocks_total=s["kv_blocks_total"] or 0, step_ms=s["step_ms"] or 0.0,
-                             decode_step_ms=s["decode_step_ms"] or 0.0, decode_step_batch=s["decode_step_batch"] or 0,
-                             decode_step_context_tokens=s["decode_step_context_tokens"] or 0)
-        store = getattr(engine, "store", None)
+        load = protocol.Load.of(engine.status(), tokens_per_s=token_rate.measure())
         return protocol.Heartbeat(session=identity.session, model_state=engine.model_state, load=load,
-                                  checkpoints=store.by_source() if store is not None else {},
-                                  xids=gpu_telemetry.xids(), gpus=gpus)
+                                  checkpoints=runtime.store.by_source(), xids=gpu_telemetry.xids(), gpus=gpus)
 
     def new_session() -> None:
         identity.session = uuid.uuid4().hex
@@ -222,10 +194,26 @@ async def serve(args: argparse.Namespace) -> None:
         link_task.cancel()
         await link.leave("node stopped (signal)")
     await engine.stop()
-    for close in closers:
-        await close()
+    await runtime.streamer.close()
     telemetry.close()
     await runner.cleanup()
+
+
+class TokenRate:
+    """Tokens the engine generated per second since the last heartbeat (a heartbeat's tokens_per_s)."""
+
+    def __init__(self, engine: ServingEngine):
+        self.engine = engine
+        self.mark = (time.monotonic(), engine.counters.get("generation_tokens"))
+
+    def measure(self) -> float:
+        """0 where the engine does not count its tokens: the heartbeat's figures are numbers (protocol.Load)."""
+        now, generated = time.monotonic(), self.engine.counters.get("generation_tokens")
+        then, before = self.mark
+        self.mark = (now, generated)
+        if generated is None or before is None or now <= then:
+            return 0.0
+        return round((generated - before) / (now - then), 1)
 
 
 def main(argv=None) -> None:

@@ -40,26 +40,31 @@ def usage(finish: FinishEvent) -> dict:
     }
 
 
+def _spelling(token: int | str | None) -> str:
+    """A token as logprobs name it: its text from workers.tokens, or as a real engine spelled it."""
+    if isinstance(token, str):
+        return token
+    return "" if token is None else tokens.token_text(token)
+
+
 def _completion_logprobs(event: TokenEvent, offset: int) -> dict:
     return {
-        "tokens": [tokens.token_text(event.token_id)],
+        "tokens": [_spelling(event.token if event.token is not None else event.token_id)],
         "token_logprobs": [event.logprob],
-        "top_logprobs": [{tokens.token_text(t): lp for t, lp in event.top}],
+        "top_logprobs": [{_spelling(t): lp for t, lp in event.top}],
         "text_offset": [offset],
     }
 
 
 def _chat_logprobs(event: TokenEvent) -> dict:
-    word = tokens.token_text(event.token_id)
+    word = _spelling(event.token if event.token is not None else event.token_id)
     return {
         "content": [
             {
                 "token": word,
                 "logprob": event.logprob,
                 "bytes": list(word.encode()),
-                "top_logprobs": [
-                    {"token": tokens.token_text(t), "logprob": lp, "bytes": list(tokens.token_text(t).encode())} for t, lp in event.top
-                ],
+                "top_logprobs": [{"token": _spelling(t), "logprob": lp, "bytes": list(_spelling(t).encode())} for t, lp in event.top],
             }
         ]
     }
@@ -111,7 +116,8 @@ class ChunkWriter:
             choice = {"index": 0, "delta": delta, "logprobs": _chat_logprobs(event) if want_logprobs else None, "finish_reason": None}
             obj = "chat.completion.chunk"
         if self.req.extension.return_token_ids:
-            choice["token_ids"] = [event.token_id]  # as vLLM's return_token_ids
+            # As vLLM's return_token_ids; none for a token whose id a real engine did not say.
+            choice["token_ids"] = [event.token_id] if event.token_id is not None else []
         chunk = self._envelope(choice, obj)
         if extension:
             chunk["lifeline"] = extension

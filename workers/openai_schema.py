@@ -121,6 +121,8 @@ class CompletionRequest:
     include_usage: bool
     request_id: str
     extension: Extension = field(default_factory=Extension)
+    # The body as the client sent it: what an adapter passes on to the real engine it fronts.
+    body: dict = field(default_factory=dict, repr=False)
 
     @property
     def prompt_tokens(self) -> int:
@@ -133,6 +135,8 @@ COMMON = {
     "frequency_penalty", "presence_penalty", "lifeline",
     # vLLM's sampling extras, which OpenAI-compatible clients send through extra_body
     "top_k", "min_p", "min_tokens", "ignore_eos", "repetition_penalty",
+    # vLLM's: each chunk carries the ids of its tokens, as lifeline.return_token_ids
+    "return_token_ids",
 }
 CHAT = COMMON | {
     "messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format", "tools", "tool_choice", "parallel_tool_calls",
@@ -515,6 +519,8 @@ def parse(body, kind: str, context_tokens: int | None = None) -> CompletionReque
     if body.get("user") is not None:
         _text(body["user"], "user")
     extension = Extension.parse(body.get("lifeline"))
+    if _bool(body, "return_token_ids"):
+        extension.return_token_ids = True
     return CompletionRequest(
         kind=kind,
         model=model,
@@ -525,4 +531,5 @@ def parse(body, kind: str, context_tokens: int | None = None) -> CompletionReque
         include_usage=bool(stream_options.get("include_usage")),
         request_id=extension.request_id or ("cmpl-" if kind == "completion" else "chatcmpl-") + secrets.token_hex(12),
         extension=extension,
+        body=body,
     )

@@ -6,8 +6,10 @@ library only: the control plane imports this module, the node never imports
 the control plane.
 """
 
+import functools
 import re
-from dataclasses import asdict, dataclass, field
+import typing
+from dataclasses import asdict, dataclass, field, fields, replace
 
 PROTOCOL_VERSION = 1
 
@@ -153,38 +155,201 @@ class Registration:
         return asdict(self)
 
 
-@dataclass(frozen=True)
-class Load:
-    """The load figures a heartbeat carries (a subset of the node's full status)."""
+# The figures of a node's status that a heartbeat must carry as numbers: the control plane
+# keeps them in its hot state (recovery.hot) and shows them. `tokens_per_s` is the heartbeat's own.
+HEARTBEAT_LOAD_FIELDS = (
+    "running", "waiting", "kv_blocks_used", "kv_blocks_total", "step_ms", "tokens_per_s",
+    "decode_step_ms", "decode_step_batch", "decode_step_context_tokens",
+)
 
-    running: int = 0
-    waiting: int = 0
-    kv_blocks_used: int = 0
-    kv_blocks_total: int = 0
-    step_ms: float = 0.0
-    tokens_per_s: float = 0.0
-    # The last decode-only step as the GPU ran it, with its shape: what slowdown is measured on.
-    decode_step_ms: float = 0.0
-    decode_step_batch: int = 0
-    decode_step_context_tokens: int = 0
+
+@dataclass(frozen=True)
+class AssistStatus:
+    """A serving node verifying the tokens a restarting node's draft model proposes."""
+
+    draft: str  # the draft node's name
+    k: int  # tokens drafted per step
+    alpha: float  # the acceptance rate asked for
+    acceptance: float | None = None  # accepted over tested drafts so far; None before any was tested
 
     @classmethod
-    def parse(cls, data) -> "Load":
+    def parse(cls, data, prefix: str) -> "AssistStatus":
+        if not isinstance(data, dict):
+            raise ProtocolError(prefix.rstrip("."), f"must be an object or null, got {_type_name(data)}")
+        acceptance = data.get("acceptance")
+        return cls(
+            draft=_require(data, "draft", str, prefix),
+            k=_require(data, "k", int, prefix),
+            alpha=_figure(_require(data, "alpha", (int, float), prefix), float, f"{prefix}alpha"),
+            acceptance=None if acceptance is None else _figure(acceptance, float, f"{prefix}acceptance"),
+        )
+
+
+@dataclass
+class NodeStatus:
+    """A node's load status, the one schema for every engine.
+
+    `/agent/status` sends it, `/agent/events` pushes it at every load-changing event
+    (with `reason`, and `request_id` where one request changed it), a heartbeat
+    carries it (`Load`), and the gateway routes on it. A figure the engine cannot
+    report is None, shown as n/a and never as a healthy-looking zero. The defaults
+    describe a serving node with nothing to do, which is what the gateway assumes of
+    a node it has not heard from yet.
+
+    Treat it as a value (change a copy, with dataclasses.replace). It is not frozen
+    only because an engine builds one at every event and the gateway one for every
+    event it reads, and a frozen dataclass takes about four times as long to build.
+    """
+
+    seq: int = 0  # counts the node's status events
+    at: float = 0.0  # epoch seconds at the node when the status was taken
+    model_state: str = "serving"  # one of MODEL_STATES
+    load_progress: float | None = 1.0  # share of the model loaded, 0 to 1
+    waiting: int | None = 0
+    running: int | None = 0
+    uncomputed_prefill_tokens: int | None = 0  # prefill load: prompt tokens not yet computed
+    decode_batch: int | None = 0
+    decode_context_tokens: int | None = 0  # decode load: the tokens the decode batch attends to
+    kv_blocks_used: int | None = 0
+    kv_blocks_total: int | None = 0
+    checkpoint_bytes_held: int | None = 0  # other nodes' KV pages this node holds in host memory
+    checkpoint_budget_bytes: int | None = 0
+    checkpoint_requests: int | None = 0
+    step_ms: float | None = 0.0  # the last engine step
+    steps: int | None = 0  # engine steps so far: a node whose count moves is working, however slowly
+    time_scale: float | None = 0.0  # the emulated engine's; a real engine runs in real time and does not say
+    # The last decode-only step as the GPU ran it, with its shape: what slowdown is measured on.
+    decode_step_ms: float | None = 0.0
+    decode_step_batch: int | None = 0
+    decode_step_context_tokens: int | None = 0
+    batch_limit: int | None = 0  # sequences admitted into the running batch at most
+    batch_factor: float | None = 1.0  # the share of the engine's max_num_seqs that batch_limit is
+    assist: AssistStatus | None = None  # set while this node verifies a draft node's tokens
+    in_flight: int | None = 0  # requests this node accepted and has not finished
+    # Where the figures come from: "engine" (its own scheduler) or "engine_metrics" (a real
+    # engine's Prometheus metrics, read by an adapter).
+    source: str = "engine"
+
+    def to_json(self) -> dict:
+        data = dict(self.__dict__)  # the fields in order; cheaper than asdict, and a status goes out at every event
+        if self.assist is not None:
+            data["assist"] = asdict(self.assist)
+        return data
+
+    @classmethod
+    def parse(cls, data, prefix: str = "") -> "NodeStatus":
+        """A status as a node sent it, checked field by field; ProtocolError names the first bad one.
+
+        Unknown keys are ignored, so a newer node may send more. A figure left out is
+        n/a, as one sent as null; seq, at, model_state and source, which cannot be n/a,
+        take their defaults when left out.
+        """
+        if not isinstance(data, dict):
+            raise ProtocolError(prefix.rstrip(".") or "status", f"must be an object, got {_type_name(data)}")
+        values = {}
+        for name, kind, nullable, _ in _shape(cls):
+            value = data.get(name)
+            where = f"{prefix}{name}"
+            if value is None:
+                if nullable:
+                    values[name] = None
+                elif name in data:
+                    raise ProtocolError(where, "must not be null: only a figure may be n/a")
+            elif kind is AssistStatus:
+                values[name] = AssistStatus.parse(value, f"{where}.")
+            elif kind is str:
+                if not isinstance(value, str):
+                    raise ProtocolError(where, f"must be str, got {_type_name(value)}")
+                values[name] = value
+            else:
+                values[name] = _figure(value, kind, where)
+        if values.get("model_state", cls.model_state) not in MODEL_STATES:
+            expected = ", ".join(MODEL_STATES)
+            raise ProtocolError(f"{prefix}model_state", f"{values['model_state']!r} is not known: expected one of {expected}")
+        return cls(**values)
+
+    @classmethod
+    def from_event(cls, data: dict) -> "NodeStatus":
+        """The gateway's reading of a status event, for routing arithmetic: lenient where `parse` is strict.
+
+        Unknown keys are ignored, and a figure missing or None (n/a) reads as its
+        default: 0 for every count and time, so what a node cannot report adds no
+        load, as the gateway has always read it (1.0 for load_progress and
+        batch_factor, "serving" for model_state). Numbers may come as any JSON number
+        (or a numeric string); anything else raises ProtocolError naming the field.
+        `assist`, a description and not a figure, is not read.
+        """
+        values = {}
+        for name, kind, _, default in _shape(cls):
+            raw = data.get(name)
+            if raw is None or kind is AssistStatus:
+                continue
+            if kind is str:
+                values[name] = str(raw) if raw else default
+                continue
+            try:
+                values[name] = kind(raw)
+            except (TypeError, ValueError):
+                raise ProtocolError(name, f"must be a number, got {raw!r}") from None
+        return cls(**values)
+
+
+@dataclass
+class Load(NodeStatus):
+    """What a heartbeat carries: the node's status, and the tokens it generated per second since the last beat.
+
+    The HEARTBEAT_LOAD_FIELDS are numbers, never null: the control plane keeps them
+    in Redis, which stores no null, and control planes before this schema refuse
+    one; so a node sends 0 for a figure its engine cannot report (`of`).
+    """
+
+    tokens_per_s: float = 0.0
+
+    @classmethod
+    def of(cls, status: NodeStatus, tokens_per_s: float) -> "Load":
+        return cls(**{**vars(status), **_heartbeat_zeros(status)}, tokens_per_s=tokens_per_s)
+
+    @classmethod
+    def parse(cls, data, prefix: str = "load.") -> "Load":
+        """A heartbeat's load; a heartbeat figure left out is 0, as older nodes send only some of them."""
         if data is None:
             return cls()
-        if not isinstance(data, dict):
-            raise ProtocolError("load", "must be an object")
-        values = {}
-        for key in ("running", "waiting", "kv_blocks_used", "kv_blocks_total", "decode_step_batch", "decode_step_context_tokens"):
-            if key in data:
-                value = _require(data, key, int, "load.")
-                if value < 0:
-                    raise ProtocolError(f"load.{key}", "must be 0 or more")
-                values[key] = value
-        for key in ("step_ms", "tokens_per_s", "decode_step_ms"):
-            if key in data:
-                values[key] = float(_require(data, key, (int, float), "load."))
-        return cls(**values)
+        if isinstance(data, dict):
+            for name in HEARTBEAT_LOAD_FIELDS:
+                if name in data and data[name] is None:
+                    raise ProtocolError(f"{prefix}{name}", "is required")
+        load = super().parse(data, prefix)
+        zeros = _heartbeat_zeros(load)
+        return replace(load, **zeros) if zeros else load
+
+
+def _heartbeat_zeros(status: NodeStatus) -> dict:
+    """0 (or 0.0) for each heartbeat figure the status has as n/a."""
+    shape = _shape(NodeStatus)
+    return {name: kind(0) for name, kind, _, _ in shape if name in HEARTBEAT_LOAD_FIELDS and getattr(status, name) is None}
+
+
+def _type_name(value) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _figure(value, kind: type, where: str):
+    """A count (int) or a measure (float, an int accepted): never a bool, never negative."""
+    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
+        raise ProtocolError(where, f"must be {kind.__name__}, got {_type_name(value)}")
+    if value < 0:
+        raise ProtocolError(where, "must be 0 or more")
+    return kind(value)
+
+
+@functools.cache
+def _shape(cls) -> tuple[tuple[str, type, bool, object], ...]:
+    """(name, type, may be None, default) of each field of a status class, read from its annotations."""
+    shape = []
+    for f in fields(cls):
+        kinds = [k for k in typing.get_args(f.type) if k is not type(None)] or [f.type]
+        shape.append((f.name, kinds[0], type(None) in typing.get_args(f.type), f.default))
+    return tuple(shape)
 
 
 @dataclass(frozen=True)

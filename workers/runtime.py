@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from workers import protocol
 from workers.checkpoint import CheckpointStreamer, Peer
-from workers.engine import Engine
+from workers.engine_api import ServingEngine
 from workers.faults import FaultState
 from workers.kvstore import CheckpointStore
 
@@ -62,7 +62,7 @@ class LoopLag:
 @dataclass
 class NodeRuntime:
     identity: Identity
-    engine: Engine
+    engine: ServingEngine  # the emulated engine, or an adapter in front of a real one
     store: CheckpointStore
     streamer: CheckpointStreamer
     faults: FaultState

@@ -15,6 +15,7 @@ import socket
 import sys
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -346,6 +347,13 @@ class EmulatedTelemetry:
         pass
 
 
+def emulated_gpus(name: str, gpu: catalog.Gpu, tp: int) -> tuple[GpuInfo, ...]:
+    """Stable, UUID-shaped identities for the GPUs of an emulated node."""
+    return tuple(
+        GpuInfo(i, f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{name}.gpu{i}.lifeline')}", gpu.name, gpu.memory_bytes) for i in range(tp)
+    )
+
+
 def open_telemetry(
     gpus: tuple[GpuInfo, ...],
     deployment: catalog.Deployment,
@@ -525,8 +533,6 @@ class DcgmCollector:
 def main() -> None:
     """Print what this host's GPUs read, as one JSON document (emulated where there is no GPU)."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    from workers.node import emulated_gpus  # imported here: the node imports this module
-
     deployment = catalog.Deployment.of("Qwen3-32B", "H100-SXM", 1)
     gpus = emulated_gpus(socket.gethostname(), deployment.gpu, deployment.tp)
     idle = {"busy_fraction": 0.0, "kv_bytes_used": 0}

@@ -1,29 +1,25 @@
 """State changes of the control plane, one module per kind of thing that changes.
 
-nodes: the node lifecycle (registration, heartbeats, DOWN, LEFT), routing, keys.
-incidents: incidents and their timelines.
-streams: what the gateways report (signals and request outcomes).
-migrations: cordons, planned migrations, the audit log.
-health: canaries, health states, circuit breakers, Xid events, hot spares.
-drains: drains approved by on-call, and their run.
-capacity: capacity against the SLOs, and the degradation level.
+Each module imports only the ones listed before it (tests/test_boundaries.py
+holds the order); what must follow a committed change elsewhere is a reaction
+to its transition row, run from recovery.reactions above all of them.
+
+audit: the audit log.
+routing: what every gateway reads from Redis (routing table, models, keys, settings).
 notify: telling on-call (console, webhook, e-mail).
+keys: gateway API keys.
+cluster_settings: the cluster's operating settings.
+faults: fault injection on staging nodes.
+health: canaries, health states, circuit breakers, cordons, Xid events, hot spares.
+live_migration: moving every request off a node, live.
+nodes: the node lifecycle (registration, heartbeats, DOWN, LEFT).
+incidents: incidents and their timelines, speculative assist.
+capacity: capacity against the SLOs, and the degradation level.
+drains: drains approved by on-call, and their run.
+streams: what the gateways report (signals and request outcomes).
 """
 
-from recovery.actions.nodes import (  # noqa: F401 - the node actions are the common entry points
-    ClosedSession,
-    UnknownNode,
-    create_api_key,
-    deregister_node,
-    mark_long_down_nodes_left,
-    mark_silent_nodes_down,
-    publish_cluster_config,
-    publish_gateway_keys,
-    publish_routing,
-    record_heartbeat,
-    register_node,
-    revoke_api_key,
-    routing_entries,
-    sync_hot_state,
-    transition_node,
+ORDER = (
+    "audit", "routing", "notify", "keys", "cluster_settings", "faults", "health", "live_migration", "nodes", "incidents",
+    "capacity", "drains", "streams",
 )

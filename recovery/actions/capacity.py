@@ -4,8 +4,9 @@
 nodes in service can carry within the latency objectives, from the catalog's
 roofline and each node's live step time, compares it with the required
 throughput, and moves the level with hysteresis. A change is written once
-(DegradationChange), published to every gateway (which sheds or rejects by
-it), sent to the nodes (their batch limit), and shown on every page.
+(DegradationChange, an outbox row), published to every gateway (which sheds
+or rejects by it) and shown on every page; recovery.reactions then sends the
+level's batch limit to the nodes and notes it on active incidents.
 """
 
 import json
@@ -17,12 +18,17 @@ from django.db import transaction
 from django.utils import timezone
 
 from recovery import events, hot, nodeclient
-from recovery.choices import NodeState
-from recovery.models import Cluster, DegradationChange, Node
+from recovery.actions import routing
+from recovery.choices import Health, HealthChange, NodeState
+from recovery.models import Cluster, DegradationChange, HealthTransition, Node, NodeTransition
 from recovery.policy import capacity as policy
 from workers import catalog
 
 log = logging.getLogger(__name__)
+
+# The batch limit a node is assumed to run with: vLLM's default max_num_seqs, and the emulated node's. Heartbeats
+# do not carry a node's own yet; a node started with another limit is measured through its step times instead.
+MAX_NUM_SEQS = 128
 
 
 def slo_of(cluster: Cluster) -> policy.Slo:
@@ -45,9 +51,9 @@ class Report:
         return {**asdict(self), "ratio": None if self.required_rps <= 0 else round(self.ratio, 4)}
 
 
-def _in_service(node: Node, live: dict, promoted: tuple[str, ...] = ()) -> bool:
+def _in_service(node: Node, live: hot.NodeEntry, promoted: tuple[str, ...] = ()) -> bool:
     weight = 1.0 if node.name in promoted else node.weight
-    return weight > 0 and live.get("model_state", "serving") == "serving"
+    return weight > 0 and (live.model_state or "serving") == "serving"
 
 
 def report(cluster: Cluster | None = None, exclude: tuple[str, ...] = (), promoted: tuple[str, ...] = ()) -> Report:
@@ -56,21 +62,37 @@ def report(cluster: Cluster | None = None, exclude: tuple[str, ...] = (), promot
     cluster = cluster or Cluster.default()
     slo = slo_of(cluster)
     nodes = [n for n in Node.objects.filter(state=NodeState.SERVING) if n.name not in exclude]
+    promoted = tuple(promoted) + _spares_on_their_way(nodes)
     live = hot.nodes([n.name for n in nodes])
     figures, total = {}, 0.0
     for node in nodes:
-        data = live.get(node.name, {})
+        data = live.get(node.name) or hot.NodeEntry()
         if not _in_service(node, data, promoted):
             continue
         deployment = catalog.Deployment.of(node.model_key, node.gpu_key, node.tp)
         # Measured on the last decode-only step: a step carrying a prefill chunk is long by design.
-        slow = policy.slowdown(deployment, float(data.get("decode_step_ms") or 0), int(float(data.get("decode_step_batch") or 0)),
-                               int(float(data.get("decode_step_context_tokens") or 0)))
-        max_num_seqs = int(float(data.get("max_num_seqs") or 0)) or 128
-        figure = policy.node_capacity(deployment, slo, max_num_seqs, slow)
+        slow = policy.slowdown(deployment, data.decode_step_ms or 0.0, data.decode_step_batch or 0, data.decode_step_context_tokens or 0)
+        figure = policy.node_capacity(deployment, slo, MAX_NUM_SEQS, slow)
         figures[node.name] = {"rps": round(figure.rps, 3), "batch": figure.batch, "limited_by": figure.limited_by, "slowdown": round(slow, 3)}
         total += figure.rps
     return Report(round(total, 3), slo.required_rps, figures, len(figures))
+
+
+def _spares_on_their_way(nodes: list[Node]) -> tuple[str, ...]:
+    """The hot spares a pending reaction is about to promote: a node of their model just went DOWN or
+    UNHEALTHY, and recovery.reactions puts a spare in its place within a second. Counted now, so the level
+    does not jump for the moment between the two."""
+    pending = [row.node for row in NodeTransition.objects.filter(reacted_at__isnull=True, new_state=NodeState.DOWN, node__spare=False)
+               .select_related("node")]
+    pending += [row.node for row in HealthTransition.objects.filter(reacted_at__isnull=True, kind=HealthChange.HEALTH, new=Health.UNHEALTHY)
+                .select_related("node")]
+    spares = sorted((n for n in nodes if n.spare and n.health == Health.HEALTHY), key=lambda n: n.name)
+    chosen: list[str] = []
+    for gone in pending:
+        spare = next((s for s in spares if s.model_key == gone.model_key and s.name not in chosen), None)
+        if spare is not None:
+            chosen.append(spare.name)
+    return tuple(chosen)
 
 
 def evaluate(now: float | None = None) -> int:
@@ -111,32 +133,14 @@ def set_level(cluster: Cluster, level: int, cause: str, figures: Report | None =
             details=figures.to_json() if figures else {},
         )
         cluster.degradation_level = level
-        _note_on_incidents(old, level, cause)
-        transaction.on_commit(lambda: _after_change(cluster.pk, old, level))
+        transaction.on_commit(lambda: _published(level))
     log.warning("degradation level %d -> %d: %s", old, level, cause)
     return True
 
 
-def _note_on_incidents(old: int, new: int, cause: str) -> None:
-    from recovery.actions import incidents
-    from recovery.choices import EventKind, IncidentStatus
-    from recovery.models import Incident
-
-    for incident in Incident.objects.filter(status=IncidentStatus.ACTIVE):
-        incidents.add_event(incident, EventKind.DEGRADATION, f"degradation level {old} → {new}: {policy.LEVEL_DOCS[new]} ({cause})",
-                            details={"old": old, "new": new})
-
-
-def _after_change(cluster_id: int, old: int, new: int) -> None:
-    from recovery.actions.nodes import publish_cluster_config
-
-    publish_cluster_config()
-    events.degradation_changed(new)
-    if policy.EFFECTS[old].batch_factor != policy.EFFECTS[new].batch_factor:
-        from console.celery import app
-
-        for node_id in Node.objects.filter(state=NodeState.SERVING).values_list("pk", flat=True):
-            app.send_task("recovery.tasks.apply_batch_factor", args=(node_id,))
+def _published(level: int) -> None:
+    routing.publish_cluster_config()
+    events.degradation_changed(level)
 
 
 def apply_batch_factor(node: Node) -> str:

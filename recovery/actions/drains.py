@@ -8,10 +8,12 @@ approve their own request; a drain that would take capacity below what the
 SLOs need, or a second drain in the same pool, needs a second approver.
 
 An approved drain runs one step at a time (`advance`, from Celery beat every
-second, and at once after the approval): cordon → live-migrate the requests
-in flight, or let them complete → drained → remediation (restart, GPU reset,
-or hand-off to hardware repair) → a canary in half-open → back in service.
-Every step is a DrainStep row with its time and cause, shown live.
+second, and at once after the approval, by recovery.reactions): cordon →
+live-migrate the requests in flight, or let them complete → drained →
+remediation (restart, GPU reset, or hand-off to hardware repair) → a canary
+in half-open → back in service. Every step is a DrainStep row with its time
+and cause, shown live; it is also an outbox row (the approval's advance and
+the trial canary are its reactions).
 """
 
 import datetime as dt
@@ -20,12 +22,29 @@ import logging
 from django.db import transaction
 from django.utils import timezone
 
-from recovery import events, hot, nodeclient
-from recovery.actions import capacity, health, migrations, notify
+from recovery import events, hot, nodeclient, roles
+from recovery.actions import audit, capacity, health, incidents, live_migration, notify
 from recovery.choices import (
-    OPEN_DRAIN_STATES, RUNNING_DRAIN_STATES, BreakerState, DrainMode, DrainState, EventKind, Health, NodeState, Remediation,
+    OPEN_DRAIN_STATES,
+    RUNNING_DRAIN_STATES,
+    BreakerState,
+    DrainMode,
+    DrainState,
+    EventKind,
+    Health,
+    NodeState,
+    Remediation,
 )
-from recovery.models import CanaryResult, Cluster, Drain, DrainDecision, DrainStep, Node, RequestOutcome, XidEvent
+from recovery.models import (
+    CanaryResult,
+    Cluster,
+    Drain,
+    DrainDecision,
+    DrainStep,
+    Node,
+    RequestOutcome,
+    XidEvent,
+)
 from recovery.policy import breaker as breakers
 
 log = logging.getLogger(__name__)
@@ -77,7 +96,7 @@ def error_budget() -> dict:
 
 def blast_radius(node: Node) -> dict:
     """What draining `node` touches: requests in flight, KV it holds for others, capacity left, error budget."""
-    live = hot.node(node.name) or {}
+    live = hot.node(node.name) or hot.NodeEntry()
     flights = [f for f in hot.gateway_flights() if f.get("node") == node.name]
     held = hot.checkpoints_held(node.name)
     now = capacity.report()
@@ -86,7 +105,7 @@ def blast_radius(node: Node) -> dict:
     return {
         "in_flight": len(flights),
         "in_flight_by_tier": {tier: sum(1 for f in flights if f.get("tier") == tier) for tier in sorted({f.get("tier") for f in flights})},
-        "running_on_node": int(float(live.get("running") or 0)) + int(float(live.get("waiting") or 0)),
+        "running_on_node": live.queue_depth,
         "kv_held_for_others": {"bytes": sum(v.get("bytes", 0) for v in held.values()), "requests": sum(v.get("requests", 0) for v in held.values()),
                                "by_node": held},
         "capacity_rps_now": now.capacity_rps,
@@ -137,7 +156,7 @@ def propose(node: Node, *, source: str, reason: str, requested_by=None, mode: st
             approvals_required=required, approvals_why=why,
         )
         _step(drain, "", DrainState.PROPOSED, f"requested by {source}: {reason.strip()}", actor=source)
-        migrations.audit(source, "drain_requested", f"node:{node.name}", reason.strip(), drain=drain.pk, mode=mode, remediation=remediation)
+        audit.record(source, "drain_requested", f"node:{node.name}", reason.strip(), drain=drain.pk, mode=mode, remediation=remediation)
         notify.send("drain_requested", f"Drain of {node.name} needs approval",
                     f"{source} asks to drain {node.name} ({drain.get_mode_display()}; then {REMEDIATION_NAMES[drain.remediation]}): "
                     f"{reason.strip()}. In flight: {radius['in_flight']}; capacity after: {radius['capacity_rps_after']:.1f} req/s"
@@ -171,20 +190,37 @@ def _move(drain: Drain, new: str, cause: str, *, actor: str = "system", details:
 
 
 def _note_on_incident(drain: Drain, text: str) -> None:
-    from recovery.actions import incidents
-
     incident = incidents.open_incident_for(drain.node)
     if incident is not None:
         incidents.add_event(incident, EventKind.DRAIN, text, node=drain.node, details={"drain": drain.pk})
 
 
 # --- deciding -------------------------------------------------------------------------------------------------
+DECIDE = (roles.ONCALL,)  # and admin
+REQUEST = (roles.OPERATOR, roles.ONCALL)  # and admin
+
+
+class NotAllowed(PermissionError):
+    """The user's role may not do this; the refusal is in the audit log."""
+
+
+def may_decide(drain: Drain, user, decision: str) -> None:
+    """Only the oncall and admin roles decide drains: anyone else is refused, and the refusal is audited."""
+    if roles.has_role(user, *DECIDE):
+        return
+    role = roles.role_of(user)
+    refusal = f"Role {role!r} may not {decision} drains: only the oncall and admin roles decide."
+    audit.record(user.get_username(), f"drain_{decision}_refused", f"drain:{drain.pk}", refusal, role=role, node=drain.node.name)
+    raise NotAllowed(refusal)
+
+
 def decide(drain: Drain, user, decision: str, reason: str) -> Drain:
-    """An approval or a rejection by `user` (whose role the caller has checked), with a reason."""
+    """An approval or a rejection by `user`, with a reason. Raises NotAllowed for a role that may not decide."""
     name = user.get_username()
     reason = reason.strip()
     if decision not in (DrainDecision.APPROVE, DrainDecision.REJECT):
         raise DrainRefused(f"decision: {decision!r} is not approve or reject")
+    may_decide(drain, user, decision)
     if not reason:
         raise DrainRefused(f"reason: say why you {decision} this drain")
     with transaction.atomic():
@@ -196,7 +232,7 @@ def decide(drain: Drain, user, decision: str, reason: str) -> Drain:
         if decision == DrainDecision.APPROVE and drain.requested_by_id == user.pk:
             raise DrainRefused(f"{name} requested drain #{drain.pk} and may not approve it: another on-call engineer must")
         DrainDecision.objects.create(drain=drain, user=user, decision=decision, reason=reason)
-        migrations.audit(name, f"drain_{decision}", f"drain:{drain.pk}", reason, node=drain.node.name)
+        audit.record(name, f"drain_{decision}", f"drain:{drain.pk}", reason, node=drain.node.name)
         if decision == DrainDecision.REJECT:
             _move(drain, DrainState.REJECTED, f"rejected by {name}: {reason}", actor=name, finished_at=timezone.now())
             return drain
@@ -206,24 +242,27 @@ def decide(drain: Drain, user, decision: str, reason: str) -> Drain:
             return drain
         who = ", ".join(d.user.get_username() for d in drain.decisions.filter(decision=DrainDecision.APPROVE).select_related("user"))
         _move(drain, DrainState.APPROVED, f"approved by {who}: {reason}", actor=name, approved_at=timezone.now())
-        transaction.on_commit(lambda: _enqueue_advance(drain.pk))
     return drain
 
 
 def cancel(drain: Drain, user, reason: str) -> None:
-    """Withdraw a drain not yet running (proposed); a running one is finished by its steps."""
+    """Withdraw a drain not yet running (proposed); a running one is finished by its steps.
+
+    The requester's side: operator, oncall and admin may withdraw one. A drain the
+    health machine raised for a node that is failing is on-call's to withdraw, as it
+    is theirs to decide."""
+    if not roles.has_role(user, *REQUEST):
+        raise NotAllowed(f"Role {roles.role_of(user)!r} may not cancel drains: it needs operator, oncall or admin.")
+    if drain.requested_by_id is None and not roles.has_role(user, *DECIDE):
+        refusal = f"Drain #{drain.pk} was raised by the {drain.source}: only the oncall and admin roles may withdraw it."
+        audit.record(user.get_username(), "drain_cancel_refused", f"drain:{drain.pk}", refusal, node=drain.node.name)
+        raise NotAllowed(refusal)
     if not reason.strip():
         raise DrainRefused("reason: say why the drain is cancelled")
     if drain.state != DrainState.PROPOSED:
         raise DrainRefused(f"drain #{drain.pk} is {drain.get_state_display().lower()}: only a drain waiting for approval can be cancelled")
     if _move(drain, DrainState.CANCELLED, f"cancelled by {user.get_username()}: {reason.strip()}", actor=user.get_username(), finished_at=timezone.now()):
-        migrations.audit(user.get_username(), "drain_cancel", f"drain:{drain.pk}", reason.strip(), node=drain.node.name)
-
-
-def _enqueue_advance(drain_id: int) -> None:
-    from console.celery import app
-
-    app.send_task("recovery.tasks.advance_drain", args=(drain_id,))
+        audit.record(user.get_username(), "drain_cancel", f"drain:{drain.pk}", reason.strip(), node=drain.node.name)
 
 
 # --- running -----------------------------------------------------------------------------------------------------
@@ -241,14 +280,14 @@ def advance(drain: Drain) -> bool:
     node.refresh_from_db()
     actor = f"drain #{drain.pk}"
     if drain.state == DrainState.APPROVED:
-        migrations.set_cordon(node, True, actor, f"drain #{drain.pk}: {drain.reason}")
+        health.set_cordon(node, True, actor, f"drain #{drain.pk}: {drain.reason}")
         health.set_health(node, Health.DRAINING, f"drain #{drain.pk} approved", actor=actor)
         spare = health.promote_spare_for(node, f"{node.name} is being drained")
         return _move(drain, DrainState.CORDONED, f"{node.name} cordoned: no new requests reach it"
                      + (f"; hot spare {spare.name} promoted in its place" if spare else ""), cordoned_at=timezone.now())
     if drain.state == DrainState.CORDONED:
         if drain.mode == DrainMode.IMMEDIATE:
-            command = migrations.migrate_node(node, actor, f"drain #{drain.pk}")
+            command = live_migration.start(node, actor, f"drain #{drain.pk}", cordon=False)
             return _move(drain, DrainState.DRAINING, f"every gateway asked to move {_in_flight(node)} in-flight requests off {node.name} live",
                          migration_command=command, details={"command": command})
         plan = "let them finish" if drain.mode == DrainMode.ALLOW_COMPLETION else f"let them finish, migrate what is left after {drain.deadline_s} s"
@@ -259,12 +298,12 @@ def advance(drain: Drain) -> bool:
             return _move(drain, DrainState.DRAINED, f"no request left on {node.name}" if node.state == NodeState.SERVING else f"{node.name} is {node.state}")
         since = (timezone.now() - (drain.cordoned_at or drain.state_changed_at)).total_seconds()
         if drain.mode == DrainMode.DEADLINE and not drain.migration_command and since >= (drain.deadline_s or 0):
-            command = migrations.migrate_node(node, actor, f"drain #{drain.pk}: deadline")
+            command = live_migration.start(node, actor, f"drain #{drain.pk}: deadline", cordon=False)
             Drain.objects.filter(pk=drain.pk).update(migration_command=command)
             _step(drain, drain.state, drain.state, f"deadline of {drain.deadline_s} s reached: {left} requests moved live", command=command)
             return True
         if drain.migration_command and (timezone.now() - drain.state_changed_at).total_seconds() >= MIGRATE_AGAIN_S:
-            command = migrations.migrate_node(node, actor, f"drain #{drain.pk}: {left} still there")
+            command = live_migration.start(node, actor, f"drain #{drain.pk}: {left} still there", cordon=False)
             Drain.objects.filter(pk=drain.pk).update(migration_command=command, state_changed_at=timezone.now())
             _step(drain, drain.state, drain.state, f"{left} requests still on {node.name}: gateways asked again", command=command)
             return True
@@ -275,22 +314,24 @@ def advance(drain: Drain) -> bool:
         if node.state == NodeState.SERVING and _model_state(node) == "serving":
             health.set_breaker(node, breakers.Breaker(BreakerState.HALF_OPEN, node.breaker_failures, node.breaker_opened_at, None),
                                f"drain #{drain.pk}: remediation done, one trial canary", actor=actor)
-            moved = _move(drain, DrainState.VERIFYING, f"{node.name} serves again after the {REMEDIATION_NAMES[drain.remediation]}: "
-                          "a canary in half-open decides")
-            if moved:
-                transaction.on_commit(lambda: _enqueue_trial(node.pk))
-            return moved
+            return _move(drain, DrainState.VERIFYING, f"{node.name} serves again after the {REMEDIATION_NAMES[drain.remediation]}: "
+                         "a canary in half-open decides")
         return False
     if drain.state == DrainState.VERIFYING:
         result = CanaryResult.objects.filter(node=node, at__gte=drain.state_changed_at).order_by("-at").first()
         if result is None:
-            if (timezone.now() - drain.state_changed_at).total_seconds() > 3 * Cluster.default().canary_timeout_s + 5:
-                transaction.on_commit(lambda: _enqueue_trial(node.pk))  # the trial was lost: another
+            waited = (timezone.now() - drain.state_changed_at).total_seconds()
+            if waited > 3 * Cluster.default().canary_timeout_s + 5:
+                # The trial was lost: another (the step's reaction runs it), and the wait starts again.
+                with transaction.atomic():
+                    Drain.objects.filter(pk=drain.pk).update(state_changed_at=timezone.now())
+                    _step(drain, drain.state, drain.state, f"no trial canary result after {waited:.0f} s: another trial", trial=True)
+                return True
             return False
         if result.passed:
             health.set_breaker(node, breakers.Breaker(), f"drain #{drain.pk}: trial canary passed", actor=actor)
             health.set_health(node, Health.HEALTHY, f"drain #{drain.pk}: canary passed after remediation", actor=actor, canary_failures=0)
-            migrations.set_cordon(node, False, actor, f"drain #{drain.pk} done: canary passed")
+            health.set_cordon(node, False, actor, f"drain #{drain.pk} done: canary passed")
             return _move(drain, DrainState.RETURNED, f"canary passed ({result.detail}): {node.name} is back in service",
                          finished_at=timezone.now(), outcome="returned to service")
         health.set_breaker(node, breakers.Breaker(BreakerState.OPEN, node.breaker_failures + 1, timezone.now().timestamp(), None),
@@ -303,15 +344,14 @@ def advance(drain: Drain) -> bool:
 
 def _in_flight(node: Node) -> int:
     """Requests on the node: what the gateways hold there, and what the node itself reports running or waiting."""
-    live = hot.node(node.name) or {}
-    on_node = int(float(live.get("running") or 0)) + int(float(live.get("waiting") or 0))
+    on_node = (hot.node(node.name) or hot.NodeEntry()).queue_depth
     through_gateways = sum(1 for f in hot.gateway_flights() if f.get("node") == node.name)
     return max(on_node, through_gateways)
 
 
 def _remediate(drain: Drain, node: Node, actor: str) -> bool:
     if drain.remediation == Remediation.HARDWARE_REPAIR:
-        migrations.audit(actor, "hardware_repair", f"node:{node.name}", drain.reason, drain=drain.pk)
+        audit.record(actor, "hardware_repair", f"node:{node.name}", drain.reason, drain=drain.pk)
         return _move(drain, DrainState.HANDED_OFF, f"{node.name} handed to hardware repair; it stays cordoned until a person returns it",
                      finished_at=timezone.now(), outcome="handed to hardware repair")
     path = "/agent/reset" if drain.remediation == Remediation.RESET else "/agent/reload"
@@ -334,9 +374,3 @@ def _model_state(node: Node) -> str | None:
     except nodeclient.NodeUnreachable:
         return None
     return (answer.get("load") or {}).get("model_state") if status == 200 else None
-
-
-def _enqueue_trial(node_id: int) -> None:
-    from console.celery import app
-
-    app.send_task("recovery.tasks.run_canary", args=(node_id, True))

@@ -1,10 +1,12 @@
-"""Node health: canary results, circuit breakers, Xid events, hot spares (source document 003).
+"""Node health: canary results, circuit breakers, Xid events, cordons, hot spares (source document 003).
 
-Every change of a node's health, breaker or spare status goes through
+Every change of a node's health, breaker, cordon or spare status goes through
 `_change`, which claims it with a conditional update, writes a
-HealthTransition row (the node's health timeline and audit log) and, after
-the transaction commits, republishes the routing table (weights reach every
-gateway through Redis pub/sub) and tells the browser.
+HealthTransition row (the node's health timeline, its audit log and an
+outbox row) and, after the transaction commits, republishes the routing table
+(weights reach every gateway through Redis pub/sub) and tells the browser.
+What follows a change (a spare promoted for a node gone UNHEALTHY, a drain
+proposed, an incident event) is recovery.reactions' to do, once it committed.
 """
 
 import datetime as dt
@@ -16,12 +18,27 @@ from django.db import transaction
 from django.utils import timezone
 
 from recovery import canary, events, hot
-from recovery.actions.nodes import publish_routing
-from recovery.choices import BreakerState, CanaryKind, Health, HealthChange, NodeState
-from recovery.models import CanaryGolden, CanaryResult, Cluster, HealthTransition, Node, XidEvent
+from recovery.actions import audit, notify, routing
+from recovery.choices import (
+    BreakerState,
+    CanaryKind,
+    Health,
+    HealthChange,
+    NodeState,
+    Remediation,
+)
+from recovery.models import (
+    CanaryGolden,
+    CanaryResult,
+    Cluster,
+    HealthTransition,
+    Node,
+    XidEvent,
+)
 from recovery.policy import breaker as breakers
 from recovery.policy import health as policy
 from workers import catalog
+from workers import tokens as vocabulary
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +62,7 @@ def _change(node: Node, kind: str, field: str, new, cause: str, *, actor: str = 
 
 
 def _published(node_id: int) -> None:
-    publish_routing()
+    routing.publish_routing()
     events.node_changed(node_id)
 
 
@@ -64,17 +81,35 @@ def set_breaker(node: Node, state: breakers.Breaker, cause: str, *, actor: str =
     return _change(node, HealthChange.BREAKER, "breaker", state.state, cause, actor=actor, **fields)
 
 
+def set_cordon(node: Node, cordoned: bool, actor: str, reason: str) -> bool:
+    """Cordon (no new requests) or uncordon a node; False when it already was."""
+    node.refresh_from_db(fields=["cordoned"])  # decide on the row as it is, not on what the caller read
+    with transaction.atomic():
+        if not _change(node, HealthChange.CORDON, "cordoned", cordoned, reason, actor=actor):
+            return False
+        audit.record(actor, "cordon" if cordoned else "uncordon", f"node:{node.name}", reason)
+    return True
+
+
+def note_model_state(node: Node, old: str | None, new: str) -> HealthTransition:
+    """The node's model load moved (from its heartbeats): loading_draft → draft_ready → loading_full → serving."""
+    return HealthTransition.objects.create(node=node, kind=HealthChange.MODEL, old=old or "", new=new, cause=f"heartbeat reports {new}")
+
+
 def breaker_of(node: Node) -> breakers.Breaker:
     return breakers.Breaker(node.breaker, node.breaker_failures, node.breaker_opened_at, node.breaker_trial_at)
 
 
 # --- automatic cordons and the cluster breaker -----------------------------------------------------------
-def _take_out(node: Node, cluster: Cluster, cause: str, details: dict) -> bool:
+def _take_out(node: Node, cluster: Cluster, cause: str, details: dict, remediation: str) -> bool:
     """The health machine wants `node` UNHEALTHY (weight 0): an automatic cordon, unless the cluster
-    breaker stops it. Returns whether the node went UNHEALTHY."""
+    breaker stops it. Returns whether the node went UNHEALTHY.
+
+    Either way a drain is wanted: the transition's details say so, with the remediation
+    the evidence calls for, and recovery.reactions proposes it (and promotes a spare)."""
+    details = {**details, "drain": remediation}
     if cluster.auto_cordon_breaker_open:
-        set_health(node, Health.SUSPICIOUS, f"{cause}; automatic cordons are stopped by the cluster breaker, so it keeps weight 0.5",
-                   details=details)
+        _keep_suspicious(node, f"{cause}; automatic cordons are stopped by the cluster breaker, so it keeps weight 0.5", details)
         return False
     window_start = timezone.now() - dt.timedelta(seconds=cluster.auto_cordon_window_s)
     recent = HealthTransition.objects.filter(kind=HealthChange.HEALTH, new=Health.UNHEALTHY, actor="system", at__gte=window_start).count()
@@ -84,37 +119,36 @@ def _take_out(node: Node, cluster: Cluster, cause: str, details: dict) -> bool:
         why = (f"{recent} automatic cordons in the last {cluster.auto_cordon_window_s} s; one more ({node.name}) would pass the "
                f"{allowed} allowed ({cluster.auto_cordon_max_share:.0%} of {fleet} nodes)")
         open_cluster_breaker(cluster, why)
-        set_health(node, Health.SUSPICIOUS, f"{cause}; not cordoned: the cluster breaker opened ({why})", details=details)
+        _keep_suspicious(node, f"{cause}; not cordoned: the cluster breaker opened ({why})", details)
         return False
     set_health(node, Health.UNHEALTHY, cause, details=details)
-    promote_spare_for(node, f"{node.name} became UNHEALTHY")
     return True
 
 
-def open_cluster_breaker(cluster: Cluster, why: str) -> None:
-    from recovery.actions import notify
+def _keep_suspicious(node: Node, cause: str, details: dict) -> None:
+    """SUSPICIOUS, not UNHEALTHY: a row either way, since its reaction (the drain for a person) is still due."""
+    if not set_health(node, Health.SUSPICIOUS, cause, details=details):
+        HealthTransition.objects.create(node=node, kind=HealthChange.HEALTH, old=node.health, new=node.health, cause=cause, details=details)
 
+
+def open_cluster_breaker(cluster: Cluster, why: str) -> None:
     with transaction.atomic():
         opened = Cluster.objects.filter(pk=cluster.pk, auto_cordon_breaker_open=False).update(
             auto_cordon_breaker_open=True, auto_cordon_breaker_changed_at=timezone.now(), auto_cordon_breaker_reason=why)
         if opened:
             cluster.auto_cordon_breaker_open = True
-            from recovery.actions.migrations import audit
-
-            audit("system", "cluster_breaker_open", f"cluster:{cluster.name}", why)
+            audit.record("system", "cluster_breaker_open", f"cluster:{cluster.name}", why)
             notify.send("cluster_breaker", "Automatic cordons stopped", f"The cluster breaker opened: {why}. An admin resets it on the settings page.",
                         "/settings/")
 
 
 def reset_cluster_breaker(cluster: Cluster, user, reason: str) -> None:
-    from recovery.actions.migrations import audit
-
     if not reason.strip():
         raise ValueError("reason: resetting the cluster breaker needs a reason")
     with transaction.atomic():
         Cluster.objects.filter(pk=cluster.pk).update(auto_cordon_breaker_open=False, auto_cordon_breaker_changed_at=timezone.now(),
                                                     auto_cordon_breaker_reason=reason.strip())
-        audit(user.get_username(), "cluster_breaker_reset", f"cluster:{cluster.name}", reason.strip())
+        audit.record(user.get_username(), "cluster_breaker_reset", f"cluster:{cluster.name}", reason.strip())
 
 
 # --- canaries ---------------------------------------------------------------------------------------
@@ -131,7 +165,7 @@ def _run_prompts(node: Node, timeout: float) -> list[dict]:
     return prompts
 
 
-def record_golden(nodes: list[Node], by: str) -> CanaryGolden:
+def record_golden(nodes: list[Node], by: str, reason: str = "") -> CanaryGolden:
     """Record the golden run of the nodes' deployment: each canary prompt on each node, which must agree.
 
     An admin records from one node they know to be good; the control plane
@@ -158,6 +192,7 @@ def record_golden(nodes: list[Node], by: str) -> CanaryGolden:
         CanaryGolden.objects.filter(model_key=first.model_key, gpu_key=first.gpu_key, tp=first.tp, active=True).update(active=False)
         golden = CanaryGolden.objects.create(model_key=first.model_key, gpu_key=first.gpu_key, tp=first.tp, prompts=runs[0],
                                              recorded_from=", ".join(n.name for n in nodes), recorded_by=by)
+        audit.record(by, "record_golden", f"deployment:{golden.deployment}", reason, golden=golden.pk, nodes=[n.name for n in nodes])
     log.info("golden canary run for %s recorded from %s by %s", golden.deployment, golden.recorded_from, by)
     return golden
 
@@ -183,8 +218,6 @@ def canary_gpu_ms(node: Node, prompt: dict, tokens: int) -> float | None:
         deployment = catalog.Deployment.of(node.model_key, node.gpu_key, node.tp)
     except catalog.CatalogError:
         return None
-    from workers import tokens as vocabulary
-
     prompt_tokens = len(vocabulary.encode(prompt["prompt"]))
     seconds = deployment.prefill_s(prompt_tokens) + sum(deployment.decode_step_s(1, prompt_tokens + i) for i in range(1, max(tokens, 1)))
     return round(seconds * 1000, 3)
@@ -232,10 +265,10 @@ def record_canary(node: Node, verdict: policy.Verdict, latency_ms: float | None,
     set_breaker(node, after, f"{cause} ({after.failures} consecutive failures)" if not verdict.passed else f"{cause}: trial passed" if trial else cause)
     if step.state == Health.UNHEALTHY and node.health != Health.UNHEALTHY:
         why = f"{step.failures} canary failures in a row; last: {verdict.kind} ({verdict.detail})"
-        _take_out(node, cluster, why, evidence)  # or only SUSPICIOUS, when the cluster breaker stops automatic cordons
         # Wrong answers point at the GPU (silent corruption): reset it. A slow or silent node: restart the engine.
         wrong = verdict.kind in (CanaryKind.TOKEN_MISMATCH, CanaryKind.LOGPROB)
-        _propose_drain(node, why, remediation="reset" if wrong else "restart")
+        # UNHEALTHY, or only SUSPICIOUS when the cluster breaker stops automatic cordons; a drain is proposed either way.
+        _take_out(node, cluster, why, evidence, Remediation.RESET if wrong else Remediation.RESTART)
     elif step.state != node.health:
         set_health(node, step.state, cause, details=evidence)
     transaction.on_commit(lambda: events.node_canary(node.pk, result.pk))
@@ -302,7 +335,7 @@ def schedule_canaries(now: float | None = None) -> list[tuple[int, bool]]:
 def ingest_xids(name: str, xids: list[dict]) -> list[XidEvent]:
     """New Xid events a heartbeat carried: bursts per GPU become one event each; a CRITICAL one
     makes the node UNHEALTHY at once and proposes a drain; WARN ones are shown, not acted on."""
-    seen = float((hot.node(name) or {}).get("xid_seen") or 0)
+    seen = (hot.node(name) or hot.NodeEntry()).xid_seen
     fresh = [x for x in xids if x["at"] > seen]
     if not fresh:
         return []
@@ -347,15 +380,20 @@ def ingest_xids(name: str, xids: list[dict]) -> list[XidEvent]:
                 row.acted = True
                 cause = f"CRITICAL Xid {row.code} on GPU {row.gpu_index} ({row.meaning}): {row.action}"
                 if node.health not in (Health.UNHEALTHY, Health.DRAINING):
-                    _take_out(node, cluster, cause, {"xid_event": row.pk, "codes": row.codes})
-                    _propose_drain(node, cause, remediation="reset")
+                    _take_out(node, cluster, cause, {"xid_event": row.pk, "codes": row.codes}, Remediation.RESET)
         transaction.on_commit(lambda: events.node_changed(node.pk))
     return touched
 
 
 # --- hot spares ----------------------------------------------------------------------------------------------
-def set_spare(node: Node, spare: bool, actor: str, reason: str) -> bool:
-    return _change(node, HealthChange.SPARE, "spare", spare, reason, actor=actor)
+def set_spare(node: Node, spare: bool, actor: str, reason: str, details: dict | None = None) -> bool:
+    """Keep `node` as a hot spare (no traffic, canaries only) or put it in service; a person's change is audited."""
+    with transaction.atomic():
+        if not _change(node, HealthChange.SPARE, "spare", spare, reason, actor=actor, details=details):
+            return False
+        if actor != "system":
+            audit.record(actor, "spare_on" if spare else "spare_off", f"node:{node.name}", reason)
+    return True
 
 
 def spare_for(node: Node) -> Node | None:
@@ -366,31 +404,7 @@ def spare_for(node: Node) -> Node | None:
 
 def promote_spare_for(node: Node, cause: str) -> Node | None:
     """A node of this model left service: put a hot spare of the same model in its place at once."""
-    from recovery.actions import incidents
-
     spare = spare_for(node)
-    if spare is None or not set_spare(spare, False, "system", f"promoted in place of {node.name}: {cause}"):
+    if spare is None or not set_spare(spare, False, "system", f"promoted in place of {node.name}: {cause}", details={"in_place_of": node.name}):
         return None
-    incident = incidents.open_incident_for(node)
-    if incident is not None:
-        incidents.add_event(incident, "spare_promoted", f"hot spare {spare.name} promoted in place of {node.name}", node=spare)
     return spare
-
-
-# --- drains the health machine asks for --------------------------------------------------------------------
-def _open_drain(node: Node):
-    from recovery.actions import drains
-
-    return drains.open_drain(node)
-
-
-def _propose_drain(node: Node, reason: str, remediation: str = "restart") -> None:
-    from recovery.actions import drains
-
-    if _open_drain(node) is not None:
-        return
-    try:
-        drains.propose(node, source="health machine", reason=reason, remediation=remediation)
-    except drains.DrainRefused as exc:
-        log.info("no drain proposed for %s: %s", node.name, exc)
-

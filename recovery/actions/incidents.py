@@ -12,7 +12,6 @@ acknowledge, take command, write notes and close.
 """
 
 import datetime as dt
-import json
 import logging
 import statistics
 
@@ -20,10 +19,13 @@ from django.db import transaction
 from django.db.models import Avg
 from django.utils import timezone
 
-from recovery import events, hot, nodeclient
+from recovery import events, hot, nodeclient, roles
+from recovery.actions import audit, health, nodes
 from recovery.choices import EventKind, IncidentStatus, NodeState
 from recovery.models import Cluster, Incident, IncidentEvent, Node, RequestOutcome
+from recovery.policy import capacity as capacity_policy
 from recovery.policy import load, progressive
+from workers import catalog
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +67,7 @@ def checkpoint_distribution() -> dict:
         live = hot.nodes(names)
     except Exception:  # noqa: BLE001 - a snapshot is a nice-to-have on the timeline
         return {}
-    return {name: json.loads(data.get("checkpoints") or "{}") for name, data in live.items() if data.get("checkpoints")}
+    return {name: entry.checkpoints for name, entry in live.items() if entry.checkpoints}
 
 
 def _baseline(before: dt.datetime) -> tuple[float | None, float | None]:
@@ -106,8 +108,6 @@ def note_failure(node: Node, at, source: str, reason: str) -> Incident:
 
 def confirm_failure(node_name: str, at, source: str, reason: str) -> str:
     """A gateway lost a node: check it, and take it out of routing for every gateway if it is gone."""
-    from recovery.actions.nodes import transition_node
-
     node = Node.objects.filter(name=node_name).first()
     if node is None:
         return "unknown"
@@ -116,17 +116,15 @@ def confirm_failure(node_name: str, at, source: str, reason: str) -> str:
         return "already down"
     up, said = nodeclient.alive(node.address, timeout=0.5)
     if up:
-        from recovery.actions import health
-
         add_event(incident, EventKind.NOT_CONFIRMED, f"{node.name} {said}: left in routing, watching its heartbeats", node=node)
         health.record_node_failure(node, f"{source} lost it ({reason}) though {said}")
         return "alive"
-    transition_node(node, NodeState.DOWN, f"{source} reported it ({reason}); {said}")
+    nodes.transition_node(node, NodeState.DOWN, f"{source} reported it ({reason}); {said}")
     return "down"
 
 
 def on_node_transition(node_id: int, old: str, new: str, cause: str, at: dt.datetime) -> None:
-    """What a lifecycle step means for the incident the node is in (called after the step commits)."""
+    """What a lifecycle step means for the incident the node is in (a reaction, once the step committed)."""
     node = Node.objects.get(pk=node_id)
     with transaction.atomic():
         if new == NodeState.DOWN:
@@ -137,43 +135,43 @@ def on_node_transition(node_id: int, old: str, new: str, cause: str, at: dt.date
                 Incident.objects.filter(pk=incident.pk).update(detected_at=at)
             return
         incident = open_incident_for(node)
-        if incident is None:
-            return
+        if incident is None or incident.opened_at > at:
+            return  # no incident, or one that began after this step (a reaction can run a moment late)
         if new == NodeState.JOIN and old in (NodeState.DOWN, NodeState.LEFT):
             add_event(incident, EventKind.RESTART, f"{node.name} restarted: {cause}", at=at, node=node)
         elif new == NodeState.SERVING and old == NodeState.JOIN:
             add_event(incident, EventKind.FULL_MODEL_READY, f"{node.name} has its full model loaded", at=at, node=node)
             add_event(incident, EventKind.BACK_IN_ROUTING, f"{node.name} is back in routing", at=at, node=node)
-            transaction.on_commit(lambda: _enqueue("recovery.tasks.end_assist", node.pk))
 
 
-def on_model_state(node_id: int, old: str | None, new: str) -> None:
-    """A restarting node's draft model is up: it can help the most loaded survivor (Algorithm 3)."""
-    if new != "draft_ready":
-        return
-    node = Node.objects.get(pk=node_id)
+def on_draft_ready(node: Node) -> bool:
+    """A restarting node's draft model is up (a reaction): on its incident's timeline. True when it is in one,
+    so its draft can help the most loaded survivor (Algorithm 3)."""
     incident = open_incident_for(node)
     if incident is None:
-        return
+        return False
     with transaction.atomic():
         add_event(incident, EventKind.DRAFT_READY, f"{node.name} has its draft model up; the full model loads behind it", node=node)
-        transaction.on_commit(lambda: _enqueue("recovery.tasks.start_assist", node.pk))
+    return True
 
 
-def _enqueue(task: str, *args) -> None:
-    from console.celery import app
+def on_spare_promoted(spare: Node, in_place_of: str) -> None:
+    """A hot spare took a failed node's place (a reaction): on the failed node's incident."""
+    failed = Node.objects.filter(name=in_place_of).first()
+    incident = open_incident_for(failed) if failed else None
+    if incident is not None:
+        with transaction.atomic():
+            add_event(incident, EventKind.SPARE_PROMOTED, f"hot spare {spare.name} promoted in place of {in_place_of}", node=spare)
 
-    app.send_task(task, args=args)
+
+def on_degradation(old: int, new: int, cause: str, at: dt.datetime) -> None:
+    """The cluster's degradation level moved (a reaction): on every active incident's timeline."""
+    with transaction.atomic():
+        for incident in Incident.objects.filter(status=IncidentStatus.ACTIVE):
+            add_event(incident, EventKind.DEGRADATION, f"degradation level {old} → {new}: {capacity_policy.LEVEL_DOCS[new]} ({cause})",
+                      at=at, details={"old": old, "new": new})
 
 
-def _recovery_load(name: str, live: dict) -> float:
-    node = Node.objects.get(name=name)
-    from workers import catalog
-
-    per_block = catalog.model(node.model_key).kv_bytes_per_block
-    held = sum(v.get("bytes", 0) for v in json.loads(live.get("checkpoints") or "{}").values())
-    cluster = Cluster.default()
-    return load.recovery_load(load.pages(held, per_block), int(live.get("running", 0)) + int(live.get("waiting", 0)), cluster.alpha, cluster.beta)
 
 
 def start_assist(node_id: int) -> str:
@@ -182,7 +180,12 @@ def start_assist(node_id: int) -> str:
     incident = open_incident_for(draft)
     survivors = list(Node.objects.filter(state=NodeState.SERVING, model_key=draft.model_key).exclude(pk=draft.pk))
     live = hot.nodes([s.name for s in survivors])
-    loads = {s.name: _recovery_load(s.name, live.get(s.name, {})) for s in survivors}
+    cluster = Cluster.default()
+    loads = {}
+    for survivor in survivors:
+        entry = live.get(survivor.name) or hot.NodeEntry()
+        loads[survivor.name] = load.holder_load(entry.checkpoint_bytes_held, catalog.model(survivor.model_key).kv_bytes_per_block,
+                                                entry.queue_depth, cluster.alpha, cluster.beta)
     chosen = progressive.pick_assisted(loads)
     if chosen is None:
         if incident:
@@ -285,13 +288,17 @@ def acknowledge(incident: Incident, user) -> None:
         raise IncidentActionError(f"already acknowledged by {incident.acknowledged_by} at {incident.acknowledged_at:%H:%M:%S}")
     now = timezone.now()
     Incident.objects.filter(pk=incident.pk).update(acknowledged_at=now, acknowledged_by=user)
+    audit.record(user.get_username(), "incident_ack", f"incident:{incident.pk}")
     add_event(incident, EventKind.ACKNOWLEDGED, f"Acknowledged by {user.get_username()}", at=now, source="person", actor=user.get_username())
     transaction.on_commit(lambda: events.incident_changed(incident.pk))
 
 
 @transaction.atomic
 def set_commander(incident: Incident, commander, by) -> None:
+    if not roles.has_role(commander, roles.ONCALL):
+        raise IncidentActionError(f"{commander.get_username()} is not on call: a commander must have the oncall or admin role")
     Incident.objects.filter(pk=incident.pk).update(commander=commander)
+    audit.record(by.get_username(), "incident_command", f"incident:{incident.pk}", commander=commander.get_username())
     add_event(incident, EventKind.COMMANDER, f"{commander.get_username()} is the incident commander (set by {by.get_username()})",
               source="person", actor=by.get_username())
     transaction.on_commit(lambda: events.incident_changed(incident.pk))
@@ -303,6 +310,7 @@ def add_note(incident: Incident, text: str, by) -> None:
     if not text:
         raise IncidentActionError("a note needs some text")
     Incident.objects.filter(pk=incident.pk).update(notes=(incident.notes + "\n\n" if incident.notes else "") + text)
+    audit.record(by.get_username(), "incident_note", f"incident:{incident.pk}", text)
     add_event(incident, EventKind.NOTE, text, source="person", actor=by.get_username())
 
 
@@ -317,5 +325,6 @@ def close(incident: Incident, by, reason: str) -> None:
     claimed = Incident.objects.filter(pk=incident.pk, status=IncidentStatus.STABLE).update(status=IncidentStatus.CLOSED, status_changed_at=now, closed_at=now)
     if not claimed:
         raise IncidentActionError("someone changed the incident meanwhile: reload it")
+    audit.record(by.get_username(), "incident_close", f"incident:{incident.pk}", reason.strip())
     add_event(incident, EventKind.STATUS, f"Stable → Closed by {by.get_username()}: {reason.strip()}", at=now, source="person", actor=by.get_username())
     transaction.on_commit(lambda: events.incident_changed(incident.pk))

@@ -1,6 +1,11 @@
-"""State changes of the control plane. Every node lifecycle step goes through
-`transition_node`, which claims the change with a conditional update, writes
-the transition row, and publishes after the transaction commits.
+"""The node lifecycle: registration, heartbeats, DOWN, LEFT (source document 004).
+
+Every lifecycle step goes through `transition_node`, which claims the change
+with a conditional update, writes the transition row (the node's timeline,
+its audit log and an outbox row) and publishes after the transaction commits.
+What a step means beyond the node (a spare promoted, an incident, the batch
+limit of the current degradation level) is recovery.reactions' to do, once it
+committed: never on the node's own request path.
 """
 
 import datetime as dt
@@ -12,8 +17,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from recovery import events, hot
+from recovery.actions import health, routing
 from recovery.choices import NodeState
-from recovery.models import ApiKey, Cluster, Gpu, Node, NodeTransition, Rack, key_digest
+from recovery.models import Cluster, Gpu, Node, NodeTransition, Rack
 from recovery.policy import lifecycle
 from workers import catalog
 from workers.protocol import Heartbeat, ProtocolError, Registration
@@ -68,62 +74,18 @@ def transition_node(
             cause=cause,
             actor=actor,
         )
-        old_state = node.state
         for name, value in updates.items():
             setattr(node, name, value)
-        transaction.on_commit(lambda: _after_state_change(node, old_state, cause, now))
+        transaction.on_commit(lambda: _published(node))
     log.info("node %s -> %s: %s", node.name, new_state, cause)
     return True
 
 
-def _after_state_change(node: Node, old_state: str | None = None, cause: str = "", at=None) -> None:
+def _published(node: Node) -> None:
+    """After a lifecycle step commits: Redis, every gateway's routing table, the browser."""
     hot.record_node(node.name, node.session, node.state, node.address, watch=node.state in lifecycle.ALIVE)
-    publish_routing()
+    routing.publish_routing()
     events.node_changed(node.pk)
-    if node.state == NodeState.DOWN and not node.spare:
-        from recovery.actions import health
-
-        try:
-            health.promote_spare_for(node, f"{node.name} is DOWN: {cause}")
-        except Exception:  # noqa: BLE001 - the lifecycle step stands; the spare can be promoted by hand
-            log.exception("could not promote a spare for %s", node.name)
-    if node.state == NodeState.SERVING and Cluster.default().degradation_level:
-        from console.celery import app
-
-        app.send_task("recovery.tasks.apply_batch_factor", args=(node.pk,))  # it joins at the current level's batch limit
-    if old_state is not None:
-        from recovery.actions import incidents
-
-        try:
-            incidents.on_node_transition(node.pk, old_state, node.state, cause, at or timezone.now())
-        except Exception:  # noqa: BLE001 - the timeline must not undo a lifecycle step that committed
-            log.exception("could not record %s -> %s of %s on its incident", old_state, node.state, node.name)
-
-
-def routing_entries() -> dict[str, dict]:
-    """The routing table gateways use: the nodes that may take traffic now."""
-    rows = Node.objects.filter(state=NodeState.SERVING).select_related("rack").order_by("name")
-    return {
-        n.name: {
-            "address": n.address, "model": n.model_key, "rack": n.rack.name, "gpu": n.gpu_key, "tp": n.tp,
-            "weight": n.weight, "session": n.session,
-        }
-        for n in rows
-    }
-
-
-def deployed_models() -> list[str]:
-    """The models of every node that has not left: served now, or coming back."""
-    return sorted(set(Node.objects.exclude(state=NodeState.LEFT).values_list("model_key", flat=True)))
-
-
-def publish_routing() -> None:
-    hot.publish_routing(routing_entries(), deployed_models())
-
-
-def publish_cluster_config() -> None:
-    """The cluster's recovery settings, for every gateway."""
-    hot.publish_cluster_config(Cluster.default().gateway_config())
 
 
 # --- registration and heartbeats ---------------------------------------------------
@@ -156,7 +118,7 @@ def register_node(reg: Registration) -> Node:
                 node=node, session=reg.session, old_state="", new_state=NodeState.JOIN, at=now,
                 cause=f"first registration from {reg.address} (pid {reg.pid} on {reg.host})",
             )
-            transaction.on_commit(lambda: _after_state_change(node))
+            transaction.on_commit(lambda: _published(node))
         elif node.session == reg.session:
             if node.state not in lifecycle.ALIVE:
                 raise ClosedSession(
@@ -165,7 +127,7 @@ def register_node(reg: Registration) -> Node:
                 )
             # The same session again (its first answer was lost): refresh the details only.
             Node.objects.filter(pk=node.pk).update(**details)
-            transaction.on_commit(lambda: _after_state_change(node))
+            transaction.on_commit(lambda: _published(node))
         else:
             moved = f"; address {node.address} -> {reg.address}" if node.address != reg.address else ""
             cause = f"new session {reg.session[:8]} registered (pid {reg.pid} on {reg.host}), replacing {node.session[:8]} which was {node.state}{moved}"
@@ -205,31 +167,27 @@ def record_heartbeat(name: str, beat: Heartbeat) -> str:
     """
     now = time.time()
     entry = hot.node(name)
-    if entry is None or "session" not in entry:
+    if entry is None or entry.session is None:
         # Redis lost the node (restarted, flushed): rebuild its entry from the database.
         node = Node.objects.filter(name=name).first()
         if node is None:
             raise UnknownNode(name)
         hot.record_node(node.name, node.session, node.state, node.address, watch=node.state in lifecycle.ALIVE)
-        entry = {"session": node.session, "state": node.state}
-    if entry["session"] != beat.session:
-        raise ClosedSession(f"session {beat.session[:8]} is not the current session of {name} ({entry['session'][:8]}): register again")
-    if entry["state"] not in lifecycle.ALIVE:
-        raise ClosedSession(f"{name} was marked {entry['state']}; its session is closed: register again with a new session")
+        entry = hot.NodeEntry(session=node.session, state=node.state)
+    if entry.session != beat.session:
+        raise ClosedSession(f"session {beat.session[:8]} is not the current session of {name} ({entry.session[:8]}): register again")
+    if entry.state not in lifecycle.ALIVE:
+        raise ClosedSession(f"{name} was marked {entry.state}; its session is closed: register again with a new session")
     load = beat.load
-    previous_model_state = entry.get("model_state")
+    previous_model_state = entry.model_state
     hot.heartbeat(name, now, beat.model_state, vars(load), beat.checkpoints, beat.gpus)
     if beat.xids:
-        from recovery.actions import health
-
         health.ingest_xids(name, beat.xids)
     if previous_model_state != beat.model_state and previous_model_state is not None:
-        from recovery.actions import incidents
-
-        node_id = Node.objects.filter(name=name).values_list("pk", flat=True).first()
-        if node_id is not None:
-            incidents.on_model_state(node_id, previous_model_state, beat.model_state)
-    state = entry["state"]
+        node = Node.objects.filter(name=name).first()
+        if node is not None:
+            health.note_model_state(node, previous_model_state, beat.model_state)
+    state = entry.state
     if state == NodeState.JOIN and beat.model_state == "serving":
         node = Node.objects.get(name=name)
         if node.session == beat.session and transition_node(
@@ -283,38 +241,3 @@ def mark_long_down_nodes_left() -> list[str]:
         if transition_node(node, NodeState.LEFT, f"down for more than {after:g} s"):
             left.append(node.name)
     return left
-
-
-# --- gateway keys ------------------------------------------------------------------
-def create_api_key(tenant: str, tier: str, label: str = "", created_by=None) -> tuple[ApiKey, str]:
-    """A new gateway key; the secret is returned once and only its digest is kept."""
-    secret = ApiKey.new_secret()
-    with transaction.atomic():
-        row = ApiKey.objects.create(
-            tenant=tenant, tier=tier, label=label, prefix=secret[:12], digest=key_digest(secret), created_by=created_by
-        )
-        transaction.on_commit(publish_gateway_keys)
-    return row, secret
-
-
-def revoke_api_key(key: ApiKey) -> bool:
-    """Revoke a gateway key; every gateway refuses it within a second."""
-    with transaction.atomic():
-        revoked = ApiKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
-        if revoked:
-            transaction.on_commit(publish_gateway_keys)
-    return bool(revoked)
-
-
-def publish_gateway_keys() -> None:
-    rows = ApiKey.objects.filter(revoked_at__isnull=True)
-    hot.publish_gateway_keys({k.digest: {"id": k.pk, "tenant": k.tenant, "tier": k.tier} for k in rows})
-
-
-def sync_hot_state() -> None:
-    """Rebuild what Redis holds from the database (after a Redis restart, say)."""
-    for node in Node.objects.all():
-        hot.record_node(node.name, node.session, node.state, node.address, watch=node.state in lifecycle.ALIVE)
-    publish_routing()
-    publish_gateway_keys()
-    publish_cluster_config()

@@ -1,8 +1,9 @@
 """Telling on-call: in the console (live), by a webhook and by e-mail.
 
-A Notification row is written with the state change that calls for it; the
-webhook and the e-mail go out from Celery after the transaction commits, with
-retries, and each records how its delivery went on the row.
+A Notification row is written with the state change that calls for it; it is
+an outbox row: once committed, recovery.reactions sends the webhook and the
+e-mail from Celery, with retries, and each records how its delivery went on
+the row.
 """
 
 import json
@@ -15,7 +16,7 @@ from django.contrib.auth import get_user_model
 from django.core.mail import send_mail
 from django.db import transaction
 
-from recovery import events
+from recovery import events, roles
 from recovery.models import Cluster, Notification
 
 log = logging.getLogger(__name__)
@@ -28,15 +29,7 @@ class DeliveryFailed(Exception):
 def send(kind: str, title: str, body: str, url: str = "") -> Notification:
     """Write a notification; after commit it shows in every open console and goes out by webhook and e-mail."""
     notification = Notification.objects.create(kind=kind, title=title, body=body, url=url)
-
-    def after_commit():
-        from console.celery import app
-
-        events.notification(notification.pk)
-        app.send_task("recovery.tasks.deliver_notification", args=(notification.pk, "webhook"))
-        app.send_task("recovery.tasks.deliver_notification", args=(notification.pk, "email"))
-
-    transaction.on_commit(after_commit)
+    transaction.on_commit(lambda: events.notification(notification.pk))
     return notification
 
 
@@ -61,8 +54,6 @@ def post_webhook(url: str, payload: dict, timeout: float = 5.0) -> int:
 
 
 def recipients(cluster: Cluster) -> list[str]:
-    from console import roles
-
     listed = [a.strip() for a in cluster.oncall_emails.split(",") if a.strip()]
     users = get_user_model().objects.filter(groups__name__in=(roles.ONCALL, roles.ADMIN), is_active=True).exclude(email="")
     return sorted(set(listed) | set(users.values_list("email", flat=True)))

@@ -16,7 +16,7 @@ from django.db import transaction
 from redis.exceptions import ResponseError
 
 from recovery import hot
-from recovery.actions import incidents
+from recovery.actions import health, incidents, live_migration
 from recovery.choices import EventKind, IncidentStatus
 from recovery.models import Incident, Node, RequestOutcome
 
@@ -95,17 +95,17 @@ def handle_signal(kind: str, gateway: str, data: dict) -> None:
                 at=data.get("at"), source=source, node=lost, request_id=data.get("request_id", ""), details=data,
             )
     elif kind == "node_error":
-        from recovery.actions import health
-
         node = Node.objects.filter(name=data.get("node")).first()
         if node is not None:
             served = f"; {data['served_by']} served the same request" if data.get("served_by") else ""
             health.record_node_failure(node, f"{source}: {node.name} answered {data.get('status')} ({data.get('answer', '')[:120]}){served}",
                                        data.get("request_key"))
     elif kind == "migration_command_done":
-        from recovery.actions import migrations
-
-        migrations.record_gateway_result(gateway, data)
+        live_migration.record_gateway_result(gateway, data)
+    elif kind == "request_failed":
+        # A request that failed on two nodes: the request's fault, counted against neither (recovery.gateway.relay).
+        log.warning("%s: request %s failed on %s and was not retried: %s", source, data.get("request_id"),
+                    " and ".join(data.get("nodes") or []), (data.get("answer") or "")[:200])
 
 
 def store_outcomes(items: list[tuple[str, dict]]) -> int:

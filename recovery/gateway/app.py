@@ -36,14 +36,13 @@ class GatewayConfig:
     namespace: str
     name: str = ""
     agent_token: str | None = None  # to send holders and resumes to nodes
-    drain_timeout_s: float = 30.0
+    routing_refresh_s: float = 5.0  # re-read the routing table this often even when no change was announced
 
     @property
     def gateway_name(self) -> str:
         return self.name or f"{socket.gethostname()}-{os.getpid()}"
 
 
-CONFIG_KEY = web.AppKey("config", GatewayConfig)
 VIEW_KEY = web.AppKey("view", RoutingView)
 COORDINATOR_KEY = web.AppKey("coordinator", Coordinator)
 METRICS_KEY = web.AppKey("metrics", object)
@@ -286,14 +285,13 @@ async def _follow_commands(app: web.Application) -> None:
 
 def build_app(config: GatewayConfig) -> web.Application:
     app = web.Application(client_max_size=16 * 1024 * 1024, middlewares=[error_middleware])
-    app[CONFIG_KEY] = config
     app[STARTED_KEY] = int(time.time())
     registry = CollectorRegistry()
     app[REGISTRY_KEY] = registry
     app[METRICS_KEY] = GatewayMetrics(registry)
 
     async def lifecycle(app_: web.Application):
-        view = RoutingView(config.redis_url, config.namespace)
+        view = RoutingView(config.redis_url, config.namespace, refresh_s=config.routing_refresh_s)
         await view.start()
         headers = {"Authorization": f"Bearer {config.agent_token}"} if config.agent_token else {}
         coordinator = Coordinator(view, Signals(config.redis_url, config.namespace, config.gateway_name), config.gateway_name, headers)

@@ -104,9 +104,9 @@ class FleetState:
         route = self.view.routes.get(name)
         status = self.watcher.status(name)
         per_block = route.deployment.model.kv_bytes_per_block if route else 1
-        pages = load.pages(status.checkpoint_bytes_held, per_block) + self._recent_pages.get(name, 0.0)
         config = self.view.config
-        return load.recovery_load(pages, status.running + status.waiting, config.alpha, config.beta)
+        return load.holder_load(status.checkpoint_bytes_held, per_block, status.running + status.waiting, config.alpha, config.beta,
+                                self._recent_pages.get(name, 0.0))
 
     def choose(self, model: str, prompt_tokens: int, exclude) -> str | None:
         pool = self.pools.get(model)

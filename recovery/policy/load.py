@@ -15,49 +15,13 @@ import bisect
 import math
 import threading
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 
 from workers.catalog import DECODE_BANDWIDTH_EFFICIENCY, PREFILL_COMPUTE_EFFICIENCY, Deployment
+from workers.protocol import NodeStatus  # the node's status: one schema, which the gateway reads with from_event
 
 INF = math.inf
 DEFAULT_CHUNK_TOKENS = 2048
-
-
-@dataclass(frozen=True)
-class NodeStatus:
-    """One node's load status as its agent pushes it (`workers.engine.Engine.status`)."""
-
-    seq: int = 0
-    at: float = 0.0  # epoch seconds at the node when the status was taken
-    model_state: str = "serving"
-    waiting: int = 0
-    running: int = 0
-    uncomputed_prefill_tokens: int = 0
-    decode_batch: int = 0
-    decode_context_tokens: int = 0
-    kv_blocks_used: int = 0
-    kv_blocks_total: int = 0
-    checkpoint_bytes_held: int = 0
-    checkpoint_budget_bytes: int = 0
-    step_ms: float = 0.0
-    steps: int = 0  # engine steps so far: a node whose count moves is working, however slowly
-    time_scale: float = 0.0  # the emulated engine's; 0 when the node does not say (real time)
-
-    @classmethod
-    def from_event(cls, data: dict) -> "NodeStatus":
-        """Build from a node's status JSON: unknown keys are ignored, missing or None ones are 0."""
-        values = {}
-        for f in fields(cls):
-            raw = data.get(f.name)
-            if f.name == "model_state":
-                values[f.name] = str(raw) if raw else "serving"
-                continue
-            kind = float if f.type in (float, "float") else int
-            try:
-                values[f.name] = kind(raw or 0)
-            except (TypeError, ValueError):
-                raise ValueError(f"status field {f.name!r} must be a number, got {raw!r}") from None
-        return cls(**values)
 
 
 @dataclass
@@ -523,3 +487,11 @@ def pages(num_bytes: int, kv_bytes_per_block: int) -> float:
     if kv_bytes_per_block <= 0:
         raise ValueError(f"kv_bytes_per_block must be positive, got {kv_bytes_per_block}")
     return num_bytes / kv_bytes_per_block
+
+
+def holder_load(bytes_held: int, kv_bytes_per_block: int, queue_depth: int, alpha: float = 1.0, beta: float = 1.0,
+                recent_pages: float = 0.0) -> float:
+    """L̂ of a node from its live figures: the checkpoint bytes it holds (in pages of its model's KV, plus pages just
+    placed on it that its status does not show yet) and its queue. The one place L̂ is computed from live figures:
+    the gateway's placement, the control plane's assist choice and the checkpoint page all call it."""
+    return recovery_load(pages(bytes_held, kv_bytes_per_block) + recent_pages, queue_depth, alpha, beta)

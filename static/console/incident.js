@@ -45,14 +45,30 @@
     if (chart.ok) draw(await chart.json());
   }
 
+  // A row goes where its time puts it: a reaction can write an event a moment after a later one.
+  function insertInOrder(html) {
+    const template = document.createElement("template");
+    template.innerHTML = html.trim();
+    const row = template.content.firstElementChild;
+    const at = parseFloat(row.dataset.at);
+    const later = Array.from(events.querySelectorAll("tr[data-at]")).find((r) => parseFloat(r.dataset.at) > at);
+    events.insertBefore(row, later || null);
+  }
+
+  function lastEventId() {
+    return Math.max(0, ...Array.from(events.querySelectorAll("tr[data-event]")).map((r) => parseInt(r.dataset.event, 10)));
+  }
+
   function connect() {
     const scheme = location.protocol === "https:" ? "wss://" : "ws://";
-    const socket = new WebSocket(scheme + location.host + timeline.dataset.socket);
+    // `after`: the server sends every event written since the newest one this page shows, so nothing written
+    // between the page's render (or a dropped connection) and this subscription is missed.
+    const socket = new WebSocket(scheme + location.host + timeline.dataset.socket + "?after=" + lastEventId());
     socket.onopen = () => { retry = 0; statusEl.dataset.state = "live"; statusEl.textContent = "live"; };
     socket.onmessage = (message) => {
       const frame = JSON.parse(message.data);
       if (frame.kind === "event" && !events.querySelector('[data-event="' + frame.id + '"]')) {
-        events.insertAdjacentHTML("beforeend", frame.html);
+        insertInOrder(frame.html);
       } else if (frame.kind === "incident") {
         refreshFacts();
       }

@@ -3,7 +3,8 @@ import getpass
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
-from console import actions, roles
+from console import actions
+from recovery import roles
 
 
 class Command(BaseCommand):
@@ -23,5 +24,5 @@ class Command(BaseCommand):
         exists = get_user_model().objects.filter(username=username).exists()
         if password is None and not exists:
             password = getpass.getpass(f"password for {username}: ")
-        user = actions.set_user_role(username, role, email=email, password=password)
+        user = actions.set_user_role(username, role, email=email, password=password, actor=f"manage.py ({getpass.getuser()})")
         self.stdout.write(f"{user.username}: {role}")

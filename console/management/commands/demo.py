@@ -15,10 +15,18 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import close_old_connections
 
 from console import actions as console_actions
-from console import roles
 from console.models import ApiToken
-from console.stack import Child, StackError, Supervisor, port_in_use, python, start_embedded_redis, wait_http
-from recovery import actions
+from console.stack import (
+    Child,
+    StackError,
+    Supervisor,
+    port_in_use,
+    python,
+    start_embedded_redis,
+    wait_http,
+)
+from recovery import roles
+from recovery.actions import capacity, cluster_settings, keys, routing
 from recovery.choices import NodeState, Tier
 from recovery.models import ApiKey, Cluster, Node, key_digest
 from workers import catalog
@@ -117,7 +125,7 @@ class Command(BaseCommand):
         fault_token = os.environ.get("LIFELINE_FAULT_TOKEN") or previous.get("fault_token") or secrets.token_urlsafe(24)
         # The demo is a rehearsal cluster: operators may inject faults from the console.
         Cluster.objects.filter(pk=Cluster.default().pk).update(fault_injection_enabled=True)
-        actions.sync_hot_state()
+        routing.sync_hot_state()
 
         web_url = f"http://{host}:{opts['port']}"
         gateway_url = f"http://{host}:{opts['gateway_port']}"
@@ -269,7 +277,7 @@ class Command(BaseCommand):
         logins = []
         for role in roles.ROLES:
             password = known.get(role) or f"{role}-{secrets.token_urlsafe(6)}"
-            console_actions.set_user_role(role, role, password=password)
+            console_actions.set_user_role(role, role, password=password, actor="demo")
             logins.append({"role": role, "username": role, "password": password})
         return logins
 
@@ -283,26 +291,24 @@ class Command(BaseCommand):
     def _gateway_keys(self, previous: dict) -> dict[str, str]:
         """One demo key per tier, kept across runs: the traffic mixes them, so shedding shows."""
         known = previous.get("gateway_keys") or {Tier.STANDARD: previous.get("gateway_key")}
-        keys = {}
+        by_tier = {}
         for tier in Tier.values:
             key = known.get(tier)
             if not (key and ApiKey.objects.filter(digest=key_digest(key), revoked_at__isnull=True).exists()):
-                _, key = actions.create_api_key(f"demo-{tier.replace('_', '-')}", tier, "demo traffic")
-            keys[tier] = key
-        return keys
+                _, key = keys.create_api_key(f"demo-{tier.replace('_', '-')}", tier, "demo traffic", actor="demo")
+            by_tier[tier] = key
+        return by_tier
 
     def _set_objectives(self, opts):
         """A throughput objective the fleet meets with room to spare, unless an admin has set one: 85% of what
         the nodes in service can carry, so losing two of eight shows degradation level 1."""
-        from recovery.actions import capacity
-
         cluster = Cluster.default()
         if cluster.slo_required_rps > 0:
             return
         report = capacity.report(cluster)
         if report.capacity_rps > 0:
-            Cluster.objects.filter(pk=cluster.pk).update(slo_required_rps=round(0.85 * report.capacity_rps, 1))
-            actions.publish_cluster_config()
+            cluster_settings.update(cluster, {"slo_required_rps": round(0.85 * report.capacity_rps, 1)}, "demo",
+                                    "85% of what the demo's nodes carry, so losing two of eight shows level 1")
 
 
 def _read_json(path: Path) -> dict:

@@ -1,8 +1,8 @@
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
-from console import roles
 from console.models import ApiToken
+from recovery import roles
 
 
 class Command(BaseCommand):

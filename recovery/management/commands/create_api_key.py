@@ -1,6 +1,8 @@
+import getpass
+
 from django.core.management.base import BaseCommand, CommandError
 
-from recovery import actions
+from recovery.actions import keys
 from recovery.choices import Tier
 
 
@@ -13,9 +15,8 @@ class Command(BaseCommand):
         parser.add_argument("--label", default="")
 
     def handle(self, *args, tenant, tier, label, **options):
-        if tier not in Tier.values:
-            raise CommandError(f"unknown tier {tier!r}: expected one of {', '.join(Tier.values)}")
-        if not tenant.strip():
-            raise CommandError("--tenant must not be empty")
-        _, secret = actions.create_api_key(tenant.strip(), tier, label)
+        try:
+            _, secret = keys.create_api_key(tenant, tier, label, actor=f"manage.py ({getpass.getuser()})")
+        except keys.KeyRefused as exc:
+            raise CommandError(str(exc)) from None
         self.stdout.write(secret)

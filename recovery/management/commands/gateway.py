@@ -24,7 +24,7 @@ class Command(BaseCommand):
         if not agent_token:
             self.stderr.write("LIFELINE_AGENT_TOKEN is not set: nodes will refuse checkpoint holders and resumes, so failures re-prefill.")
         config = GatewayConfig(redis_url=settings.REDIS_URL, namespace=settings.LIFELINE_NAMESPACE, name=name,
-                               agent_token=agent_token, drain_timeout_s=drain_timeout)
+                               agent_token=agent_token)
         app = build_app(config)
         self.stdout.write(f"gateway {config.gateway_name} listening on http://{host}:{port}/v1")
         # On SIGTERM aiohttp stops accepting, then lets the handlers in flight run up to shutdown_timeout.

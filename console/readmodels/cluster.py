@@ -1,4 +1,4 @@
-"""Turn nodes (database) and their latest load (Redis) into what pages show.
+"""The cluster: each node's tile (database and its latest load in Redis) and the summary above them.
 
 One function per shape, used by the page, the JSON API and the WebSocket
 push alike, so all three always agree.
@@ -9,11 +9,17 @@ import time
 
 import redis
 from django.conf import settings
-
-from recovery import hot
-from recovery.choices import BREAKER_BADGE, HEALTH_BADGE, NODE_STATE_BADGE, BreakerState, Health, NodeState
 from django.db.models import OuterRef, Subquery
 
+from recovery import hot
+from recovery.choices import (
+    BREAKER_BADGE,
+    HEALTH_BADGE,
+    NODE_STATE_BADGE,
+    BreakerState,
+    Health,
+    NodeState,
+)
 from recovery.models import Node, NodeTransition
 from recovery.policy import lifecycle
 from workers import catalog
@@ -28,20 +34,11 @@ MODEL_STATE_LABELS = {
 }
 
 
-def _number(raw, kind=int):
-    if raw is None or raw == "":
-        return None
-    try:
-        return kind(float(raw))
-    except ValueError:
-        return None
-
-
 def _round(value: float | None, digits: int = 1) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def _hot_nodes(names: list[str]) -> tuple[dict[str, dict], bool]:
+def _hot_nodes(names: list[str]) -> tuple[dict[str, hot.NodeEntry], bool]:
     try:
         return hot.nodes(names), True
     except (redis.RedisError, hot.RedisNotConfigured) as exc:
@@ -49,25 +46,24 @@ def _hot_nodes(names: list[str]) -> tuple[dict[str, dict], bool]:
         return {}, False
 
 
-def node_card(node: Node, live: dict | None) -> dict:
+def node_card(node: Node, live: hot.NodeEntry | None) -> dict:
     """Everything a node tile shows. Figures a node does not report are None ("n/a")."""
     gpu = catalog.GPUS.get(node.gpu_key)
     alive = node.state in lifecycle.ALIVE
-    live = live or {}
-    last_seen = _number(live.get("last_seen"), float)
+    live = live or hot.NodeEntry()
+    last_seen = live.last_seen
     if last_seen is None and node.last_seen_at is not None:
         last_seen = node.last_seen_at.timestamp()
     load = None
-    if alive and live.get("running") is not None:
-        kv_used = _number(live.get("kv_blocks_used"))
-        kv_total = _number(live.get("kv_blocks_total"))
+    if alive and live.running is not None:
+        kv_used, kv_total = live.kv_blocks_used, live.kv_blocks_total
         load = {
-            "running": _number(live.get("running")),
-            "waiting": _number(live.get("waiting")),
+            "running": live.running,
+            "waiting": live.waiting,
             "kv_used": kv_used,
             "kv_total": kv_total,
             "kv_pct": round(100 * kv_used / kv_total, 1) if kv_used is not None and kv_total else None,
-            "step_ms": _round(_number(live.get("step_ms"), float)),
+            "step_ms": _round(live.step_ms),
         }
     gpus = [
         {"index": g.index, "uuid": g.uuid, "name": g.name, "memory_gb": round(g.memory_bytes / 1e9)}
@@ -87,8 +83,8 @@ def node_card(node: Node, live: dict | None) -> dict:
         "pid": node.pid,
         "session": node.session,
         "model": node.model_key,
-        "model_state": live.get("model_state") if alive else None,
-        "model_state_label": MODEL_STATE_LABELS.get(live.get("model_state"), live.get("model_state")) if alive else None,
+        "model_state": live.model_state if alive else None,
+        "model_state_label": MODEL_STATE_LABELS.get(live.model_state, live.model_state) if alive else None,
         "gpu": node.gpu_key,
         "gpu_name": gpu.name if gpu else node.gpu_key,
         "tp": node.tp,

@@ -1,15 +1,16 @@
-"""Incidents, the checkpoint distribution and request outcomes, shaped for pages and the JSON API."""
+"""Incidents: the list, one incident with its timeline, the requests it touched and its latency chart."""
 
 import datetime as dt
-import json
 
 from django.utils import timezone
 
-from recovery import hot
-from recovery.choices import INCIDENT_STATUS_BADGE, SYSTEM_EVENT_KINDS, EventKind, IncidentStatus, NodeState
-from recovery.models import Cluster, Incident, IncidentEvent, Node, RequestOutcome
-from recovery.policy import load, placement
-from workers import catalog
+from recovery.choices import (
+    INCIDENT_STATUS_BADGE,
+    SYSTEM_EVENT_KINDS,
+    EventKind,
+    IncidentStatus,
+)
+from recovery.models import Incident, IncidentEvent, RequestOutcome
 
 CHART_BEFORE_S = 120
 CHART_AFTER_S = 60
@@ -99,47 +100,3 @@ def incident_detail(incident: Incident) -> dict:
         "events": [event_row(e) for e in incident.events.select_related("node")],
         "requests": affected_requests(incident),
     }
-
-
-# --- the checkpoint distribution ---------------------------------------------------------------------
-def checkpoint_snapshot() -> dict:
-    """Which node's requests are checkpointed on which holder, coverage, and holder balance."""
-    cluster = Cluster.default()
-    nodes = list(Node.objects.filter(state__in=(NodeState.SERVING, NodeState.JOIN)).order_by("name"))
-    live = hot.nodes([n.name for n in nodes])
-    alive = {n.name for n in nodes if n.state == NodeState.SERVING}
-    matrix, held, l_hats = {}, {}, {}
-    for node in nodes:
-        data = live.get(node.name, {})
-        by_source = json.loads(data.get("checkpoints") or "{}")
-        matrix[node.name] = by_source
-        held[node.name] = sum(v["bytes"] for v in by_source.values())
-        per_block = catalog.model(node.model_key).kv_bytes_per_block
-        queue = int(float(data.get("running") or 0)) + int(float(data.get("waiting") or 0))
-        l_hats[node.name] = round(load.recovery_load(load.pages(held[node.name], per_block), queue, cluster.alpha, cluster.beta), 2)
-    flights = hot.gateway_flights()
-    covered = sum(1 for f in flights if any(h in alive for h in f.get("holders", [])) and f.get("context", 0) >= catalog.BLOCK_TOKENS)
-    holders = [name for name in l_hats if held.get(name)]
-    balance = placement.holder_balance([l_hats[h] for h in holders]) if holders else None
-    return {
-        "policy": cluster.placement_policy,
-        "policy_label": cluster.get_placement_policy_display(),
-        "generated_at": timezone.now().timestamp(),
-        "nodes": [n.name for n in nodes],
-        "matrix": matrix,
-        "bytes_held": held,
-        "l_hat": l_hats,
-        "in_flight": len(flights),
-        "covered": covered,
-        "coverage": placement.coverage(len(flights), covered),
-        "holder_balance": balance if balance is None or balance != float("inf") else None,
-        "holders": holders,
-        "flights_by_node": _count_by(flights, "node"),
-    }
-
-
-def _count_by(rows: list[dict], key: str) -> dict:
-    counts: dict = {}
-    for row in rows:
-        counts[row.get(key)] = counts.get(row.get(key), 0) + 1
-    return counts

@@ -4,6 +4,9 @@ operator  watches the cluster, reads incidents, injects faults on staging
 oncall    everything an operator does, and approves or rejects drains
 manager   reads the cluster and the SLA reports
 admin     everything, plus settings, users and tokens
+
+The control plane needs the names (whom to notify, who may decide a drain);
+the console checks them at every door. Both read them here.
 """
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
@@ -16,13 +19,6 @@ ADMIN = "admin"
 ROLES = (OPERATOR, ONCALL, MANAGER, ADMIN)
 # When a user is in several groups, the strongest one is their role.
 _PRECEDENCE = (ADMIN, ONCALL, OPERATOR, MANAGER)
-
-ROLE_DESCRIPTIONS = {
-    OPERATOR: "watches the cluster, reads incidents, rehearses faults",
-    ONCALL: "approves or rejects drains, runs incidents",
-    MANAGER: "reads SLA reports",
-    ADMIN: "settings, users and tokens",
-}
 
 
 class UnknownRole(ValueError):
@@ -52,17 +48,6 @@ def role_of(user: AbstractBaseUser | AnonymousUser | None) -> str | None:
 
 
 def has_role(user, *roles: str) -> bool:
+    """The admin role may do everything; any other role only what is named."""
     role = role_of(user)
     return role is not None and (role == ADMIN or role in roles)
-
-
-def context_processor(request):
-    """The role, and for a logged-in user the degradation banner and the drains waiting for on-call."""
-    user = getattr(request, "user", None)
-    context = {"lifeline_role": role_of(user)}
-    if user is not None and user.is_authenticated:
-        from console import operations
-
-        context["degradation"] = operations.degradation()
-        context["drains_waiting"] = operations.waiting_drains()
-    return context

@@ -1,0 +1,125 @@
+"""Drains for on-call: the list, one drain live, deciding and withdrawing, and their JSON."""
+
+import json
+
+from django.contrib import messages
+from django.http import Http404, JsonResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_POST
+
+from console.auth import DECIDE_DRAINS, REQUEST_DRAINS, api_view, page_view
+from console.forms import DrainRequestForm
+from console.readmodels import drains as drain_model
+from recovery import roles
+from recovery.actions import drains
+from recovery.http import json_error
+from recovery.models import Drain, DrainDecision, Node
+
+
+def _drain(drain_id: int) -> Drain:
+    return get_object_or_404(Drain.objects.select_related("node", "requested_by"), pk=drain_id)
+
+
+@never_cache
+@page_view()
+def drain_list(request):
+    rows = drain_model.drain_list()
+    if request.GET.get("partial") == "rows":
+        return render(request, "console/_drain_rows.html", {"drains": rows})
+    return render(request, "console/drains.html", {"drains": rows, "spares": drain_model.spare_pool(),
+                                                   "notifications": drain_model.notifications(10)})
+
+
+@never_cache
+@page_view()
+def drain_page(request, drain_id: int):
+    drain = _drain(drain_id)
+    context = {
+        "drain": drain_model.drain_detail(drain),
+        "can_decide": roles.has_role(request.user, *DECIDE_DRAINS),
+        "can_cancel": roles.has_role(request.user, *(DECIDE_DRAINS if drain.requested_by_id is None else REQUEST_DRAINS)),
+        "decided": drain.decisions.filter(user=request.user).exists(),
+        "is_requester": drain.requested_by_id == request.user.pk,
+    }
+    if request.GET.get("partial") == "body":
+        return render(request, "console/_drain_body.html", context)
+    return render(request, "console/drain.html", context)
+
+
+@require_POST
+@page_view()
+def drain_action(request, drain_id: int, action: str):
+    drain = _drain(drain_id)
+    reason = request.POST.get("reason", "")
+    try:
+        if action in (DrainDecision.APPROVE, DrainDecision.REJECT):
+            drains.decide(drain, request.user, action, reason)
+            messages.success(request, f"Drain #{drain.pk} {action}d.")
+        elif action == "cancel":
+            drains.cancel(drain, request.user, reason)
+            messages.success(request, f"Drain #{drain.pk} cancelled.")
+        else:
+            raise Http404(action)
+    except drains.NotAllowed as exc:
+        return render(request, "console/forbidden.html", {"reason": str(exc)}, status=403)
+    except drains.DrainRefused as exc:
+        messages.error(request, str(exc))
+    return redirect("drain", drain_id=drain.pk)
+
+
+# --- JSON -------------------------------------------------------------------------------------------------------
+@api_view()
+def api_drains(request):
+    if request.method == "GET":
+        return JsonResponse({"drains": drain_model.drain_list()})
+    if request.method != "POST":
+        return json_error(405, "GET the drains, or POST {node, reason, mode, remediation} to request one.")
+    if not roles.has_role(request.user, *REQUEST_DRAINS):
+        return json_error(403, f"Role {roles.role_of(request.user)!r} may not request drains: it needs operator, oncall or admin.")
+    try:
+        body = json.loads(request.body or b"{}")
+    except json.JSONDecodeError:
+        return json_error(400, "The body is not valid JSON.", field="body")
+    node = Node.objects.filter(name=body.get("node")).first()
+    if node is None:
+        return json_error(404 if body.get("node") else 400, f"node: there is no node {body.get('node')!r}.", field="node")
+    form = DrainRequestForm({k: v for k, v in body.items() if k != "node"})
+    if not form.is_valid():
+        field, errors = next(iter(form.errors.items()))
+        return json_error(400, f"{field}: {' '.join(errors)}", field=field)
+    try:
+        drain = drains.propose(node, source=request.user.get_username(), requested_by=request.user, **form.cleaned_data)
+    except drains.DrainRefused as exc:
+        return json_error(409, str(exc))
+    return JsonResponse(drain_model.drain_detail(drain), status=201)
+
+
+@api_view()
+def api_drain(request, drain_id: int):
+    drain = Drain.objects.select_related("node", "requested_by").filter(pk=drain_id).first()
+    if drain is None:
+        return json_error(404, f"There is no drain {drain_id}: list them at /api/drains.")
+    return JsonResponse(drain_model.drain_detail(drain))
+
+
+@api_view()
+def api_drain_decide(request, drain_id: int, decision: str):
+    if decision not in (DrainDecision.APPROVE, DrainDecision.REJECT):
+        return json_error(404, f"{decision!r}: a drain is approved or rejected (POST /api/drains/<id>/approve or /reject).")
+    if request.method != "POST":
+        return json_error(405, f"POST {{\"reason\": ...}} to {decision}.")
+    drain = Drain.objects.select_related("node").filter(pk=drain_id).first()
+    if drain is None:
+        return json_error(404, f"There is no drain {drain_id}.")
+    try:
+        body = json.loads(request.body or b"{}")
+        drains.decide(drain, request.user, decision, str(body.get("reason", "")))
+    except json.JSONDecodeError:
+        return json_error(400, "The body is not valid JSON.", field="body")
+    except drains.NotAllowed as exc:
+        return json_error(403, str(exc))
+    except drains.DrainRefused as exc:
+        return json_error(409, str(exc))
+    drain.refresh_from_db()
+    return JsonResponse(drain_model.drain_detail(drain))

@@ -1,0 +1,86 @@
+"""Incidents: the list, one incident's live timeline, and what people do with it."""
+
+import json
+
+from django.contrib import messages
+from django.contrib.auth import get_user_model
+from django.http import Http404, JsonResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_POST
+
+from console.auth import ACT_ON_NODES, CLOSE_INCIDENTS, api_view, page_view
+from console.readmodels import incidents as incident_model
+from recovery import roles
+from recovery.actions import incidents
+from recovery.http import json_error
+from recovery.models import Incident
+
+
+def _incident(incident_id: int) -> Incident:
+    return get_object_or_404(Incident.objects.select_related("acknowledged_by", "commander").prefetch_related("nodes"), pk=incident_id)
+
+
+@never_cache
+@page_view()
+def incident_list(request):
+    rows = incident_model.incident_list()
+    if request.GET.get("partial") == "rows":
+        return render(request, "console/_incident_rows.html", {"incidents": rows})
+    return render(request, "console/incidents.html", {"incidents": rows})
+
+
+@never_cache
+@page_view()
+def incident_page(request, incident_id: int):
+    incident = _incident(incident_id)
+    if request.GET.get("partial") == "chart":
+        return JsonResponse(incident_model.latency_series(incident))
+    if request.GET.get("partial") == "facts":
+        return render(request, "console/_incident_facts.html", {"incident": incident_model.incident_row(incident)})
+    detail = incident_model.incident_detail(incident)
+    users = get_user_model().objects.filter(groups__name__in=(roles.ONCALL, roles.ADMIN)).distinct().order_by("username")
+    return render(request, "console/incident.html", {
+        "incident": detail,
+        "chart": json.dumps(incident_model.latency_series(incident)),
+        "can_act": roles.has_role(request.user, *ACT_ON_NODES),
+        "can_close": roles.has_role(request.user, *CLOSE_INCIDENTS),
+        "commanders": users,
+    })
+
+
+@require_POST
+@page_view(*ACT_ON_NODES)
+def incident_action(request, incident_id: int, action: str):
+    incident = _incident(incident_id)
+    try:
+        if action == "ack":
+            incidents.acknowledge(incident, request.user)
+        elif action == "command":
+            commander = get_object_or_404(get_user_model(), username=request.POST.get("commander") or request.user.username)
+            incidents.set_commander(incident, commander, request.user)
+        elif action == "note":
+            incidents.add_note(incident, request.POST.get("text", ""), request.user)
+        elif action == "close":
+            if not roles.has_role(request.user, *CLOSE_INCIDENTS):
+                messages.error(request, "Closing an incident needs the oncall or admin role.")
+                return redirect("incident", incident_id=incident_id)
+            incidents.close(incident, request.user, request.POST.get("reason", ""))
+        else:
+            raise Http404(action)
+    except incidents.IncidentActionError as exc:
+        messages.error(request, str(exc))
+    return redirect("incident", incident_id=incident_id)
+
+
+@api_view()
+def api_incidents(request):
+    return JsonResponse({"incidents": incident_model.incident_list(int(request.GET.get("limit", 100)))})
+
+
+@api_view()
+def api_incident(request, incident_id: int):
+    incident = Incident.objects.filter(pk=incident_id).first()
+    if incident is None:
+        return json_error(404, f"There is no incident {incident_id}: list them at /api/incidents.")
+    return JsonResponse(incident_model.incident_detail(incident))

@@ -1,0 +1,38 @@
+"""Gateway API keys (admin): create and revoke, through the same action as `manage.py create_api_key`."""
+
+from django.contrib import messages
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_POST
+
+from console.auth import page_view
+from recovery import roles
+from recovery.actions import keys
+from recovery.choices import Tier
+from recovery.models import ApiKey
+
+
+@never_cache
+@page_view(roles.ADMIN)
+def api_keys(request):
+    """Gateway keys: a tenant and a priority tier each."""
+    created = None
+    if request.method == "POST":
+        try:
+            _, created = keys.create_api_key(request.POST.get("tenant", ""), request.POST.get("tier", ""), request.POST.get("label", ""),
+                                             actor=request.user.get_username(), created_by=request.user)
+        except keys.KeyRefused as exc:
+            messages.error(request, f"{exc}.")
+    rows = ApiKey.objects.select_related("created_by").order_by("revoked_at", "tenant", "-created_at")
+    return render(request, "console/keys.html", {"keys": rows, "created": created, "tiers": Tier.choices})
+
+
+@require_POST
+@page_view(roles.ADMIN)
+def revoke_key(request, key_id: int):
+    key = get_object_or_404(ApiKey, pk=key_id)
+    if keys.revoke_api_key(key, actor=request.user.get_username(), reason=request.POST.get("reason", "")):
+        messages.success(request, f"Key {key.prefix}… of {key.tenant} revoked: the gateways refuse it from now on.")
+    else:
+        messages.info(request, f"Key {key.prefix}… was already revoked.")
+    return redirect("keys")

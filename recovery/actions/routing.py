@@ -1,0 +1,50 @@
+"""What every gateway reads from Redis: the routing table, the deployed models, the keys, the cluster's settings.
+
+Written from the database, the system of record, after the change that moved
+them commits; `sync_hot_state` rewrites all of it (after a Redis restart, say).
+"""
+
+from recovery import hot
+from recovery.choices import NodeState
+from recovery.models import ApiKey, Cluster, Node
+from recovery.policy import lifecycle
+
+
+def routing_entries() -> dict[str, dict]:
+    """The routing table gateways use: the nodes that may take traffic now."""
+    rows = Node.objects.filter(state=NodeState.SERVING).select_related("rack").order_by("name")
+    return {
+        n.name: {
+            "address": n.address, "model": n.model_key, "rack": n.rack.name, "gpu": n.gpu_key, "tp": n.tp,
+            "weight": n.weight, "session": n.session,
+        }
+        for n in rows
+    }
+
+
+def deployed_models() -> list[str]:
+    """The models of every node that has not left: served now, or coming back."""
+    return sorted(set(Node.objects.exclude(state=NodeState.LEFT).values_list("model_key", flat=True)))
+
+
+def publish_routing() -> None:
+    hot.publish_routing(routing_entries(), deployed_models())
+
+
+def publish_cluster_config() -> None:
+    """The cluster's recovery settings and degradation level, for every gateway."""
+    hot.publish_cluster_config(Cluster.default().gateway_config())
+
+
+def publish_gateway_keys() -> None:
+    rows = ApiKey.objects.filter(revoked_at__isnull=True)
+    hot.publish_gateway_keys({k.digest: {"id": k.pk, "tenant": k.tenant, "tier": k.tier} for k in rows})
+
+
+def sync_hot_state() -> None:
+    """Rebuild what Redis holds from the database."""
+    for node in Node.objects.all():
+        hot.record_node(node.name, node.session, node.state, node.address, watch=node.state in lifecycle.ALIVE)
+    publish_routing()
+    publish_gateway_keys()
+    publish_cluster_config()
