@@ -9,7 +9,7 @@ import pytest
 from console.stack import free_port
 from recovery.keys import Keys
 from tests.gateway_cluster import Cluster
-from tests.helpers import BASE_DIR, DemoStack, NodeProcess, pid_alive
+from tests.helpers import BASE_DIR, CHROMIUM_ARGS, DemoStack, NodeProcess, chromium_path, pid_alive
 
 ROLE_PASSWORD = "correct-horse-{}"
 
@@ -144,3 +144,14 @@ async def cluster(node_factory, redis_keys):
     c = Cluster(node_factory, redis_keys)
     yield c
     await c.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium (Debian's, never a downloaded one), one per module."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -159,3 +160,26 @@ def processes_mentioning(text: str) -> list[int]:
         if text.encode() in blob and pid_alive(int(entry.name)):
             pids.append(int(entry.name))
     return pids
+
+
+# --- the browser -------------------------------------------------------------------------
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+    "--disable-sync", "--no-first-run", "--disable-quic",
+]
+
+
+def chromium_path() -> str:
+    path = os.environ.get("LIFELINE_CHROMIUM") or shutil.which("chromium")
+    if not path:
+        raise RuntimeError("Chromium is not installed: `./lifeline test` installs Debian's chromium when run as root, or set LIFELINE_CHROMIUM")
+    return path
+
+
+def log_in(page, stack, role):
+    login = next(item for item in stack.info["logins"] if item["role"] == role)
+    page.goto(stack.info["urls"]["cluster"])
+    page.fill("#id_username", login["username"])
+    page.fill("#id_password", login["password"])
+    page.click("button[type=submit]")
+    page.wait_for_selector("#live-status[data-state=live]", timeout=10_000)

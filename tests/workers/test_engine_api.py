@@ -6,7 +6,7 @@ import time
 
 from aiohttp.test_utils import TestClient, TestServer
 
-from tests.test_engine import reference
+from tests.workers.test_engine import reference
 from workers import catalog, tokens
 from workers.adapter import AdapterEngine
 from workers.agent import build_app

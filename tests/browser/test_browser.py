@@ -1,45 +1,14 @@
 """The cluster page in headless Chromium: log in, watch a node go down without a reload."""
 
 import os
-import shutil
 import signal
 import time
 
 import pytest
 
+from tests.helpers import log_in
+
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
-
-CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-    "--disable-sync", "--no-first-run", "--disable-quic",
-]
-
-
-def chromium_path() -> str:
-    path = os.environ.get("LIFELINE_CHROMIUM") or shutil.which("chromium")
-    if not path:
-        pytest.fail("Chromium is not installed: `./lifeline test` installs Debian's chromium when run as root, or set LIFELINE_CHROMIUM")
-    return path
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
-
-
-def log_in(page, stack, role):
-    login = next(item for item in stack.info["logins"] if item["role"] == role)
-    page.goto(stack.info["urls"]["cluster"])
-    page.fill("#id_username", login["username"])
-    page.fill("#id_password", login["password"])
-    page.click("button[type=submit]")
-    page.wait_for_selector("#live-status[data-state=live]", timeout=10_000)
-
 
 def test_node_tile_changes_state_live_without_a_reload(browser, demo_stack, tmp_path):
     page = browser.new_page(viewport={"width": 1400, "height": 900})

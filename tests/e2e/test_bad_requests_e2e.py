@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 
 from tests.helpers import wait_for
-from tests.test_bad_requests import EXPECTED_PARAM, POISON, raw_json
+from tests.recovery.gateway.test_bad_requests import EXPECTED_PARAM, POISON, raw_json
 
 pytestmark = pytest.mark.e2e
 

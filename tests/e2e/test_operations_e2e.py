@@ -21,7 +21,7 @@ import pytest
 
 from tests.conftest import demo_argv, demo_env, stack_database
 from tests.helpers import DemoStack, http_json, wait_for
-from tests.test_browser import browser, log_in  # noqa: F401 - the module's browser fixture
+from tests.helpers import log_in
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
