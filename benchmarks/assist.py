@@ -12,17 +12,21 @@ gives the expected tokens per step: (1 - a^(k+1)) / (1 - a).
 
 import argparse
 import asyncio
+import json
 import time
 import urllib.request
-import json
 
 from benchmarks.common import HEAD, Node, closed_loop, save
 from workers.control_api import expected_tokens_per_step
 
 
 def call(node: Node, method: str, path: str, body: dict | None = None) -> dict:
-    request = urllib.request.Request(node.address + path, data=json.dumps(body).encode() if body else None, method=method,
-                                     headers={**HEAD, "Content-Type": "application/json"})
+    request = urllib.request.Request(
+        node.address + path,
+        data=json.dumps(body).encode() if body else None,
+        method=method,
+        headers={**HEAD, "Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(request, timeout=10) as response:
         return json.loads(response.read())
 
@@ -46,28 +50,43 @@ def main() -> None:
             while restarting.status()["load"]["model_state"] != "draft_ready":
                 time.sleep(0.1)
             plain = throughput(survivor, args.seconds)
-            call(survivor, "POST", "/agent/assist", {"draft": {"name": restarting.name, "address": restarting.address}, "k": 4, "alpha": alpha})
+            call(
+                survivor,
+                "POST",
+                "/agent/assist",
+                {"draft": {"name": restarting.name, "address": restarting.address}, "k": 4, "alpha": alpha},
+            )
             assisted = throughput(survivor, args.seconds)
             report = call(survivor, "DELETE", "/agent/assist")
             still_loading = restarting.status()["load"]["model_state"] == "draft_ready"
         finally:
             survivor.stop()
             restarting.stop()
-        results.append({
-            "alpha_configured": alpha,
-            "k": 4,
-            "acceptance_measured": report["acceptance"],
-            "tokens_per_sequence_step_measured": report["tokens_per_sequence_step"],
-            "tokens_per_step_expected_eq3": round(expected_tokens_per_step(alpha, 4), 3),
-            "survivor_tokens_per_s_plain": round(plain, 1),
-            "survivor_tokens_per_s_assisted": round(assisted, 1),
-            "speedup": round(assisted / plain, 3),
-            "draft_node_still_loading_full_model": still_loading,
-        })
-    save("assist", {
-        "config": {"survivor": "Qwen3-32B on 1x H100-SXM, 8 streams", "draft": "Qwen3-1.7B on the restarting node's H100", "time_scale": 1.0, "seconds": args.seconds},
-        "runs": results,
-    })
+        results.append(
+            {
+                "alpha_configured": alpha,
+                "k": 4,
+                "acceptance_measured": report["acceptance"],
+                "tokens_per_sequence_step_measured": report["tokens_per_sequence_step"],
+                "tokens_per_step_expected_eq3": round(expected_tokens_per_step(alpha, 4), 3),
+                "survivor_tokens_per_s_plain": round(plain, 1),
+                "survivor_tokens_per_s_assisted": round(assisted, 1),
+                "speedup": round(assisted / plain, 3),
+                "draft_node_still_loading_full_model": still_loading,
+            }
+        )
+    save(
+        "assist",
+        {
+            "config": {
+                "survivor": "Qwen3-32B on 1x H100-SXM, 8 streams",
+                "draft": "Qwen3-1.7B on the restarting node's H100",
+                "time_scale": 1.0,
+                "seconds": args.seconds,
+            },
+            "runs": results,
+        },
+    )
 
 
 if __name__ == "__main__":

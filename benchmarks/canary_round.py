@@ -33,10 +33,17 @@ def main() -> None:
     try:
         took_to_start = time.monotonic() - started
         names = [n["name"] for n in stack.info["nodes"]]
-        assert stack.api("PATCH", "/api/settings", {"canary_interval_s": args.interval, "reason": "benchmark"})[0] == 200
+        assert (
+            stack.api("PATCH", "/api/settings", {"canary_interval_s": args.interval, "reason": "benchmark"})[0] == 200
+        )
         wait_for(lambda: all(canaries(stack, names).values()), args.interval * 3, 2.0, "a first canary on every node")
         first_round_done = time.time()
-        wait_for(lambda: time.time() > first_round_done + args.rounds * args.interval + 5, args.rounds * args.interval + 10, 1.0, "rounds")
+        wait_for(
+            lambda: time.time() > first_round_done + args.rounds * args.interval + 5,
+            args.rounds * args.interval + 10,
+            1.0,
+            "rounds",
+        )
         results = canaries(stack, names)
     finally:
         stack.stop()
@@ -48,7 +55,9 @@ def main() -> None:
             current = []
         current.append(check)
     rounds.append(current)
-    full = [r for r in rounds if len(r) >= args.nodes][-args.rounds:]  # whole rounds; the first one also records the golden runs
+    full = [r for r in rounds if len(r) >= args.nodes][
+        -args.rounds :
+    ]  # whole rounds; the first one also records the golden runs
     spans = [r[-1]["at"] - r[0]["at"] for r in full]
     gpu_ms = [c["gpu_ms"] for c in checks if c["gpu_ms"]]
     latency = [c["latency_ms"] for c in checks if c["latency_ms"]]

@@ -24,7 +24,13 @@ def cpu_seconds(pid: int) -> float:
 
 def one_run(node: Node, holder: Node | None, streams: int, seconds: float) -> dict:
     lifeline = {"holders": [holder.peer()]} if holder else {}
-    body = {"model": "Qwen3-32B", "prompt": "checkpoint me " * 100, "max_tokens": 400, "temperature": 0.7, "lifeline": lifeline}
+    body = {
+        "model": "Qwen3-32B",
+        "prompt": "checkpoint me " * 100,
+        "max_tokens": 400,
+        "temperature": 0.7,
+        "lifeline": lifeline,
+    }
     before, cpu_before, started = node.status(), cpu_seconds(node.proc.pid), time.monotonic()
     asyncio.run(closed_loop(node.address, streams, seconds, body, HEAD))
     elapsed = time.monotonic() - started
@@ -63,24 +69,33 @@ def main() -> None:
     streamed = statistics.mean(r["tokens_per_s"] for r in runs["with"])
     cpu_plain = statistics.mean(r["node_cpu_us_per_token"] for r in runs["without"])
     cpu_streamed = statistics.mean(r["node_cpu_us_per_token"] for r in runs["with"])
-    save("checkpoint_overhead", {
-        "config": {"streams": args.streams, "seconds_per_run": args.seconds, "rounds": args.rounds, "deployment": "Qwen3-32B on 2x H100-SXM",
-                   "holder": "one other node process on this machine", "wire_scale": "1/4096 of the KV bytes moved"},
-        "figures": {
-            "tokens_per_s_without_checkpointing": round(plain, 1),
-            "tokens_per_s_with_checkpointing": round(streamed, 1),
-            "throughput_cost_pct": round(100 * (plain - streamed) / plain, 2),
-            "node_cpu_us_per_token_without": round(cpu_plain, 1),
-            "node_cpu_us_per_token_with": round(cpu_streamed, 1),
-            "pages_streamed": sum(r["pages_sent"] for r in runs["with"]),
-            "pages_refused": sum(r["pages_refused"] for r in runs["with"]),
-            "gb_accounted": round(sum(r["bytes_accounted"] for r in runs["with"]) / 1e9, 2),
-            "mb_moved": round(sum(r["bytes_moved"] for r in runs["with"]) / 1e6, 2),
-            "holder_counters_at_end": held,
+    save(
+        "checkpoint_overhead",
+        {
+            "config": {
+                "streams": args.streams,
+                "seconds_per_run": args.seconds,
+                "rounds": args.rounds,
+                "deployment": "Qwen3-32B on 2x H100-SXM",
+                "holder": "one other node process on this machine",
+                "wire_scale": "1/4096 of the KV bytes moved",
+            },
+            "figures": {
+                "tokens_per_s_without_checkpointing": round(plain, 1),
+                "tokens_per_s_with_checkpointing": round(streamed, 1),
+                "throughput_cost_pct": round(100 * (plain - streamed) / plain, 2),
+                "node_cpu_us_per_token_without": round(cpu_plain, 1),
+                "node_cpu_us_per_token_with": round(cpu_streamed, 1),
+                "pages_streamed": sum(r["pages_sent"] for r in runs["with"]),
+                "pages_refused": sum(r["pages_refused"] for r in runs["with"]),
+                "gb_accounted": round(sum(r["bytes_accounted"] for r in runs["with"]) / 1e9, 2),
+                "mb_moved": round(sum(r["bytes_moved"] for r in runs["with"]) / 1e6, 2),
+                "holder_counters_at_end": held,
+            },
+            "runs": runs,
+            "goal": {"throughput_cost_pct": "< 3"},
         },
-        "runs": runs,
-        "goal": {"throughput_cost_pct": "< 3"},
-    })
+    )
 
 
 if __name__ == "__main__":

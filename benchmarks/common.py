@@ -21,12 +21,21 @@ HEAD = {"Authorization": f"Bearer {AGENT_TOKEN}"}
 
 class Node:
     def __init__(self, name: str, *extra: str):
-        env = {**os.environ, "LIFELINE_AGENT_TOKEN": AGENT_TOKEN, "PYTHONUNBUFFERED": "1", "LIFELINE_LOG_LEVEL": "WARNING"}
+        env = {
+            **os.environ,
+            "LIFELINE_AGENT_TOKEN": AGENT_TOKEN,
+            "PYTHONUNBUFFERED": "1",
+            "LIFELINE_LOG_LEVEL": "WARNING",
+        }
         start = [] if "--start" in extra else ["--start", "warm"]
         self.name = name
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "workers.node", "--name", name, "--port", "0", *start, *extra],
-            cwd=BASE_DIR, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            cwd=BASE_DIR,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
         )
         self.address = json.loads(self.proc.stdout.readline())["address"]
 
@@ -51,7 +60,9 @@ async def stream_once(session: aiohttp.ClientSession, address: str, body: dict, 
     started = time.monotonic()
     first = None
     tokens = 0
-    async with session.post(address + "/v1/completions", json={**body, "stream": True}, headers=headers or {}) as response:
+    async with session.post(
+        address + "/v1/completions", json={**body, "stream": True}, headers=headers or {}
+    ) as response:
         response.raise_for_status()
         async for raw in response.content:
             if raw.startswith(b'data: {"id"') and b'"finish_reason":null' in raw:
@@ -60,7 +71,9 @@ async def stream_once(session: aiohttp.ClientSession, address: str, body: dict, 
     return {"ttft_s": (first or time.monotonic()) - started, "tokens": tokens, "elapsed_s": time.monotonic() - started}
 
 
-async def closed_loop(address: str, concurrency: int, duration_s: float, body: dict, headers: dict | None = None) -> dict:
+async def closed_loop(
+    address: str, concurrency: int, duration_s: float, body: dict, headers: dict | None = None
+) -> dict:
     """`concurrency` clients, each sending its next request as soon as the last ends.
 
     Every request gets its own id and a prompt of its own (a numbered first
@@ -70,10 +83,15 @@ async def closed_loop(address: str, concurrency: int, duration_s: float, body: d
     done = []
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
+
         async def client(i: int):
             n = 0
             while time.monotonic() < deadline:
-                payload = {**body, "prompt": f"r{i}x{n} {body['prompt']}", "lifeline": {"request_id": f"c{i}-{n}", **body.get("lifeline", {})}}
+                payload = {
+                    **body,
+                    "prompt": f"r{i}x{n} {body['prompt']}",
+                    "lifeline": {"request_id": f"c{i}-{n}", **body.get("lifeline", {})},
+                }
                 done.append(await stream_once(session, address, payload, headers))
                 n += 1
 

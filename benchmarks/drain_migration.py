@@ -34,18 +34,38 @@ async def run(args) -> dict:
         key = stack.info["gateway_keys"]["premium"]
         prompts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(100, 600))) for _ in range(args.streams)]
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
-            tasks = [asyncio.create_task(checked_stream(session, stack.gateway, key, "Qwen3-32B", p, args.max_tokens, ignore_eos=True))
-                     for p in prompts]
+            tasks = [
+                asyncio.create_task(
+                    checked_stream(session, stack.gateway, key, "Qwen3-32B", p, args.max_tokens, ignore_eos=True)
+                )
+                for p in prompts
+            ]
             address = stack.node(node)["address"]
-            await asyncio.to_thread(wait_for, lambda: http_json(address + "/agent/status")[1]["load"]["running"] == args.streams, 60, 0.1,
-                                    f"{args.streams} running on {node}")
+            await asyncio.to_thread(
+                wait_for,
+                lambda: http_json(address + "/agent/status")[1]["load"]["running"] == args.streams,
+                60,
+                0.1,
+                f"{args.streams} running on {node}",
+            )
             await asyncio.sleep(args.warm_s)  # every stream well into its decode
-            status, drain = await asyncio.to_thread(stack.api, "POST", "/api/drains",
-                                                    {"node": node, "reason": "benchmark: planned maintenance", "mode": "immediate",
-                                                     "remediation": "restart"}, operator)
+            status, drain = await asyncio.to_thread(
+                stack.api,
+                "POST",
+                "/api/drains",
+                {
+                    "node": node,
+                    "reason": "benchmark: planned maintenance",
+                    "mode": "immediate",
+                    "remediation": "restart",
+                },
+                operator,
+            )
             assert status == 201, drain
             approved = time.monotonic()
-            status, answer = await asyncio.to_thread(stack.api, "POST", f"/api/drains/{drain['id']}/approve", {"reason": "benchmark"}, oncall)
+            status, answer = await asyncio.to_thread(
+                stack.api, "POST", f"/api/drains/{drain['id']}/approve", {"reason": "benchmark"}, oncall
+            )
             assert status == 200 and answer["state"] == "approved", answer
 
             def empty() -> bool:
@@ -65,7 +85,9 @@ async def run(args) -> dict:
         "time_scale": args.time_scale,
         "max_tokens": args.max_tokens,
         "approval_to_zero_requests_s": round(zero_s, 3),
-        "drain_steps_s_after_approval": {k: round(v - steps["approved"], 3) for k, v in steps.items() if k not in ("proposed",)},
+        "drain_steps_s_after_approval": {
+            k: round(v - steps["approved"], 3) for k, v in steps.items() if k not in ("proposed",)
+        },
         "moved_streams": sum(1 for r in results if r.moves),
         "tokens_lost": sum(r.lost for r in results),
         "tokens_repeated_or_wrong": sum(r.repeated_or_wrong for r in results),

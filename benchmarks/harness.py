@@ -97,9 +97,20 @@ class Result:
 
 
 class Harness:
-    def __init__(self, nodes: int, model: str = "Qwen3-32B", gpu: str = "H100-SXM", tp: int = 1, racks: int = 2, policy: str = "lifeline",
-                 time_scale: float = 1.0, extra: tuple = (), config: dict | None = None, restart: str = "cold",
-                 assist: bool = True):
+    def __init__(
+        self,
+        nodes: int,
+        model: str = "Qwen3-32B",
+        gpu: str = "H100-SXM",
+        tp: int = 1,
+        racks: int = 2,
+        policy: str = "lifeline",
+        time_scale: float = 1.0,
+        extra: tuple = (),
+        config: dict | None = None,
+        restart: str = "cold",
+        assist: bool = True,
+    ):
         ensure_redis()
         self.restart = restart
         self.assist = assist  # pair a restarting node's draft with a survivor (progressive recovery)
@@ -119,8 +130,21 @@ class Harness:
 
     # --- the cluster ----------------------------------------------------------------------
     def _args(self, name: str, start: str) -> tuple:
-        return ("--model", self.model, "--gpu", self.gpu, "--tp", str(self.tp), "--rack", self.rack_of[name],
-                "--time-scale", str(self.time_scale), "--start", start, *self.extra)
+        return (
+            "--model",
+            self.model,
+            "--gpu",
+            self.gpu,
+            "--tp",
+            str(self.tp),
+            "--rack",
+            self.rack_of[name],
+            "--time-scale",
+            str(self.time_scale),
+            "--start",
+            start,
+            *self.extra,
+        )
 
     def start_nodes(self) -> None:
         for i in range(self.count):
@@ -142,13 +166,26 @@ class Harness:
         routes = {}
         for name in self.serving():
             node = self.nodes[name]
-            routes[name] = json.dumps({"address": node.address, "model": self.model, "rack": self.rack_of[name], "gpu": self.gpu,
-                                       "tp": self.tp, "weight": 1.0, "session": str(node.proc.pid)})
+            routes[name] = json.dumps(
+                {
+                    "address": node.address,
+                    "model": self.model,
+                    "rack": self.rack_of[name],
+                    "gpu": self.gpu,
+                    "tp": self.tp,
+                    "weight": 1.0,
+                    "session": str(node.proc.pid),
+                }
+            )
         pipe = self.redis.pipeline()
         pipe.delete(self.keys.routing)
         if routes:
             pipe.hset(self.keys.routing, mapping=routes)
-        pipe.hset(self.keys.gateway_keys, hashlib.sha256(KEY.encode()).hexdigest(), json.dumps({"id": 1, "tenant": "bench", "tier": "standard"}))
+        pipe.hset(
+            self.keys.gateway_keys,
+            hashlib.sha256(KEY.encode()).hexdigest(),
+            json.dumps({"id": 1, "tenant": "bench", "tier": "standard"}),
+        )
         pipe.set(self.keys.cluster_config, json.dumps(self.config))
         pipe.publish(self.keys.routing_changed, "1")
         pipe.execute()
@@ -162,11 +199,21 @@ class Harness:
         from console.stack import free_port
 
         port = free_port()
-        env = {**os.environ, "LIFELINE_NAMESPACE": self.namespace, "LIFELINE_AGENT_TOKEN": AGENT_TOKEN,
-               "LIFELINE_VAR_DIR": tempfile.mkdtemp(prefix="bench-gw-"), "LIFELINE_LOG_LEVEL": "WARNING"}
+        env = {
+            **os.environ,
+            "LIFELINE_NAMESPACE": self.namespace,
+            "LIFELINE_AGENT_TOKEN": AGENT_TOKEN,
+            "LIFELINE_VAR_DIR": tempfile.mkdtemp(prefix="bench-gw-"),
+            "LIFELINE_LOG_LEVEL": "WARNING",
+        }
         log = open(os.environ["BENCH_GATEWAY_LOG"], "ab") if os.environ.get("BENCH_GATEWAY_LOG") else subprocess.DEVNULL
-        self._server = subprocess.Popen([sys.executable, "manage.py", "gateway", "--port", str(port), "--name", "bench-gw"],
-                                        cwd=BASE_DIR, env=env, stdout=subprocess.DEVNULL, stderr=log)
+        self._server = subprocess.Popen(
+            [sys.executable, "manage.py", "gateway", "--port", str(port), "--name", "bench-gw"],
+            cwd=BASE_DIR,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
         self.gateway_url = f"http://127.0.0.1:{port}"
         async with aiohttp.ClientSession() as session:
             for _ in range(400):
@@ -195,8 +242,17 @@ class Harness:
         while (state := await asyncio.to_thread(self._state, node)) != "serving":
             if self.assist and state == "draft_ready" and name not in self.assisting:
                 survivor = await asyncio.to_thread(self._most_loaded, name)
-                if survivor and await asyncio.to_thread(self._call, self.nodes[survivor], "POST", "/agent/assist",
-                                                        {"draft": {"name": name, "address": node.address, "rack": self.rack_of[name]}, "k": 4, "alpha": 0.6}):
+                if survivor and await asyncio.to_thread(
+                    self._call,
+                    self.nodes[survivor],
+                    "POST",
+                    "/agent/assist",
+                    {
+                        "draft": {"name": name, "address": node.address, "rack": self.rack_of[name]},
+                        "k": 4,
+                        "alpha": 0.6,
+                    },
+                ):
                     self.assisting[name] = survivor
             await asyncio.sleep(0.2)
         survivor = self.assisting.pop(name, None)
@@ -214,8 +270,12 @@ class Harness:
 
     @staticmethod
     def _call(node: Node, method: str, path: str, body: dict | None) -> bool:
-        request = urllib.request.Request(node.address + path, method=method, data=json.dumps(body).encode() if body else None,
-                                         headers={**HEAD, "Content-Type": "application/json"})
+        request = urllib.request.Request(
+            node.address + path,
+            method=method,
+            data=json.dumps(body).encode() if body else None,
+            headers={**HEAD, "Content-Type": "application/json"},
+        )
         try:
             with urllib.request.urlopen(request, timeout=5):
                 return True
@@ -242,17 +302,33 @@ class Harness:
         return urllib.request.urlopen(self.gateway_url + "/metrics").read().decode()
 
 
-async def checked_stream(session: aiohttp.ClientSession, gateway: str, key: str, model: str, prompt: str, max_tokens: int,
-                         ignore_eos: bool = False) -> Result:
+async def checked_stream(
+    session: aiohttp.ClientSession,
+    gateway: str,
+    key: str,
+    model: str,
+    prompt: str,
+    max_tokens: int,
+    ignore_eos: bool = False,
+) -> Result:
     """One greedy streamed completion through the gateway at `gateway` (its /v1 URL), every token checked
     against the pure token function, and the stall around each move the gateway announces."""
     result = Result(f"b-{secrets.token_hex(6)}", time.monotonic(), len(tokens.encode(prompt)))
     result.expected = expected_ids(model, prompt, max_tokens, ignore_eos)
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "lifeline": {"request_id": result.request_id}, **({"ignore_eos": True} if ignore_eos else {})}
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "lifeline": {"request_id": result.request_id},
+        **({"ignore_eos": True} if ignore_eos else {}),
+    }
     moved_at = None
     try:
-        async with session.post(gateway + "/completions", json=body, headers={"Authorization": f"Bearer {key}"}) as response:
+        async with session.post(
+            gateway + "/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+        ) as response:
             result.node = response.headers.get("X-Lifeline-Node")
             if response.status != 200:
                 result.error = f"HTTP {response.status}: {(await response.text())[:200]}"

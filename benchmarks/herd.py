@@ -57,13 +57,22 @@ def main() -> None:
     args = parser.parse_args()
     with_it = asyncio.run(one_setting(True, args.bursts, args.burst_size))
     without = asyncio.run(one_setting(False, args.bursts, args.burst_size))
-    save("herd", {
-        "config": {"nodes": 8, "deployment": "Qwen3-32B on 1x H100-SXM each", "bursts": args.bursts, "burst_size": args.burst_size,
-                   "prompt_tokens": 300, "max_tokens": 32},
-        "with_dispatch_accounting": with_it,
-        "without_dispatch_accounting": without,
-        "ttft_mean_ratio_without_over_with": round(without["ttft_ms_mean"] / with_it["ttft_ms_mean"], 2),
-    })
+    save(
+        "herd",
+        {
+            "config": {
+                "nodes": 8,
+                "deployment": "Qwen3-32B on 1x H100-SXM each",
+                "bursts": args.bursts,
+                "burst_size": args.burst_size,
+                "prompt_tokens": 300,
+                "max_tokens": 32,
+            },
+            "with_dispatch_accounting": with_it,
+            "without_dispatch_accounting": without,
+            "ttft_mean_ratio_without_over_with": round(without["ttft_ms_mean"] / with_it["ttft_ms_mean"], 2),
+        },
+    )
 
 
 if __name__ == "__main__":

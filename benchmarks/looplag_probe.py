@@ -20,7 +20,12 @@ async def measure(seconds: float, interval_s: float = 0.02) -> dict:
         await asyncio.sleep(interval_s)
         samples.append(max(time.monotonic() - before - interval_s, 0.0))
     q = statistics.quantiles(samples, n=100)
-    return {"samples": len(samples), "p50_ms": round(statistics.median(samples) * 1e3, 2), "p99_ms": round(q[98] * 1e3, 2), "max_ms": round(max(samples) * 1e3, 2)}
+    return {
+        "samples": len(samples),
+        "p50_ms": round(statistics.median(samples) * 1e3, 2),
+        "p99_ms": round(q[98] * 1e3, 2),
+        "max_ms": round(max(samples) * 1e3, 2),
+    }
 
 
 def steal_share(seconds_run: float, before: list[int], after: list[int]) -> float:

@@ -21,12 +21,19 @@ from benchmarks.looplag_probe import cpu_times, measure, steal_share
 
 
 def probe(seconds: float) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "benchmarks.looplag_probe", str(seconds)], cwd=BASE_DIR, stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.looplag_probe", str(seconds)],
+        cwd=BASE_DIR,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
 
 
 def run(streams: int, seconds: float) -> dict:
     # Qwen3-32B on 2x H100: room for 256 sequences of ~1,300 tokens, a ~20 ms decode step at that batch.
-    node = Node(f"bench-{streams}", "--model", "Qwen3-32B", "--gpu", "H100-SXM", "--tp", "2", "--max-num-seqs", str(streams))
+    node = Node(
+        f"bench-{streams}", "--model", "Qwen3-32B", "--gpu", "H100-SXM", "--tp", "2", "--max-num-seqs", str(streams)
+    )
     try:
         time.sleep(1)
         before, cpu_before = node.status(), cpu_times()
@@ -59,13 +66,21 @@ def main() -> None:
     args = parser.parse_args()
     quiet = asyncio.run(measure(10))  # the machine alone, before any load
     runs = [run(n, args.seconds) for n in args.streams]
-    save("node_streams", {
-        "config": {"seconds": args.seconds, "deployment": "Qwen3-32B on 2x H100-SXM, batch limit = streams", "time_scale": 1.0,
-                   "prompt_tokens": 200, "max_tokens": 512},
-        "idle_machine_lag_before": quiet,
-        "runs": runs,
-        "goal": {"concurrent_streams": ">= 256", "event_loop_lag_p99_ms": "< 20"},
-    })
+    save(
+        "node_streams",
+        {
+            "config": {
+                "seconds": args.seconds,
+                "deployment": "Qwen3-32B on 2x H100-SXM, batch limit = streams",
+                "time_scale": 1.0,
+                "prompt_tokens": 200,
+                "max_tokens": 512,
+            },
+            "idle_machine_lag_before": quiet,
+            "runs": runs,
+            "goal": {"concurrent_streams": ">= 256", "event_loop_lag_p99_ms": "< 20"},
+        },
+    )
 
 
 if __name__ == "__main__":

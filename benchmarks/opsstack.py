@@ -15,15 +15,41 @@ from tests.helpers import DemoStack, http_json, wait_for  # noqa: F401 - wait_fo
 
 
 class OpsStack:
-    def __init__(self, nodes: int, spares: int = 0, time_scale: float = 1.0, worker_concurrency: int = 2, extra: tuple = ()):
+    def __init__(
+        self, nodes: int, spares: int = 0, time_scale: float = 1.0, worker_concurrency: int = 2, extra: tuple = ()
+    ):
         self.var_dir = Path(tempfile.mkdtemp(prefix="bench-ops-"))
         env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL")}
-        env.update({"LIFELINE_VAR_DIR": str(self.var_dir), "LIFELINE_NAMESPACE": f"bench-{secrets.token_hex(3)}", "PYTHONUNBUFFERED": "1",
-                    "LIFELINE_LOG_LEVEL": "WARNING"})
+        env.update(
+            {
+                "LIFELINE_VAR_DIR": str(self.var_dir),
+                "LIFELINE_NAMESPACE": f"bench-{secrets.token_hex(3)}",
+                "PYTHONUNBUFFERED": "1",
+                "LIFELINE_LOG_LEVEL": "WARNING",
+            }
+        )
         self.env = env
-        argv = [sys.executable, "manage.py", "demo", "--nodes", str(nodes), "--spares", str(spares), "--no-traffic",
-                "--port", str(free_port()), "--gateway-port", str(free_port()), "--restart-delay", "-1",
-                "--worker-concurrency", str(worker_concurrency), "--time-scale", str(time_scale), *extra]
+        argv = [
+            sys.executable,
+            "manage.py",
+            "demo",
+            "--nodes",
+            str(nodes),
+            "--spares",
+            str(spares),
+            "--no-traffic",
+            "--port",
+            str(free_port()),
+            "--gateway-port",
+            str(free_port()),
+            "--restart-delay",
+            "-1",
+            "--worker-concurrency",
+            str(worker_concurrency),
+            "--time-scale",
+            str(time_scale),
+            *extra,
+        ]
         self.stack = DemoStack(self.var_dir, env, argv)
 
     def start(self, timeout_s: float = 600) -> "OpsStack":
@@ -34,14 +60,25 @@ class OpsStack:
         return self
 
     def api(self, method: str, path: str, body=None, token: str | None = None):
-        status, answer = http_json(self.console + path, data=body, method=method,
-                                   headers={"Authorization": f"Bearer {token or self.info['api_token']}"}, timeout=30)
+        status, answer = http_json(
+            self.console + path,
+            data=body,
+            method=method,
+            headers={"Authorization": f"Bearer {token or self.info['api_token']}"},
+            timeout=30,
+        )
         return status, answer
 
     def token_for(self, username: str) -> str:
         """An API token acting as `username` (the demo's users are named after their roles)."""
-        out = subprocess.run([sys.executable, "manage.py", "issue_token", username, "--label", "benchmark"], cwd=BASE_DIR,
-                             env=self.env, capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "manage.py", "issue_token", username, "--label", "benchmark"],
+            cwd=BASE_DIR,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         return out.stdout.strip()
 
     def gateway_health(self) -> dict:

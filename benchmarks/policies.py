@@ -91,8 +91,12 @@ class Fleet:
         context = sum(r[0] + r[1] for r in decoding)
         step_s = dep.step_s(min(uncomputed, 2048), 0, len(decoding), context)
         return load.NodeStatus(
-            at=now - rng.uniform(0, 2 * step_s), running=len(reqs), uncomputed_prefill_tokens=uncomputed,
-            decode_batch=len(decoding), decode_context_tokens=context, step_ms=step_s * 1000,
+            at=now - rng.uniform(0, 2 * step_s),
+            running=len(reqs),
+            uncomputed_prefill_tokens=uncomputed,
+            decode_batch=len(decoding),
+            decode_context_tokens=context,
+            step_ms=step_s * 1000,
         )
 
     def l_hat(self, name: str) -> float:
@@ -100,7 +104,9 @@ class Fleet:
 
     def holder(self, name: str) -> placement.HolderCandidate:
         kv_block = self.deployment[name].model.kv_bytes_per_block
-        return placement.HolderCandidate(name, self.rack[name], self.l_hat(name), self.pages_held[name] * kv_block, BUDGET_BYTES)
+        return placement.HolderCandidate(
+            name, self.rack[name], self.l_hat(name), self.pages_held[name] * kv_block, BUDGET_BYTES
+        )
 
     def dispatched(self, node: str, holders: tuple[str, ...], prompt: int) -> None:
         """The gateway's bookkeeping after a decision (not timed)."""
@@ -208,7 +214,16 @@ def bench_gateway_path(events: int, decisions: int = DECISIONS) -> dict:
         view = RoutingView("redis://127.0.0.1:1/0", "bench")  # never connected: routes are set here
         view.config = ClusterConfig(placement_policy="lifeline", alpha=ALPHA, beta=BETA)
         view.routes = {
-            n: Route(n, f"http://{n}", "Qwen3-32B", fleet.rack[n], fleet.candidates[n][3], fleet.deployment[n].gpu.key, 2, "s")
+            n: Route(
+                n,
+                f"http://{n}",
+                "Qwen3-32B",
+                fleet.rack[n],
+                fleet.candidates[n][3],
+                fleet.deployment[n].gpu.key,
+                2,
+                "s",
+            )
             for n in fleet.names
         }
         co = Coordinator(view, None, "bench", {})
@@ -303,7 +318,10 @@ def bench_plain_loop(decisions: int = 300) -> dict:
         agree += plain == load.choose_node(fleet.candidates, prompt, now)
         fleet.dispatched(plain, (), prompt)
         fleet.status_events(now, i, plain)
-    return {"plain_choose_node_p50_us": round(percentile(times, 0.5) / 1000, 1), "plain_agrees_with_fast": f"{agree}/{decisions}"}
+    return {
+        "plain_choose_node_p50_us": round(percentile(times, 0.5) / 1000, 1),
+        "plain_agrees_with_fast": f"{agree}/{decisions}",
+    }
 
 
 def bench_idle_identical(decisions: int = 2000) -> dict:
@@ -322,8 +340,10 @@ def bench_idle_identical(decisions: int = 2000) -> dict:
         if i % 16 == 15:  # confirmations come back
             for p in pending.values():
                 p.requests = p.prompt_tokens = 0
-    return {"idle_identical_choose_node_p50_us": round(percentile(times, 0.5) / 1000, 1),
-            "idle_identical_choose_node_p99_us": round(percentile(times, 0.99) / 1000, 1)}
+    return {
+        "idle_identical_choose_node_p50_us": round(percentile(times, 0.5) / 1000, 1),
+        "idle_identical_choose_node_p99_us": round(percentile(times, 0.99) / 1000, 1),
+    }
 
 
 def bench_recovery(repetitions: int = 30, requests: int = 1000) -> dict:
@@ -333,7 +353,8 @@ def bench_recovery(repetitions: int = 30, requests: int = 1000) -> dict:
     second_failure = "node-001"  # a holder that fails at the same time
     survivors = {
         n: dispatch.Survivor(n, fleet.rack[n], fleet.l_hat(n), rng.randint(0, 40_000), fleet.deployment[n])
-        for n in fleet.names if n not in failed
+        for n in fleet.names
+        if n not in failed
     }
     survivors[second_failure].alive = False
     interrupted = []
@@ -370,7 +391,10 @@ def calibration(repetitions: int = 5000) -> dict:
         for _i in range(256):
             pass
         times.append(time.perf_counter_ns() - t0)
-    return {"loop256_p50_us": round(percentile(times, 0.5) / 1000, 1), "loop256_p99_us": round(percentile(times, 0.99) / 1000, 1)}
+    return {
+        "loop256_p50_us": round(percentile(times, 0.5) / 1000, 1),
+        "loop256_p99_us": round(percentile(times, 0.99) / 1000, 1),
+    }
 
 
 def main() -> None:

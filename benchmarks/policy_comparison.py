@@ -83,10 +83,12 @@ from workers import catalog, tokens
 
 # Chosen once, from --calibrate runs without a failure, before any policy run (see the report).
 RATE = 3.0  # requests/s, Poisson
-CALIBRATION = ("chosen once, from --calibrate runs (policy lifeline, 45 s, no failure) before any policy run: at 3 requests/s the "
-               "5 s bins of mean TTFT stayed at 165-231 ms and TPOT at 32-35 ms with no trend (2-5 running per node, KV 6-24 %, "
-               "nothing waiting); at 6 requests/s the baseline was not stable (TTFT bins 200-805 ms, TPOT 33-88 ms: this 2-core "
-               "machine's CPU, 69 % busy with 37 % stolen by the hypervisor, not the emulated GPUs, was the limit)")
+CALIBRATION = (
+    "chosen once, from --calibrate runs (policy lifeline, 45 s, no failure) before any policy run: at 3 requests/s the "
+    "5 s bins of mean TTFT stayed at 165-231 ms and TPOT at 32-35 ms with no trend (2-5 running per node, KV 6-24 %, "
+    "nothing waiting); at 6 requests/s the baseline was not stable (TTFT bins 200-805 ms, TPOT 33-88 ms: this 2-core "
+    "machine's CPU, 69 % busy with 37 % stolen by the hypervisor, not the emulated GPUs, was the limit)"
+)
 SEED = 11
 NODES, RACKS = 4, 2
 MODEL, GPU = "Qwen3-32B", "H100-SXM"
@@ -102,11 +104,17 @@ ASSISTED = ("load_aware", "lifeline")  # progressive recovery is LUMEN's
 KV_BYTES_PER_BLOCK = catalog.model(MODEL).kv_bytes_per_block
 
 WORDS = [w for w in tokens.VOCAB if w.isalpha()]
-DOCUMENT_000 = {"mean_ttft_change_pct": -44, "recovery_time_change_pct": -50, "setup": "4 workers, Qwen3-32B",
-                "source": "/work/shared/seeds/000_c00bd9594c41a63c.txt, 'LUMEN vs. Baselines: Prototype Results'",
-                "figures": {"stop_and_restart": {"mean_ttft_s": 4.69, "mean_tpot_ms": 224.6, "recovery_time_s": 20},
-                            "fixed_checkpointing": {"mean_ttft_s": 2.80, "mean_tpot_ms": 167, "recovery_time_s": 13},
-                            "lumen": {"mean_ttft_s": 2.61, "mean_tpot_ms": 148, "recovery_time_s": 10}}}
+DOCUMENT_000 = {
+    "mean_ttft_change_pct": -44,
+    "recovery_time_change_pct": -50,
+    "setup": "4 workers, Qwen3-32B",
+    "source": "/work/shared/seeds/000_c00bd9594c41a63c.txt, 'LUMEN vs. Baselines: Prototype Results'",
+    "figures": {
+        "stop_and_restart": {"mean_ttft_s": 4.69, "mean_tpot_ms": 224.6, "recovery_time_s": 20},
+        "fixed_checkpointing": {"mean_ttft_s": 2.80, "mean_tpot_ms": 167, "recovery_time_s": 13},
+        "lumen": {"mean_ttft_s": 2.61, "mean_tpot_ms": 148, "recovery_time_s": 10},
+    },
+}
 
 
 def schedule(rate: float, duration_s: float, seed: int = SEED) -> list[tuple[float, str, int]]:
@@ -154,11 +162,19 @@ class Sampler:
 
             async def one(name, node):
                 try:
-                    async with session.get(node.address + "/agent/status", timeout=aiohttp.ClientTimeout(total=2)) as response:
+                    async with session.get(
+                        node.address + "/agent/status", timeout=aiohttp.ClientTimeout(total=2)
+                    ) as response:
                         load = (await response.json())["load"]
-                    return name, {"state": load["model_state"], "l_hat": l_hat(load), "running": load["running"], "waiting": load["waiting"],
-                                  "kv_used": load["kv_blocks_used"] / max(load["kv_blocks_total"], 1), "pages_held": load["checkpoint_bytes_held"] / KV_BYTES_PER_BLOCK}
-                except (aiohttp.ClientError, asyncio.TimeoutError, OSError, KeyError, ValueError):
+                    return name, {
+                        "state": load["model_state"],
+                        "l_hat": l_hat(load),
+                        "running": load["running"],
+                        "waiting": load["waiting"],
+                        "kv_used": load["kv_blocks_used"] / max(load["kv_blocks_total"], 1),
+                        "pages_held": load["checkpoint_bytes_held"] / KV_BYTES_PER_BLOCK,
+                    }
+                except (TimeoutError, aiohttp.ClientError, OSError, KeyError, ValueError):
                     return name, {"state": "down"}
 
             answers = await asyncio.gather(*(one(n, node) for n, node in nodes.items()))
@@ -179,7 +195,16 @@ def busiest(harness: Harness) -> tuple[str | None, int]:
 
 
 async def run_policy(policy: str, arrivals: list, kill: bool = True) -> dict:
-    harness = Harness(NODES, model=MODEL, gpu=GPU, racks=RACKS, policy=policy, time_scale=1.0, restart="cold", assist=policy in ASSISTED)
+    harness = Harness(
+        NODES,
+        model=MODEL,
+        gpu=GPU,
+        racks=RACKS,
+        policy=policy,
+        time_scale=1.0,
+        restart="cold",
+        assist=policy in ASSISTED,
+    )
     results, tasks = [], []
     killed = {}
     metrics = ""
@@ -226,11 +251,25 @@ async def run_policy(policy: str, arrivals: list, kill: bool = True) -> dict:
     finally:
         await harness.close()
     total = sum(cpu_after) - sum(cpu_before)
-    machine = {"cpu_busy_share": round(1 - (cpu_after[3] + cpu_after[4] - cpu_before[3] - cpu_before[4]) / total, 3) if total else None,
-               "cpu_steal_share": steal_share(drained - t0, cpu_before, cpu_after), "run_s": round(drained - t0, 1),
-               "drain_s": round(drained - arrivals_end, 1), "unfinished_requests": len(pending)}
-    return {"policy": policy, "t0": t0, "arrivals_end": arrivals_end, "killed": killed, "results": results,
-            "samples": sampler.samples, "metrics": metrics, "machine": machine}
+    machine = {
+        "cpu_busy_share": round(1 - (cpu_after[3] + cpu_after[4] - cpu_before[3] - cpu_before[4]) / total, 3)
+        if total
+        else None,
+        "cpu_steal_share": steal_share(drained - t0, cpu_before, cpu_after),
+        "run_s": round(drained - t0, 1),
+        "drain_s": round(drained - arrivals_end, 1),
+        "unfinished_requests": len(pending),
+    }
+    return {
+        "policy": policy,
+        "t0": t0,
+        "arrivals_end": arrivals_end,
+        "killed": killed,
+        "results": results,
+        "samples": sampler.samples,
+        "metrics": metrics,
+        "machine": machine,
+    }
 
 
 def windows(ok: list, baseline: tuple[float, float], start: float, end: float) -> list[dict]:
@@ -244,7 +283,15 @@ def windows(ok: list, baseline: tuple[float, float], start: float, end: float) -
         tpot = mean(r.tpot_s for r in finished)
         judged = len(finished) >= MIN_IN_WINDOW and ttft is not None and tpot is not None
         in_band = judged and ttft <= (1 + BAND) * baseline[0] and tpot <= (1 + BAND) * baseline[1]
-        out.append({"t": round(t - start, 1), "n": len(finished), "ttft_ms": ms(ttft), "tpot_ms": ms(tpot), "in_band": in_band if judged else None})
+        out.append(
+            {
+                "t": round(t - start, 1),
+                "n": len(finished),
+                "ttft_ms": ms(ttft),
+                "tpot_ms": ms(tpot),
+                "in_band": in_band if judged else None,
+            }
+        )
     return out
 
 
@@ -261,27 +308,39 @@ def analyse(run: dict) -> dict:
     # Recovery time (method in the module docstring).
     series = windows(ok, (b_ttft, b_tpot), kill_at, end)
     # The same test on the baseline's own windows (ending 10 s to 0 s before the kill): how often noise alone is out of band.
-    noise = [w["in_band"] for w in windows(ok, (b_ttft, b_tpot), kill_at - BASELINE_S + WINDOW_S, kill_at) if w["in_band"] is not None]
+    noise = [
+        w["in_band"]
+        for w in windows(ok, (b_ttft, b_tpot), kill_at - BASELINE_S + WINDOW_S, kill_at)
+        if w["in_band"] is not None
+    ]
     judged = [w for w in series if w["in_band"] is not None]
     first_out = next((i for i, w in enumerate(judged) if not w["in_band"]), None)
     notes = []
     if first_out is None:
         recovery, sustained = 0.0, 0.0
-        notes.append("the windowed mean TTFT and TPOT never left the 10% band after the kill: no visible impact, recovery time 0")
+        notes.append(
+            "the windowed mean TTFT and TPOT never left the 10% band after the kill: no visible impact, recovery time 0"
+        )
     else:
         back = next((w for w in judged[first_out:] if w["in_band"]), None)
         recovery = back["t"] if back else None
         last_out = max(i for i, w in enumerate(judged) if not w["in_band"])
         sustained = judged[last_out + 1]["t"] if last_out + 1 < len(judged) else None
         if recovery is None:
-            notes.append(f"never recovered: no 5 s window within {AFTER_KILL_S:.0f} s of the kill was back within 10% of the baseline")
+            notes.append(
+                f"never recovered: no 5 s window within {AFTER_KILL_S:.0f} s of the kill was back within 10% of the baseline"
+            )
         elif sustained is None:
-            notes.append("came back within the band but left it again before the end of the arrivals: no sustained recovery")
+            notes.append(
+                "came back within the band but left it again before the end of the arrivals: no sustained recovery"
+            )
 
     window_end = kill_at + (AFTER_KILL_S if recovery is None else recovery)
     failure = [r for r in ok if 0 <= rel(r) < window_end - kill_at]
     if recovery == 0.0:
-        notes.append("the failure window is empty (recovery time 0): its mean TTFT is None; see ttft_ms_mean_after_kill_75s")
+        notes.append(
+            "the failure window is empty (recovery time 0): its mean TTFT is None; see ttft_ms_mean_after_kill_75s"
+        )
     decoding = [r for r in ok if r.started < window_end and r.last_at > kill_at]
     after = [r for r in ok if 0 <= rel(r) < AFTER_KILL_S]
     interrupted = [r for r in results if r.moves]
@@ -294,13 +353,35 @@ def analyse(run: dict) -> dict:
             loads = [n["l_hat"] for n in sample["nodes"].values() if n.get("state") == "serving"]
             if len(loads) == NODES:
                 balances.append(holder_balance(loads))
-    node_after = [(s["t"] - kill_at, s["nodes"].get(killed["node"], {}).get("state"), s["assisting"]) for s in run["samples"] if s["t"] > kill_at]
+    node_after = [
+        (s["t"] - kill_at, s["nodes"].get(killed["node"], {}).get("state"), s["assisting"])
+        for s in run["samples"]
+        if s["t"] > kill_at
+    ]
     draft_ready = next((round(t, 1) for t, state, _ in node_after if state in ("draft_ready", "serving")), None)
     serving_again = next((round(t, 1) for t, state, _ in node_after if state == "serving"), None)
     assisted = sorted({survivor for _, _, assisting in node_after for survivor in assisting.values()})
-    kv_base = [n["kv_used"] for s in run["samples"] if -BASELINE_S <= s["t"] - kill_at < 0 for n in s["nodes"].values() if "kv_used" in n]
-    kv_out = [n["kv_used"] for s in run["samples"] if 0 <= s["t"] - kill_at < 30 for n in s["nodes"].values() if n.get("state") == "serving"]
-    queue_out = [n["waiting"] for s in run["samples"] if 0 <= s["t"] - kill_at < 30 for n in s["nodes"].values() if n.get("state") == "serving"]
+    kv_base = [
+        n["kv_used"]
+        for s in run["samples"]
+        if -BASELINE_S <= s["t"] - kill_at < 0
+        for n in s["nodes"].values()
+        if "kv_used" in n
+    ]
+    kv_out = [
+        n["kv_used"]
+        for s in run["samples"]
+        if 0 <= s["t"] - kill_at < 30
+        for n in s["nodes"].values()
+        if n.get("state") == "serving"
+    ]
+    queue_out = [
+        n["waiting"]
+        for s in run["samples"]
+        if 0 <= s["t"] - kill_at < 30
+        for n in s["nodes"].values()
+        if n.get("state") == "serving"
+    ]
 
     methods = {}
     for line in run["metrics"].splitlines():
@@ -314,32 +395,56 @@ def analyse(run: dict) -> dict:
         "requests": len(results),
         "requests_with_errors": sum(1 for r in results if r.error),
         "errors": sorted({r.error for r in results if r.error})[:5],
-        "killed": {"node": killed["node"], "rack": killed["rack"], "in_flight_at_kill": killed["in_flight"],
-                   "kill_at_s": round(kill_at - run["t0"], 2)},
-        "baseline": {"requests": len(base), "ttft_ms_mean": ms(b_ttft), "tpot_ms_mean": ms(b_tpot),
-                     "kv_use_mean": round(mean(kv_base), 3) if kv_base else None,
-                     "windows_out_of_band_share": round(noise.count(False) / len(noise), 2) if noise else None},
+        "killed": {
+            "node": killed["node"],
+            "rack": killed["rack"],
+            "in_flight_at_kill": killed["in_flight"],
+            "kill_at_s": round(kill_at - run["t0"], 2),
+        },
+        "baseline": {
+            "requests": len(base),
+            "ttft_ms_mean": ms(b_ttft),
+            "tpot_ms_mean": ms(b_tpot),
+            "kv_use_mean": round(mean(kv_base), 3) if kv_base else None,
+            "windows_out_of_band_share": round(noise.count(False) / len(noise), 2) if noise else None,
+        },
         "recovery_time_s": recovery,
         "recovery_time_sustained_s": sustained,
         "recovery_notes": notes,
-        "failure_window": {"s": round(window_end - kill_at, 1), "requests_arrived": len(failure),
-                           "ttft_ms_mean": ms(mean(r.ttft_s for r in failure)),
-                           "tpot_ms_mean": ms(mean(r.tpot_s for r in decoding)), "tpot_requests": len(decoding)},
+        "failure_window": {
+            "s": round(window_end - kill_at, 1),
+            "requests_arrived": len(failure),
+            "ttft_ms_mean": ms(mean(r.ttft_s for r in failure)),
+            "tpot_ms_mean": ms(mean(r.tpot_s for r in decoding)),
+            "tpot_requests": len(decoding),
+        },
         "ttft_ms_mean_after_kill_75s": ms(mean(r.ttft_s for r in after)),
         "ttft_ms_p99_after_kill_75s": ms(percentile([r.ttft_s for r in after], 0.99)),
         "tpot_ms_mean_after_kill_75s": ms(mean(r.tpot_s for r in after)),
-        "interrupted": {"requests": len(interrupted), "with_stall_figure": sum(1 for r in interrupted if r.stalls_ms),
-                        "moved_before_first_token": sum(1 for r in interrupted if not r.stalls_ms),
-                        "stall_ms_mean": round(statistics.mean(stalls), 1) if stalls else None,
-                        "stall_ms_p99": round(percentile(stalls, 0.99), 1) if stalls else None,
-                        "stall_ms_max": round(max(stalls), 1) if stalls else None},
-        "holder_balance_median": None if policy == "none" else finite(statistics.median(balances) if balances else None),
+        "interrupted": {
+            "requests": len(interrupted),
+            "with_stall_figure": sum(1 for r in interrupted if r.stalls_ms),
+            "moved_before_first_token": sum(1 for r in interrupted if not r.stalls_ms),
+            "stall_ms_mean": round(statistics.mean(stalls), 1) if stalls else None,
+            "stall_ms_p99": round(percentile(stalls, 0.99), 1) if stalls else None,
+            "stall_ms_max": round(max(stalls), 1) if stalls else None,
+        },
+        "holder_balance_median": None
+        if policy == "none"
+        else finite(statistics.median(balances) if balances else None),
         "holder_balance_samples": len(balances) if policy != "none" else 0,
         "tokens_lost": sum(r.lost for r in results),
         "tokens_repeated_or_wrong": sum(r.repeated_or_wrong for r in results),
         "moves_by_method": methods,
-        "restarted_node": {"draft_ready_after_kill_s": draft_ready, "serving_after_kill_s": serving_again, "assisted_survivors": assisted},
-        "survivors_first_30s": {"kv_use_mean": round(mean(kv_out), 3) if kv_out else None, "waiting_max": max(queue_out) if queue_out else None},
+        "restarted_node": {
+            "draft_ready_after_kill_s": draft_ready,
+            "serving_after_kill_s": serving_again,
+            "assisted_survivors": assisted,
+        },
+        "survivors_first_30s": {
+            "kv_use_mean": round(mean(kv_out), 3) if kv_out else None,
+            "waiting_max": max(queue_out) if queue_out else None,
+        },
         "machine": run["machine"],
         "windows": [w for w in series if w["t"] % 1 == 0],  # every second, for the record
     }
@@ -352,21 +457,63 @@ def change_pct(value, reference) -> float | None:
 
 
 def table(figures: dict, ratios: dict) -> str:
-    header = ("policy", "base TTFT", "fail TTFT", "TTFT 75s", "TPOT fail", "interrupted", "stall mean/p99", "recovery", "sustained",
-              "balance", "lost/rep", "dTTFT", "dTTFT75", "dRecovery")
+    header = (
+        "policy",
+        "base TTFT",
+        "fail TTFT",
+        "TTFT 75s",
+        "TPOT fail",
+        "interrupted",
+        "stall mean/p99",
+        "recovery",
+        "sustained",
+        "balance",
+        "lost/rep",
+        "dTTFT",
+        "dTTFT75",
+        "dRecovery",
+    )
     rows = [header]
     for policy, f in figures.items():
         r = ratios[policy]
         i = f["interrupted"]
         fmt = lambda v, unit="": "-" if v is None else f"{v}{unit}"  # noqa: E731
-        rows.append((policy, fmt(f["baseline"]["ttft_ms_mean"], " ms"), fmt(f["failure_window"]["ttft_ms_mean"], " ms"),
-                     fmt(f["ttft_ms_mean_after_kill_75s"], " ms"), fmt(f["failure_window"]["tpot_ms_mean"], " ms"), str(i["requests"]),
-                     f"{fmt(i['stall_ms_mean'])}/{fmt(i['stall_ms_p99'])} ms", fmt(f["recovery_time_s"], " s"),
-                     fmt(f["recovery_time_sustained_s"], " s"), fmt(f["holder_balance_median"]),
-                     f"{f['tokens_lost']}/{f['tokens_repeated_or_wrong']}", fmt(r["mean_ttft_change_pct"], "%"),
-                     fmt(r["mean_ttft_after_kill_75s_change_pct"], "%"), fmt(r["recovery_time_change_pct"], "%")))
-    rows.append(("doc 000 LUMEN", "", "", "", "", "", "", "", "", "", "", f"{DOCUMENT_000['mean_ttft_change_pct']}%", "",
-                 f"{DOCUMENT_000['recovery_time_change_pct']}%"))
+        rows.append(
+            (
+                policy,
+                fmt(f["baseline"]["ttft_ms_mean"], " ms"),
+                fmt(f["failure_window"]["ttft_ms_mean"], " ms"),
+                fmt(f["ttft_ms_mean_after_kill_75s"], " ms"),
+                fmt(f["failure_window"]["tpot_ms_mean"], " ms"),
+                str(i["requests"]),
+                f"{fmt(i['stall_ms_mean'])}/{fmt(i['stall_ms_p99'])} ms",
+                fmt(f["recovery_time_s"], " s"),
+                fmt(f["recovery_time_sustained_s"], " s"),
+                fmt(f["holder_balance_median"]),
+                f"{f['tokens_lost']}/{f['tokens_repeated_or_wrong']}",
+                fmt(r["mean_ttft_change_pct"], "%"),
+                fmt(r["mean_ttft_after_kill_75s_change_pct"], "%"),
+                fmt(r["recovery_time_change_pct"], "%"),
+            )
+        )
+    rows.append(
+        (
+            "doc 000 LUMEN",
+            "",
+            "",
+            "",
+            "",
+            "",
+            "",
+            "",
+            "",
+            "",
+            "",
+            f"{DOCUMENT_000['mean_ttft_change_pct']}%",
+            "",
+            f"{DOCUMENT_000['recovery_time_change_pct']}%",
+        )
+    )
     widths = [max(len(str(row[c])) for row in rows) for c in range(len(header))]
     return "\n".join("  ".join(str(v).ljust(w) for v, w in zip(row, widths)) for row in rows)
 
@@ -378,14 +525,33 @@ async def calibrate(rate: float, policy: str, seconds: float) -> dict:
     bins = []
     for start in range(0, int(seconds), 5):
         group = [r for r in ok if start <= r.started - run["t0"] < start + 5]
-        samples = [n for s in run["samples"] if start <= s["t"] - run["t0"] < start + 5 for n in s["nodes"].values() if "kv_used" in n]
-        bins.append({"from_s": start, "requests": len(group), "ttft_ms_mean": ms(mean(r.ttft_s for r in group)),
-                     "tpot_ms_mean": ms(mean(r.tpot_s for r in group)),
-                     "kv_use_mean": round(mean(n["kv_used"] for n in samples), 3) if samples else None,
-                     "running_mean": round(mean(n["running"] for n in samples), 1) if samples else None,
-                     "waiting_max": max((n["waiting"] for n in samples), default=None)})
-    return {"rate": rate, "policy": policy, "requests": len(run["results"]), "errors": sum(1 for r in run["results"] if r.error),
-            "tokens_lost": sum(r.lost for r in run["results"]), "machine": run["machine"], "bins": bins}
+        samples = [
+            n
+            for s in run["samples"]
+            if start <= s["t"] - run["t0"] < start + 5
+            for n in s["nodes"].values()
+            if "kv_used" in n
+        ]
+        bins.append(
+            {
+                "from_s": start,
+                "requests": len(group),
+                "ttft_ms_mean": ms(mean(r.ttft_s for r in group)),
+                "tpot_ms_mean": ms(mean(r.tpot_s for r in group)),
+                "kv_use_mean": round(mean(n["kv_used"] for n in samples), 3) if samples else None,
+                "running_mean": round(mean(n["running"] for n in samples), 1) if samples else None,
+                "waiting_max": max((n["waiting"] for n in samples), default=None),
+            }
+        )
+    return {
+        "rate": rate,
+        "policy": policy,
+        "requests": len(run["results"]),
+        "errors": sum(1 for r in run["results"] if r.error),
+        "tokens_lost": sum(r.lost for r in run["results"]),
+        "machine": run["machine"],
+        "bins": bins,
+    }
 
 
 async def main_async(rate: float) -> tuple[dict, dict]:
@@ -395,29 +561,38 @@ async def main_async(rate: float) -> tuple[dict, dict]:
         print(f"--- {policy} ({len(arrivals)} arrivals)", flush=True)
         figures[policy] = analyse(await run_policy(policy, arrivals))
         f = figures[policy]
-        print(f"    baseline TTFT {f['baseline']['ttft_ms_mean']} ms, failure-window TTFT {f['failure_window']['ttft_ms_mean']} ms, "
-              f"recovery {f['recovery_time_s']} s, lost/repeated {f['tokens_lost']}/{f['tokens_repeated_or_wrong']}", flush=True)
+        print(
+            f"    baseline TTFT {f['baseline']['ttft_ms_mean']} ms, failure-window TTFT {f['failure_window']['ttft_ms_mean']} ms, "
+            f"recovery {f['recovery_time_s']} s, lost/repeated {f['tokens_lost']}/{f['tokens_repeated_or_wrong']}",
+            flush=True,
+        )
     return figures, {"arrivals": len(arrivals), "arrival_words": sum(len(p.split()) for _, p, _ in arrivals)}
 
 
 def _run_cancellable(coroutine):
     """asyncio.run, with SIGTERM cancelling the work so that every harness is closed (its finally runs)."""
+
     async def wrapper():
         task = asyncio.ensure_future(coroutine)
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
         return await task
+
     return asyncio.run(wrapper())
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rate", type=float, default=RATE, help="arrivals per second (the saved run uses the default)")
-    parser.add_argument("--calibrate", action="store_true", help="no failure: print the baseline's stability at --rate and stop")
+    parser.add_argument(
+        "--calibrate", action="store_true", help="no failure: print the baseline's stability at --rate and stop"
+    )
     parser.add_argument("--calibrate-policy", default="lifeline", choices=POLICIES)
     parser.add_argument("--calibrate-seconds", type=float, default=45.0)
     args = parser.parse_args()
     if args.calibrate:
-        print(json.dumps(_run_cancellable(calibrate(args.rate, args.calibrate_policy, args.calibrate_seconds)), indent=1))
+        print(
+            json.dumps(_run_cancellable(calibrate(args.rate, args.calibrate_policy, args.calibrate_seconds)), indent=1)
+        )
         return
 
     figures, arrivals = _run_cancellable(main_async(args.rate))
@@ -425,35 +600,56 @@ def main() -> None:
     ratios = {}
     for policy, f in figures.items():
         ratios[policy] = {
-            "mean_ttft_change_pct": change_pct(f["failure_window"]["ttft_ms_mean"], none["failure_window"]["ttft_ms_mean"]),
-            "mean_ttft_after_kill_75s_change_pct": change_pct(f["ttft_ms_mean_after_kill_75s"], none["ttft_ms_mean_after_kill_75s"]),
-            "mean_tpot_change_pct": change_pct(f["failure_window"]["tpot_ms_mean"], none["failure_window"]["tpot_ms_mean"]),
+            "mean_ttft_change_pct": change_pct(
+                f["failure_window"]["ttft_ms_mean"], none["failure_window"]["ttft_ms_mean"]
+            ),
+            "mean_ttft_after_kill_75s_change_pct": change_pct(
+                f["ttft_ms_mean_after_kill_75s"], none["ttft_ms_mean_after_kill_75s"]
+            ),
+            "mean_tpot_change_pct": change_pct(
+                f["failure_window"]["tpot_ms_mean"], none["failure_window"]["tpot_ms_mean"]
+            ),
             "recovery_time_change_pct": change_pct(f["recovery_time_s"], none["recovery_time_s"]),
-            "recovery_time_sustained_change_pct": change_pct(f["recovery_time_sustained_s"], none["recovery_time_sustained_s"]),
+            "recovery_time_sustained_change_pct": change_pct(
+                f["recovery_time_sustained_s"], none["recovery_time_sustained_s"]
+            ),
         }
     text = table(figures, ratios)
-    save("policy_comparison", {
-        "config": {
-            "nodes": NODES, "racks": RACKS, "deployment": f"{MODEL} on 1x {GPU} each", "time_scale": 1.0,
-            "arrivals": f"open-loop Poisson, {args.rate} requests/s, seed {SEED}: the same {arrivals['arrivals']} arrivals for every policy",
-            "rate_rps": args.rate, "rate_chosen": CALIBRATION,
-            "prompt_words": f"{PROMPT_WORDS[0]}-{PROMPT_WORDS[1]} (one word = one token)", "max_tokens": f"{MAX_TOKENS[0]}-{MAX_TOKENS[1]}",
-            "temperature": 0, "kill_at_s": KILL_AT_S, "baseline_window_s": BASELINE_S, "arrivals_after_kill_s": AFTER_KILL_S,
-            "kill": "SIGKILL the serving node with the most requests in flight (gateway in-flight hash)",
-            "restart": f"cold, {RESTART_AFTER_S} s after the kill (draft ~3 s, full model ~23 s later)",
-            "progressive_recovery": f"draft assists the most loaded survivor: {', '.join(ASSISTED)} only",
-            "recovery_time_method": (f"from the kill; every {STEP_S} s the requests finishing in the trailing {WINDOW_S} s (>= {MIN_IN_WINDOW}) give a "
-                                     f"mean TTFT and TPOT; in band when both <= {1 + BAND:.2f} x the baseline means; recovery = end of the first "
-                                     "in-band window after the first out-of-band one; sustained = end of the first window after the last "
-                                     f"out-of-band one; searched up to kill + {AFTER_KILL_S:.0f} s"),
-            "holder_balance": "median over 1 s samples in the baseline of max/min over the 4 nodes of L̂ = checkpoint pages held + running + waiting",
-            "policies": {p: POLICY_DOCS[p] for p in POLICIES},
+    save(
+        "policy_comparison",
+        {
+            "config": {
+                "nodes": NODES,
+                "racks": RACKS,
+                "deployment": f"{MODEL} on 1x {GPU} each",
+                "time_scale": 1.0,
+                "arrivals": f"open-loop Poisson, {args.rate} requests/s, seed {SEED}: the same {arrivals['arrivals']} arrivals for every policy",
+                "rate_rps": args.rate,
+                "rate_chosen": CALIBRATION,
+                "prompt_words": f"{PROMPT_WORDS[0]}-{PROMPT_WORDS[1]} (one word = one token)",
+                "max_tokens": f"{MAX_TOKENS[0]}-{MAX_TOKENS[1]}",
+                "temperature": 0,
+                "kill_at_s": KILL_AT_S,
+                "baseline_window_s": BASELINE_S,
+                "arrivals_after_kill_s": AFTER_KILL_S,
+                "kill": "SIGKILL the serving node with the most requests in flight (gateway in-flight hash)",
+                "restart": f"cold, {RESTART_AFTER_S} s after the kill (draft ~3 s, full model ~23 s later)",
+                "progressive_recovery": f"draft assists the most loaded survivor: {', '.join(ASSISTED)} only",
+                "recovery_time_method": (
+                    f"from the kill; every {STEP_S} s the requests finishing in the trailing {WINDOW_S} s (>= {MIN_IN_WINDOW}) give a "
+                    f"mean TTFT and TPOT; in band when both <= {1 + BAND:.2f} x the baseline means; recovery = end of the first "
+                    "in-band window after the first out-of-band one; sustained = end of the first window after the last "
+                    f"out-of-band one; searched up to kill + {AFTER_KILL_S:.0f} s"
+                ),
+                "holder_balance": "median over 1 s samples in the baseline of max/min over the 4 nodes of L̂ = checkpoint pages held + running + waiting",
+                "policies": {p: POLICY_DOCS[p] for p in POLICIES},
+            },
+            "figures": figures,
+            "ratios_vs_none": ratios,
+            "document_000": DOCUMENT_000,
+            "table": text.splitlines(),
         },
-        "figures": figures,
-        "ratios_vs_none": ratios,
-        "document_000": DOCUMENT_000,
-        "table": text.splitlines(),
-    })
+    )
     print()
     print(text)
 

@@ -23,7 +23,6 @@ from benchmarks.common import percentile, save
 from benchmarks.harness import WORDS, Harness
 
 
-
 async def run(kills: int, streams: int, policy: str) -> dict:
     harness = Harness(8, policy=policy, restart="warm")
     results = []
@@ -43,7 +42,9 @@ async def run(kills: int, streams: int, policy: str) -> dict:
             await asyncio.sleep(8)  # steady state
             killed = []
             for _ in range(kills):
-                flights = [json.loads(v) for v in harness.redis.hgetall(harness.keys.gateway_inflight("bench-gw")).values()]
+                flights = [
+                    json.loads(v) for v in harness.redis.hgetall(harness.keys.gateway_inflight("bench-gw")).values()
+                ]
                 by_node = {}
                 for flight in flights:
                     by_node[flight["node"]] = by_node.get(flight["node"], 0) + 1
@@ -93,12 +94,22 @@ def main() -> None:
     parser.add_argument("--policy", default="lifeline")
     args = parser.parse_args()
     figures = asyncio.run(run(args.kills, args.streams, args.policy))
-    save("recovery_kill", {
-        "config": {"nodes": 8, "deployment": "Qwen3-32B on 1x H100-SXM each", "streams": args.streams, "time_scale": 1.0,
-                   "prompt_tokens": "100-600", "max_tokens": "200/300/400, greedy", "restart": "warm after 2 s"},
-        "figures": figures,
-        "goal": {"tokens_lost": 0, "tokens_repeated_or_wrong": 0, "stall_ms_p99": "< 300"},
-    })
+    save(
+        "recovery_kill",
+        {
+            "config": {
+                "nodes": 8,
+                "deployment": "Qwen3-32B on 1x H100-SXM each",
+                "streams": args.streams,
+                "time_scale": 1.0,
+                "prompt_tokens": "100-600",
+                "max_tokens": "200/300/400, greedy",
+                "restart": "warm after 2 s",
+            },
+            "figures": figures,
+            "goal": {"tokens_lost": 0, "tokens_repeated_or_wrong": 0, "stall_ms_p99": "< 300"},
+        },
+    )
 
 
 if __name__ == "__main__":

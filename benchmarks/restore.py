@@ -27,8 +27,14 @@ GENERATED = 32
 
 def body(request_id: str, **lifeline) -> dict:
     prompt = " ".join(f"w{i % 997}" for i in range(PROMPT_WORDS)) + " go"
-    return {"model": "Qwen3-32B", "prompt": prompt, "max_tokens": GENERATED + 16, "temperature": 0, "stream": True,
-            "lifeline": {"request_id": request_id, "return_token_ids": True, **lifeline}}
+    return {
+        "model": "Qwen3-32B",
+        "prompt": prompt,
+        "max_tokens": GENERATED + 16,
+        "temperature": 0,
+        "stream": True,
+        "lifeline": {"request_id": request_id, "return_token_ids": True, **lifeline},
+    }
 
 
 async def first_tokens(node: Node, payload: dict, until: int, then=None) -> tuple[list[int], float, dict]:
@@ -57,6 +63,7 @@ async def one(repeat: int) -> dict:
     c = Node(f"rs-c{repeat}", "--model", "Qwen3-32B", "--gpu", "H100-SXM", "--tp", "1")
     request_id = f"restore-{repeat}"
     try:
+
         async def kill_after_pages():
             for _ in range(200):
                 held = b.status()["checkpoints"]["bytes_held"]
@@ -72,7 +79,12 @@ async def one(repeat: int) -> dict:
     finally:
         for node in (a, b, c):
             node.stop()
-    return {"local_restore_ttft_s": local_s, "reprefill_ttft_s": prefill_s, "local": local.get("resume"), "reprefill": prefill.get("resume")}
+    return {
+        "local_restore_ttft_s": local_s,
+        "reprefill_ttft_s": prefill_s,
+        "local": local.get("resume"),
+        "reprefill": prefill.get("resume"),
+    }
 
 
 def main() -> None:
@@ -88,21 +100,30 @@ def main() -> None:
     model_prefill = sum(deployment.step_s(min(2048, context - done), done, 0, 0) for done in range(0, context, 2048))
     local = statistics.median(r["local_restore_ttft_s"] for r in runs)
     prefill = statistics.median(r["reprefill_ttft_s"] for r in runs)
-    save("restore", {
-        "config": {"deployment": "Qwen3-32B on 1x H100-SXM", "prompt_tokens": 4096, "generated_before_failure": GENERATED,
-                   "time_scale": 1.0, "repeats": args.repeats, "host_to_gpu_link": catalog.HOST_TO_GPU_LINK},
-        "figures": {
-            "restore_from_local_store_ttft_s": round(local, 4),
-            "reprefill_ttft_s": round(prefill, 4),
-            "ratio_reprefill_over_restore": round(prefill / local, 2),
-            "restored_tokens": restored,
-            "restored_gb": round(restored * deployment.model.kv_bytes_per_token / 1e9, 3),
-            "model_restore_s": round(model_restore, 4),
-            "model_reprefill_s": round(model_prefill, 4),
-            "model_ratio": round(model_prefill / model_restore, 2),
+    save(
+        "restore",
+        {
+            "config": {
+                "deployment": "Qwen3-32B on 1x H100-SXM",
+                "prompt_tokens": 4096,
+                "generated_before_failure": GENERATED,
+                "time_scale": 1.0,
+                "repeats": args.repeats,
+                "host_to_gpu_link": catalog.HOST_TO_GPU_LINK,
+            },
+            "figures": {
+                "restore_from_local_store_ttft_s": round(local, 4),
+                "reprefill_ttft_s": round(prefill, 4),
+                "ratio_reprefill_over_restore": round(prefill / local, 2),
+                "restored_tokens": restored,
+                "restored_gb": round(restored * deployment.model.kv_bytes_per_token / 1e9, 3),
+                "model_restore_s": round(model_restore, 4),
+                "model_reprefill_s": round(model_prefill, 4),
+                "model_ratio": round(model_prefill / model_restore, 2),
+            },
+            "runs": runs,
         },
-        "runs": runs,
-    })
+    )
 
 
 if __name__ == "__main__":

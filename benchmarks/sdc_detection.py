@@ -33,11 +33,21 @@ def main() -> None:
     oncall = stack.token_for("oncall")
     times, suspicious_times = [], []
     try:
-        settings = {"canary_interval_s": args.interval, "canary_retry_s": args.retry, "breaker_open_s": 3, "auto_cordon_max_share": 1.0,
-                    "reason": "benchmark"}
+        settings = {
+            "canary_interval_s": args.interval,
+            "canary_retry_s": args.retry,
+            "breaker_open_s": 3,
+            "auto_cordon_max_share": 1.0,
+            "reason": "benchmark",
+        }
         assert stack.api("PATCH", "/api/settings", settings)[0] == 200
         names = [n["name"] for n in stack.info["nodes"]]
-        wait_for(lambda: all(stack.api("GET", f"/api/nodes/{n}/health")[1]["canaries"] for n in names), 3 * args.interval, 1, "first canaries")
+        wait_for(
+            lambda: all(stack.api("GET", f"/api/nodes/{n}/health")[1]["canaries"] for n in names),
+            3 * args.interval,
+            1,
+            "first canaries",
+        )
         fault_headers = {"Authorization": f"Bearer {stack.info['fault_token']}"}
         for round_ in range(args.rounds):
             targets = rng.sample(names, args.per_round)
@@ -46,7 +56,11 @@ def main() -> None:
             def trial(name: str) -> None:
                 time.sleep(rng.uniform(0, args.interval))  # a random moment in the canary cycle
                 address = stack.node(name)["address"]
-                http_json(address + "/agent/faults", data={"kind": "sdc", "rate": 0.0, "logprob_drift": -1.5}, headers=fault_headers)
+                http_json(
+                    address + "/agent/faults",
+                    data={"kind": "sdc", "rate": 0.0, "logprob_drift": -1.5},
+                    headers=fault_headers,
+                )
                 injected = time.monotonic()
                 suspicious = None
                 while time.monotonic() - injected < 10 * args.interval:
@@ -66,14 +80,21 @@ def main() -> None:
             for name, (out_s, suspicious_s) in results.items():
                 times.append(out_s)
                 suspicious_times.append(suspicious_s)
-            print(f"round {round_ + 1}: " + ", ".join(f"{n} {s:.2f} s" for n, (s, _) in sorted(results.items())), flush=True)
+            print(
+                f"round {round_ + 1}: " + ", ".join(f"{n} {s:.2f} s" for n, (s, _) in sorted(results.items())),
+                flush=True,
+            )
             # Put them back: end the corruption, reject the drains, let the half-open trial return each node.
             for name in targets:
                 http_json(stack.node(name)["address"] + "/agent/faults", method="DELETE", headers=fault_headers)
             for drain in stack.api("GET", "/api/drains")[1]["drains"]:
                 if drain["waiting"]:
-                    stack.api("POST", f"/api/drains/{drain['id']}/reject", {"reason": "benchmark round over"}, token=oncall)
-            wait_for(lambda: all(w == 1.0 for w in stack.gateway_health()["weights"].values()), 60, 0.5, "every node back")
+                    stack.api(
+                        "POST", f"/api/drains/{drain['id']}/reject", {"reason": "benchmark round over"}, token=oncall
+                    )
+            wait_for(
+                lambda: all(w == 1.0 for w in stack.gateway_health()["weights"].values()), 60, 0.5, "every node back"
+            )
     finally:
         stack.stop()
     figures = {

@@ -39,7 +39,10 @@ def api_view(*allowed_roles: str):
             if token is not None:
                 user = ApiToken.authenticate(token)
                 if user is None:
-                    return error(401, "The API token is unknown or revoked: make a new one with `python manage.py issue_token USER`.")
+                    return error(
+                        401,
+                        "The API token is unknown or revoked: make a new one with `python manage.py issue_token USER`.",
+                    )
                 request.user = user
             elif not request.user.is_authenticated:
                 return error(401, "Authentication required: log in, or send `Authorization: Bearer <token>`.")
@@ -50,7 +53,10 @@ def api_view(*allowed_roles: str):
                     return error(403, "CSRF check failed: send the csrftoken cookie's value in X-CSRFToken.")
             role = roles.role_of(request.user)
             if role is None:
-                return error(403, f"User {request.user.get_username()!r} has no Lifeline role: an admin must give them one of {', '.join(roles.ROLES)}.")
+                return error(
+                    403,
+                    f"User {request.user.get_username()!r} has no Lifeline role: an admin must give them one of {', '.join(roles.ROLES)}.",
+                )
             if allowed_roles and not roles.has_role(request.user, *allowed_roles):
                 return error(403, f"Role {role!r} may not do this: it needs {' or '.join(allowed_roles)}.")
             return view(request, *args, **kwargs)

@@ -97,7 +97,9 @@ def _event_frame(event_id: int) -> dict | None:
     if event is None:
         return None
     row = incident_model.event_row(event)
-    html = render_to_string("console/_incident_event.html", {"event": row, "opened": event.incident.opened_at.timestamp()})
+    html = render_to_string(
+        "console/_incident_event.html", {"event": row, "opened": event.incident.opened_at.timestamp()}
+    )
     return {"kind": "event", "id": event.pk, "event": row, "html": html}
 
 
@@ -111,7 +113,11 @@ class IncidentsConsumer(RoleConsumer):
 
 @database_sync_to_async
 def _events_after(incident_id: int, after: int) -> list[int]:
-    return list(IncidentEvent.objects.filter(incident_id=incident_id, pk__gt=after).order_by("at", "pk").values_list("pk", flat=True))
+    return list(
+        IncidentEvent.objects.filter(incident_id=incident_id, pk__gt=after)
+        .order_by("at", "pk")
+        .values_list("pk", flat=True)
+    )
 
 
 class IncidentConsumer(RoleConsumer):

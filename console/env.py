@@ -41,7 +41,9 @@ def secret(name: str) -> str | None:
     try:
         return Path(path).read_text().strip()
     except OSError as exc:
-        raise ConfigError(f"{name}_FILE={path!r} cannot be read ({exc.strerror}): expected the path of a file holding {name}") from exc
+        raise ConfigError(
+            f"{name}_FILE={path!r} cannot be read ({exc.strerror}): expected the path of a file holding {name}"
+        ) from exc
 
 
 def boolean(name: str, default: bool) -> bool:
@@ -105,7 +107,9 @@ _NAMESPACE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,40}$")
 def namespace(name: str, default: str) -> str:
     value = string(name, default)
     if not _NAMESPACE.match(value):
-        raise ConfigError(f"{name}={value!r} is not a valid namespace: expected lower-case letters, digits, '-' or '_' (at most 41)")
+        raise ConfigError(
+            f"{name}={value!r} is not a valid namespace: expected lower-case letters, digits, '-' or '_' (at most 41)"
+        )
     return value
 
 

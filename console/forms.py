@@ -14,5 +14,8 @@ class DrainRequestForm(forms.Form):
     def clean(self):
         data = super().clean()
         if data.get("mode") == DrainMode.DEADLINE and not data.get("deadline_s"):
-            self.add_error("deadline_s", "deadline_s: a deadline drain needs the seconds after the cordon when what is left is migrated")
+            self.add_error(
+                "deadline_s",
+                "deadline_s: a deadline drain needs the seconds after the cordon when what is left is migrated",
+            )
         return data

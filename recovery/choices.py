@@ -73,7 +73,6 @@ class EventKind(models.TextChoices):
     FAULT_INJECTED = "fault_injected", "Fault injected"
     MIGRATION = "migration", "Planned migration"
 
-
     DRAIN = "drain", "Drain"
     HEALTH = "health", "Health changed"
     SPARE_PROMOTED = "spare_promoted", "Hot spare promoted"
@@ -82,7 +81,8 @@ class EventKind(models.TextChoices):
 
 # Events a person may want to hide to read the people's side of an incident.
 SYSTEM_EVENT_KINDS = {
-    EventKind.REQUEST_MOVED, EventKind.HOLDER_REPLACED,
+    EventKind.REQUEST_MOVED,
+    EventKind.HOLDER_REPLACED,
 }
 
 
@@ -156,8 +156,13 @@ DRAIN_BADGE = {
 
 # Drains that hold their node: at most one per node, and the pool's count for the two-person rule.
 OPEN_DRAIN_STATES = (
-    DrainState.PROPOSED, DrainState.APPROVED, DrainState.CORDONED, DrainState.DRAINING,
-    DrainState.DRAINED, DrainState.REMEDIATING, DrainState.VERIFYING,
+    DrainState.PROPOSED,
+    DrainState.APPROVED,
+    DrainState.CORDONED,
+    DrainState.DRAINING,
+    DrainState.DRAINED,
+    DrainState.REMEDIATING,
+    DrainState.VERIFYING,
 )
 RUNNING_DRAIN_STATES = OPEN_DRAIN_STATES[1:]
 

@@ -38,27 +38,67 @@ RANGES = {
 }
 
 SETTINGS_GROUPS = (
-    ("Canaries", ("canary_interval_s", "canary_retry_s", "canary_timeout_s", "canary_logprob_tolerance", "canary_latency_factor",
-                  "suspicious_after", "unhealthy_after", "xid_burst_window_s")),
+    (
+        "Canaries",
+        (
+            "canary_interval_s",
+            "canary_retry_s",
+            "canary_timeout_s",
+            "canary_logprob_tolerance",
+            "canary_latency_factor",
+            "suspicious_after",
+            "unhealthy_after",
+            "xid_burst_window_s",
+        ),
+    ),
     ("Circuit breakers", ("breaker_threshold", "breaker_open_s", "auto_cordon_max_share", "auto_cordon_window_s")),
-    ("SLOs and degradation", ("slo_ttft_ms", "slo_tpot_ms", "slo_required_rps", "slo_avg_prompt_tokens", "slo_avg_output_tokens",
-                              "degradation_margin", "degradation_hold_s")),
-    ("Recovery", ("placement_policy", "tau_tokens", "theta_factor", "alpha", "beta", "stall_timeout_s", "dispatch_accounting",
-                  "incident_window_s")),
+    (
+        "SLOs and degradation",
+        (
+            "slo_ttft_ms",
+            "slo_tpot_ms",
+            "slo_required_rps",
+            "slo_avg_prompt_tokens",
+            "slo_avg_output_tokens",
+            "degradation_margin",
+            "degradation_hold_s",
+        ),
+    ),
+    (
+        "Recovery",
+        (
+            "placement_policy",
+            "tau_tokens",
+            "theta_factor",
+            "alpha",
+            "beta",
+            "stall_timeout_s",
+            "dispatch_accounting",
+            "incident_window_s",
+        ),
+    ),
     ("On-call", ("oncall_webhook_url", "oncall_emails")),
     ("Staging", ("fault_injection_enabled",)),
 )
 
 
 class SettingsForm(forms.ModelForm):
-    oncall_webhook_url = forms.URLField(label="On-call webhook", required=False, assume_scheme="https",
-                                        help_text=Cluster._meta.get_field("oncall_webhook_url").help_text)
+    oncall_webhook_url = forms.URLField(
+        label="On-call webhook",
+        required=False,
+        assume_scheme="https",
+        help_text=Cluster._meta.get_field("oncall_webhook_url").help_text,
+    )
 
     class Meta:
         model = Cluster
         fields = [name for _, names in SETTINGS_GROUPS for name in names]
-        labels = {"xid_burst_window_s": "Xid burst window (s)", "auto_cordon_max_share": "Automatic cordons: most of the fleet",
-                  "auto_cordon_window_s": "Automatic cordons: window (s)", "canary_logprob_tolerance": "Top-logprob tolerance"}
+        labels = {
+            "xid_burst_window_s": "Xid burst window (s)",
+            "auto_cordon_max_share": "Automatic cordons: most of the fleet",
+            "auto_cordon_window_s": "Automatic cordons: window (s)",
+            "canary_logprob_tolerance": "Top-logprob tolerance",
+        }
 
     def clean(self):
         data = super().clean()
@@ -66,8 +106,15 @@ class SettingsForm(forms.ModelForm):
             value = data.get(name)
             if value is not None and not low <= value <= high:
                 self.add_error(name, f"{name} must be between {low:g} and {high:g} ({unit}); got {value:g}")
-        if data.get("suspicious_after") and data.get("unhealthy_after") and data["unhealthy_after"] < data["suspicious_after"]:
-            self.add_error("unhealthy_after", "unhealthy_after must be at least suspicious_after: a node is SUSPICIOUS before it is UNHEALTHY")
+        if (
+            data.get("suspicious_after")
+            and data.get("unhealthy_after")
+            and data["unhealthy_after"] < data["suspicious_after"]
+        ):
+            self.add_error(
+                "unhealthy_after",
+                "unhealthy_after must be at least suspicious_after: a node is SUSPICIOUS before it is UNHEALTHY",
+            )
         emails = [a.strip() for a in (data.get("oncall_emails") or "").split(",") if a.strip()]
         for address in emails:
             try:

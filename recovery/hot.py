@@ -35,7 +35,9 @@ def client() -> redis.Redis:
                 "REDIS_URL is not set: start the embedded default with `python manage.py demo`, "
                 "or set REDIS_URL=redis://host:6379/0"
             )
-        _client = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True, socket_timeout=5, health_check_interval=30)
+        _client = redis.Redis.from_url(
+            settings.REDIS_URL, decode_responses=True, socket_timeout=5, health_check_interval=30
+        )
         _client_pid = os.getpid()
     return _client
 
@@ -43,7 +45,10 @@ def client() -> redis.Redis:
 def keys() -> Keys:
     return Keys(settings.LIFELINE_NAMESPACE)
 
-LOAD_FIELDS = HEARTBEAT_LOAD_FIELDS  # what a heartbeat's load keeps in a node's entry (workers.protocol, the one status schema)
+
+LOAD_FIELDS = (
+    HEARTBEAT_LOAD_FIELDS  # what a heartbeat's load keeps in a node's entry (workers.protocol, the one status schema)
+)
 
 
 # --- nodes -------------------------------------------------------------------
@@ -97,13 +102,22 @@ class NodeEntry:
     @classmethod
     def parse(cls, raw: dict[str, str]) -> "NodeEntry":
         return cls(
-            session=raw.get("session"), state=raw.get("state"), address=raw.get("address"), last_seen=_float(raw.get("last_seen")),
-            model_state=raw.get("model_state") or None, running=_int(raw.get("running")), waiting=_int(raw.get("waiting")),
-            kv_blocks_used=_int(raw.get("kv_blocks_used")), kv_blocks_total=_int(raw.get("kv_blocks_total")),
-            step_ms=_float(raw.get("step_ms")), tokens_per_s=_float(raw.get("tokens_per_s")),
-            decode_step_ms=_float(raw.get("decode_step_ms")), decode_step_batch=_int(raw.get("decode_step_batch")),
+            session=raw.get("session"),
+            state=raw.get("state"),
+            address=raw.get("address"),
+            last_seen=_float(raw.get("last_seen")),
+            model_state=raw.get("model_state") or None,
+            running=_int(raw.get("running")),
+            waiting=_int(raw.get("waiting")),
+            kv_blocks_used=_int(raw.get("kv_blocks_used")),
+            kv_blocks_total=_int(raw.get("kv_blocks_total")),
+            step_ms=_float(raw.get("step_ms")),
+            tokens_per_s=_float(raw.get("tokens_per_s")),
+            decode_step_ms=_float(raw.get("decode_step_ms")),
+            decode_step_batch=_int(raw.get("decode_step_batch")),
             decode_step_context_tokens=_int(raw.get("decode_step_context_tokens")),
-            checkpoints=json.loads(raw["checkpoints"]) if raw.get("checkpoints") else {}, xid_seen=_float(raw.get("xid_seen")) or 0.0,
+            checkpoints=json.loads(raw["checkpoints"]) if raw.get("checkpoints") else {},
+            xid_seen=_float(raw.get("xid_seen")) or 0.0,
         )
 
     @property
@@ -133,7 +147,9 @@ def nodes(names: list[str]) -> dict[str, NodeEntry]:
 TELEMETRY_KEPT = 600  # readings per node: ten minutes at one heartbeat a second
 
 
-def heartbeat(name: str, now: float, model_state: str, load: dict, checkpoints: dict | None = None, gpus: list | None = None) -> None:
+def heartbeat(
+    name: str, now: float, model_state: str, load: dict, checkpoints: dict | None = None, gpus: list | None = None
+) -> None:
     pipe = client().pipeline()
     fields = {"last_seen": now, "model_state": model_state, "checkpoints": json.dumps(checkpoints or {})}
     fields.update({f: load[f] for f in LOAD_FIELDS if f in load})

@@ -33,46 +33,101 @@ class Cluster(models.Model):
     name = models.CharField(max_length=63, unique=True)
     created_at = models.DateTimeField(default=timezone.now)
     # How the cluster recovers (published to every gateway).
-    placement_policy = models.CharField(max_length=16, choices=PlacementPolicy.choices, default=PlacementPolicy.LIFELINE)
-    tau_tokens = models.PositiveIntegerField("τ (tokens)", default=512, help_text="A checkpointed prefix above this is worth restoring even on a busy holder.")
-    theta_factor = models.FloatField("θ factor", default=2.0, help_text="A holder is overloaded above this many times the mean recovery load.")
-    alpha = models.FloatField("α (pages)", default=1.0, help_text="Weight of checkpoint pages held in the recovery load L̂.")
+    placement_policy = models.CharField(
+        max_length=16, choices=PlacementPolicy.choices, default=PlacementPolicy.LIFELINE
+    )
+    tau_tokens = models.PositiveIntegerField(
+        "τ (tokens)",
+        default=512,
+        help_text="A checkpointed prefix above this is worth restoring even on a busy holder.",
+    )
+    theta_factor = models.FloatField(
+        "θ factor", default=2.0, help_text="A holder is overloaded above this many times the mean recovery load."
+    )
+    alpha = models.FloatField(
+        "α (pages)", default=1.0, help_text="Weight of checkpoint pages held in the recovery load L̂."
+    )
     beta = models.FloatField("β (queue)", default=1.0, help_text="Weight of queue depth in the recovery load L̂.")
-    stall_timeout_s = models.FloatField(default=5.0, help_text="No byte from a node for this long: the gateway treats it as failed.")
-    dispatch_accounting = models.BooleanField(default=True, help_text="Gateways count a request on its node at dispatch (document 002).")
-    incident_window_s = models.FloatField(default=60.0, help_text="Failures starting within this window join one incident.")
-    fault_injection_enabled = models.BooleanField(default=False, help_text="Operators may inject faults from the console (staging clusters).")
+    stall_timeout_s = models.FloatField(
+        default=5.0, help_text="No byte from a node for this long: the gateway treats it as failed."
+    )
+    dispatch_accounting = models.BooleanField(
+        default=True, help_text="Gateways count a request on its node at dispatch (document 002)."
+    )
+    incident_window_s = models.FloatField(
+        default=60.0, help_text="Failures starting within this window join one incident."
+    )
+    fault_injection_enabled = models.BooleanField(
+        default=False, help_text="Operators may inject faults from the console (staging clusters)."
+    )
 
     # Canaries and health (source document 003), set on the settings page.
-    canary_interval_s = models.PositiveIntegerField("canary interval (s)", default=30, help_text="How often each node gets a canary.")
-    canary_retry_s = models.FloatField("re-check after a failure (s)", default=2.0, help_text="A node whose last canary failed is checked again this soon.")
+    canary_interval_s = models.PositiveIntegerField(
+        "canary interval (s)", default=30, help_text="How often each node gets a canary."
+    )
+    canary_retry_s = models.FloatField(
+        "re-check after a failure (s)",
+        default=2.0,
+        help_text="A node whose last canary failed is checked again this soon.",
+    )
     canary_timeout_s = models.FloatField("canary timeout (s)", default=3.0)
-    canary_logprob_tolerance = models.FloatField(default=0.5, help_text="A top logprob may differ from the golden run by this much.")
-    canary_latency_factor = models.FloatField(default=3.0, help_text="A canary slower than this many times the node's moving baseline fails.")
-    suspicious_after = models.PositiveSmallIntegerField(default=1, help_text="Consecutive failures before SUSPICIOUS (weight 0.5).")
-    unhealthy_after = models.PositiveSmallIntegerField(default=3, help_text="Consecutive failures before UNHEALTHY (weight 0, drain proposed).")
-    xid_burst_window_s = models.FloatField(default=10.0, help_text="Xid events on one GPU this close together are one event.")
-    breaker_threshold = models.PositiveSmallIntegerField(default=3, help_text="Consecutive node failures that open a node's circuit breaker.")
-    breaker_open_s = models.FloatField("breaker open (s)", default=60.0, help_text="How long an open breaker waits before its half-open trial.")
-    auto_cordon_max_share = models.FloatField(default=0.10, help_text="Share of the fleet the health machine may cordon within the window.")
+    canary_logprob_tolerance = models.FloatField(
+        default=0.5, help_text="A top logprob may differ from the golden run by this much."
+    )
+    canary_latency_factor = models.FloatField(
+        default=3.0, help_text="A canary slower than this many times the node's moving baseline fails."
+    )
+    suspicious_after = models.PositiveSmallIntegerField(
+        default=1, help_text="Consecutive failures before SUSPICIOUS (weight 0.5)."
+    )
+    unhealthy_after = models.PositiveSmallIntegerField(
+        default=3, help_text="Consecutive failures before UNHEALTHY (weight 0, drain proposed)."
+    )
+    xid_burst_window_s = models.FloatField(
+        default=10.0, help_text="Xid events on one GPU this close together are one event."
+    )
+    breaker_threshold = models.PositiveSmallIntegerField(
+        default=3, help_text="Consecutive node failures that open a node's circuit breaker."
+    )
+    breaker_open_s = models.FloatField(
+        "breaker open (s)", default=60.0, help_text="How long an open breaker waits before its half-open trial."
+    )
+    auto_cordon_max_share = models.FloatField(
+        default=0.10, help_text="Share of the fleet the health machine may cordon within the window."
+    )
     auto_cordon_window_s = models.PositiveIntegerField(default=600)
-    auto_cordon_breaker_open = models.BooleanField(default=False, help_text="Automatic cordons are stopped until an admin resets this.")
+    auto_cordon_breaker_open = models.BooleanField(
+        default=False, help_text="Automatic cordons are stopped until an admin resets this."
+    )
     auto_cordon_breaker_changed_at = models.DateTimeField(null=True, blank=True)
     auto_cordon_breaker_reason = models.TextField(blank=True)
     # Capacity and degradation.
     slo_ttft_ms = models.FloatField("TTFT objective (ms)", default=2000.0)
     slo_tpot_ms = models.FloatField("TPOT objective (ms)", default=100.0)
-    slo_required_rps = models.FloatField("required throughput (req/s)", default=0.0, help_text="0: no throughput objective, no degradation.")
+    slo_required_rps = models.FloatField(
+        "required throughput (req/s)", default=0.0, help_text="0: no throughput objective, no degradation."
+    )
     slo_avg_prompt_tokens = models.PositiveIntegerField("average prompt (tokens)", default=512)
     slo_avg_output_tokens = models.PositiveIntegerField("average output (tokens)", default=256)
-    degradation_margin = models.FloatField(default=0.05, help_text="A level falls only when the capacity ratio clears it by this share...")
+    degradation_margin = models.FloatField(
+        default=0.05, help_text="A level falls only when the capacity ratio clears it by this share..."
+    )
     degradation_hold_s = models.FloatField("degradation hold (s)", default=30.0, help_text="...for this long.")
     degradation_level = models.PositiveSmallIntegerField(default=0)
     degradation_changed_at = models.DateTimeField(null=True, blank=True)
-    degradation_better_since = models.FloatField(null=True, blank=True, help_text="Hysteresis: since when a lower level has been justified.")
+    degradation_better_since = models.FloatField(
+        null=True, blank=True, help_text="Hysteresis: since when a lower level has been justified."
+    )
     # Who is told when on-call must act.
-    oncall_webhook_url = models.URLField("on-call webhook", blank=True, help_text="POSTed a JSON message for every drain request.")
-    oncall_emails = models.CharField("on-call e-mail", max_length=500, blank=True, help_text="Comma-separated; on-call users' own addresses are added.")
+    oncall_webhook_url = models.URLField(
+        "on-call webhook", blank=True, help_text="POSTed a JSON message for every drain request."
+    )
+    oncall_emails = models.CharField(
+        "on-call e-mail",
+        max_length=500,
+        blank=True,
+        help_text="Comma-separated; on-call users' own addresses are added.",
+    )
 
     def __str__(self):
         return self.name
@@ -80,10 +135,16 @@ class Cluster(models.Model):
     def gateway_config(self) -> dict:
         effects = capacity_policy.EFFECTS[self.degradation_level]
         return {
-            "placement_policy": self.placement_policy, "tau_tokens": self.tau_tokens, "theta_factor": self.theta_factor,
-            "alpha": self.alpha, "beta": self.beta, "stall_timeout_s": self.stall_timeout_s,
+            "placement_policy": self.placement_policy,
+            "tau_tokens": self.tau_tokens,
+            "theta_factor": self.theta_factor,
+            "alpha": self.alpha,
+            "beta": self.beta,
+            "stall_timeout_s": self.stall_timeout_s,
             "dispatch_accounting": self.dispatch_accounting,
-            "degradation_level": self.degradation_level, "shed_tiers": list(effects.shed_tiers), "accept_new": effects.accept_new,
+            "degradation_level": self.degradation_level,
+            "shed_tiers": list(effects.shed_tiers),
+            "accept_new": effects.accept_new,
         }
 
     @classmethod
@@ -129,12 +190,16 @@ class Node(models.Model):
     session_started_at = models.DateTimeField(default=timezone.now)
     last_seen_at = models.DateTimeField(null=True, blank=True, help_text="Last heartbeat, as of the last state change.")
     cordoned = models.BooleanField(default=False, help_text="Takes no new requests (a drain, or an operator's hand).")
-    spare = models.BooleanField(default=False, help_text="Hot spare: holds the model, answers canaries, takes no traffic until promoted.")
+    spare = models.BooleanField(
+        default=False, help_text="Hot spare: holds the model, answers canaries, takes no traffic until promoted."
+    )
     # Health (source document 003), beside the lifecycle.
     health = models.CharField(max_length=16, choices=Health.choices, default=Health.HEALTHY)
     health_changed_at = models.DateTimeField(default=timezone.now)
     canary_failures = models.PositiveIntegerField(default=0, help_text="Consecutive canary failures.")
-    canary_baseline_ms = models.FloatField(null=True, blank=True, help_text="Moving average of passing canaries' latency.")
+    canary_baseline_ms = models.FloatField(
+        null=True, blank=True, help_text="Moving average of passing canaries' latency."
+    )
     canary_last_at = models.DateTimeField(null=True, blank=True)
     breaker = models.CharField(max_length=16, choices=BreakerState.choices, default=BreakerState.CLOSED)
     breaker_failures = models.PositiveIntegerField(default=0)
@@ -187,8 +252,13 @@ class Gpu(models.Model):
 class Outbox(models.Model):
     """A row whose follow-ups run once, after it committed, from recovery.reactions."""
 
-    reacted_at = models.DateTimeField(null=True, blank=True, db_index=True, editable=False,
-                                      help_text="When recovery.reactions ran its follow-ups; empty until then.")
+    reacted_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        db_index=True,
+        editable=False,
+        help_text="When recovery.reactions ran its follow-ups; empty until then.",
+    )
 
     class Meta:
         abstract = True
@@ -251,11 +321,17 @@ class Incident(models.Model):
     status_changed_at = models.DateTimeField(default=timezone.now)
     opened_at = models.DateTimeField(default=timezone.now, help_text="The first symptom.")
     detected_at = models.DateTimeField(null=True, blank=True, help_text="The control plane confirmed the failure.")
-    recovered_at = models.DateTimeField(null=True, blank=True, help_text="Cluster TTFT and TPOT back within 10% of the baseline.")
+    recovered_at = models.DateTimeField(
+        null=True, blank=True, help_text="Cluster TTFT and TPOT back within 10% of the baseline."
+    )
     closed_at = models.DateTimeField(null=True, blank=True)
     acknowledged_at = models.DateTimeField(null=True, blank=True)
-    acknowledged_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
-    commander = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    acknowledged_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    commander = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     notes = models.TextField(blank=True)
     nodes = models.ManyToManyField(Node, related_name="incidents", blank=True)
     baseline_ttft_ms = models.FloatField(null=True, blank=True)
@@ -375,7 +451,11 @@ class CanaryGolden(models.Model):
 
     class Meta:
         ordering = ["-recorded_at"]
-        constraints = [models.UniqueConstraint(fields=["model_key", "gpu_key", "tp"], condition=models.Q(active=True), name="golden_one_active")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["model_key", "gpu_key", "tp"], condition=models.Q(active=True), name="golden_one_active"
+            )
+        ]
 
     def __str__(self):
         return f"golden {self.model_key} on {self.tp}x {self.gpu_key} ({self.recorded_at:%Y-%m-%d %H:%M})"
@@ -438,12 +518,18 @@ class Drain(models.Model):
     state = models.CharField(max_length=16, choices=DrainState.choices, default=DrainState.PROPOSED)
     state_changed_at = models.DateTimeField(default=timezone.now)
     mode = models.CharField(max_length=20, choices=DrainMode.choices, default=DrainMode.IMMEDIATE)
-    deadline_s = models.PositiveIntegerField(null=True, blank=True, help_text="With mode deadline: seconds after the cordon.")
+    deadline_s = models.PositiveIntegerField(
+        null=True, blank=True, help_text="With mode deadline: seconds after the cordon."
+    )
     remediation = models.CharField(max_length=20, choices=Remediation.choices, default=Remediation.RESTART)
-    requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     source = models.CharField(max_length=100, help_text="'health machine', or the requesting user.")
     reason = models.TextField()
-    evidence = models.JSONField(default=dict, blank=True, help_text="Canary failures, Xid events and telemetry at the time of the request.")
+    evidence = models.JSONField(
+        default=dict, blank=True, help_text="Canary failures, Xid events and telemetry at the time of the request."
+    )
     blast_radius = models.JSONField(default=dict, blank=True)
     approvals_required = models.PositiveSmallIntegerField(default=1)
     approvals_why = models.TextField(blank=True, help_text="Why a second approver is needed, if one is.")
@@ -457,8 +543,11 @@ class Drain(models.Model):
     class Meta:
         ordering = ["-created_at"]
         constraints = [
-            models.UniqueConstraint(fields=["node"], condition=models.Q(state__in=[s.value for s in OPEN_DRAIN_STATES]),
-                                    name="drain_one_open_per_node"),
+            models.UniqueConstraint(
+                fields=["node"],
+                condition=models.Q(state__in=[s.value for s in OPEN_DRAIN_STATES]),
+                name="drain_one_open_per_node",
+            ),
         ]
 
     def __str__(self):

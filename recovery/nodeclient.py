@@ -15,7 +15,9 @@ class NodeUnreachable(Exception):
     pass
 
 
-def call(address: str, method: str, path: str, body: dict | None = None, timeout: float = 2.0, token: str | None = None) -> tuple[int, dict]:
+def call(
+    address: str, method: str, path: str, body: dict | None = None, timeout: float = 2.0, token: str | None = None
+) -> tuple[int, dict]:
     """(status, JSON answer) from a node agent; NodeUnreachable when it does not answer."""
     token = token if token is not None else settings.LIFELINE_AGENT_TOKEN
     headers = {"Content-Type": "application/json"}

@@ -55,7 +55,11 @@ def on_node_transition(row: NodeTransition) -> None:
 
 def on_health_transition(row: HealthTransition) -> None:
     node = row.node
-    if row.kind == HealthChange.HEALTH and row.new in (Health.UNHEALTHY, Health.SUSPICIOUS) and row.details.get("drain"):
+    if (
+        row.kind == HealthChange.HEALTH
+        and row.new in (Health.UNHEALTHY, Health.SUSPICIOUS)
+        and row.details.get("drain")
+    ):
         # The health machine took the node out (or would have, but for the cluster breaker): a spare in
         # its place, and a drain for on-call with the evidence and the remediation it calls for.
         if row.new == Health.UNHEALTHY:

@@ -106,4 +106,4 @@ def deliver_notification(self, notification_id: int, channel: str) -> str:
     try:
         return notify.deliver(notification, channel)
     except notify.DeliveryFailed as exc:
-        raise self.retry(exc=exc, countdown=min(2 ** self.request.retries * 5, 300)) from None
+        raise self.retry(exc=exc, countdown=min(2**self.request.retries * 5, 300)) from None

@@ -75,7 +75,14 @@ def stack_database(tmp_path_factory):
 
     params = env.database("DATABASE_URL", BASE_DIR)
     name = f"lifeline_e2e_{secrets.token_hex(4)}"
-    admin = dict(host=params["HOST"], port=params["PORT"], user=params["USER"] or None, password=params["PASSWORD"] or None, dbname="postgres", autocommit=True)
+    admin = dict(
+        host=params["HOST"],
+        port=params["PORT"],
+        user=params["USER"] or None,
+        password=params["PASSWORD"] or None,
+        dbname="postgres",
+        autocommit=True,
+    )
     with psycopg.connect(**admin) as connection:
         connection.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     try:
@@ -113,9 +120,21 @@ def demo_stack(request, tmp_path_factory, e2e_database_url):
     cores with every later test, and with the other stacks those start."""
     var_dir = tmp_path_factory.mktemp("stack")
     argv = demo_argv(
-        "--nodes", "3", "--spares", "0", "--no-traffic", "--port", str(free_port()), "--gateway-port", str(free_port()),
-        "--restart-delay", "6", "--worker-concurrency", "1",
-        "--time-scale", "0.1",  # a restarted node reloads its model cold: 2.6 s instead of 26
+        "--nodes",
+        "3",
+        "--spares",
+        "0",
+        "--no-traffic",
+        "--port",
+        str(free_port()),
+        "--gateway-port",
+        str(free_port()),
+        "--restart-delay",
+        "6",
+        "--worker-concurrency",
+        "1",
+        "--time-scale",
+        "0.1",  # a restarted node reloads its model cold: 2.6 s instead of 26
     )
     suffix = "e2e-" + request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_")  # its own Redis keys
     stack = DemoStack(var_dir, demo_env(var_dir, e2e_database_url, suffix), argv).start()

@@ -45,7 +45,9 @@ class FakeControlPlane:
 
     def heartbeats_after(self, count: int, predicate, timeout_s: float = 10.0) -> protocol.Heartbeat:
         """The first heartbeat after the first `count` received for which `predicate` is true."""
-        return self._wait(lambda: next((h for h in self.heartbeats[count:] if predicate(h)), None), timeout_s, "a later heartbeat")
+        return self._wait(
+            lambda: next((h for h in self.heartbeats[count:] if predicate(h)), None), timeout_s, "a later heartbeat"
+        )
 
     def _wait(self, find, timeout_s: float, what: str):
         with self._changed:

@@ -42,24 +42,46 @@ class Cluster:
         self.config.update(config or {})
         self.client.delete(self.keys.routing)
         routes = {
-            name: json.dumps({"address": n.address, "model": "Qwen3-32B", "rack": self.racks[name], "gpu": self.gpus[name], "tp": 1,
-                              "weight": 0.0 if name in cordoned else 1.0, "session": str(n.pid)})
-            for name, n in self.nodes.items() if n.proc.poll() is None
+            name: json.dumps(
+                {
+                    "address": n.address,
+                    "model": "Qwen3-32B",
+                    "rack": self.racks[name],
+                    "gpu": self.gpus[name],
+                    "tp": 1,
+                    "weight": 0.0 if name in cordoned else 1.0,
+                    "session": str(n.pid),
+                }
+            )
+            for name, n in self.nodes.items()
+            if n.proc.poll() is None
         }
         if routes:
             self.client.hset(self.keys.routing, mapping=routes)
         self.client.set(self.keys.deployed_models, json.dumps(["Qwen3-32B"]))  # as the control plane publishes it
-        self.client.hset(self.keys.gateway_keys, hashlib.sha256(KEY.encode()).hexdigest(), json.dumps({"id": 1, "tenant": "acme", "tier": "premium"}))
+        self.client.hset(
+            self.keys.gateway_keys,
+            hashlib.sha256(KEY.encode()).hexdigest(),
+            json.dumps({"id": 1, "tenant": "acme", "tier": "premium"}),
+        )
         self.client.set(self.keys.cluster_config, json.dumps(self.config))
         self.client.publish(self.keys.routing_changed, "1")
 
     async def gateway(self, name="gw-test", **config) -> str:
-        app = build_app(GatewayConfig(redis_url=os.environ["REDIS_URL"], namespace=self.keys.namespace, name=name, agent_token=AGENT, **config))
+        app = build_app(
+            GatewayConfig(
+                redis_url=os.environ["REDIS_URL"], namespace=self.keys.namespace, name=name, agent_token=AGENT, **config
+            )
+        )
         server = TestServer(app, host="127.0.0.1")
         await server.start_server()
         self.servers.append(server)
         base = f"http://127.0.0.1:{server.port}"
-        await self.until(base, lambda h: len(h["watching"]) == len([n for n in self.nodes.values() if n.proc.poll() is None]), "watching every node")
+        await self.until(
+            base,
+            lambda h: len(h["watching"]) == len([n for n in self.nodes.values() if n.proc.poll() is None]),
+            "watching every node",
+        )
         return base
 
     async def until(self, base, predicate, what, timeout=10):
@@ -79,7 +101,9 @@ class Cluster:
             await server.app[COORDINATOR_KEY].signals.flush()
 
     def signals(self, kind: str) -> list[dict]:
-        return [json.loads(fields["data"]) for _, fields in self.client.xrange(self.keys.signals) if fields["kind"] == kind]
+        return [
+            json.loads(fields["data"]) for _, fields in self.client.xrange(self.keys.signals) if fields["kind"] == kind
+        ]
 
     async def close(self):
         for server in self.servers:

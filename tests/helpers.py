@@ -29,7 +29,9 @@ class NodeProcess:
 
     def start(self, timeout_s: float = 20) -> "NodeProcess":
         stderr = open(self.log_dir / f"{self.name}.log", "ab") if self.log_dir else subprocess.DEVNULL
-        self.proc = subprocess.Popen(self.argv, cwd=BASE_DIR, env=self.env, stdout=subprocess.PIPE, stderr=stderr, text=True)
+        self.proc = subprocess.Popen(
+            self.argv, cwd=BASE_DIR, env=self.env, stdout=subprocess.PIPE, stderr=stderr, text=True
+        )
         deadline = time.monotonic() + timeout_s
         line = self.proc.stdout.readline()
         if not line or time.monotonic() > deadline:
@@ -57,9 +59,13 @@ class NodeProcess:
             self.proc.stdout.close()
 
 
-def http_json(url: str, *, data=None, headers: dict | None = None, method: str | None = None, timeout: float = 10) -> tuple[int, dict]:
+def http_json(
+    url: str, *, data=None, headers: dict | None = None, method: str | None = None, timeout: float = 10
+) -> tuple[int, dict]:
     body = json.dumps(data).encode() if data is not None else None
-    request = urllib.request.Request(url, data=body, method=method, headers={"Content-Type": "application/json", **(headers or {})})
+    request = urllib.request.Request(
+        url, data=body, method=method, headers={"Content-Type": "application/json", **(headers or {})}
+    )
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, json.loads(response.read() or b"null")
@@ -92,7 +98,9 @@ class DemoStack:
     def start(self, timeout_s: float = 120) -> "DemoStack":
         self.var_dir.mkdir(parents=True, exist_ok=True)
         self.output = open(self.var_dir / "demo.out", "wb")
-        self.proc = subprocess.Popen(self.argv, cwd=BASE_DIR, env=self.env, stdout=self.output, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.argv, cwd=BASE_DIR, env=self.env, stdout=self.output, stderr=subprocess.STDOUT, start_new_session=True
+        )
         info_file = self.var_dir / "demo.json"
         deadline = time.monotonic() + timeout_s
         while not info_file.exists():
@@ -164,15 +172,22 @@ def processes_mentioning(text: str) -> list[int]:
 
 # --- the browser -------------------------------------------------------------------------
 CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-    "--disable-sync", "--no-first-run", "--disable-quic",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
 ]
 
 
 def chromium_path() -> str:
     path = os.environ.get("LIFELINE_CHROMIUM") or shutil.which("chromium")
     if not path:
-        raise RuntimeError("Chromium is not installed: `./lifeline test` installs Debian's chromium when run as root, or set LIFELINE_CHROMIUM")
+        raise RuntimeError(
+            "Chromium is not installed: `./lifeline test` installs Debian's chromium when run as root, or set LIFELINE_CHROMIUM"
+        )
     return path
 
 

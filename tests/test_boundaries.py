@@ -28,9 +28,15 @@ def _imports(path: Path) -> list[str]:
     return names
 
 
-@pytest.mark.parametrize("path", [p for rel in DJANGO_FREE for p in _python_files(rel)], ids=lambda p: str(p.relative_to(BASE_DIR)))
+@pytest.mark.parametrize(
+    "path", [p for rel in DJANGO_FREE for p in _python_files(rel)], ids=lambda p: str(p.relative_to(BASE_DIR))
+)
 def test_module_imports_no_django(path):
-    bad = [name for name in _imports(path) if name.split(".")[0] in ("django", "channels", "celery", "console") or name.startswith(FORBIDDEN)]
+    bad = [
+        name
+        for name in _imports(path)
+        if name.split(".")[0] in ("django", "channels", "celery", "console") or name.startswith(FORBIDDEN)
+    ]
     assert not bad, f"{path.relative_to(BASE_DIR)} imports {bad}"
 
 
@@ -40,10 +46,20 @@ def test_workers_never_import_the_control_plane():
 
 
 def test_importing_the_node_side_loads_no_django():
-    modules = [str(p.relative_to(BASE_DIR).with_suffix("")).replace("/", ".") for rel in ("workers", "recovery/policy") for p in _python_files(rel)]
+    modules = [
+        str(p.relative_to(BASE_DIR).with_suffix("")).replace("/", ".")
+        for rel in ("workers", "recovery/policy")
+        for p in _python_files(rel)
+    ]
     modules = [m.removesuffix(".__init__") for m in modules]
-    code = "import sys\n" + "".join(f"import {m}\n" for m in modules) + "loaded = [m for m in sys.modules if m.split('.')[0] in ('django', 'channels', 'celery')]\nprint(loaded)\nsys.exit(1 if loaded else 0)"
-    result = subprocess.run([sys.executable, "-c", code], cwd=BASE_DIR, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    code = (
+        "import sys\n"
+        + "".join(f"import {m}\n" for m in modules)
+        + "loaded = [m for m in sys.modules if m.split('.')[0] in ('django', 'channels', 'celery')]\nprint(loaded)\nsys.exit(1 if loaded else 0)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=BASE_DIR, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -59,10 +75,14 @@ def _imported_names(path: Path) -> list[str]:
     return names
 
 
-@pytest.mark.parametrize("path", _python_files("recovery") + _python_files("workers"), ids=lambda p: str(p.relative_to(BASE_DIR)))
+@pytest.mark.parametrize(
+    "path", _python_files("recovery") + _python_files("workers"), ids=lambda p: str(p.relative_to(BASE_DIR))
+)
 def test_nothing_below_the_console_imports_it(path):
     """console → recovery → workers, one way: the control plane and the data plane never reach up into the console."""
-    assert not [n for n in _imports(path) if n.split(".")[0] == "console"], f"{path.relative_to(BASE_DIR)} imports the console"
+    assert not [n for n in _imports(path) if n.split(".")[0] == "console"], (
+        f"{path.relative_to(BASE_DIR)} imports the console"
+    )
 
 
 def test_the_actions_import_only_downward():

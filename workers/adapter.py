@@ -115,10 +115,14 @@ class AdapterEngine:
         path = "/v1/completions" if req.kind == "completion" else "/v1/chat/completions"
         self.counters["requests_proxied"] += 1
         try:
-            upstream = await self.session.post(self.engine_url + path, json=body, headers={"X-Request-Id": req.request_id})
+            upstream = await self.session.post(
+                self.engine_url + path, json=body, headers={"X-Request-Id": req.request_id}
+            )
         except _UNREACHABLE as exc:
             self.counters["engine_errors"] += 1
-            raise EngineError(f"The engine at {self.engine_url} did not answer: {exc.__class__.__name__}.", status=502) from None
+            raise EngineError(
+                f"The engine at {self.engine_url} did not answer: {exc.__class__.__name__}.", status=502
+            ) from None
         if upstream.status != 200:
             async with upstream:
                 raise await self._refusal(upstream)
@@ -134,9 +138,13 @@ class AdapterEngine:
         text = await upstream.text()
         try:
             error = json.loads(text)
-            error = error.get("error", error)  # OpenAI's {"error": {...}}, or vLLM's older flat {"object": "error", ...}
+            error = error.get(
+                "error", error
+            )  # OpenAI's {"error": {...}}, or vLLM's older flat {"object": "error", ...}
             kind = str(error.get("type") or "engine_error")
-            return ApiError(upstream.status, str(error["message"]), param=error.get("param"), kind=kind, code=error.get("code"))
+            return ApiError(
+                upstream.status, str(error["message"]), param=error.get("param"), kind=kind, code=error.get("code")
+            )
         except (ValueError, KeyError, TypeError, AttributeError):
             message = f"The engine at {self.engine_url} answered {upstream.status}: {text[:200]}"
             return ApiError(upstream.status, message, kind="engine_error")
@@ -165,9 +173,15 @@ class AdapterEngine:
                         self._tokens(seq, req.kind, choice)
                         reason = choice.get("finish_reason") or reason
         except _UNREACHABLE as exc:
-            reason, detail = "error", {"reason": f"the engine at {self.engine_url} broke off the stream: {exc.__class__.__name__}"}
+            reason, detail = (
+                "error",
+                {"reason": f"the engine at {self.engine_url} broke off the stream: {exc.__class__.__name__}"},
+            )
         except (ValueError, KeyError, TypeError) as exc:
-            reason, detail = "error", {"reason": f"the engine at {self.engine_url} sent a chunk this node cannot read: {exc!r}"}
+            reason, detail = (
+                "error",
+                {"reason": f"the engine at {self.engine_url} sent a chunk this node cannot read: {exc!r}"},
+            )
         if reason is None:
             reason, detail = "error", {"reason": f"the engine at {self.engine_url} ended the stream without a finish"}
         self._finish(seq, reason, detail, usage)
@@ -214,8 +228,15 @@ class AdapterEngine:
         # The engine's own counts where it gives them; else the prompt as this node tokenized it
         # (a different tokenizer: an estimate) and the tokens relayed.
         usage = usage or {}
-        seq.events.put_nowait(FinishEvent(reason, int(usage.get("prompt_tokens", len(seq.prompt_ids))),
-                                          int(usage.get("completion_tokens", len(seq.generated))), time.time(), detail))
+        seq.events.put_nowait(
+            FinishEvent(
+                reason,
+                int(usage.get("prompt_tokens", len(seq.prompt_ids))),
+                int(usage.get("completion_tokens", len(seq.generated))),
+                time.time(),
+                detail,
+            )
+        )
         self.poke()
 
     # --- load, from the engine's metrics -----------------------------------------------
@@ -232,14 +253,20 @@ class AdapterEngine:
         try:
             async with self.session.get(self.engine_url + "/health", timeout=aiohttp.ClientTimeout(total=2)) as health:
                 state = "serving" if health.status == 200 else "loading_full"
-            async with self.session.get(self.engine_url + "/metrics", timeout=aiohttp.ClientTimeout(total=2)) as response:
+            async with self.session.get(
+                self.engine_url + "/metrics", timeout=aiohttp.ClientTimeout(total=2)
+            ) as response:
                 figures = parse_vllm_metrics(await response.text())
         except _UNREACHABLE as exc:
             self.counters["poll_failures"] += 1
             if self.model_state == "serving":
                 log.warning("engine at %s stopped answering: %s", self.engine_url, exc)
             state, figures = "loading_full", {}
-        changed = state != self.model_state or figures.get("running") != self.figures.get("running") or figures.get("waiting") != self.figures.get("waiting")
+        changed = (
+            state != self.model_state
+            or figures.get("running") != self.figures.get("running")
+            or figures.get("waiting") != self.figures.get("waiting")
+        )
         now = time.monotonic()
         if self.last_poll_at is not None and figures.get("running"):
             self.busy_s += now - self.last_poll_at
@@ -306,7 +333,16 @@ def _logprobs(logprobs: dict | None, kind: str) -> list[tuple[str, float | None,
     if not logprobs:
         return []
     if kind == "completion":
-        spelled, chosen, tops = logprobs.get("tokens") or [], logprobs.get("token_logprobs") or [], logprobs.get("top_logprobs") or []
-        return [(spelled[i], chosen[i], tuple((tops[i] or {}).items()) if i < len(tops) else ()) for i in range(min(len(spelled), len(chosen)))]
-    return [(item["token"], item.get("logprob"), tuple((c["token"], c["logprob"]) for c in item.get("top_logprobs") or ()))
-            for item in logprobs.get("content") or ()]
+        spelled, chosen, tops = (
+            logprobs.get("tokens") or [],
+            logprobs.get("token_logprobs") or [],
+            logprobs.get("top_logprobs") or [],
+        )
+        return [
+            (spelled[i], chosen[i], tuple((tops[i] or {}).items()) if i < len(tops) else ())
+            for i in range(min(len(spelled), len(chosen)))
+        ]
+    return [
+        (item["token"], item.get("logprob"), tuple((c["token"], c["logprob"]) for c in item.get("top_logprobs") or ()))
+        for item in logprobs.get("content") or ()
+    ]

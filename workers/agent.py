@@ -74,20 +74,42 @@ class EngineCollector:
         yield from gauge("vllm:num_requests_waiting", "Requests waiting to be admitted.", status.waiting)
         if status.kv_blocks_used is not None:
             total = status.kv_blocks_total or 1
-            yield from gauge("vllm:kv_cache_usage_perc", "Share of KV-cache blocks in use (1 = full).", status.kv_blocks_used / total)
+            yield from gauge(
+                "vllm:kv_cache_usage_perc", "Share of KV-cache blocks in use (1 = full).", status.kv_blocks_used / total
+            )
         yield from counter("vllm:prompt_tokens", "Prompt tokens received.", "prompt_tokens")
         yield from counter("vllm:generation_tokens", "Tokens generated.", "generation_tokens")
         yield from counter("vllm:num_preemptions", "Sequences preempted for lack of KV blocks.", "preemptions")
-        yield from gauge("lifeline_batch_limit", "Sequences admitted into the running batch at most.", status.batch_limit)
+        yield from gauge(
+            "lifeline_batch_limit", "Sequences admitted into the running batch at most.", status.batch_limit
+        )
         step_s = None if status.step_ms is None else status.step_ms / 1000
         yield from gauge("lifeline_step_seconds", "Emulated duration of the last engine step.", step_s)
-        yield from gauge("lifeline_uncomputed_prefill_tokens", "Prompt tokens not yet computed (prefill load).", status.uncomputed_prefill_tokens)
+        yield from gauge(
+            "lifeline_uncomputed_prefill_tokens",
+            "Prompt tokens not yet computed (prefill load).",
+            status.uncomputed_prefill_tokens,
+        )
         yield from gauge("lifeline_decode_batch_size", "Sequences in the decode batch.", status.decode_batch)
-        yield from gauge("lifeline_decode_context_tokens", "Sum of sequence lengths in the decode batch.", status.decode_context_tokens)
-        yield from gauge("lifeline_checkpoint_bytes_held", "Other nodes' KV pages held in host memory.", status.checkpoint_bytes_held)
-        yield from gauge("lifeline_checkpoint_budget_bytes", "Host-memory budget for checkpoints.", status.checkpoint_budget_bytes)
-        yield from gauge("lifeline_model_ready", "1 when the full model serves, 0 while loading.", 1 if status.model_state == "serving" else 0)
-        yield from counter("lifeline_draft_tokens_proposed", "Drafted tokens verified here (speculative assist).", "draft_proposed")
+        yield from gauge(
+            "lifeline_decode_context_tokens",
+            "Sum of sequence lengths in the decode batch.",
+            status.decode_context_tokens,
+        )
+        yield from gauge(
+            "lifeline_checkpoint_bytes_held", "Other nodes' KV pages held in host memory.", status.checkpoint_bytes_held
+        )
+        yield from gauge(
+            "lifeline_checkpoint_budget_bytes", "Host-memory budget for checkpoints.", status.checkpoint_budget_bytes
+        )
+        yield from gauge(
+            "lifeline_model_ready",
+            "1 when the full model serves, 0 while loading.",
+            1 if status.model_state == "serving" else 0,
+        )
+        yield from counter(
+            "lifeline_draft_tokens_proposed", "Drafted tokens verified here (speculative assist).", "draft_proposed"
+        )
         yield from counter("lifeline_draft_tokens_accepted", "Drafted tokens accepted here.", "draft_accepted")
 
 
@@ -96,15 +118,36 @@ class RequestMetrics:
         self.model = model_key
         latency_buckets = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
         labels = ["model_name", "node"]
-        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token.", labels, registry=registry, buckets=latency_buckets)
+        self.ttft = Histogram(
+            "vllm:time_to_first_token_seconds",
+            "Time to first token.",
+            labels,
+            registry=registry,
+            buckets=latency_buckets,
+        )
         self.itl = Histogram(
-            "vllm:inter_token_latency_seconds", "Time between tokens.", labels, registry=registry,
+            "vllm:inter_token_latency_seconds",
+            "Time between tokens.",
+            labels,
+            registry=registry,
             buckets=(0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1),
         )
-        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Request latency.", labels, registry=registry, buckets=latency_buckets)
-        self.queue = Histogram("vllm:request_queue_time_seconds", "Time waiting for admission.", labels, registry=registry, buckets=latency_buckets)
-        self.refused = Counter("lifeline_requests_refused", "Requests refused before the engine saw them, by HTTP status.", ["node", "status"],
-                               registry=registry)
+        self.e2e = Histogram(
+            "vllm:e2e_request_latency_seconds", "Request latency.", labels, registry=registry, buckets=latency_buckets
+        )
+        self.queue = Histogram(
+            "vllm:request_queue_time_seconds",
+            "Time waiting for admission.",
+            labels,
+            registry=registry,
+            buckets=latency_buckets,
+        )
+        self.refused = Counter(
+            "lifeline_requests_refused",
+            "Requests refused before the engine saw them, by HTTP status.",
+            ["node", "status"],
+            registry=registry,
+        )
         self.node = node
         # One labelled child each, looked up once: observe() runs for every token.
         self.ttft_child, self.itl_child = self.ttft.labels(model_key, node), self.itl.labels(model_key, node)
@@ -142,7 +185,12 @@ async def _start(request: web.Request, runtime: NodeRuntime, req: CompletionRequ
         control_api.require(engine, "checkpoint", param="lifeline")
     privileged = ext.holders or ext.resume is not None or ext.checkpoint_prefill_chunks
     if privileged and not token_matches(_bearer(request), runtime.agent_token):
-        raise ApiError(401, "lifeline.holders and lifeline.resume need the agent token: send `Authorization: Bearer <agent token>`.", param="lifeline", kind="authentication_error")
+        raise ApiError(
+            401,
+            "lifeline.holders and lifeline.resume need the agent token: send `Authorization: Bearer <agent token>`.",
+            param="lifeline",
+            kind="authentication_error",
+        )
     poison = runtime.faults.poisoned_by(req.prompt_ids)
     if poison is not None:
         # An injected query of death: the engine fails on this input, as a real one with such a bug would.
@@ -154,8 +202,14 @@ async def _start(request: web.Request, runtime: NodeRuntime, req: CompletionRequ
         return await fetch_checkpoint(holder, request_id, runtime.peer_headers)
 
     return await engine.resume(
-        req.prompt_ids, req.params, req.request_id, ext.resume.generated, sources=ext.resume.sources, fetch=fetch,
-        holders=ext.holders, checkpoint_prefill_chunks=ext.checkpoint_prefill_chunks,
+        req.prompt_ids,
+        req.params,
+        req.request_id,
+        ext.resume.generated,
+        sources=ext.resume.sources,
+        fetch=fetch,
+        holders=ext.holders,
+        checkpoint_prefill_chunks=ext.checkpoint_prefill_chunks,
     )
 
 
@@ -168,11 +222,17 @@ async def _run_request(request: web.Request, kind: str) -> web.StreamResponse:
         body = await read_json(request)
         model = body.get("model")
         if isinstance(model, str) and model and model not in _served_names(engine):
-            raise ApiError(404, f"The model `{model}` does not exist on this node: it serves {engine.model.key}.", param="model",
-                           code="model_not_found")
+            raise ApiError(
+                404,
+                f"The model `{model}` does not exist on this node: it serves {engine.model.key}.",
+                param="model",
+                code="model_not_found",
+            )
         if (request.content_length or 0) > LARGE_BODY_BYTES:
             # Tokenizing a long prompt takes a while: off the event loop, so the engine's steps and streams keep time.
-            req = await asyncio.get_running_loop().run_in_executor(None, parse, body, kind, engine.deployment.max_context_tokens)
+            req = await asyncio.get_running_loop().run_in_executor(
+                None, parse, body, kind, engine.deployment.max_context_tokens
+            )
         else:
             req = parse(body, kind, engine.deployment.max_context_tokens)
         seq, resume = await _start(request, runtime, req)
@@ -180,9 +240,14 @@ async def _run_request(request: web.Request, kind: str) -> web.StreamResponse:
         metrics.refused.labels(metrics.node, str(exc.status)).inc()
         return error_response(exc, headers)
     except EngineError as exc:
-        kind_ = {503: "service_unavailable", 502: "engine_unavailable", 500: "server_error"}.get(exc.status, "invalid_request_error")
+        kind_ = {503: "service_unavailable", 502: "engine_unavailable", 500: "server_error"}.get(
+            exc.status, "invalid_request_error"
+        )
         metrics.refused.labels(metrics.node, str(exc.status)).inc()
-        return error_response(ApiError(exc.status, str(exc), param="lifeline.request_id" if exc.status == 409 else None, kind=kind_), headers)
+        return error_response(
+            ApiError(exc.status, str(exc), param="lifeline.request_id" if exc.status == 409 else None, kind=kind_),
+            headers,
+        )
     headers["X-Request-Id"] = req.request_id
     if resume is not None:
         headers["X-Lifeline-Resume"] = resume.method
@@ -192,7 +257,9 @@ async def _run_request(request: web.Request, kind: str) -> web.StreamResponse:
     last_at = None
     try:
         if req.stream:
-            response = web.StreamResponse(headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+            response = web.StreamResponse(
+                headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+            )
             await response.prepare(request)
             first = True
             role_sent = seq.resumed_with > 0  # a resumed stream continues one the client already has
@@ -226,7 +293,13 @@ async def _run_request(request: web.Request, kind: str) -> web.StreamResponse:
             engine.abort(seq.request_id)
 
 
-async def _stream_end(response: web.StreamResponse, writer: ChunkWriter, req: CompletionRequest, event: FinishEvent, extension: dict | None) -> None:
+async def _stream_end(
+    response: web.StreamResponse,
+    writer: ChunkWriter,
+    req: CompletionRequest,
+    event: FinishEvent,
+    extension: dict | None,
+) -> None:
     if event.reason == "migrated":
         # Handed over at a token boundary: the gateway continues the stream on the target.
         chunk = writer.finish_chunk(None)
@@ -252,7 +325,12 @@ async def _stream_end(response: web.StreamResponse, writer: ChunkWriter, req: Co
 def _abnormal_end(seq: Sequence, event: FinishEvent, headers: dict) -> web.Response:
     if event.reason == "migrated":
         detail = {**(event.detail or {}), "generated_token_ids": list(seq.generated)}
-        error = {"message": "The request moved to another node mid-way.", "type": "migrated", "param": None, "code": None}
+        error = {
+            "message": "The request moved to another node mid-way.",
+            "type": "migrated",
+            "param": None,
+            "code": None,
+        }
         return web.json_response({"error": error, "lifeline": {"migrated": detail}}, status=409, headers=headers)
     reason = (event.detail or {}).get("reason", "the request was aborted")
     return error_response(ApiError(503 if event.reason == "error" else 409, reason, kind="node_failure"), headers)
@@ -269,8 +347,16 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 async def models(request: web.Request) -> web.Response:
     engine = request.app[RUNTIME_KEY].engine
     created = int(time.time())
-    data = [{"id": engine.model.key, "object": "model", "created": created, "owned_by": "lifeline", "root": engine.model.name,
-             "max_model_len": engine.deployment.max_context_tokens}]
+    data = [
+        {
+            "id": engine.model.key,
+            "object": "model",
+            "created": created,
+            "owned_by": "lifeline",
+            "root": engine.model.name,
+            "max_model_len": engine.deployment.max_context_tokens,
+        }
+    ]
     return web.json_response({"object": "list", "data": data})
 
 
@@ -284,7 +370,10 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    return web.Response(body=generate_latest(request.app[REGISTRY_KEY]), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+    return web.Response(
+        body=generate_latest(request.app[REGISTRY_KEY]),
+        headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
+    )
 
 
 def status_document(runtime: NodeRuntime) -> dict:
@@ -320,7 +409,12 @@ async def status(request: web.Request) -> web.Response:
 def offered_capabilities(runtime: NodeRuntime) -> list[str]:
     """What the node offers, as it registers: the agent's own services and its engine's capabilities."""
     engine = runtime.engine
-    offered = ["openai", "events", *(c for c in CAPABILITIES if c in engine.capabilities and c != "faults"), "telemetry"]
+    offered = [
+        "openai",
+        "events",
+        *(c for c in CAPABILITIES if c in engine.capabilities and c != "faults"),
+        "telemetry",
+    ]
     if "faults" in engine.capabilities and runtime.faults.enabled:
         offered.append("faults")  # switched on per node, for staging (--enable-faults)
     return offered
@@ -371,12 +465,20 @@ async def error_middleware(request: web.Request, handler):
             raise
         headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
         kind = "not_found_error" if exc.status == 404 else "invalid_request_error"
-        return error_response(ApiError(exc.status, f"{exc.reason}: {request.method} {request.path}", kind=kind), headers)
+        return error_response(
+            ApiError(exc.status, f"{exc.reason}: {request.method} {request.path}", kind=kind), headers
+        )
     except (ConnectionResetError, asyncio.CancelledError):
         raise
     except Exception:
         log.exception("%s %s failed", request.method, request.path)
-        return error_response(ApiError(500, f"The node failed on {request.method} {request.path}; its log has the traceback.", kind="server_error"))
+        return error_response(
+            ApiError(
+                500,
+                f"The node failed on {request.method} {request.path}; its log has the traceback.",
+                kind="server_error",
+            )
+        )
 
 
 def build_app(runtime: NodeRuntime, telemetry_collector=None) -> web.Application:

@@ -85,8 +85,28 @@ GPUS: dict[str, Gpu] = {
 MODELS: dict[str, Model] = {
     m.key: m
     for m in (
-        Model("Llama-3-8B", "meta-llama/Meta-Llama-3-8B-Instruct", 8.0, 32, 8, 128, 32, draft="Llama-3.2-1B", context_tokens=8192),
-        Model("Llama-3-70B", "meta-llama/Meta-Llama-3-70B-Instruct", 70.6, 80, 8, 128, 64, draft="Llama-3.2-1B", context_tokens=8192),
+        Model(
+            "Llama-3-8B",
+            "meta-llama/Meta-Llama-3-8B-Instruct",
+            8.0,
+            32,
+            8,
+            128,
+            32,
+            draft="Llama-3.2-1B",
+            context_tokens=8192,
+        ),
+        Model(
+            "Llama-3-70B",
+            "meta-llama/Meta-Llama-3-70B-Instruct",
+            70.6,
+            80,
+            8,
+            128,
+            64,
+            draft="Llama-3.2-1B",
+            context_tokens=8192,
+        ),
         Model("Qwen3-14B", "Qwen/Qwen3-14B", 14.8, 40, 8, 128, 40, draft="Qwen3-1.7B", context_tokens=40960),
         Model("Qwen3-32B", "Qwen/Qwen3-32B", 32.8, 64, 8, 128, 64, draft="Qwen3-1.7B", context_tokens=40960),
         Model(
@@ -103,7 +123,9 @@ MODELS: dict[str, Model] = {
             context_tokens=32768,
         ),
         Model("Qwen3-1.7B", "Qwen/Qwen3-1.7B", 1.7, 28, 8, 128, 16, is_draft=True, context_tokens=40960),
-        Model("Llama-3.2-1B", "meta-llama/Llama-3.2-1B-Instruct", 1.2, 16, 8, 64, 32, is_draft=True, context_tokens=131072),
+        Model(
+            "Llama-3.2-1B", "meta-llama/Llama-3.2-1B-Instruct", 1.2, 16, 8, 64, 32, is_draft=True, context_tokens=131072
+        ),
     )
 }
 
@@ -152,7 +174,11 @@ class Deployment:
         if self.kv_capacity_bytes <= self.model.kv_bytes_per_block:
             usable = self.gpu.memory_bytes * GPU_MEMORY_UTILIZATION
             fits = [tp for tp in TP_DEGREES if usable * tp - self.model.weight_bytes > self.model.kv_bytes_per_block]
-            advice = f"use a tensor-parallel degree of at least {fits[0]}" if fits else f"it does not fit even on {TP_DEGREES[-1]} of them"
+            advice = (
+                f"use a tensor-parallel degree of at least {fits[0]}"
+                if fits
+                else f"it does not fit even on {TP_DEGREES[-1]} of them"
+            )
             raise CatalogError(
                 f"{self.model.key} ({self.model.weight_bytes / GB:.1f} GB of weights) does not fit on "
                 f"{self.tp}x {self.gpu.key}: {advice}"
@@ -246,7 +272,12 @@ class Deployment:
         )
 
     def step_s(
-        self, prefill_tokens: int, prefill_context: int, decode_batch: int, decode_context: int, tp_link: str | None = None
+        self,
+        prefill_tokens: int,
+        prefill_context: int,
+        decode_batch: int,
+        decode_context: int,
+        tp_link: str | None = None,
     ) -> float:
         """A whole engine step: compute, plus the tensor-parallel all-reduces over `tp_link`."""
         return self.compute_s(prefill_tokens, prefill_context, decode_batch, decode_context) + self.tp_comm_s(

@@ -67,7 +67,15 @@ def _breaks_the_stream(refusal: dict) -> bool:
 
 
 class CheckpointStreamer:
-    def __init__(self, source: str, model: Model, headers: dict, wire_scale: float = 1 / 4096, flush_s: float = 0.02, give_up_s: float = 5.0):
+    def __init__(
+        self,
+        source: str,
+        model: Model,
+        headers: dict,
+        wire_scale: float = 1 / 4096,
+        flush_s: float = 0.02,
+        give_up_s: float = 5.0,
+    ):
         self.source = source
         self.model = model
         self.headers = headers
@@ -84,7 +92,14 @@ class CheckpointStreamer:
         # (holder, request) whose stream a holder broke off (out of budget, or a page missing): its
         # later pages could not be stored either, so they are not sent; a restore there re-prefills.
         self.refused: set[tuple[str, str]] = set()
-        self.counters = {"pages_sent": 0, "bytes_accounted": 0, "bytes_moved": 0, "batches": 0, "send_failures": 0, "pages_refused": 0}
+        self.counters = {
+            "pages_sent": 0,
+            "bytes_accounted": 0,
+            "bytes_moved": 0,
+            "batches": 0,
+            "send_failures": 0,
+            "pages_refused": 0,
+        }
 
     # --- what the engine calls (never blocks) ---------------------------------------
     @staticmethod
@@ -170,7 +185,13 @@ class CheckpointStreamer:
             else:
                 drops.append(item[1])
                 commits.pop(item[1], None)
-        return {"source": self.source, "model": self.model.key, "pages": pages, "commits": list(commits.values()), "drops": drops}
+        return {
+            "source": self.source,
+            "model": self.model.key,
+            "pages": pages,
+            "commits": list(commits.values()),
+            "drops": drops,
+        }
 
     async def _post(self, peer: Peer, body: dict) -> dict:
         if self._session is None:
@@ -178,7 +199,9 @@ class CheckpointStreamer:
         async with self._session.post(peer.address + KV_BATCH_PATH, json=body) as response:
             answer = await response.json(content_type=None)
             if response.status != 200:
-                raise aiohttp.ClientResponseError(response.request_info, (), status=response.status, message=str(answer))
+                raise aiohttp.ClientResponseError(
+                    response.request_info, (), status=response.status, message=str(answer)
+                )
         self.counters["batches"] += 1
         self.counters["pages_sent"] += len(body["pages"])
         self.counters["pages_refused"] += len(answer.get("refused", []))
@@ -186,9 +209,19 @@ class CheckpointStreamer:
 
     async def push_all(self, peer: Peer, request_id: str, blocks: list[list[int]], direct: bool) -> int:
         """Send a request's blocks to `peer` now, as one stream from seq 1 (a live migration)."""
-        pages = [make_page(request_id, i, ids, self.model, self.wire_scale).to_wire(request_id, i + 1) for i, ids in enumerate(blocks)]
+        pages = [
+            make_page(request_id, i, ids, self.model, self.wire_scale).to_wire(request_id, i + 1)
+            for i, ids in enumerate(blocks)
+        ]
         commits = [{"request_id": request_id, "seq": len(pages), "tokens": len(pages) * BLOCK_TOKENS}] if pages else []
-        body = {"source": self.source, "model": self.model.key, "pages": pages, "commits": commits, "drops": [], "direct": direct}
+        body = {
+            "source": self.source,
+            "model": self.model.key,
+            "pages": pages,
+            "commits": commits,
+            "drops": [],
+            "direct": direct,
+        }
         answer = await self._post(peer, body)
         return answer.get("committed", {}).get(request_id, 0)
 
@@ -203,7 +236,9 @@ class CheckpointStreamer:
         return {**self.counters, "pending": self.pending(), "dead_holders": sorted(self.dead)}
 
 
-async def fetch_checkpoint(holder: Peer, request_id: str, headers: dict, timeout_s: float = 10.0) -> tuple[list[Page], int]:
+async def fetch_checkpoint(
+    holder: Peer, request_id: str, headers: dict, timeout_s: float = 10.0
+) -> tuple[list[Page], int]:
     """A request's pages from another holder, each checked against its digest."""
     url = holder.address + KV_CHECKPOINT_PATH.format(request_id=request_id)
     async with aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
@@ -211,7 +246,9 @@ async def fetch_checkpoint(holder: Peer, request_id: str, headers: dict, timeout
             if response.status == 404:
                 return [], 0
             if response.status != 200:
-                raise aiohttp.ClientResponseError(response.request_info, (), status=response.status, message=await response.text())
+                raise aiohttp.ClientResponseError(
+                    response.request_info, (), status=response.status, message=await response.text()
+                )
             body = await response.json()
     pages = []
     for data in body["pages"]:
@@ -221,4 +258,3 @@ async def fetch_checkpoint(holder: Peer, request_id: str, headers: dict, timeout
         pages.append(page)
     committed = min(int(body.get("committed_tokens", 0)), len(pages) * BLOCK_TOKENS)
     return pages, committed
-

@@ -85,7 +85,9 @@ class ControlPlaneLink:
     async def _beat(self) -> None:
         heartbeat = await self.heartbeat()
         name = self.registration().name
-        async with self._session.post(self.base_url + protocol.HEARTBEAT_PATH.format(name=name), json=heartbeat.to_json()) as response:
+        async with self._session.post(
+            self.base_url + protocol.HEARTBEAT_PATH.format(name=name), json=heartbeat.to_json()
+        ) as response:
             body = await _json(response)
             if response.status in (404, 409):
                 # Unknown node (register again), or a session the control plane closed

@@ -16,7 +16,8 @@ import logging
 import aiohttp
 from aiohttp import web
 
-from workers import catalog, faults as faults_
+from workers import catalog
+from workers import faults as faults_
 from workers.catalog import BLOCK_TOKENS
 from workers.checkpoint import Peer
 from workers.engine import Assist, EngineError, propose_drafts
@@ -32,7 +33,13 @@ RUNTIME_KEY = web.AppKey("runtime", NodeRuntime)
 
 
 def error(status: int, message: str, field: str | None = None, **extra) -> web.Response:
-    body = {"error": {"message": message, "type": "invalid_request_error" if status == 400 else "control_error", "param": field}}
+    body = {
+        "error": {
+            "message": message,
+            "type": "invalid_request_error" if status == 400 else "control_error",
+            "param": field,
+        }
+    }
     body.update(extra)
     return web.json_response(body, status=status)
 
@@ -41,8 +48,13 @@ def lacking(engine: ServingEngine, capability: str, param: str | None = None) ->
     """The one answer to a call on a capability the engine does not offer: 501, in OpenAI's shape."""
     described = engine.describe()
     engine_ = described["kind"] + (f" at {described['url']}" if described.get("url") else "")
-    return ApiError(501, f"This node's engine ({engine_}) cannot {CAPABILITIES[capability].does}: it does not offer `{capability}`. "
-                         f"See /agent/capabilities for what it offers.", param=param, kind="not_implemented")
+    return ApiError(
+        501,
+        f"This node's engine ({engine_}) cannot {CAPABILITIES[capability].does}: it does not offer `{capability}`. "
+        f"See /agent/capabilities for what it offers.",
+        param=param,
+        kind="not_implemented",
+    )
 
 
 def require(engine: ServingEngine, capability: str, param: str | None = None) -> None:
@@ -87,9 +99,15 @@ async def _body(request: web.Request) -> dict:
     try:
         body = await request.json()
     except (json.JSONDecodeError, UnicodeDecodeError):
-        raise web.HTTPBadRequest(text=json.dumps({"error": {"message": "The body is not valid JSON.", "param": "body"}}), content_type="application/json") from None
+        raise web.HTTPBadRequest(
+            text=json.dumps({"error": {"message": "The body is not valid JSON.", "param": "body"}}),
+            content_type="application/json",
+        ) from None
     if not isinstance(body, dict):
-        raise web.HTTPBadRequest(text=json.dumps({"error": {"message": "The body must be a JSON object.", "param": "body"}}), content_type="application/json")
+        raise web.HTTPBadRequest(
+            text=json.dumps({"error": {"message": "The body must be a JSON object.", "param": "body"}}),
+            content_type="application/json",
+        )
     return body
 
 
@@ -99,7 +117,11 @@ async def kv_batch(request: web.Request, runtime: NodeRuntime) -> web.Response:
     """Pages, commit records and drops from a serving node, in order."""
     body = await _body(request)
     if body.get("model") != runtime.engine.model.key:
-        return error(400, f"model: this node serves {runtime.engine.model.key}; it cannot hold pages of {body.get('model')!r}", "model")
+        return error(
+            400,
+            f"model: this node serves {runtime.engine.model.key}; it cannot hold pages of {body.get('model')!r}",
+            "model",
+        )
     source = str(body.get("source") or "?")
     direct = bool(body.get("direct"))
     store = runtime.store
@@ -111,11 +133,25 @@ async def kv_batch(request: web.Request, runtime: NodeRuntime) -> web.Response:
             accepted += 1
         except PageRefused as exc:
             log.warning("refused a page from %s: %s", source, exc)
-            refused.append({"request_id": data.get("request_id"), "seq": data.get("seq"), "reason": exc.reason, "message": str(exc),
-                            "expected": exc.expected})
+            refused.append(
+                {
+                    "request_id": data.get("request_id"),
+                    "seq": data.get("seq"),
+                    "reason": exc.reason,
+                    "message": str(exc),
+                    "expected": exc.expected,
+                }
+            )
         except ValueError as exc:
             store.counters["refused_malformed"] = store.counters.get("refused_malformed", 0) + 1
-            refused.append({"request_id": data.get("request_id"), "seq": data.get("seq"), "reason": "malformed", "message": str(exc)})
+            refused.append(
+                {
+                    "request_id": data.get("request_id"),
+                    "seq": data.get("seq"),
+                    "reason": "malformed",
+                    "message": str(exc),
+                }
+            )
     committed = {}
     for commit in body.get("commits") or []:
         tokens_ = store.commit(str(commit.get("request_id")), int(commit.get("seq", 0)), int(commit.get("tokens", 0)))
@@ -193,7 +229,12 @@ async def migrate(request: web.Request, runtime: NodeRuntime) -> web.Response:
         await asyncio.sleep(seconds * runtime.engine.config.time_scale)
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
         # The request is stopped either way; the caller re-prefills it elsewhere from these tokens.
-        return error(502, f"could not hand the KV blocks to {target.name}: {exc}", "target", **{"lifeline": {"migrated": {**answer, "blocks": 0, "bytes": 0}}})
+        return error(
+            502,
+            f"could not hand the KV blocks to {target.name}: {exc}",
+            "target",
+            **{"lifeline": {"migrated": {**answer, "blocks": 0, "bytes": 0}}},
+        )
     return web.json_response(answer)
 
 
@@ -251,7 +292,9 @@ async def assist_start(request: web.Request, runtime: NodeRuntime) -> web.Respon
         await session.close()
         return error(exc.status, str(exc))
     expected = expected_tokens_per_step(float(alpha), k)
-    return web.json_response({"draft": draft.name, "k": k, "alpha": alpha, "expected_tokens_per_step": round(expected, 3)})
+    return web.json_response(
+        {"draft": draft.name, "k": k, "alpha": alpha, "expected_tokens_per_step": round(expected, 3)}
+    )
 
 
 @agent_control
@@ -270,7 +313,9 @@ def assist_report(counters: dict) -> dict:
         "draft_proposed": counters["draft_proposed"],
         "draft_accepted": counters["draft_accepted"],
         "acceptance": round(counters["draft_accepted"] / tested, 4) if tested else None,
-        "tokens_per_sequence_step": round(counters["assisted_tokens"] / counters["assisted_sequence_steps"], 3) if counters["assisted_sequence_steps"] else None,
+        "tokens_per_sequence_step": round(counters["assisted_tokens"] / counters["assisted_sequence_steps"], 3)
+        if counters["assisted_sequence_steps"]
+        else None,
     }
 
 
@@ -317,7 +362,11 @@ async def reset(request: web.Request, runtime: NodeRuntime) -> web.Response:
 
 # --- batch limit ----------------------------------------------------------------------------------
 def _config(engine) -> dict:
-    return {"batch_factor": engine.batch_factor, "batch_limit": engine.batch_limit, "max_num_seqs": engine.config.max_num_seqs}
+    return {
+        "batch_factor": engine.batch_factor,
+        "batch_limit": engine.batch_limit,
+        "max_num_seqs": engine.config.max_num_seqs,
+    }
 
 
 @agent_control
@@ -330,13 +379,23 @@ async def config_set(request: web.Request, runtime: NodeRuntime) -> web.Response
     """Lower (or restore) the batch limit: the share `batch_factor` of max_num_seqs, at least one."""
     body = await _body(request)
     if body.get("batch_factor") is None:
-        return error(400, "batch_factor is required: a number in (0, 1], the share of max_num_seqs to admit at once", "batch_factor")
+        return error(
+            400,
+            "batch_factor is required: a number in (0, 1], the share of max_num_seqs to admit at once",
+            "batch_factor",
+        )
     try:
         runtime.engine.set_batch_factor(body["batch_factor"])
     except EngineError as exc:
         return error(exc.status, str(exc), "batch_factor")
     config = _config(runtime.engine)
-    log.info("%s: batch limit now %d of %d (factor %s)", runtime.identity.name, config["batch_limit"], config["max_num_seqs"], config["batch_factor"])
+    log.info(
+        "%s: batch limit now %d of %d (factor %s)",
+        runtime.identity.name,
+        config["batch_limit"],
+        config["max_num_seqs"],
+        config["batch_factor"],
+    )
     return web.json_response(config)
 
 
@@ -346,7 +405,10 @@ def fault_control(handler):
     async def wrapper(request: web.Request) -> web.StreamResponse:
         runtime = request.app[RUNTIME_KEY]
         if not runtime.faults.enabled:
-            return error(403, f"Fault injection is off on {runtime.identity.name}: start the node with --enable-faults (staging only).")
+            return error(
+                403,
+                f"Fault injection is off on {runtime.identity.name}: start the node with --enable-faults (staging only).",
+            )
         if not token_matches(_bearer(request), runtime.fault_token):
             return error(401, "The fault token is missing or wrong: send `Authorization: Bearer <fault token>`.")
         return await handler(request, runtime)
@@ -421,4 +483,3 @@ def add_routes(app: web.Application) -> None:
 def expected_tokens_per_step(alpha: float, k: int) -> float:
     """Source document 000, eq. 3: E[tokens per step] = (1 - alpha^(k+1)) / (1 - alpha)."""
     return (1 - alpha ** (k + 1)) / (1 - alpha) if alpha < 1 else float(k + 1)
-

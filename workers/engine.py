@@ -79,7 +79,9 @@ class TokenEvent:
     # where the engine names it so (a real engine's logprobs, through an adapter).
     top: tuple[tuple[int | str, float], ...]
     at: float
-    token: str | None = None  # the token as the engine spells it in logprobs; None: workers.tokens spells it from its id
+    token: str | None = (
+        None  # the token as the engine spells it in logprobs; None: workers.tokens spells it from its id
+    )
 
 
 @dataclass
@@ -188,7 +190,9 @@ class Engine:
     """The emulated engine: a workers.engine_api.ServingEngine with every capability (fault
     injection among them, which a node still switches on only with --enable-faults)."""
 
-    capabilities = frozenset({"checkpoint", "resume", "migrate", "assist", "draft", "reload", "config", "reset", "faults"})
+    capabilities = frozenset(
+        {"checkpoint", "resume", "migrate", "assist", "draft", "reload", "config", "reset", "faults"}
+    )
 
     def __init__(
         self,
@@ -337,14 +341,22 @@ class Engine:
     # --- requests ----------------------------------------------------------------
     def _check_can_serve(self) -> None:
         if self.faults.gpu_lost:
-            raise EngineError(f"node {self.name} has lost GPU {sorted(self.faults.lost_gpus)} and cannot serve", status=503)
+            raise EngineError(
+                f"node {self.name} has lost GPU {sorted(self.faults.lost_gpus)} and cannot serve", status=503
+            )
         if self.model_state != "serving":
             raise EngineError(f"node {self.name} is {self.model_state.replace('_', ' ')}, not serving yet", status=503)
 
     async def submit_request(self, req: "CompletionRequest") -> Sequence:
         """Queue a validated request (workers.engine_api.ServingEngine)."""
         ext = req.extension
-        return self.submit(req.prompt_ids, req.params, req.request_id, holders=ext.holders, checkpoint_prefill_chunks=ext.checkpoint_prefill_chunks)
+        return self.submit(
+            req.prompt_ids,
+            req.params,
+            req.request_id,
+            holders=ext.holders,
+            checkpoint_prefill_chunks=ext.checkpoint_prefill_chunks,
+        )
 
     def submit(
         self,
@@ -364,13 +376,18 @@ class Engine:
         needed = self._blocks_for(len(prompt_ids) + params.max_tokens)
         if needed > self.total_blocks:
             # It would prefill, run out of KV, preempt itself and start over, forever: refuse it instead.
-            raise EngineError(f"the request needs {needed} KV blocks ({len(prompt_ids)} prompt + {params.max_tokens} output tokens) and "
-                              f"{self.name} has {self.total_blocks}: shorten it to {self.total_blocks * BLOCK_TOKENS} tokens in all", status=400)
+            raise EngineError(
+                f"the request needs {needed} KV blocks ({len(prompt_ids)} prompt + {params.max_tokens} output tokens) and "
+                f"{self.name} has {self.total_blocks}: shorten it to {self.total_blocks * BLOCK_TOKENS} tokens in all",
+                status=400,
+            )
         request_id = request_id or f"req-{uuid.uuid4().hex[:20]}"
         if request_id in self.by_id:
             raise EngineError(f"request id {request_id!r} is already running on this node")
         generated = list(generated or [])
-        seq = Sequence(request_id, list(prompt_ids), params, arrival=time.monotonic(), generated=generated, holders=holders)
+        seq = Sequence(
+            request_id, list(prompt_ids), params, arrival=time.monotonic(), generated=generated, holders=holders
+        )
         seq.checkpoint_prefill_chunks = checkpoint_prefill_chunks
         seq.sampling = params.sampling
         seq.resumed_with = len(generated)
@@ -409,7 +426,9 @@ class Engine:
         """
         self._check_can_serve()
         if len(generated) >= params.max_tokens:
-            raise EngineError(f"nothing left to generate: {len(generated)} of max_tokens={params.max_tokens} already sent", status=400)
+            raise EngineError(
+                f"nothing left to generate: {len(generated)} of max_tokens={params.max_tokens} already sent", status=400
+            )
         context = list(prompt_ids) + list(generated)
         per_block = self.model.kv_bytes_per_block
         info = None
@@ -419,11 +438,21 @@ class Engine:
             if restored:
                 # Pages handed over by a live migration went straight to GPU memory; a holder's
                 # own pages come up from host memory.
-                seconds = 0.0 if checkpoint.direct else catalog.kv_transfer_s(restored // BLOCK_TOKENS * per_block, catalog.HOST_TO_GPU_LINK)
-                info = ResumeInfo("checkpoint-local", restored, len(context) - restored, seconds * 1000, source=checkpoint.source)
+                seconds = (
+                    0.0
+                    if checkpoint.direct
+                    else catalog.kv_transfer_s(restored // BLOCK_TOKENS * per_block, catalog.HOST_TO_GPU_LINK)
+                )
+                info = ResumeInfo(
+                    "checkpoint-local", restored, len(context) - restored, seconds * 1000, source=checkpoint.source
+                )
                 self.store.drop(request_id, count=False)
             else:
-                reasons.append("this node holds no pages for the request" if checkpoint is None else "this node's pages do not match the request's tokens")
+                reasons.append(
+                    "this node holds no pages for the request"
+                    if checkpoint is None
+                    else "this node's pages do not match the request's tokens"
+                )
         if info is None and fetch is not None:
             for source in sources:
                 try:
@@ -435,7 +464,9 @@ class Engine:
                 if restored:
                     link, loaded = catalog.node_link(self.rack, source.rack)
                     seconds = catalog.kv_transfer_s(restored // BLOCK_TOKENS * per_block, link, loaded)
-                    info = ResumeInfo("checkpoint-fetched", restored, len(context) - restored, seconds * 1000, source=source.name)
+                    info = ResumeInfo(
+                        "checkpoint-fetched", restored, len(context) - restored, seconds * 1000, source=source.name
+                    )
                     break
                 reasons.append(f"{source.name} holds no usable pages")
         if info is None:
@@ -443,10 +474,19 @@ class Engine:
         if info.restore_ms:
             await asyncio.sleep(info.restore_ms / 1000 * self.config.time_scale)
         seq = self.submit(
-            prompt_ids, params, request_id, holders=holders, checkpoint_prefill_chunks=checkpoint_prefill_chunks,
-            generated=generated, restored_tokens=info.restored_tokens,
+            prompt_ids,
+            params,
+            request_id,
+            holders=holders,
+            checkpoint_prefill_chunks=checkpoint_prefill_chunks,
+            generated=generated,
+            restored_tokens=info.restored_tokens,
         )
-        key = {"checkpoint-local": "resumed_local", "checkpoint-fetched": "resumed_fetched", "re-prefill": "resumed_reprefill"}[info.method]
+        key = {
+            "checkpoint-local": "resumed_local",
+            "checkpoint-fetched": "resumed_fetched",
+            "re-prefill": "resumed_reprefill",
+        }[info.method]
         self.counters[key] += 1
         return seq, info
 
@@ -483,7 +523,12 @@ class Engine:
                 if name not in new:
                     self.streamer.drop(holder, request_id)
         seq.holders = tuple(holders)
-        return {"request_id": request_id, "holders": list(new), "added": [h.name for h in added], "blocks_sent": seq.streamed_blocks * len(added)}
+        return {
+            "request_id": request_id,
+            "holders": list(new),
+            "added": [h.name for h in added],
+            "blocks_sent": seq.streamed_blocks * len(added),
+        }
 
     def fail_gpu(self) -> int:
         """A lost GPU breaks the whole tensor-parallel group: every request in flight fails."""
@@ -508,7 +553,9 @@ class Engine:
     # --- status --------------------------------------------------------------------
     def status(self) -> NodeStatus:
         decode = [s for s in self.running if not s.in_prefill]
-        uncomputed_prefill = sum(s.uncomputed for s in self.running if s.in_prefill) + sum(s.uncomputed for s in self.waiting)
+        uncomputed_prefill = sum(s.uncomputed for s in self.running if s.in_prefill) + sum(
+            s.uncomputed for s in self.waiting
+        )
         store = self.store.stats() if self.store is not None else {}
         tested = self.counters["draft_tested"]
         return NodeStatus(
@@ -534,8 +581,12 @@ class Engine:
             decode_step_context_tokens=self.decode_step[2],
             batch_limit=self.batch_limit,
             batch_factor=self.batch_factor,
-            assist=None if self.assist is None else AssistStatus(
-                self.assist.draft.name, self.assist.k, self.assist.alpha,
+            assist=None
+            if self.assist is None
+            else AssistStatus(
+                self.assist.draft.name,
+                self.assist.k,
+                self.assist.alpha,
                 round(self.counters["draft_accepted"] / tested, 4) if tested else None,
             ),
             in_flight=len(self.by_id),
@@ -703,8 +754,17 @@ class Engine:
         assist = self.assist
         chosen = plan.decode[: self.config.max_assisted]
         items = [
-            {"id": s.request_id, "state": s.state.hex(), "position": len(s.generated), "temperature": s.params.temperature, "seed": s.params.seed,
-             "top_p": s.params.top_p, "top_k": s.params.top_k, "min_p": s.params.min_p, "min_tokens": s.params.min_tokens}
+            {
+                "id": s.request_id,
+                "state": s.state.hex(),
+                "position": len(s.generated),
+                "temperature": s.params.temperature,
+                "seed": s.params.seed,
+                "top_p": s.params.top_p,
+                "top_k": s.params.top_k,
+                "min_p": s.params.min_p,
+                "min_tokens": s.params.min_tokens,
+            }
             for s in chosen
         ]
         try:
@@ -765,7 +825,9 @@ class Engine:
         """Accept drafted tokens left to right while they match the target; emit them plus one."""
         state, accepted = seq.state, 0
         for offset, drafted in enumerate(proposal):
-            target = tokens.next_token(state, len(seq.generated) + offset, seq.params.temperature, seq.params.seed, seq.sampling).token_id
+            target = tokens.next_token(
+                state, len(seq.generated) + offset, seq.params.temperature, seq.params.seed, seq.sampling
+            ).token_id
             if drafted != target:
                 break
             accepted += 1
@@ -834,7 +896,9 @@ class Engine:
 
     def _migrate(self, seq: Sequence) -> None:
         complete = seq.computed // BLOCK_TOKENS
-        snapshot = MigrationSnapshot(seq.request_id, list(seq.prompt_ids), list(seq.generated), [seq.context_block(b) for b in range(complete)])
+        snapshot = MigrationSnapshot(
+            seq.request_id, list(seq.prompt_ids), list(seq.generated), [seq.context_block(b) for b in range(complete)]
+        )
         self.counters["migrated_out"] += 1
         self._finish(seq, "migrated", {"tokens": len(seq.generated)})
         if not seq.migration.done():
@@ -859,7 +923,9 @@ class Engine:
             for holder in seq.holders:  # the checkpoint is no longer needed
                 self.streamer.drop(holder, seq.request_id)
         if seq.migration is not None and not seq.migration.done() and reason != "migrated":
-            seq.migration.set_exception(EngineError(f"request {seq.request_id} ended ({reason}) before it could migrate", status=409))
+            seq.migration.set_exception(
+                EngineError(f"request {seq.request_id} ended ({reason}) before it could migrate", status=409)
+            )
         seq.events.put_nowait(FinishEvent(reason, len(seq.prompt_ids), len(seq.generated), time.time(), detail))
         self._publish("finished", seq.request_id)
         self._wake.set()
@@ -886,12 +952,20 @@ def propose_drafts(model_key: str, k: int, alpha: float, items: list[dict]) -> l
     for item in items:
         state = bytes.fromhex(item["state"])
         position = int(item["position"])
-        sampling = tokens.Sampling(float(item.get("temperature", 0.0)), int(item.get("seed", 0)), float(item.get("top_p", 1.0)),
-                                   int(item.get("top_k", -1)), float(item.get("min_p", 0.0)), int(item.get("min_tokens", 0)))
+        sampling = tokens.Sampling(
+            float(item.get("temperature", 0.0)),
+            int(item.get("seed", 0)),
+            float(item.get("top_p", 1.0)),
+            int(item.get("top_k", -1)),
+            float(item.get("min_p", 0.0)),
+            int(item.get("min_tokens", 0)),
+        )
         drafted = []
         for offset in range(k):
             target = tokens.next_token(state, position + offset, sampling.temperature, sampling.seed, sampling).token_id
-            digest = hashlib.blake2b(state + (position + offset).to_bytes(8, "little"), digest_size=8, person=b"lifeline-draft").digest()
+            digest = hashlib.blake2b(
+                state + (position + offset).to_bytes(8, "little"), digest_size=8, person=b"lifeline-draft"
+            ).digest()
             agree = int.from_bytes(digest, "little") / 2**64 < alpha
             token = target if agree else (target + 1 + digest[0] % 7) % tokens.WORD_COUNT
             drafted.append(token)

@@ -30,7 +30,9 @@ CAPABILITIES: dict[str, Capability] = {
     "assist": Capability("verify a draft model's tokens (speculative assist)", ("start_assist", "stop_assist")),
     "draft": Capability("serve as a draft model for another node", ("config",)),
     "reload": Capability("reload its model on request", ("reload",)),
-    "config": Capability("change its batch limit on request", ("batch_factor", "batch_limit", "set_batch_factor", "config")),
+    "config": Capability(
+        "change its batch limit on request", ("batch_factor", "batch_limit", "set_batch_factor", "config")
+    ),
     "reset": Capability("reset its GPUs on request", ("reset_gpus",)),
     "faults": Capability("inject faults", ("fail_gpu",)),
 }
@@ -70,14 +72,12 @@ class ServingEngine(Protocol):
     def abort(self, request_id: str) -> None:
         """Stop a request whose client went away; a FinishEvent("abort") ends its events."""
 
-    def status(self) -> NodeStatus:
-        ...
+    def status(self) -> NodeStatus: ...
 
     def subscribe(self) -> asyncio.Queue:
         """Status events: NodeStatus JSON with `reason` (and `request_id`), the oldest dropped when the queue is full."""
 
-    def unsubscribe(self, queue: asyncio.Queue) -> None:
-        ...
+    def unsubscribe(self, queue: asyncio.Queue) -> None: ...
 
     def publish(self, reason: str) -> None:
         """Push a status for a load-changing event outside the engine (a checkpoint page stored, a fault)."""

@@ -98,7 +98,9 @@ class FaultState:
         self.xids.append(event)
         if event.code in ECC_UNCORRECTED_XIDS:
             self.ecc_uncorrected[event.gpu] = self.ecc_uncorrected.get(event.gpu, 0) + 1
-        rows = self.remapped_rows.setdefault(event.gpu, {"correctable": 0, "uncorrectable": 0, "pending": False, "failure": False})
+        rows = self.remapped_rows.setdefault(
+            event.gpu, {"correctable": 0, "uncorrectable": 0, "pending": False, "failure": False}
+        )
         if event.code == ROW_REMAP_PENDING_XID:
             rows["uncorrectable"] += 1
             rows["pending"] = True
@@ -233,10 +235,12 @@ def _validate(kind: str, params: dict, tp: int) -> dict:
     if kind == "poison":
         match = params.get("match", "")
         if not isinstance(match, str):
-            raise FaultError("match", "must be the text that makes the engine fail, or \"\" for every request")
+            raise FaultError("match", 'must be the text that makes the engine fail, or "" for every request')
         return {"match": match, "ids": tokens.encode(match)}
     if kind == "nvlink_down":
         if tp < 2:
-            raise FaultError("kind", "nvlink_down needs a tensor-parallel group: this node has one GPU and no NVLink peers")
+            raise FaultError(
+                "kind", "nvlink_down needs a tensor-parallel group: this node has one GPU and no NVLink peers"
+            )
         return {}
     raise FaultError("kind", f"{kind!r} is not a fault")

@@ -94,7 +94,14 @@ class CheckpointStore:
         self.budget_bytes = budget_bytes
         self.checkpoints: dict[str, Checkpoint] = {}
         self.bytes_held = 0
-        self.counters = {"pages_stored": 0, "refused_digest": 0, "refused_order": 0, "refused_budget": 0, "evicted": 0, "dropped": 0}
+        self.counters = {
+            "pages_stored": 0,
+            "refused_digest": 0,
+            "refused_order": 0,
+            "refused_budget": 0,
+            "evicted": 0,
+            "dropped": 0,
+        }
 
     def put(self, source: str, model: str, request_id: str, seq: int, page: Page, direct: bool = False) -> None:
         """Store one page; raise PageRefused (and count it) when it cannot be accepted."""
@@ -109,8 +116,11 @@ class CheckpointStore:
         expected_block = len(checkpoint.pages) if checkpoint else 0
         if seq != expected or page.block != expected_block:
             self.counters["refused_order"] += 1
-            raise PageRefused("order", f"page {seq} (block {page.block}) of {request_id} is out of order: expected page {expected} (block {expected_block})",
-                              expected)
+            raise PageRefused(
+                "order",
+                f"page {seq} (block {page.block}) of {request_id} is out of order: expected page {expected} (block {expected_block})",
+                expected,
+            )
         if not self._make_room(page.nbytes, request_id):
             self.counters["refused_budget"] += 1
             self.drop(request_id, count=False)
@@ -129,7 +139,9 @@ class CheckpointStore:
         checkpoint = self.checkpoints.get(request_id)
         if checkpoint is None or seq > checkpoint.last_seq:
             return None
-        checkpoint.committed_tokens = max(checkpoint.committed_tokens, min(tokens, len(checkpoint.pages) * BLOCK_TOKENS))
+        checkpoint.committed_tokens = max(
+            checkpoint.committed_tokens, min(tokens, len(checkpoint.pages) * BLOCK_TOKENS)
+        )
         return checkpoint.committed_tokens
 
     def drop(self, request_id: str, count: bool = True) -> bool:
@@ -151,7 +163,9 @@ class CheckpointStore:
         own = self.checkpoints.get(keep)
         prefix_after = (len(own.pages) if own else 0) * BLOCK_TOKENS + BLOCK_TOKENS
         while self.bytes_held + nbytes > self.budget_bytes:
-            candidates = [c for c in self.checkpoints.values() if c.request_id != keep and c.committed_tokens < prefix_after]
+            candidates = [
+                c for c in self.checkpoints.values() if c.request_id != keep and c.committed_tokens < prefix_after
+            ]
             if not candidates:
                 return False
             victim = min(candidates, key=lambda c: (c.committed_tokens, c.updated_at))
@@ -187,7 +201,12 @@ class CheckpointStore:
         return summary
 
     def stats(self) -> dict:
-        return {"bytes_held": self.bytes_held, "budget_bytes": self.budget_bytes, "requests": len(self.checkpoints), **self.counters}
+        return {
+            "bytes_held": self.bytes_held,
+            "budget_bytes": self.budget_bytes,
+            "requests": len(self.checkpoints),
+            **self.counters,
+        }
 
 
 def page_from_wire(data: dict) -> tuple[str, int, Page]:

@@ -52,33 +52,79 @@ def _env_flag(name: str) -> bool:
 def parse_args(argv=None) -> argparse.Namespace:
     env = os.environ.get
     parser = argparse.ArgumentParser(
-        prog="python -m workers.node", description="Run one Lifeline serving node: the emulated GPU engine, or a real one at --engine-url.",
+        prog="python -m workers.node",
+        description="Run one Lifeline serving node: the emulated GPU engine, or a real one at --engine-url.",
     )
-    parser.add_argument("--name", default=env("LIFELINE_NODE_NAME", socket.gethostname()), help="node name, unique in the cluster")
+    parser.add_argument(
+        "--name", default=env("LIFELINE_NODE_NAME", socket.gethostname()), help="node name, unique in the cluster"
+    )
     parser.add_argument("--rack", default=env("LIFELINE_NODE_RACK", "rack-a"))
     parser.add_argument("--model", default=env("LIFELINE_NODE_MODEL", "Qwen3-32B"), choices=sorted(catalog.MODELS))
     parser.add_argument("--gpu", default=env("LIFELINE_NODE_GPU", "H100-SXM"), choices=sorted(catalog.GPUS))
     parser.add_argument("--tp", type=int, default=int(env("LIFELINE_NODE_TP", "1")), choices=catalog.TP_DEGREES)
     parser.add_argument("--host", default=env("LIFELINE_NODE_HOST", "127.0.0.1"), help="address to bind")
-    parser.add_argument("--port", type=int, default=int(env("LIFELINE_NODE_PORT", "0")), help="port to bind; 0 picks a free one")
-    parser.add_argument("--advertise-host", default=env("LIFELINE_NODE_ADVERTISE_HOST"), help="host other machines reach this node at (default: --host)")
-    parser.add_argument("--control-url", default=env("LIFELINE_CONTROL_URL"), help="base URL of the Lifeline console, e.g. http://127.0.0.1:8000")
+    parser.add_argument(
+        "--port", type=int, default=int(env("LIFELINE_NODE_PORT", "0")), help="port to bind; 0 picks a free one"
+    )
+    parser.add_argument(
+        "--advertise-host",
+        default=env("LIFELINE_NODE_ADVERTISE_HOST"),
+        help="host other machines reach this node at (default: --host)",
+    )
+    parser.add_argument(
+        "--control-url",
+        default=env("LIFELINE_CONTROL_URL"),
+        help="base URL of the Lifeline console, e.g. http://127.0.0.1:8000",
+    )
     parser.add_argument("--heartbeat-interval", type=float, default=float(env("LIFELINE_HEARTBEAT_INTERVAL_S", "1.0")))
-    parser.add_argument("--time-scale", type=float, default=float(env("LIFELINE_TIME_SCALE", "1.0")), help="multiplies emulated GPU time; 0.5 runs twice as fast")
-    parser.add_argument("--max-num-seqs", type=int, default=int(env("LIFELINE_MAX_NUM_SEQS", "128")), help="batch limit")
-    parser.add_argument("--start", choices=("cold", "warm"), default=env("LIFELINE_NODE_START", "cold"),
-                        help="cold: load the draft model, then the full model (as after a restart); warm: serve at once")
-    parser.add_argument("--host-memory-gb", type=float, default=None, help="host DRAM (default: twice the GPUs' memory)")
-    parser.add_argument("--checkpoint-budget", type=float, default=float(env("LIFELINE_CHECKPOINT_BUDGET", "0.05")),
-                        help="share of host memory for other nodes' KV checkpoints (default 0.05)")
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=float(env("LIFELINE_TIME_SCALE", "1.0")),
+        help="multiplies emulated GPU time; 0.5 runs twice as fast",
+    )
+    parser.add_argument(
+        "--max-num-seqs", type=int, default=int(env("LIFELINE_MAX_NUM_SEQS", "128")), help="batch limit"
+    )
+    parser.add_argument(
+        "--start",
+        choices=("cold", "warm"),
+        default=env("LIFELINE_NODE_START", "cold"),
+        help="cold: load the draft model, then the full model (as after a restart); warm: serve at once",
+    )
+    parser.add_argument(
+        "--host-memory-gb", type=float, default=None, help="host DRAM (default: twice the GPUs' memory)"
+    )
+    parser.add_argument(
+        "--checkpoint-budget",
+        type=float,
+        default=float(env("LIFELINE_CHECKPOINT_BUDGET", "0.05")),
+        help="share of host memory for other nodes' KV checkpoints (default 0.05)",
+    )
     parser.add_argument("--kv-wire-scale", type=float, default=1 / 4096, help="bytes moved per byte of KV accounted")
-    parser.add_argument("--draft-acceptance", type=float, default=float(env("LIFELINE_DRAFT_ACCEPTANCE", "0.6")), help="alpha when an assist request names none")
-    parser.add_argument("--enable-faults", action="store_true", default=_env_flag("LIFELINE_FAULTS_ENABLED"),
-                        help="allow fault injection at /agent/faults (with LIFELINE_FAULT_TOKEN); staging only")
-    parser.add_argument("--spare", action="store_true", default=_env_flag("LIFELINE_NODE_SPARE"),
-                        help="join as a hot spare: load the model and answer canaries, but take no traffic until the control plane promotes it")
-    parser.add_argument("--engine-url", default=env("LIFELINE_ENGINE_URL"),
-                        help="front a real engine (vLLM, SGLang, ...) at this URL instead of emulating one")
+    parser.add_argument(
+        "--draft-acceptance",
+        type=float,
+        default=float(env("LIFELINE_DRAFT_ACCEPTANCE", "0.6")),
+        help="alpha when an assist request names none",
+    )
+    parser.add_argument(
+        "--enable-faults",
+        action="store_true",
+        default=_env_flag("LIFELINE_FAULTS_ENABLED"),
+        help="allow fault injection at /agent/faults (with LIFELINE_FAULT_TOKEN); staging only",
+    )
+    parser.add_argument(
+        "--spare",
+        action="store_true",
+        default=_env_flag("LIFELINE_NODE_SPARE"),
+        help="join as a hot spare: load the model and answer canaries, but take no traffic until the control plane promotes it",
+    )
+    parser.add_argument(
+        "--engine-url",
+        default=env("LIFELINE_ENGINE_URL"),
+        help="front a real engine (vLLM, SGLang, ...) at this URL instead of emulating one",
+    )
     parser.add_argument("--log-level", default=env("LIFELINE_LOG_LEVEL", "INFO"))
     args = parser.parse_args(argv)
     if args.time_scale <= 0:
@@ -86,7 +132,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     if not 0 < args.checkpoint_budget <= 0.5:
         parser.error("--checkpoint-budget must be a share of host memory in (0, 0.5]")
     if args.enable_faults and not os.environ.get("LIFELINE_FAULT_TOKEN"):
-        parser.error("--enable-faults needs LIFELINE_FAULT_TOKEN in the environment: fault injection is always behind a token")
+        parser.error(
+            "--enable-faults needs LIFELINE_FAULT_TOKEN in the environment: fault injection is always behind a token"
+        )
     return args
 
 
@@ -103,14 +151,24 @@ def advertised_host(args: argparse.Namespace) -> str:
         return socket.gethostname()
 
 
-def build_engine(args: argparse.Namespace, deployment: catalog.Deployment, faults: FaultState, streamer: CheckpointStreamer,
-                 store: CheckpointStore) -> ServingEngine:
+def build_engine(
+    args: argparse.Namespace,
+    deployment: catalog.Deployment,
+    faults: FaultState,
+    streamer: CheckpointStreamer,
+    store: CheckpointStore,
+) -> ServingEngine:
     """The emulated GPU engine, or an adapter in front of the real engine at --engine-url."""
     if args.engine_url:
         return AdapterEngine(args.engine_url, deployment, args.name)
     return Engine(
-        deployment, EngineConfig(time_scale=args.time_scale, max_num_seqs=args.max_num_seqs), name=args.name,
-        rack=args.rack, faults=faults, streamer=streamer, store=store,
+        deployment,
+        EngineConfig(time_scale=args.time_scale, max_num_seqs=args.max_num_seqs),
+        name=args.name,
+        rack=args.rack,
+        faults=faults,
+        streamer=streamer,
+        store=store,
     )
 
 
@@ -123,10 +181,25 @@ def build_runtime(args: argparse.Namespace) -> tuple[NodeRuntime, DcgmCollector]
     store = CheckpointStore(int(host_memory * args.checkpoint_budget))
     streamer = CheckpointStreamer(args.name, deployment.model, headers, wire_scale=args.kv_wire_scale)
     engine = build_engine(args, deployment, faults, streamer, store)
-    identity = Identity(name=args.name, rack=args.rack, host=socket.gethostname(), session=uuid.uuid4().hex,
-                        gpus=emulated_gpus(args.name, deployment.gpu, args.tp), spare=args.spare)
-    runtime = NodeRuntime(identity, engine, store, streamer, faults, telemetry=None, agent_token=agent_token,
-                          fault_token=os.environ.get("LIFELINE_FAULT_TOKEN") or None, default_alpha=args.draft_acceptance)
+    identity = Identity(
+        name=args.name,
+        rack=args.rack,
+        host=socket.gethostname(),
+        session=uuid.uuid4().hex,
+        gpus=emulated_gpus(args.name, deployment.gpu, args.tp),
+        spare=args.spare,
+    )
+    runtime = NodeRuntime(
+        identity,
+        engine,
+        store,
+        streamer,
+        faults,
+        telemetry=None,
+        agent_token=agent_token,
+        fault_token=os.environ.get("LIFELINE_FAULT_TOKEN") or None,
+        default_alpha=args.draft_acceptance,
+    )
     runtime.telemetry = open_telemetry(identity.gpus, deployment, runtime.load_for_telemetry, faults)
     identity.gpus = runtime.telemetry.gpus() or identity.gpus  # real GPUs when NVML sees them
     return runtime, DcgmCollector(runtime.telemetry, identity.host, identity.name)
@@ -150,17 +223,38 @@ async def serve(args: argparse.Namespace) -> None:
     # collector's scans, so a full collection under load is short.
     gc.collect()
     gc.freeze()
-    print(json.dumps({"event": "listening", "name": args.name, "address": identity.address, "pid": os.getpid()}), flush=True)
-    log.info("%s: %s on %dx %s at %s (engine %s, %s start%s, telemetry %s)", args.name, engine.model.key, args.tp,
-             engine.deployment.gpu.key, identity.address, engine.describe(), args.start, ", as a hot spare" if identity.spare else "",
-             telemetry.source)
+    print(
+        json.dumps({"event": "listening", "name": args.name, "address": identity.address, "pid": os.getpid()}),
+        flush=True,
+    )
+    log.info(
+        "%s: %s on %dx %s at %s (engine %s, %s start%s, telemetry %s)",
+        args.name,
+        engine.model.key,
+        args.tp,
+        engine.deployment.gpu.key,
+        identity.address,
+        engine.describe(),
+        args.start,
+        ", as a hot spare" if identity.spare else "",
+        telemetry.source,
+    )
 
     def registration() -> protocol.Registration:
         return protocol.Registration(
-            name=identity.name, session=identity.session, address=identity.address, rack=identity.rack,
-            model=engine.model.key, gpu=engine.deployment.gpu.key, tp=engine.deployment.tp, gpus=identity.gpus,
-            pid=os.getpid(), host=identity.host, capabilities=tuple(offered_capabilities(runtime)),
-            engine=engine.describe()["kind"], spare=identity.spare,
+            name=identity.name,
+            session=identity.session,
+            address=identity.address,
+            rack=identity.rack,
+            model=engine.model.key,
+            gpu=engine.deployment.gpu.key,
+            tp=engine.deployment.tp,
+            gpus=identity.gpus,
+            pid=os.getpid(),
+            host=identity.host,
+            capabilities=tuple(offered_capabilities(runtime)),
+            engine=engine.describe()["kind"],
+            spare=identity.spare,
         )
 
     gpu_telemetry = HeartbeatTelemetry(telemetry)
@@ -169,8 +263,14 @@ async def serve(args: argparse.Namespace) -> None:
     async def heartbeat() -> protocol.Heartbeat:
         gpus = await gpu_telemetry.gpus()  # first: the figures below are the loop's own, read at once
         load = protocol.Load.of(engine.status(), tokens_per_s=token_rate.measure())
-        return protocol.Heartbeat(session=identity.session, model_state=engine.model_state, load=load,
-                                  checkpoints=runtime.store.by_source(), xids=gpu_telemetry.xids(), gpus=gpus)
+        return protocol.Heartbeat(
+            session=identity.session,
+            model_state=engine.model_state,
+            load=load,
+            checkpoints=runtime.store.by_source(),
+            xids=gpu_telemetry.xids(),
+            gpus=gpus,
+        )
 
     def new_session() -> None:
         identity.session = uuid.uuid4().hex
@@ -182,8 +282,14 @@ async def serve(args: argparse.Namespace) -> None:
 
     link = link_task = None
     if args.control_url:
-        link = ControlPlaneLink(args.control_url, os.environ.get("LIFELINE_NODE_TOKEN"), registration, heartbeat,
-                                args.heartbeat_interval, on_session_closed=new_session)
+        link = ControlPlaneLink(
+            args.control_url,
+            os.environ.get("LIFELINE_NODE_TOKEN"),
+            registration,
+            heartbeat,
+            args.heartbeat_interval,
+            on_session_closed=new_session,
+        )
         link_task = asyncio.create_task(link.run(), name="control-plane-link")
     else:
         log.info("no --control-url: running stand-alone, without registration or heartbeats")
@@ -218,7 +324,9 @@ class TokenRate:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
     try:
         asyncio.run(serve(args))
     except catalog.CatalogError as exc:

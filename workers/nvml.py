@@ -140,11 +140,20 @@ class Nvml:
 
     def ecc_uncorrected_volatile(self, handle) -> int:
         lib = self.lib
-        return int(self._call("nvmlDeviceGetTotalEccErrors", handle, lib.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, lib.NVML_VOLATILE_ECC))
+        return int(
+            self._call(
+                "nvmlDeviceGetTotalEccErrors", handle, lib.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, lib.NVML_VOLATILE_ECC
+            )
+        )
 
     def remapped_rows(self, handle) -> dict:
         correctable, uncorrectable, pending, failure = self._call("nvmlDeviceGetRemappedRows", handle)
-        return {"correctable": int(correctable), "uncorrectable": int(uncorrectable), "pending": bool(pending), "failure": bool(failure)}
+        return {
+            "correctable": int(correctable),
+            "uncorrectable": int(uncorrectable),
+            "pending": bool(pending),
+            "failure": bool(failure),
+        }
 
     def nvlink_up(self, handle) -> list[bool] | None:
         """State of each NVLink; None for a card without NVLink (NotSupported on link 0)."""

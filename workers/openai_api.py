@@ -64,7 +64,9 @@ def _chat_logprobs(event: TokenEvent) -> dict:
                 "token": word,
                 "logprob": event.logprob,
                 "bytes": list(word.encode()),
-                "top_logprobs": [{"token": _spelling(t), "logprob": lp, "bytes": list(_spelling(t).encode())} for t, lp in event.top],
+                "top_logprobs": [
+                    {"token": _spelling(t), "logprob": lp, "bytes": list(_spelling(t).encode())} for t, lp in event.top
+                ],
             }
         ]
     }
@@ -98,7 +100,13 @@ class ChunkWriter:
         return sse(self.token_chunk(event, first, extension))
 
     def _envelope(self, choice: dict, obj: str) -> dict:
-        return {"id": self.req.request_id, "object": obj, "created": self.created, "model": self.model, "choices": [choice]}
+        return {
+            "id": self.req.request_id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+        }
 
     def token_chunk(self, event: TokenEvent, first: bool, extension: dict | None = None) -> dict:
         want_logprobs = self.req.params.logprobs is not None
@@ -113,7 +121,12 @@ class ChunkWriter:
             obj = "text_completion"
         else:
             delta = {"role": "assistant", "refusal": None, "content": event.text} if first else {"content": event.text}
-            choice = {"index": 0, "delta": delta, "logprobs": _chat_logprobs(event) if want_logprobs else None, "finish_reason": None}
+            choice = {
+                "index": 0,
+                "delta": delta,
+                "logprobs": _chat_logprobs(event) if want_logprobs else None,
+                "finish_reason": None,
+            }
             obj = "chat.completion.chunk"
         if self.req.extension.return_token_ids:
             # As vLLM's return_token_ids; none for a token whose id a real engine did not say.
@@ -127,11 +140,20 @@ class ChunkWriter:
         if self.req.kind == "completion":
             choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": reason}
             return self._envelope(choice, "text_completion")
-        return self._envelope({"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason}, "chat.completion.chunk")
+        return self._envelope(
+            {"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason}, "chat.completion.chunk"
+        )
 
     def usage_chunk(self, finish: FinishEvent) -> dict:
         obj = "text_completion" if self.req.kind == "completion" else "chat.completion.chunk"
-        return {"id": self.req.request_id, "object": obj, "created": self.created, "model": self.model, "choices": [], "usage": usage(finish)}
+        return {
+            "id": self.req.request_id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "choices": [],
+            "usage": usage(finish),
+        }
 
     def whole(self, events: list[TokenEvent], finish: FinishEvent) -> dict:
         text = "".join(e.text for e in events)

@@ -40,7 +40,14 @@ ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 class ApiError(Exception):
     """A refusal in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error", code: str | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        kind: str = "invalid_request_error",
+        code: str | None = None,
+    ):
         super().__init__(message)
         self.status = status
         self.message = message
@@ -100,15 +107,26 @@ class Extension:
                     raise ValueError("lifeline.resume: must be an object")
                 generated = raw.get("generated_token_ids")
                 if not isinstance(generated, list) or not all(_is_int(t) and t >= 0 for t in generated):
-                    raise ValueError("lifeline.resume.generated_token_ids: must be a list of token ids the client already has")
-                sources = tuple(Peer.parse(h, f"lifeline.resume.sources[{i}]") for i, h in enumerate(_list(raw, "sources", "lifeline.resume.")))
+                    raise ValueError(
+                        "lifeline.resume.generated_token_ids: must be a list of token ids the client already has"
+                    )
+                sources = tuple(
+                    Peer.parse(h, f"lifeline.resume.sources[{i}]")
+                    for i, h in enumerate(_list(raw, "sources", "lifeline.resume."))
+                )
                 resume = Resume([int(t) for t in generated], sources)
         except ValueError as exc:
             where, _, message = str(exc).partition(": ")
             raise bad(where, message) from None
         if len(holders) > 2:
             raise bad("lifeline.holders", "at most two holders")
-        return cls(request_id, holders, _bool(data, "checkpoint_prefill_chunks", "lifeline."), resume, _bool(data, "return_token_ids", "lifeline."))
+        return cls(
+            request_id,
+            holders,
+            _bool(data, "checkpoint_prefill_chunks", "lifeline."),
+            resume,
+            _bool(data, "return_token_ids", "lifeline."),
+        )
 
 
 @dataclass
@@ -131,17 +149,52 @@ class CompletionRequest:
 
 # --- the fields ---------------------------------------------------------------------------------
 COMMON = {
-    "model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "n", "seed", "stop", "user", "logit_bias",
-    "frequency_penalty", "presence_penalty", "lifeline",
+    "model",
+    "stream",
+    "stream_options",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "n",
+    "seed",
+    "stop",
+    "user",
+    "logit_bias",
+    "frequency_penalty",
+    "presence_penalty",
+    "lifeline",
     # vLLM's sampling extras, which OpenAI-compatible clients send through extra_body
-    "top_k", "min_p", "min_tokens", "ignore_eos", "repetition_penalty",
+    "top_k",
+    "min_p",
+    "min_tokens",
+    "ignore_eos",
+    "repetition_penalty",
     # vLLM's: each chunk carries the ids of its tokens, as lifeline.return_token_ids
     "return_token_ids",
 }
 CHAT = COMMON | {
-    "messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format", "tools", "tool_choice", "parallel_tool_calls",
-    "functions", "function_call", "modalities", "audio", "prediction", "reasoning_effort", "verbosity", "web_search_options",
-    "store", "metadata", "service_tier", "safety_identifier", "prompt_cache_key", "prompt_cache_retention",
+    "messages",
+    "max_completion_tokens",
+    "logprobs",
+    "top_logprobs",
+    "response_format",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "functions",
+    "function_call",
+    "modalities",
+    "audio",
+    "prediction",
+    "reasoning_effort",
+    "verbosity",
+    "web_search_options",
+    "store",
+    "metadata",
+    "service_tier",
+    "safety_identifier",
+    "prompt_cache_key",
+    "prompt_cache_retention",
 }
 COMPLETION = COMMON | {"prompt", "logprobs", "echo", "best_of", "suffix"}
 
@@ -176,7 +229,14 @@ def _bool(body: dict, key: str, prefix: str = "") -> bool:
 def _kind(value) -> str:
     if value is None:
         return "null"
-    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list", dict: "an object"}.get(type(value), type(value).__name__)
+    return {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "an object",
+    }.get(type(value), type(value).__name__)
 
 
 def _int(body: dict, key: str, default, low: int, high: int | None = None):
@@ -187,7 +247,12 @@ def _int(body: dict, key: str, default, low: int, high: int | None = None):
         raise bad(key, f"must be an integer, got {_kind(value)}")
     value = int(value)
     if value < low or high is not None and value > high:
-        raise bad(key, f"must be between {low} and {high}, got {value}" if high is not None else f"must be at least {low}, got {value}")
+        raise bad(
+            key,
+            f"must be between {low} and {high}, got {value}"
+            if high is not None
+            else f"must be at least {low}, got {value}",
+        )
     return value
 
 
@@ -209,8 +274,11 @@ def _text(value, param: str) -> str:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise bad(param, f"holds a lone surrogate (U+{ord(value[exc.start]):04X}) at character {exc.start}: it is not valid Unicode text; "
-                         "send UTF-8 text, with a character outside the BMP as one \\U escape or a surrogate pair") from None
+        raise bad(
+            param,
+            f"holds a lone surrogate (U+{ord(value[exc.start]):04X}) at character {exc.start}: it is not valid Unicode text; "
+            "send UTF-8 text, with a character outside the BMP as one \\U escape or a surrogate pair",
+        ) from None
     return value
 
 
@@ -253,7 +321,9 @@ def _content_text(content, param: str, *, allow_refusal: bool = False) -> str:
     for j, part in enumerate(content):
         where = f"{param}[{j}]"
         if not isinstance(part, dict):
-            raise bad(where, f"must be a content part object such as {{\"type\": \"text\", \"text\": \"...\"}}, got {_kind(part)}")
+            raise bad(
+                where, f'must be a content part object such as {{"type": "text", "text": "..."}}, got {_kind(part)}'
+            )
         kind = part.get("type")
         if kind == "text":
             texts.append(_text(part.get("text"), where + ".text"))
@@ -307,9 +377,13 @@ def _message_text(message, i: int) -> str:
             call = message["function_call"]
             if not isinstance(call, dict):
                 raise bad(where + ".function_call", "must be an object with name and arguments")
-            parts.append(f"{_text(call.get('name'), where + '.function_call.name')}({_text(call.get('arguments'), where + '.function_call.arguments')})")
+            parts.append(
+                f"{_text(call.get('name'), where + '.function_call.name')}({_text(call.get('arguments'), where + '.function_call.arguments')})"
+            )
         if message.get("audio") is not None:
-            raise unsupported(where + ".audio", "audio turns are not supported: the models this cluster serves read text only")
+            raise unsupported(
+                where + ".audio", "audio turns are not supported: the models this cluster serves read text only"
+            )
         text = " ".join(parts)  # an empty turn is allowed, as the API document allows it
     elif role == "function":
         _text(message.get("name"), where + ".name")
@@ -355,7 +429,9 @@ def _tools(body: dict) -> None:
         if choice is None or choice in ("none", "auto"):
             continue
         if choice == "required" or isinstance(choice, dict):
-            raise unsupported(key, "forcing a tool call is not supported by this engine: it answers in text; send auto or none")
+            raise unsupported(
+                key, "forcing a tool call is not supported by this engine: it answers in text; send auto or none"
+            )
         raise bad(key, f"must be none, auto, required or a named tool, got {choice!r}")
 
 
@@ -365,19 +441,27 @@ def _chat_only(body: dict) -> None:
     if response_format is not None:
         kind = response_format.get("type")
         if kind in ("json_object", "json_schema", "grammar", "python"):
-            raise unsupported("response_format", f"{kind} output is not supported by this engine: it generates free text; send type text")
+            raise unsupported(
+                "response_format",
+                f"{kind} output is not supported by this engine: it generates free text; send type text",
+            )
         if kind != "text":
-            raise bad("response_format.type", f"{kind!r} is not a response format: expected text, json_object or json_schema")
+            raise bad(
+                "response_format.type", f"{kind!r} is not a response format: expected text, json_object or json_schema"
+            )
     _tools(body)
     if body.get("parallel_tool_calls") is not None:
         _bool(body, "parallel_tool_calls")
     modalities = body.get("modalities")
     if modalities is not None:
         if not isinstance(modalities, list) or not all(isinstance(m, str) for m in modalities):
-            raise bad("modalities", "must be a list such as [\"text\"]")
+            raise bad("modalities", 'must be a list such as ["text"]')
         if any(m != "text" for m in modalities):
             raise unsupported("modalities", "only text output is supported")
-    for key, why in (("audio", "audio output is not supported"), ("web_search_options", "web search is not available on this cluster")):
+    for key, why in (
+        ("audio", "audio output is not supported"),
+        ("web_search_options", "web search is not available on this cluster"),
+    ):
         if body.get(key) is not None:
             if not isinstance(body[key], dict):
                 raise bad(key, f"must be an object, got {_kind(body[key])}")
@@ -431,9 +515,13 @@ def context_error(model: str, context: int, prompt: int, completion: int | None)
         asked = f"{prompt} tokens in the prompt"
     else:
         asked = f"{prompt + completion} tokens ({prompt} in the prompt, {completion} for the completion)"
-    return ApiError(400, f"This model's maximum context length is {context} tokens. However, you requested {asked}. "
-                         f"Please reduce the length of the prompt or of max_tokens.", param="messages" if completion is None else "max_tokens",
-                    code="context_length_exceeded")
+    return ApiError(
+        400,
+        f"This model's maximum context length is {context} tokens. However, you requested {asked}. "
+        f"Please reduce the length of the prompt or of max_tokens.",
+        param="messages" if completion is None else "max_tokens",
+        code="context_length_exceeded",
+    )
 
 
 def parse(body, kind: str, context_tokens: int | None = None) -> CompletionRequest:
@@ -449,7 +537,11 @@ def parse(body, kind: str, context_tokens: int | None = None) -> CompletionReque
     known = CHAT if kind == "chat" else COMPLETION
     for key in body:
         if key not in known:
-            raise bad(key, f"is not a parameter of {'/v1/chat/completions' if kind == 'chat' else '/v1/completions'}", code="unknown_parameter")
+            raise bad(
+                key,
+                f"is not a parameter of {'/v1/chat/completions' if kind == 'chat' else '/v1/completions'}",
+                code="unknown_parameter",
+            )
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise bad("model", "is required: the name of a model this cluster serves (see /v1/models)")
@@ -525,8 +617,18 @@ def parse(body, kind: str, context_tokens: int | None = None) -> CompletionReque
         kind=kind,
         model=model,
         prompt_ids=prompt_ids,
-        params=SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed, stop=_stop(body), logprobs=logprobs,
-                              ignore_eos=ignore_eos, top_p=top_p, top_k=top_k, min_p=min_p, min_tokens=min_tokens),
+        params=SamplingParams(
+            max_tokens=max_tokens,
+            temperature=temperature,
+            seed=seed,
+            stop=_stop(body),
+            logprobs=logprobs,
+            ignore_eos=ignore_eos,
+            top_p=top_p,
+            top_k=top_k,
+            min_p=min_p,
+            min_tokens=min_tokens,
+        ),
         stream=stream,
         include_usage=bool(stream_options.get("include_usage")),
         request_id=extension.request_id or ("cmpl-" if kind == "completion" else "chatcmpl-") + secrets.token_hex(12),

@@ -33,8 +33,14 @@ MODEL_STATES = ("loading_draft", "draft_ready", "loading_full", "serving")
 XID_WINDOW_S = 120.0
 MAX_HEARTBEAT_XIDS = 100
 HEARTBEAT_GPU_FIGURES = (
-    "utilization_pct", "memory_used_bytes", "memory_total_bytes", "temperature_c", "power_w",
-    "sm_clock_mhz", "throttle_reasons", "ecc_uncorrected_volatile",
+    "utilization_pct",
+    "memory_used_bytes",
+    "memory_total_bytes",
+    "temperature_c",
+    "power_w",
+    "sm_clock_mhz",
+    "throttle_reasons",
+    "ecc_uncorrected_volatile",
 )
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -62,7 +68,10 @@ def _require(data: dict, key: str, kind, prefix: str = ""):
 
 def _name(value: str, field_: str) -> str:
     if not _NAME.match(value):
-        raise ProtocolError(field_, f"{value!r} is not a valid name: letters, digits, '.', '_' or '-', at most 63, starting with a letter or digit")
+        raise ProtocolError(
+            field_,
+            f"{value!r} is not a valid name: letters, digits, '.', '_' or '-', at most 63, starting with a letter or digit",
+        )
     return value
 
 
@@ -158,8 +167,15 @@ class Registration:
 # The figures of a node's status that a heartbeat must carry as numbers: the control plane
 # keeps them in its hot state (recovery.hot) and shows them. `tokens_per_s` is the heartbeat's own.
 HEARTBEAT_LOAD_FIELDS = (
-    "running", "waiting", "kv_blocks_used", "kv_blocks_total", "step_ms", "tokens_per_s",
-    "decode_step_ms", "decode_step_batch", "decode_step_context_tokens",
+    "running",
+    "waiting",
+    "kv_blocks_used",
+    "kv_blocks_total",
+    "step_ms",
+    "tokens_per_s",
+    "decode_step_ms",
+    "decode_step_batch",
+    "decode_step_context_tokens",
 )
 
 
@@ -265,7 +281,9 @@ class NodeStatus:
                 values[name] = _figure(value, kind, where)
         if values.get("model_state", cls.model_state) not in MODEL_STATES:
             expected = ", ".join(MODEL_STATES)
-            raise ProtocolError(f"{prefix}model_state", f"{values['model_state']!r} is not known: expected one of {expected}")
+            raise ProtocolError(
+                f"{prefix}model_state", f"{values['model_state']!r} is not known: expected one of {expected}"
+            )
         return cls(**values)
 
     @classmethod
@@ -326,7 +344,9 @@ class Load(NodeStatus):
 def _heartbeat_zeros(status: NodeStatus) -> dict:
     """0 (or 0.0) for each heartbeat figure the status has as n/a."""
     shape = _shape(NodeStatus)
-    return {name: kind(0) for name, kind, _, _ in shape if name in HEARTBEAT_LOAD_FIELDS and getattr(status, name) is None}
+    return {
+        name: kind(0) for name, kind, _, _ in shape if name in HEARTBEAT_LOAD_FIELDS and getattr(status, name) is None
+    }
 
 
 def _type_name(value) -> str:
@@ -370,15 +390,22 @@ class Heartbeat:
             raise ProtocolError("body", "must be a JSON object")
         model_state = data.get("model_state") or "serving"
         if model_state not in MODEL_STATES:
-            raise ProtocolError("model_state", f"{model_state!r} is not known: expected one of {', '.join(MODEL_STATES)}")
+            raise ProtocolError(
+                "model_state", f"{model_state!r} is not known: expected one of {', '.join(MODEL_STATES)}"
+            )
         checkpoints = data.get("checkpoints") or {}
         if not isinstance(checkpoints, dict) or not all(
-            isinstance(v, dict) and isinstance(v.get("bytes"), int) and isinstance(v.get("requests"), int) for v in checkpoints.values()
+            isinstance(v, dict) and isinstance(v.get("bytes"), int) and isinstance(v.get("requests"), int)
+            for v in checkpoints.values()
         ):
             raise ProtocolError("checkpoints", "must map serving node names to {bytes, requests}")
         return cls(
-            session=_require(data, "session", str), model_state=model_state, load=Load.parse(data.get("load")), checkpoints=checkpoints,
-            xids=_parse_xids(data.get("xids")), gpus=_parse_gpu_readings(data.get("gpus")),
+            session=_require(data, "session", str),
+            model_state=model_state,
+            load=Load.parse(data.get("load")),
+            checkpoints=checkpoints,
+            xids=_parse_xids(data.get("xids")),
+            gpus=_parse_gpu_readings(data.get("gpus")),
         )
 
     def to_json(self) -> dict:

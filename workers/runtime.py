@@ -85,7 +85,10 @@ class NodeRuntime:
         if now - then >= 0.5:  # several readers may ask at once: measure over a window, not between them
             self.busy_fraction = min(max((busy - busy_then) / (now - then), 0.0), 1.0)
             self.busy_mark = (now, busy)
-        return {"busy_fraction": self.busy_fraction, "kv_bytes_used": self.engine.used_blocks * self.engine.model.kv_bytes_per_block}
+        return {
+            "busy_fraction": self.busy_fraction,
+            "kv_bytes_used": self.engine.used_blocks * self.engine.model.kv_bytes_per_block,
+        }
 
 
 def token_matches(presented: str | None, expected: str | None) -> bool:

@@ -22,7 +22,8 @@ from dataclasses import asdict, dataclass
 
 from prometheus_client.core import GaugeMetricFamily
 
-from workers import catalog, faults as faults_mod, protocol
+from workers import catalog, protocol
+from workers import faults as faults_mod
 from workers.nvml import GpuLost, NotSupported, Nvml, NvmlError, NvmlUnavailable
 from workers.protocol import GpuInfo
 
@@ -273,7 +274,13 @@ class EmulatedTelemetry:
 
     source = "emulated"
 
-    def __init__(self, gpus: tuple[GpuInfo, ...], deployment: catalog.Deployment, load: Callable[[], dict], faults: faults_mod.FaultState):
+    def __init__(
+        self,
+        gpus: tuple[GpuInfo, ...],
+        deployment: catalog.Deployment,
+        load: Callable[[], dict],
+        faults: faults_mod.FaultState,
+    ):
         self._gpus = tuple(gpus)
         self.deployment = deployment
         self.load = load
@@ -310,7 +317,10 @@ class EmulatedTelemetry:
         ecc, rows = None, None
         if board.ecc:
             ecc = faults.ecc_uncorrected.get(gpu.index, 0)
-            rows = dict(faults.remapped_rows.get(gpu.index) or {"correctable": 0, "uncorrectable": 0, "pending": False, "failure": False})
+            rows = dict(
+                faults.remapped_rows.get(gpu.index)
+                or {"correctable": 0, "uncorrectable": 0, "pending": False, "failure": False}
+            )
         nvlink = None
         if self.deployment.gpu.link != "pcie":
             nvlink = [not faults.nvlink_down] * board.nvlinks
@@ -350,7 +360,8 @@ class EmulatedTelemetry:
 def emulated_gpus(name: str, gpu: catalog.Gpu, tp: int) -> tuple[GpuInfo, ...]:
     """Stable, UUID-shaped identities for the GPUs of an emulated node."""
     return tuple(
-        GpuInfo(i, f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{name}.gpu{i}.lifeline')}", gpu.name, gpu.memory_bytes) for i in range(tp)
+        GpuInfo(i, f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{name}.gpu{i}.lifeline')}", gpu.name, gpu.memory_bytes)
+        for i in range(tp)
     )
 
 
@@ -378,7 +389,9 @@ def open_telemetry(
             return EmulatedTelemetry(gpus, deployment, load, faults)
         return NvmlTelemetry(nvml)
     except NvmlError as exc:
-        log.warning("NVML could not list this host's GPUs (%s): serving emulated GPU telemetry, marked source: emulated", exc)
+        log.warning(
+            "NVML could not list this host's GPUs (%s): serving emulated GPU telemetry, marked source: emulated", exc
+        )
         _shutdown_quietly(nvml)
         return EmulatedTelemetry(gpus, deployment, load, faults)
 
@@ -406,7 +419,9 @@ class HeartbeatTelemetry:
     logged once until it clears.
     """
 
-    def __init__(self, telemetry: "NvmlTelemetry | EmulatedTelemetry", read_timeout_s: float = HEARTBEAT_READ_TIMEOUT_S):
+    def __init__(
+        self, telemetry: "NvmlTelemetry | EmulatedTelemetry", read_timeout_s: float = HEARTBEAT_READ_TIMEOUT_S
+    ):
         self.telemetry = telemetry
         self.read_timeout_s = read_timeout_s
         self._reading: asyncio.Future | None = None
@@ -475,7 +490,11 @@ class HeartbeatTelemetry:
 
 def compact_reading(reading: GpuReading) -> dict:
     """A reading as a heartbeat carries it: protocol.HEARTBEAT_GPU_FIGURES, None for n/a."""
-    return {"index": reading.index, **{key: getattr(reading, key) for key in protocol.HEARTBEAT_GPU_FIGURES}, "lost": reading.lost}
+    return {
+        "index": reading.index,
+        **{key: getattr(reading, key) for key in protocol.HEARTBEAT_GPU_FIGURES},
+        "lost": reading.lost,
+    }
 
 
 # --- Prometheus -------------------------------------------------------------------
@@ -485,20 +504,40 @@ LABELS = ["gpu", "UUID", "modelName", "Hostname", "node", "source"]  # dcgm-expo
 # (metric, help, value from a reading or None for n/a), DCGM's names and units.
 _METRICS: list[tuple[str, str, Callable[[GpuReading], float | None]]] = [
     ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", lambda r: r.utilization_pct),
-    ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", lambda r: None if r.memory_used_bytes is None else r.memory_used_bytes // MIB),
+    (
+        "DCGM_FI_DEV_FB_USED",
+        "Framebuffer memory used (in MiB).",
+        lambda r: None if r.memory_used_bytes is None else r.memory_used_bytes // MIB,
+    ),
     (
         "DCGM_FI_DEV_FB_FREE",
         "Framebuffer memory free (in MiB).",
-        lambda r: None if r.memory_used_bytes is None or r.memory_total_bytes is None else (r.memory_total_bytes - r.memory_used_bytes) // MIB,
+        lambda r: (
+            None
+            if r.memory_used_bytes is None or r.memory_total_bytes is None
+            else (r.memory_total_bytes - r.memory_used_bytes) // MIB
+        ),
     ),
     ("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", lambda r: r.temperature_c),
     ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", lambda r: r.power_w),
     ("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", lambda r: r.sm_clock_mhz),
     ("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", lambda r: r.last_xid),
-    ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "Total number of double-bit volatile ECC errors.", lambda r: r.ecc_uncorrected_volatile),
+    (
+        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+        "Total number of double-bit volatile ECC errors.",
+        lambda r: r.ecc_uncorrected_volatile,
+    ),
     ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "Current clock throttle reasons (bitmask).", lambda r: r.throttle_reasons),
-    ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "Whether remapping of rows has failed.", lambda r: None if r.remapped_rows is None else int(r.remapped_rows["failure"])),
-    ("lifeline_gpu_nvlink_links_up", "NVLink links up on this GPU.", lambda r: None if r.nvlink_up is None else sum(r.nvlink_up)),
+    (
+        "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+        "Whether remapping of rows has failed.",
+        lambda r: None if r.remapped_rows is None else int(r.remapped_rows["failure"]),
+    ),
+    (
+        "lifeline_gpu_nvlink_links_up",
+        "NVLink links up on this GPU.",
+        lambda r: None if r.nvlink_up is None else sum(r.nvlink_up),
+    ),
     ("lifeline_gpu_lost", "1 when the GPU is lost (fallen off the bus or needs a reset).", lambda r: int(r.lost)),
 ]
 
@@ -521,7 +560,14 @@ class DcgmCollector:
             for reading in readings:
                 value = value_of(reading)
                 if value is not None:
-                    labels = [str(reading.index), reading.uuid or "", reading.name or "", self.hostname, self.node, reading.source]
+                    labels = [
+                        str(reading.index),
+                        reading.uuid or "",
+                        reading.name or "",
+                        self.hostname,
+                        self.node,
+                        reading.source,
+                    ]
                     family.add_metric(labels, value)
             if family.samples:
                 yield family

@@ -188,7 +188,9 @@ def next_token(state: bytes, position: int, temperature: float, seed: int, sampl
     if sampling is not None and sampling.filtered:
         weights = _filter(weights, sampling)
     total = sum(weights)
-    u_digest = hashlib.blake2b(state + seed.to_bytes(8, "little", signed=True), digest_size=8, person=b"lifeline-samp").digest()
+    u_digest = hashlib.blake2b(
+        state + seed.to_bytes(8, "little", signed=True), digest_size=8, person=b"lifeline-samp"
+    ).digest()
     u = int.from_bytes(u_digest, "little") / 2**64 * total
     for token_id, logprob, weight in zip(ids, logprobs, weights):
         if weight <= 0:
@@ -207,7 +209,7 @@ def _filter(weights: list[float], sampling: Sampling) -> list[float]:
     """
     kept = list(weights)
     if 0 < sampling.top_k < len(kept):
-        kept[sampling.top_k:] = [0.0] * (len(kept) - sampling.top_k)
+        kept[sampling.top_k :] = [0.0] * (len(kept) - sampling.top_k)
     if sampling.top_p < 1.0:
         total, running = sum(kept), 0.0
         for i, weight in enumerate(kept):

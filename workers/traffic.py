@@ -145,10 +145,15 @@ async def run(args) -> None:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m workers.traffic", description="Send OpenAI traffic to a Lifeline gateway.")
+    parser = argparse.ArgumentParser(
+        prog="python -m workers.traffic", description="Send OpenAI traffic to a Lifeline gateway."
+    )
     parser.add_argument("--gateway", default=os.environ.get("LIFELINE_GATEWAY_URL", "http://127.0.0.1:8100"))
-    parser.add_argument("--key", default=os.environ.get("LIFELINE_GATEWAY_KEY"),
-                        help="gateway API key, or several separated by commas, used in turn at random (or LIFELINE_GATEWAY_KEY)")
+    parser.add_argument(
+        "--key",
+        default=os.environ.get("LIFELINE_GATEWAY_KEY"),
+        help="gateway API key, or several separated by commas, used in turn at random (or LIFELINE_GATEWAY_KEY)",
+    )
     parser.add_argument("--model", default="Qwen3-32B")
     parser.add_argument("--rate", type=float, default=2.0, help="mean requests per second")
     parser.add_argument("--max-concurrency", type=int, default=128)
@@ -159,7 +164,9 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=None)
     args = parser.parse_args(argv)
     if not args.key:
-        parser.error("a gateway key is required: --key or LIFELINE_GATEWAY_KEY (make one with `python manage.py create_api_key`)")
+        parser.error(
+            "a gateway key is required: --key or LIFELINE_GATEWAY_KEY (make one with `python manage.py create_api_key`)"
+        )
     args.keys = [k.strip() for k in args.key.split(",") if k.strip()]
     if args.rate <= 0:
         parser.error("--rate must be positive")

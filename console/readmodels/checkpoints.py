@@ -1,6 +1,5 @@
 """The checkpoint distribution: which node's requests are checkpointed on which holder, coverage, holder balance."""
 
-
 from django.utils import timezone
 
 from recovery import hot
@@ -22,9 +21,15 @@ def checkpoint_snapshot() -> dict:
         matrix[node.name] = entry.checkpoints
         held[node.name] = entry.checkpoint_bytes_held
         per_block = catalog.model(node.model_key).kv_bytes_per_block
-        l_hats[node.name] = round(load.holder_load(held[node.name], per_block, entry.queue_depth, cluster.alpha, cluster.beta), 2)
+        l_hats[node.name] = round(
+            load.holder_load(held[node.name], per_block, entry.queue_depth, cluster.alpha, cluster.beta), 2
+        )
     flights = hot.gateway_flights()
-    covered = sum(1 for f in flights if any(h in alive for h in f.get("holders", [])) and f.get("context", 0) >= catalog.BLOCK_TOKENS)
+    covered = sum(
+        1
+        for f in flights
+        if any(h in alive for h in f.get("holders", [])) and f.get("context", 0) >= catalog.BLOCK_TOKENS
+    )
     holders = [name for name in l_hats if held.get(name)]
     balance = placement.holder_balance([l_hats[h] for h in holders]) if holders else None
     return {

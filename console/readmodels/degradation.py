@@ -24,8 +24,11 @@ def degradation(cluster: Cluster | None = None) -> dict:
         "shed_tiers": list(effects.shed_tiers),
         "accept_new": effects.accept_new,
         "latency_slo_factor": effects.latency_slo_factor,
-        "slo": {"ttft_ms": cluster.slo_ttft_ms * effects.latency_slo_factor, "tpot_ms": cluster.slo_tpot_ms * effects.latency_slo_factor,
-                "required_rps": cluster.slo_required_rps},
+        "slo": {
+            "ttft_ms": cluster.slo_ttft_ms * effects.latency_slo_factor,
+            "tpot_ms": cluster.slo_tpot_ms * effects.latency_slo_factor,
+            "required_rps": cluster.slo_required_rps,
+        },
         "capacity": _latest_capacity(),
         "cluster_breaker_open": cluster.auto_cordon_breaker_open,
         "cluster_breaker_reason": cluster.auto_cordon_breaker_reason,
@@ -41,7 +44,15 @@ def _latest_capacity() -> dict:
 
 def degradation_history(limit: int = 100) -> list[dict]:
     return [
-        {"at": c.at.timestamp(), "old": c.old_level, "new": c.new_level, "ratio": c.ratio, "capacity_rps": c.capacity_rps,
-         "required_rps": c.required_rps, "cause": c.cause, "badge": LEVEL_BADGE[c.new_level]}
+        {
+            "at": c.at.timestamp(),
+            "old": c.old_level,
+            "new": c.new_level,
+            "ratio": c.ratio,
+            "capacity_rps": c.capacity_rps,
+            "required_rps": c.required_rps,
+            "cause": c.cause,
+            "badge": LEVEL_BADGE[c.new_level],
+        }
         for c in DegradationChange.objects.all()[:limit]
     ]

@@ -50,24 +50,50 @@ def drain_detail(drain: Drain) -> dict:
     row["evidence"] = drain.evidence
     row["blast_radius"] = drain.blast_radius
     row["steps"] = [
-        {"at": s.at.timestamp(), "old": s.old_state, "new": s.new_state, "label": DrainState(s.new_state).label, "cause": s.cause,
-         "actor": s.actor, "details": s.details}
+        {
+            "at": s.at.timestamp(),
+            "old": s.old_state,
+            "new": s.new_state,
+            "label": DrainState(s.new_state).label,
+            "cause": s.cause,
+            "actor": s.actor,
+            "details": s.details,
+        }
         for s in drain.steps.all()
     ]
     live = hot.node(drain.node.name) or hot.NodeEntry()
-    row["live"] = {"running": live.running, "waiting": live.waiting, "model_state": live.model_state,
-                   "in_flight_via_gateways": sum(1 for f in hot.gateway_flights() if f.get("node") == drain.node.name)}
+    row["live"] = {
+        "running": live.running,
+        "waiting": live.waiting,
+        "model_state": live.model_state,
+        "in_flight_via_gateways": sum(1 for f in hot.gateway_flights() if f.get("node") == drain.node.name),
+    }
     return row
 
 
 def spare_pool() -> dict:
-    spares = list(Node.objects.filter(spare=True).exclude(state="left").order_by("name").values_list("name", "state", "model_key"))
-    return {"size": sum(1 for _, state, _ in spares if state == "serving"), "nodes": [{"name": n, "state": s, "model": m} for n, s, m in spares]}
+    spares = list(
+        Node.objects.filter(spare=True).exclude(state="left").order_by("name").values_list("name", "state", "model_key")
+    )
+    return {
+        "size": sum(1 for _, state, _ in spares if state == "serving"),
+        "nodes": [{"name": n, "state": s, "model": m} for n, s, m in spares],
+    }
 
 
 def notifications(limit: int = 20) -> list[dict]:
-    return [{"id": n.pk, "at": n.at.timestamp(), "kind": n.kind, "title": n.title, "body": n.body, "url": n.url, "delivery": n.delivery}
-            for n in Notification.objects.all()[:limit]]
+    return [
+        {
+            "id": n.pk,
+            "at": n.at.timestamp(),
+            "kind": n.kind,
+            "title": n.title,
+            "body": n.body,
+            "url": n.url,
+            "delivery": n.delivery,
+        }
+        for n in Notification.objects.all()[:limit]
+    ]
 
 
 def waiting_drains() -> int:

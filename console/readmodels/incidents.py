@@ -66,10 +66,28 @@ def affected_requests(incident: Incident) -> list[dict]:
     rows = incident.outcomes.order_by("started_at")[:500]
     return [
         {
-            "request_id": o.request_id, "tenant": o.tenant, "tier": o.tier, "status": o.status, "nodes": o.nodes,
-            "completion_tokens": o.completion_tokens, "ttft_ms": o.ttft_ms, "tpot_ms": o.tpot_ms,
+            "request_id": o.request_id,
+            "tenant": o.tenant,
+            "tier": o.tier,
+            "status": o.status,
+            "nodes": o.nodes,
+            "completion_tokens": o.completion_tokens,
+            "ttft_ms": o.ttft_ms,
+            "tpot_ms": o.tpot_ms,
             "moves": [
-                {k: m.get(k) for k in ("from", "to", "at_token", "method", "planned_method", "stall_ms", "restored_tokens", "reprefill_tokens")}
+                {
+                    k: m.get(k)
+                    for k in (
+                        "from",
+                        "to",
+                        "at_token",
+                        "method",
+                        "planned_method",
+                        "stall_ms",
+                        "restored_tokens",
+                        "reprefill_tokens",
+                    )
+                }
                 for m in o.migrations
             ],
         }
@@ -81,13 +99,19 @@ def latency_series(incident: Incident) -> dict:
     """TTFT and TPOT of every request that finished around the incident, for its chart."""
     start = incident.opened_at - dt.timedelta(seconds=CHART_BEFORE_S)
     end = (incident.recovered_at or timezone.now()) + dt.timedelta(seconds=CHART_AFTER_S)
-    rows = RequestOutcome.objects.filter(status="ok", finished_at__gte=start, finished_at__lte=end).order_by("finished_at")
+    rows = RequestOutcome.objects.filter(status="ok", finished_at__gte=start, finished_at__lte=end).order_by(
+        "finished_at"
+    )
     rows = rows.values_list("finished_at", "ttft_ms", "tpot_ms")[:5000]
     return {
         "t": [r[0].timestamp() for r in rows],
         "ttft_ms": [r[1] for r in rows],
         "tpot_ms": [r[2] for r in rows],
-        "marks": {"opened": _ts(incident.opened_at), "detected": _ts(incident.detected_at), "recovered": _ts(incident.recovered_at)},
+        "marks": {
+            "opened": _ts(incident.opened_at),
+            "detected": _ts(incident.detected_at),
+            "recovered": _ts(incident.recovered_at),
+        },
         "baseline": {"ttft_ms": incident.baseline_ttft_ms, "tpot_ms": incident.baseline_tpot_ms},
     }
 

@@ -21,20 +21,42 @@ def node_health(node: Node) -> dict:
         "canary_baseline_ms": node.canary_baseline_ms,
         "canary_last_at": node.canary_last_at.timestamp() if node.canary_last_at else None,
         "canaries": [
-            {"at": c.at.timestamp(), "passed": c.passed, "kind": c.kind, "detail": c.detail, "latency_ms": c.latency_ms,
-             "baseline_ms": c.baseline_ms, "trial": c.trial, "gpu_ms": c.gpu_ms, "prompt": c.prompt_key}
+            {
+                "at": c.at.timestamp(),
+                "passed": c.passed,
+                "kind": c.kind,
+                "detail": c.detail,
+                "latency_ms": c.latency_ms,
+                "baseline_ms": c.baseline_ms,
+                "trial": c.trial,
+                "gpu_ms": c.gpu_ms,
+                "prompt": c.prompt_key,
+            }
             for c in canaries
         ],
         "xids": [
-            {"first_at": x.first_at.timestamp(), "last_at": x.last_at.timestamp(), "gpu": x.gpu_index, "code": x.code, "codes": x.codes,
-             "count": x.count, "severity": x.severity, "meaning": x.meaning, "action": x.action, "acted": x.acted}
+            {
+                "first_at": x.first_at.timestamp(),
+                "last_at": x.last_at.timestamp(),
+                "gpu": x.gpu_index,
+                "code": x.code,
+                "codes": x.codes,
+                "count": x.count,
+                "severity": x.severity,
+                "meaning": x.meaning,
+                "action": x.action,
+                "acted": x.acted,
+            }
             for x in XidEvent.objects.filter(node=node)[:50]
         ],
         "transitions": [
             {"at": t.at.timestamp(), "kind": t.kind, "old": t.old, "new": t.new, "cause": t.cause, "actor": t.actor}
             for t in HealthTransition.objects.filter(node=node)[:50]
         ],
-        "drains": [drain_row(d) for d in node.drains.select_related("node", "requested_by").prefetch_related("decisions__user")[:10]],
+        "drains": [
+            drain_row(d)
+            for d in node.drains.select_related("node", "requested_by").prefetch_related("decisions__user")[:10]
+        ],
     }
 
 
@@ -56,7 +78,10 @@ def telemetry_series(node: Node) -> dict:
     series: dict[int, dict] = {}
     for reading in readings:
         for gpu in reading.get("gpus") or []:
-            s = series.setdefault(gpu.get("index", 0), {"t": [], "utilization_pct": [], "temperature_c": [], "power_w": [], "sm_clock_mhz": []})
+            s = series.setdefault(
+                gpu.get("index", 0),
+                {"t": [], "utilization_pct": [], "temperature_c": [], "power_w": [], "sm_clock_mhz": []},
+            )
             s["t"].append(reading["at"])
             for key in ("utilization_pct", "temperature_c", "power_w", "sm_clock_mhz"):
                 s[key].append(gpu.get(key))

@@ -14,11 +14,19 @@ from recovery.actions import capacity
 def degradation_page(request):
     if request.GET.get("partial") == "banner":
         return render(request, "console/_banner.html")
-    return render(request, "console/degradation.html", {"history": degradation_model.degradation_history(),
-                                                        "banner": degradation_model.degradation()})
+    return render(
+        request,
+        "console/degradation.html",
+        {"history": degradation_model.degradation_history(), "banner": degradation_model.degradation()},
+    )
 
 
 @api_view()
 def api_degradation(request):
-    return JsonResponse({**degradation_model.degradation(), "history": degradation_model.degradation_history(),
-                         "report": capacity.report().to_json()})
+    return JsonResponse(
+        {
+            **degradation_model.degradation(),
+            "history": degradation_model.degradation_history(),
+            "report": capacity.report().to_json(),
+        }
+    )

@@ -27,8 +27,11 @@ def drain_list(request):
     rows = drain_model.drain_list()
     if request.GET.get("partial") == "rows":
         return render(request, "console/_drain_rows.html", {"drains": rows})
-    return render(request, "console/drains.html", {"drains": rows, "spares": drain_model.spare_pool(),
-                                                   "notifications": drain_model.notifications(10)})
+    return render(
+        request,
+        "console/drains.html",
+        {"drains": rows, "spares": drain_model.spare_pool(), "notifications": drain_model.notifications(10)},
+    )
 
 
 @never_cache
@@ -38,7 +41,9 @@ def drain_page(request, drain_id: int):
     context = {
         "drain": drain_model.drain_detail(drain),
         "can_decide": roles.has_role(request.user, *DECIDE_DRAINS),
-        "can_cancel": roles.has_role(request.user, *(DECIDE_DRAINS if drain.requested_by_id is None else REQUEST_DRAINS)),
+        "can_cancel": roles.has_role(
+            request.user, *(DECIDE_DRAINS if drain.requested_by_id is None else REQUEST_DRAINS)
+        ),
         "decided": drain.decisions.filter(user=request.user).exists(),
         "is_requester": drain.requested_by_id == request.user.pk,
     }
@@ -76,14 +81,18 @@ def api_drains(request):
     if request.method != "POST":
         return json_error(405, "GET the drains, or POST {node, reason, mode, remediation} to request one.")
     if not roles.has_role(request.user, *REQUEST_DRAINS):
-        return json_error(403, f"Role {roles.role_of(request.user)!r} may not request drains: it needs operator, oncall or admin.")
+        return json_error(
+            403, f"Role {roles.role_of(request.user)!r} may not request drains: it needs operator, oncall or admin."
+        )
     try:
         body = json.loads(request.body or b"{}")
     except json.JSONDecodeError:
         return json_error(400, "The body is not valid JSON.", field="body")
     node = Node.objects.filter(name=body.get("node")).first()
     if node is None:
-        return json_error(404 if body.get("node") else 400, f"node: there is no node {body.get('node')!r}.", field="node")
+        return json_error(
+            404 if body.get("node") else 400, f"node: there is no node {body.get('node')!r}.", field="node"
+        )
     form = DrainRequestForm({k: v for k, v in body.items() if k != "node"})
     if not form.is_valid():
         field, errors = next(iter(form.errors.items()))
@@ -106,9 +115,11 @@ def api_drain(request, drain_id: int):
 @api_view()
 def api_drain_decide(request, drain_id: int, decision: str):
     if decision not in (DrainDecision.APPROVE, DrainDecision.REJECT):
-        return json_error(404, f"{decision!r}: a drain is approved or rejected (POST /api/drains/<id>/approve or /reject).")
+        return json_error(
+            404, f"{decision!r}: a drain is approved or rejected (POST /api/drains/<id>/approve or /reject)."
+        )
     if request.method != "POST":
-        return json_error(405, f"POST {{\"reason\": ...}} to {decision}.")
+        return json_error(405, f'POST {{"reason": ...}} to {decision}.')
     drain = Drain.objects.select_related("node").filter(pk=drain_id).first()
     if drain is None:
         return json_error(404, f"There is no drain {drain_id}.")

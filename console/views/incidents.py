@@ -18,7 +18,9 @@ from recovery.models import Incident
 
 
 def _incident(incident_id: int) -> Incident:
-    return get_object_or_404(Incident.objects.select_related("acknowledged_by", "commander").prefetch_related("nodes"), pk=incident_id)
+    return get_object_or_404(
+        Incident.objects.select_related("acknowledged_by", "commander").prefetch_related("nodes"), pk=incident_id
+    )
 
 
 @never_cache
@@ -39,14 +41,20 @@ def incident_page(request, incident_id: int):
     if request.GET.get("partial") == "facts":
         return render(request, "console/_incident_facts.html", {"incident": incident_model.incident_row(incident)})
     detail = incident_model.incident_detail(incident)
-    users = get_user_model().objects.filter(groups__name__in=(roles.ONCALL, roles.ADMIN)).distinct().order_by("username")
-    return render(request, "console/incident.html", {
-        "incident": detail,
-        "chart": json.dumps(incident_model.latency_series(incident)),
-        "can_act": roles.has_role(request.user, *ACT_ON_NODES),
-        "can_close": roles.has_role(request.user, *CLOSE_INCIDENTS),
-        "commanders": users,
-    })
+    users = (
+        get_user_model().objects.filter(groups__name__in=(roles.ONCALL, roles.ADMIN)).distinct().order_by("username")
+    )
+    return render(
+        request,
+        "console/incident.html",
+        {
+            "incident": detail,
+            "chart": json.dumps(incident_model.latency_series(incident)),
+            "can_act": roles.has_role(request.user, *ACT_ON_NODES),
+            "can_close": roles.has_role(request.user, *CLOSE_INCIDENTS),
+            "commanders": users,
+        },
+    )
 
 
 @require_POST
@@ -57,7 +65,9 @@ def incident_action(request, incident_id: int, action: str):
         if action == "ack":
             incidents.acknowledge(incident, request.user)
         elif action == "command":
-            commander = get_object_or_404(get_user_model(), username=request.POST.get("commander") or request.user.username)
+            commander = get_object_or_404(
+                get_user_model(), username=request.POST.get("commander") or request.user.username
+            )
             incidents.set_commander(incident, commander, request.user)
         elif action == "note":
             incidents.add_note(incident, request.POST.get("text", ""), request.user)

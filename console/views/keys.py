@@ -19,8 +19,13 @@ def api_keys(request):
     created = None
     if request.method == "POST":
         try:
-            _, created = keys.create_api_key(request.POST.get("tenant", ""), request.POST.get("tier", ""), request.POST.get("label", ""),
-                                             actor=request.user.get_username(), created_by=request.user)
+            _, created = keys.create_api_key(
+                request.POST.get("tenant", ""),
+                request.POST.get("tier", ""),
+                request.POST.get("label", ""),
+                actor=request.user.get_username(),
+                created_by=request.user,
+            )
         except keys.KeyRefused as exc:
             messages.error(request, f"{exc}.")
     rows = ApiKey.objects.select_related("created_by").order_by("revoked_at", "tenant", "-created_at")

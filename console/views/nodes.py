@@ -43,7 +43,9 @@ def node_page(request, name: str):
     if request.GET.get("partial") == "health":
         return render(request, "console/_node_health.html", {"health": node_model.node_health(node), "node_obj": node})
     if request.GET.get("partial") == "charts":
-        return JsonResponse({"canaries": node_model.canary_series(node), "telemetry": node_model.telemetry_series(node)})
+        return JsonResponse(
+            {"canaries": node_model.canary_series(node), "telemetry": node_model.telemetry_series(node)}
+        )
     card = cluster_model.node_card_by_id(node.pk)
     snapshot = checkpoint_model.checkpoint_snapshot()
     flights = [f for f in hot.gateway_flights() if f.get("node") == name]
@@ -54,26 +56,32 @@ def node_page(request, name: str):
     except nodeclient.NodeUnreachable:
         pass
     cluster = Cluster.default()
-    return render(request, "console/node.html", {
-        "node": card,
-        "node_obj": node,
-        "transitions": NodeTransition.objects.filter(node=node)[:50],
-        "flights": flights,
-        "held": snapshot["matrix"].get(name, {}),
-        "telemetry": telemetry,
-        "incidents": [incident_model.incident_row(i) for i in node.incidents.all()[:10]],
-        "can_act": roles.has_role(request.user, *ACT_ON_NODES),
-        "can_inject": cluster.fault_injection_enabled and roles.has_role(request.user, *INJECT_FAULTS),
-        "fault_injection_enabled": cluster.fault_injection_enabled,
-        "fault_kinds": fault_kinds.KINDS,
-        "health": node_model.node_health(node),
-        "charts": json.dumps({"canaries": node_model.canary_series(node), "telemetry": node_model.telemetry_series(node)}),
-        "can_request_drain": roles.has_role(request.user, *REQUEST_DRAINS),
-        "can_manage_spares": roles.has_role(request.user, *MANAGE_SPARES),
-        "can_record_golden": roles.has_role(request.user, roles.ADMIN),
-        "drain_modes": DrainMode.choices,
-        "remediations": Remediation.choices,
-    })
+    return render(
+        request,
+        "console/node.html",
+        {
+            "node": card,
+            "node_obj": node,
+            "transitions": NodeTransition.objects.filter(node=node)[:50],
+            "flights": flights,
+            "held": snapshot["matrix"].get(name, {}),
+            "telemetry": telemetry,
+            "incidents": [incident_model.incident_row(i) for i in node.incidents.all()[:10]],
+            "can_act": roles.has_role(request.user, *ACT_ON_NODES),
+            "can_inject": cluster.fault_injection_enabled and roles.has_role(request.user, *INJECT_FAULTS),
+            "fault_injection_enabled": cluster.fault_injection_enabled,
+            "fault_kinds": fault_kinds.KINDS,
+            "health": node_model.node_health(node),
+            "charts": json.dumps(
+                {"canaries": node_model.canary_series(node), "telemetry": node_model.telemetry_series(node)}
+            ),
+            "can_request_drain": roles.has_role(request.user, *REQUEST_DRAINS),
+            "can_manage_spares": roles.has_role(request.user, *MANAGE_SPARES),
+            "can_record_golden": roles.has_role(request.user, roles.ADMIN),
+            "drain_modes": DrainMode.choices,
+            "remediations": Remediation.choices,
+        },
+    )
 
 
 def _fault_params(post) -> tuple[dict, str | None]:
@@ -107,7 +115,9 @@ def node_action(request, name: str, action: str):
             messages.error(request, problem)
             return redirect("node", name=name)
         status, answer = faults.inject(node, request.POST.get("kind", ""), params, user, reason)
-        (messages.success if status < 300 else messages.error)(request, f"{request.POST.get('kind')}: {answer.get('error', {}).get('message') or 'injected'}")
+        (messages.success if status < 300 else messages.error)(
+            request, f"{request.POST.get('kind')}: {answer.get('error', {}).get('message') or 'injected'}"
+        )
     elif action in ("cordon", "uncordon"):
         if not reason:
             messages.error(request, f"{action.title()} needs a reason.")
@@ -168,7 +178,7 @@ def node_golden(request, name: str):
 @api_view(*INJECT_FAULTS)
 def api_node_fault(request, name: str):
     if request.method != "POST":
-        return json_error(405, "POST a fault: {\"kind\": \"crash\", ...}")
+        return json_error(405, 'POST a fault: {"kind": "crash", ...}')
     node = Node.objects.filter(name=name).first()
     if node is None:
         return json_error(404, f"There is no node {name!r}.")
@@ -177,7 +187,7 @@ def api_node_fault(request, name: str):
     except json.JSONDecodeError:
         return json_error(400, "The body is not valid JSON.", field="body")
     if not isinstance(body, dict):
-        return json_error(400, "The body must be a JSON object: {\"kind\": ..., \"reason\": ...}.", field="body")
+        return json_error(400, 'The body must be a JSON object: {"kind": ..., "reason": ...}.', field="body")
     kind = body.pop("kind", "")
     reason = str(body.pop("reason", ""))
     status, answer = faults.inject(node, kind, body, request.user.get_username(), reason)
@@ -195,8 +205,12 @@ def api_node_migrate(request, name: str):
         body = json.loads(request.body or b"{}") if request.body else {}
     except json.JSONDecodeError:
         return json_error(400, "The body is not valid JSON.", field="body")
-    command = live_migration.start(node, request.user.get_username(), body.get("reason") or "planned migration",
-                                   cordon=bool(body.get("cordon", True)))
+    command = live_migration.start(
+        node,
+        request.user.get_username(),
+        body.get("reason") or "planned migration",
+        cordon=bool(body.get("cordon", True)),
+    )
     return JsonResponse({"command": command, "status_url": f"/api/migrations/{command}"}, status=202)
 
 

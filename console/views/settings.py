@@ -29,7 +29,9 @@ def settings_page(request):
     if request.method == "POST":
         values = {name: request.POST.get(name, "") for name in cluster_settings.FIELDS}
         try:
-            changed = cluster_settings.update(cluster, values, request.user.get_username(), request.POST.get("reason", ""))
+            changed = cluster_settings.update(
+                cluster, values, request.user.get_username(), request.POST.get("reason", "")
+            )
         except cluster_settings.SettingsRefused as exc:
             messages.error(request, "Not saved: " + "; ".join(exc.errors.values()))
             form = SettingsForm(request.POST, instance=Cluster(pk=cluster.pk))
@@ -50,13 +52,13 @@ def api_settings(request):
     if request.method == "GET":
         return JsonResponse(cluster_settings.current(cluster))
     if request.method != "PATCH":
-        return json_error(405, "GET the settings, or PATCH {field: value, ..., \"reason\": ...}.")
+        return json_error(405, 'GET the settings, or PATCH {field: value, ..., "reason": ...}.')
     try:
         body = json.loads(request.body or b"{}")
     except json.JSONDecodeError:
         return json_error(400, "The body is not valid JSON.", field="body")
     if not isinstance(body, dict):
-        return json_error(400, "The body must be a JSON object: {field: value, ..., \"reason\": ...}.", field="body")
+        return json_error(400, 'The body must be a JSON object: {field: value, ..., "reason": ...}.', field="body")
     reason = str(body.pop("reason", ""))
     try:
         changed = cluster_settings.update(cluster, body, request.user.get_username(), reason)

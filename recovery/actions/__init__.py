@@ -20,6 +20,17 @@ streams: what the gateways report (signals and request outcomes).
 """
 
 ORDER = (
-    "audit", "routing", "notify", "keys", "cluster_settings", "faults", "health", "live_migration", "nodes", "incidents",
-    "capacity", "drains", "streams",
+    "audit",
+    "routing",
+    "notify",
+    "keys",
+    "cluster_settings",
+    "faults",
+    "health",
+    "live_migration",
+    "nodes",
+    "incidents",
+    "capacity",
+    "drains",
+    "streams",
 )

@@ -32,8 +32,13 @@ MAX_NUM_SEQS = 128
 
 
 def slo_of(cluster: Cluster) -> policy.Slo:
-    return policy.Slo(cluster.slo_ttft_ms, cluster.slo_tpot_ms, cluster.slo_required_rps, cluster.slo_avg_prompt_tokens,
-                      cluster.slo_avg_output_tokens)
+    return policy.Slo(
+        cluster.slo_ttft_ms,
+        cluster.slo_tpot_ms,
+        cluster.slo_required_rps,
+        cluster.slo_avg_prompt_tokens,
+        cluster.slo_avg_output_tokens,
+    )
 
 
 @dataclass
@@ -71,9 +76,16 @@ def report(cluster: Cluster | None = None, exclude: tuple[str, ...] = (), promot
             continue
         deployment = catalog.Deployment.of(node.model_key, node.gpu_key, node.tp)
         # Measured on the last decode-only step: a step carrying a prefill chunk is long by design.
-        slow = policy.slowdown(deployment, data.decode_step_ms or 0.0, data.decode_step_batch or 0, data.decode_step_context_tokens or 0)
+        slow = policy.slowdown(
+            deployment, data.decode_step_ms or 0.0, data.decode_step_batch or 0, data.decode_step_context_tokens or 0
+        )
         figure = policy.node_capacity(deployment, slo, MAX_NUM_SEQS, slow)
-        figures[node.name] = {"rps": round(figure.rps, 3), "batch": figure.batch, "limited_by": figure.limited_by, "slowdown": round(slow, 3)}
+        figures[node.name] = {
+            "rps": round(figure.rps, 3),
+            "batch": figure.batch,
+            "limited_by": figure.limited_by,
+            "slowdown": round(slow, 3),
+        }
         total += figure.rps
     return Report(round(total, 3), slo.required_rps, figures, len(figures))
 
@@ -82,10 +94,18 @@ def _spares_on_their_way(nodes: list[Node]) -> tuple[str, ...]:
     """The hot spares a pending reaction is about to promote: a node of their model just went DOWN or
     UNHEALTHY, and recovery.reactions puts a spare in its place within a second. Counted now, so the level
     does not jump for the moment between the two."""
-    pending = [row.node for row in NodeTransition.objects.filter(reacted_at__isnull=True, new_state=NodeState.DOWN, node__spare=False)
-               .select_related("node")]
-    pending += [row.node for row in HealthTransition.objects.filter(reacted_at__isnull=True, kind=HealthChange.HEALTH, new=Health.UNHEALTHY)
-                .select_related("node")]
+    pending = [
+        row.node
+        for row in NodeTransition.objects.filter(
+            reacted_at__isnull=True, new_state=NodeState.DOWN, node__spare=False
+        ).select_related("node")
+    ]
+    pending += [
+        row.node
+        for row in HealthTransition.objects.filter(
+            reacted_at__isnull=True, kind=HealthChange.HEALTH, new=Health.UNHEALTHY
+        ).select_related("node")
+    ]
     spares = sorted((n for n in nodes if n.spare and n.health == Health.HEALTHY), key=lambda n: n.name)
     chosen: list[str] = []
     for gone in pending:
@@ -100,12 +120,20 @@ def evaluate(now: float | None = None) -> int:
     now = time.time() if now is None else now
     cluster = Cluster.default()
     figures = report(cluster)
-    hot.client().set(hot.keys().capacity, json.dumps({**figures.to_json(), "at": now, "level": cluster.degradation_level}))
+    hot.client().set(
+        hot.keys().capacity, json.dumps({**figures.to_json(), "at": now, "level": cluster.degradation_level})
+    )
     if figures.required_rps <= 0:
         decision = policy.LevelDecision(0, None, cluster.degradation_level != 0)
     else:
-        decision = policy.next_level(cluster.degradation_level, figures.ratio, now, cluster.degradation_better_since,
-                                     cluster.degradation_margin, cluster.degradation_hold_s)
+        decision = policy.next_level(
+            cluster.degradation_level,
+            figures.ratio,
+            now,
+            cluster.degradation_better_since,
+            cluster.degradation_margin,
+            cluster.degradation_hold_s,
+        )
     if not decision.changed:
         if decision.better_since != cluster.degradation_better_since:
             Cluster.objects.filter(pk=cluster.pk).update(degradation_better_since=decision.better_since)
@@ -113,8 +141,10 @@ def evaluate(now: float | None = None) -> int:
     if figures.required_rps <= 0:
         cause = "no throughput objective is set"
     else:
-        cause = (f"capacity {figures.capacity_rps:.1f} req/s from {figures.in_service} nodes in service is "
-                 f"{figures.ratio:.0%} of the required {figures.required_rps:.1f} req/s")
+        cause = (
+            f"capacity {figures.capacity_rps:.1f} req/s from {figures.in_service} nodes in service is "
+            f"{figures.ratio:.0%} of the required {figures.required_rps:.1f} req/s"
+        )
     set_level(cluster, decision.level, cause, figures)
     return decision.level
 
@@ -123,13 +153,18 @@ def set_level(cluster: Cluster, level: int, cause: str, figures: Report | None =
     old = cluster.degradation_level
     with transaction.atomic():
         claimed = Cluster.objects.filter(pk=cluster.pk, degradation_level=old).update(
-            degradation_level=level, degradation_changed_at=timezone.now(), degradation_better_since=None)
+            degradation_level=level, degradation_changed_at=timezone.now(), degradation_better_since=None
+        )
         if not claimed:
             return False
         DegradationChange.objects.create(
-            cluster=cluster, old_level=old, new_level=level, cause=cause,
+            cluster=cluster,
+            old_level=old,
+            new_level=level,
+            cause=cause,
             ratio=None if figures is None or figures.required_rps <= 0 else round(figures.ratio, 4),
-            capacity_rps=figures.capacity_rps if figures else None, required_rps=figures.required_rps if figures else None,
+            capacity_rps=figures.capacity_rps if figures else None,
+            required_rps=figures.required_rps if figures else None,
             details=figures.to_json() if figures else {},
         )
         cluster.degradation_level = level

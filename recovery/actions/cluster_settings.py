@@ -32,13 +32,19 @@ def update(cluster: Cluster, values: dict, actor: str, reason: str = "") -> dict
     """Set some settings: {field: value}, any not given keep theirs. Returns {field: [old, new]} of what changed."""
     unknown = sorted(set(values) - set(FIELDS))
     if unknown:
-        raise SettingsRefused({unknown[0]: f"{unknown[0]}: not a setting; the settings are {', '.join(sorted(FIELDS))}"})
+        raise SettingsRefused(
+            {unknown[0]: f"{unknown[0]}: not a setting; the settings are {', '.join(sorted(FIELDS))}"}
+        )
     with transaction.atomic():
         row = Cluster.objects.select_for_update().get(pk=cluster.pk)
         form = SettingsForm({**current(row), **values}, instance=Cluster(pk=row.pk))
         if not form.is_valid():
             raise SettingsRefused({name: " ".join(errors) for name, errors in form.errors.items()})
-        changed = {name: [getattr(row, name), form.cleaned_data[name]] for name in FIELDS if getattr(row, name) != form.cleaned_data[name]}
+        changed = {
+            name: [getattr(row, name), form.cleaned_data[name]]
+            for name in FIELDS
+            if getattr(row, name) != form.cleaned_data[name]
+        }
         if changed:
             Cluster.objects.filter(pk=row.pk).update(**{name: new for name, (_, new) in changed.items()})
             audit.record(actor, "settings", f"cluster:{row.name}", reason, changed=changed)

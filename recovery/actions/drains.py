@@ -51,7 +51,11 @@ log = logging.getLogger(__name__)
 
 ERROR_BUDGET_DAYS = 30
 AVAILABILITY_OBJECTIVE = 0.999
-REMEDIATION_NAMES = {Remediation.RESTART: "engine restart", Remediation.RESET: "GPU reset", Remediation.HARDWARE_REPAIR: "hardware repair"}
+REMEDIATION_NAMES = {
+    Remediation.RESTART: "engine restart",
+    Remediation.RESET: "GPU reset",
+    Remediation.HARDWARE_REPAIR: "hardware repair",
+}
 MIGRATE_AGAIN_S = 10.0  # requests still on the node this long after the migration command: ask the gateways again
 
 
@@ -71,14 +75,25 @@ def evidence_for(node: Node) -> dict:
         for c in CanaryResult.objects.filter(node=node)[:10]
     ]
     xids = [
-        {"first_at": x.first_at.isoformat(), "gpu": x.gpu_index, "code": x.code, "codes": x.codes, "severity": x.severity,
-         "meaning": x.meaning, "action": x.action}
+        {
+            "first_at": x.first_at.isoformat(),
+            "gpu": x.gpu_index,
+            "code": x.code,
+            "codes": x.codes,
+            "severity": x.severity,
+            "meaning": x.meaning,
+            "action": x.action,
+        }
         for x in XidEvent.objects.filter(node=node)[:10]
     ]
     readings = hot.telemetry(node.name, 1)
     return {
-        "health": node.health, "canary_failures": node.canary_failures, "breaker": node.breaker,
-        "canaries": canaries, "xids": xids, "telemetry": readings[0] if readings else None,
+        "health": node.health,
+        "canary_failures": node.canary_failures,
+        "breaker": node.breaker,
+        "canaries": canaries,
+        "xids": xids,
+        "telemetry": readings[0] if readings else None,
     }
 
 
@@ -90,8 +105,13 @@ def error_budget() -> dict:
     failed = outcomes.filter(status="error").count()
     allowed = total * (1 - AVAILABILITY_OBJECTIVE)
     left = None if total == 0 else max(0.0, 1 - failed / allowed) if allowed > 0 else 0.0
-    return {"objective": AVAILABILITY_OBJECTIVE, "window_days": ERROR_BUDGET_DAYS, "requests": total, "failed": failed,
-            "budget_left": None if left is None else round(left, 4)}
+    return {
+        "objective": AVAILABILITY_OBJECTIVE,
+        "window_days": ERROR_BUDGET_DAYS,
+        "requests": total,
+        "failed": failed,
+        "budget_left": None if left is None else round(left, 4),
+    }
 
 
 def blast_radius(node: Node) -> dict:
@@ -104,10 +124,15 @@ def blast_radius(node: Node) -> dict:
     after = capacity.report(exclude=(node.name,), promoted=(spare.name,) if spare else ())
     return {
         "in_flight": len(flights),
-        "in_flight_by_tier": {tier: sum(1 for f in flights if f.get("tier") == tier) for tier in sorted({f.get("tier") for f in flights})},
+        "in_flight_by_tier": {
+            tier: sum(1 for f in flights if f.get("tier") == tier) for tier in sorted({f.get("tier") for f in flights})
+        },
         "running_on_node": live.queue_depth,
-        "kv_held_for_others": {"bytes": sum(v.get("bytes", 0) for v in held.values()), "requests": sum(v.get("requests", 0) for v in held.values()),
-                               "by_node": held},
+        "kv_held_for_others": {
+            "bytes": sum(v.get("bytes", 0) for v in held.values()),
+            "requests": sum(v.get("requests", 0) for v in held.values()),
+            "by_node": held,
+        },
         "capacity_rps_now": now.capacity_rps,
         "capacity_rps_after": after.capacity_rps,
         "spare_promoted": spare.name if spare else None,
@@ -122,52 +147,91 @@ def approvals_needed(node: Node, radius: dict) -> tuple[int, str]:
     reasons = []
     ratio = radius.get("ratio_after")
     if ratio is not None and ratio < 1:
-        reasons.append(f"capacity after the drain ({radius['capacity_rps_after']:.1f} req/s) is below the "
-                       f"{radius['required_rps']:.1f} req/s the SLOs need")
+        reasons.append(
+            f"capacity after the drain ({radius['capacity_rps_after']:.1f} req/s) is below the "
+            f"{radius['required_rps']:.1f} req/s the SLOs need"
+        )
     others = Drain.objects.filter(node__model_key=node.model_key, state__in=OPEN_DRAIN_STATES).exclude(node=node)
     if others.exists():
-        reasons.append(f"{', '.join(f'#{d.pk} ({d.node.name})' for d in others.select_related('node'))} already open in the {node.model_key} pool")
+        reasons.append(
+            f"{', '.join(f'#{d.pk} ({d.node.name})' for d in others.select_related('node'))} already open in the {node.model_key} pool"
+        )
     return (2, "; ".join(reasons)) if reasons else (1, "")
 
 
-def propose(node: Node, *, source: str, reason: str, requested_by=None, mode: str = DrainMode.IMMEDIATE, deadline_s: int | None = None,
-            remediation: str = Remediation.RESTART) -> Drain:
+def propose(
+    node: Node,
+    *,
+    source: str,
+    reason: str,
+    requested_by=None,
+    mode: str = DrainMode.IMMEDIATE,
+    deadline_s: int | None = None,
+    remediation: str = Remediation.RESTART,
+) -> Drain:
     """Raise a drain request for on-call. Refused, with the node's state, for a node already draining or down."""
     node.refresh_from_db()
     if node.state != NodeState.SERVING:
-        raise DrainRefused(f"{node.name} is {node.get_state_display()} (since {node.state_changed_at:%H:%M:%S}): only a serving node can be drained")
+        raise DrainRefused(
+            f"{node.name} is {node.get_state_display()} (since {node.state_changed_at:%H:%M:%S}): only a serving node can be drained"
+        )
     existing = open_drain(node)
     if existing is not None:
         raise DrainRefused(f"{node.name} already has drain #{existing.pk}, {existing.get_state_display().lower()}")
     if mode not in DrainMode.values:
         raise DrainRefused(f"mode: {mode!r} is not a drain mode: expected one of {', '.join(DrainMode.values)}")
     if remediation not in Remediation.values:
-        raise DrainRefused(f"remediation: {remediation!r} is not known: expected one of {', '.join(Remediation.values)}")
+        raise DrainRefused(
+            f"remediation: {remediation!r} is not known: expected one of {', '.join(Remediation.values)}"
+        )
     if mode == DrainMode.DEADLINE and not deadline_s:
-        raise DrainRefused("deadline_s: a deadline drain needs the seconds after the cordon when what is left is migrated")
+        raise DrainRefused(
+            "deadline_s: a deadline drain needs the seconds after the cordon when what is left is migrated"
+        )
     if not reason.strip():
         raise DrainRefused("reason: a drain request needs a reason")
     radius = blast_radius(node)
     required, why = approvals_needed(node, radius)
     with transaction.atomic():
         drain = Drain.objects.create(
-            node=node, mode=mode, deadline_s=deadline_s if mode == DrainMode.DEADLINE else None, remediation=remediation,
-            requested_by=requested_by, source=source, reason=reason.strip(), evidence=evidence_for(node), blast_radius=radius,
-            approvals_required=required, approvals_why=why,
+            node=node,
+            mode=mode,
+            deadline_s=deadline_s if mode == DrainMode.DEADLINE else None,
+            remediation=remediation,
+            requested_by=requested_by,
+            source=source,
+            reason=reason.strip(),
+            evidence=evidence_for(node),
+            blast_radius=radius,
+            approvals_required=required,
+            approvals_why=why,
         )
         _step(drain, "", DrainState.PROPOSED, f"requested by {source}: {reason.strip()}", actor=source)
-        audit.record(source, "drain_requested", f"node:{node.name}", reason.strip(), drain=drain.pk, mode=mode, remediation=remediation)
-        notify.send("drain_requested", f"Drain of {node.name} needs approval",
-                    f"{source} asks to drain {node.name} ({drain.get_mode_display()}; then {REMEDIATION_NAMES[drain.remediation]}): "
-                    f"{reason.strip()}. In flight: {radius['in_flight']}; capacity after: {radius['capacity_rps_after']:.1f} req/s"
-                    + (f". Needs two approvers: {why}" if required > 1 else ""),
-                    f"/drains/{drain.pk}/")
+        audit.record(
+            source,
+            "drain_requested",
+            f"node:{node.name}",
+            reason.strip(),
+            drain=drain.pk,
+            mode=mode,
+            remediation=remediation,
+        )
+        notify.send(
+            "drain_requested",
+            f"Drain of {node.name} needs approval",
+            f"{source} asks to drain {node.name} ({drain.get_mode_display()}; then {REMEDIATION_NAMES[drain.remediation]}): "
+            f"{reason.strip()}. In flight: {radius['in_flight']}; capacity after: {radius['capacity_rps_after']:.1f} req/s"
+            + (f". Needs two approvers: {why}" if required > 1 else ""),
+            f"/drains/{drain.pk}/",
+        )
     log.info("drain #%d of %s proposed by %s", drain.pk, node.name, source)
     return drain
 
 
 def _step(drain: Drain, old: str, new: str, cause: str, *, actor: str = "system", **details) -> DrainStep:
-    step = DrainStep.objects.create(drain=drain, old_state=old, new_state=new, cause=cause, actor=actor, details=details)
+    step = DrainStep.objects.create(
+        drain=drain, old_state=old, new_state=new, cause=cause, actor=actor, details=details
+    )
     transaction.on_commit(lambda: events.drain_changed(drain.pk))
     return step
 
@@ -176,7 +240,9 @@ def _move(drain: Drain, new: str, cause: str, *, actor: str = "system", details:
     """Claim the drain's next state with a conditional update; one step row."""
     old = drain.state
     with transaction.atomic():
-        claimed = Drain.objects.filter(pk=drain.pk, state=old).update(state=new, state_changed_at=timezone.now(), **fields)
+        claimed = Drain.objects.filter(pk=drain.pk, state=old).update(
+            state=new, state_changed_at=timezone.now(), **fields
+        )
         if not claimed:
             return False
         drain.state = new
@@ -210,7 +276,9 @@ def may_decide(drain: Drain, user, decision: str) -> None:
         return
     role = roles.role_of(user)
     refusal = f"Role {role!r} may not {decision} drains: only the oncall and admin roles decide."
-    audit.record(user.get_username(), f"drain_{decision}_refused", f"drain:{drain.pk}", refusal, role=role, node=drain.node.name)
+    audit.record(
+        user.get_username(), f"drain_{decision}_refused", f"drain:{drain.pk}", refusal, role=role, node=drain.node.name
+    )
     raise NotAllowed(refusal)
 
 
@@ -226,11 +294,17 @@ def decide(drain: Drain, user, decision: str, reason: str) -> Drain:
     with transaction.atomic():
         drain = Drain.objects.select_for_update().select_related("node").get(pk=drain.pk)
         if drain.decisions.filter(user=user).exists():
-            raise DrainRefused(f"{name} has already decided on drain #{drain.pk}: a second approval must come from another person")
+            raise DrainRefused(
+                f"{name} has already decided on drain #{drain.pk}: a second approval must come from another person"
+            )
         if drain.state != DrainState.PROPOSED:
-            raise DrainRefused(f"drain #{drain.pk} is {drain.get_state_display().lower()}: it is no longer waiting for a decision")
+            raise DrainRefused(
+                f"drain #{drain.pk} is {drain.get_state_display().lower()}: it is no longer waiting for a decision"
+            )
         if decision == DrainDecision.APPROVE and drain.requested_by_id == user.pk:
-            raise DrainRefused(f"{name} requested drain #{drain.pk} and may not approve it: another on-call engineer must")
+            raise DrainRefused(
+                f"{name} requested drain #{drain.pk} and may not approve it: another on-call engineer must"
+            )
         DrainDecision.objects.create(drain=drain, user=user, decision=decision, reason=reason)
         audit.record(name, f"drain_{decision}", f"drain:{drain.pk}", reason, node=drain.node.name)
         if decision == DrainDecision.REJECT:
@@ -238,9 +312,17 @@ def decide(drain: Drain, user, decision: str, reason: str) -> Drain:
             return drain
         approvals = drain.decisions.filter(decision=DrainDecision.APPROVE).count()
         if approvals < drain.approvals_required:
-            _step(drain, drain.state, drain.state, f"approved by {name} ({approvals} of {drain.approvals_required}): {reason}", actor=name)
+            _step(
+                drain,
+                drain.state,
+                drain.state,
+                f"approved by {name} ({approvals} of {drain.approvals_required}): {reason}",
+                actor=name,
+            )
             return drain
-        who = ", ".join(d.user.get_username() for d in drain.decisions.filter(decision=DrainDecision.APPROVE).select_related("user"))
+        who = ", ".join(
+            d.user.get_username() for d in drain.decisions.filter(decision=DrainDecision.APPROVE).select_related("user")
+        )
         _move(drain, DrainState.APPROVED, f"approved by {who}: {reason}", actor=name, approved_at=timezone.now())
     return drain
 
@@ -254,14 +336,24 @@ def cancel(drain: Drain, user, reason: str) -> None:
     if not roles.has_role(user, *REQUEST):
         raise NotAllowed(f"Role {roles.role_of(user)!r} may not cancel drains: it needs operator, oncall or admin.")
     if drain.requested_by_id is None and not roles.has_role(user, *DECIDE):
-        refusal = f"Drain #{drain.pk} was raised by the {drain.source}: only the oncall and admin roles may withdraw it."
+        refusal = (
+            f"Drain #{drain.pk} was raised by the {drain.source}: only the oncall and admin roles may withdraw it."
+        )
         audit.record(user.get_username(), "drain_cancel_refused", f"drain:{drain.pk}", refusal, node=drain.node.name)
         raise NotAllowed(refusal)
     if not reason.strip():
         raise DrainRefused("reason: say why the drain is cancelled")
     if drain.state != DrainState.PROPOSED:
-        raise DrainRefused(f"drain #{drain.pk} is {drain.get_state_display().lower()}: only a drain waiting for approval can be cancelled")
-    if _move(drain, DrainState.CANCELLED, f"cancelled by {user.get_username()}: {reason.strip()}", actor=user.get_username(), finished_at=timezone.now()):
+        raise DrainRefused(
+            f"drain #{drain.pk} is {drain.get_state_display().lower()}: only a drain waiting for approval can be cancelled"
+        )
+    if _move(
+        drain,
+        DrainState.CANCELLED,
+        f"cancelled by {user.get_username()}: {reason.strip()}",
+        actor=user.get_username(),
+        finished_at=timezone.now(),
+    ):
         audit.record(user.get_username(), "drain_cancel", f"drain:{drain.pk}", reason.strip(), node=drain.node.name)
 
 
@@ -283,39 +375,79 @@ def advance(drain: Drain) -> bool:
         health.set_cordon(node, True, actor, f"drain #{drain.pk}: {drain.reason}")
         health.set_health(node, Health.DRAINING, f"drain #{drain.pk} approved", actor=actor)
         spare = health.promote_spare_for(node, f"{node.name} is being drained")
-        return _move(drain, DrainState.CORDONED, f"{node.name} cordoned: no new requests reach it"
-                     + (f"; hot spare {spare.name} promoted in its place" if spare else ""), cordoned_at=timezone.now())
+        return _move(
+            drain,
+            DrainState.CORDONED,
+            f"{node.name} cordoned: no new requests reach it"
+            + (f"; hot spare {spare.name} promoted in its place" if spare else ""),
+            cordoned_at=timezone.now(),
+        )
     if drain.state == DrainState.CORDONED:
         if drain.mode == DrainMode.IMMEDIATE:
             command = live_migration.start(node, actor, f"drain #{drain.pk}", cordon=False)
-            return _move(drain, DrainState.DRAINING, f"every gateway asked to move {_in_flight(node)} in-flight requests off {node.name} live",
-                         migration_command=command, details={"command": command})
-        plan = "let them finish" if drain.mode == DrainMode.ALLOW_COMPLETION else f"let them finish, migrate what is left after {drain.deadline_s} s"
+            return _move(
+                drain,
+                DrainState.DRAINING,
+                f"every gateway asked to move {_in_flight(node)} in-flight requests off {node.name} live",
+                migration_command=command,
+                details={"command": command},
+            )
+        plan = (
+            "let them finish"
+            if drain.mode == DrainMode.ALLOW_COMPLETION
+            else f"let them finish, migrate what is left after {drain.deadline_s} s"
+        )
         return _move(drain, DrainState.DRAINING, f"{_in_flight(node)} requests in flight on {node.name}: {plan}")
     if drain.state == DrainState.DRAINING:
         left = _in_flight(node)
         if left == 0 or node.state != NodeState.SERVING:
-            return _move(drain, DrainState.DRAINED, f"no request left on {node.name}" if node.state == NodeState.SERVING else f"{node.name} is {node.state}")
+            return _move(
+                drain,
+                DrainState.DRAINED,
+                f"no request left on {node.name}"
+                if node.state == NodeState.SERVING
+                else f"{node.name} is {node.state}",
+            )
         since = (timezone.now() - (drain.cordoned_at or drain.state_changed_at)).total_seconds()
         if drain.mode == DrainMode.DEADLINE and not drain.migration_command and since >= (drain.deadline_s or 0):
             command = live_migration.start(node, actor, f"drain #{drain.pk}: deadline", cordon=False)
             Drain.objects.filter(pk=drain.pk).update(migration_command=command)
-            _step(drain, drain.state, drain.state, f"deadline of {drain.deadline_s} s reached: {left} requests moved live", command=command)
+            _step(
+                drain,
+                drain.state,
+                drain.state,
+                f"deadline of {drain.deadline_s} s reached: {left} requests moved live",
+                command=command,
+            )
             return True
         if drain.migration_command and (timezone.now() - drain.state_changed_at).total_seconds() >= MIGRATE_AGAIN_S:
             command = live_migration.start(node, actor, f"drain #{drain.pk}: {left} still there", cordon=False)
             Drain.objects.filter(pk=drain.pk).update(migration_command=command, state_changed_at=timezone.now())
-            _step(drain, drain.state, drain.state, f"{left} requests still on {node.name}: gateways asked again", command=command)
+            _step(
+                drain,
+                drain.state,
+                drain.state,
+                f"{left} requests still on {node.name}: gateways asked again",
+                command=command,
+            )
             return True
         return False
     if drain.state == DrainState.DRAINED:
         return _remediate(drain, node, actor)
     if drain.state == DrainState.REMEDIATING:
         if node.state == NodeState.SERVING and _model_state(node) == "serving":
-            health.set_breaker(node, breakers.Breaker(BreakerState.HALF_OPEN, node.breaker_failures, node.breaker_opened_at, None),
-                               f"drain #{drain.pk}: remediation done, one trial canary", actor=actor)
-            return _move(drain, DrainState.VERIFYING, f"{node.name} serves again after the {REMEDIATION_NAMES[drain.remediation]}: "
-                         "a canary in half-open decides")
+            health.set_breaker(
+                node,
+                breakers.Breaker(BreakerState.HALF_OPEN, node.breaker_failures, node.breaker_opened_at, None),
+                f"drain #{drain.pk}: remediation done, one trial canary",
+                actor=actor,
+            )
+            return _move(
+                drain,
+                DrainState.VERIFYING,
+                f"{node.name} serves again after the {REMEDIATION_NAMES[drain.remediation]}: "
+                "a canary in half-open decides",
+            )
         return False
     if drain.state == DrainState.VERIFYING:
         result = CanaryResult.objects.filter(node=node, at__gte=drain.state_changed_at).order_by("-at").first()
@@ -325,20 +457,48 @@ def advance(drain: Drain) -> bool:
                 # The trial was lost: another (the step's reaction runs it), and the wait starts again.
                 with transaction.atomic():
                     Drain.objects.filter(pk=drain.pk).update(state_changed_at=timezone.now())
-                    _step(drain, drain.state, drain.state, f"no trial canary result after {waited:.0f} s: another trial", trial=True)
+                    _step(
+                        drain,
+                        drain.state,
+                        drain.state,
+                        f"no trial canary result after {waited:.0f} s: another trial",
+                        trial=True,
+                    )
                 return True
             return False
         if result.passed:
             health.set_breaker(node, breakers.Breaker(), f"drain #{drain.pk}: trial canary passed", actor=actor)
-            health.set_health(node, Health.HEALTHY, f"drain #{drain.pk}: canary passed after remediation", actor=actor, canary_failures=0)
+            health.set_health(
+                node,
+                Health.HEALTHY,
+                f"drain #{drain.pk}: canary passed after remediation",
+                actor=actor,
+                canary_failures=0,
+            )
             health.set_cordon(node, False, actor, f"drain #{drain.pk} done: canary passed")
-            return _move(drain, DrainState.RETURNED, f"canary passed ({result.detail}): {node.name} is back in service",
-                         finished_at=timezone.now(), outcome="returned to service")
-        health.set_breaker(node, breakers.Breaker(BreakerState.OPEN, node.breaker_failures + 1, timezone.now().timestamp(), None),
-                           f"drain #{drain.pk}: trial canary failed", actor=actor)
-        health.set_health(node, Health.UNHEALTHY, f"drain #{drain.pk}: canary failed after remediation: {result.detail}", actor=actor)
-        return _move(drain, DrainState.FAILED, f"canary failed after remediation ({result.kind}: {result.detail}); {node.name} stays out of service",
-                     finished_at=timezone.now(), outcome=f"canary failed: {result.detail}")
+            return _move(
+                drain,
+                DrainState.RETURNED,
+                f"canary passed ({result.detail}): {node.name} is back in service",
+                finished_at=timezone.now(),
+                outcome="returned to service",
+            )
+        health.set_breaker(
+            node,
+            breakers.Breaker(BreakerState.OPEN, node.breaker_failures + 1, timezone.now().timestamp(), None),
+            f"drain #{drain.pk}: trial canary failed",
+            actor=actor,
+        )
+        health.set_health(
+            node, Health.UNHEALTHY, f"drain #{drain.pk}: canary failed after remediation: {result.detail}", actor=actor
+        )
+        return _move(
+            drain,
+            DrainState.FAILED,
+            f"canary failed after remediation ({result.kind}: {result.detail}); {node.name} stays out of service",
+            finished_at=timezone.now(),
+            outcome=f"canary failed: {result.detail}",
+        )
     return False
 
 
@@ -352,8 +512,13 @@ def _in_flight(node: Node) -> int:
 def _remediate(drain: Drain, node: Node, actor: str) -> bool:
     if drain.remediation == Remediation.HARDWARE_REPAIR:
         audit.record(actor, "hardware_repair", f"node:{node.name}", drain.reason, drain=drain.pk)
-        return _move(drain, DrainState.HANDED_OFF, f"{node.name} handed to hardware repair; it stays cordoned until a person returns it",
-                     finished_at=timezone.now(), outcome="handed to hardware repair")
+        return _move(
+            drain,
+            DrainState.HANDED_OFF,
+            f"{node.name} handed to hardware repair; it stays cordoned until a person returns it",
+            finished_at=timezone.now(),
+            outcome="handed to hardware repair",
+        )
     path = "/agent/reset" if drain.remediation == Remediation.RESET else "/agent/reload"
     try:
         status, answer = nodeclient.call(node.address, "POST", path, {"cold": True}, timeout=5)
@@ -361,10 +526,20 @@ def _remediate(drain: Drain, node: Node, actor: str) -> bool:
         status, answer = 0, {"error": {"message": str(exc)}}
     if status != 200:
         message = answer.get("error", {}).get("message", status) if isinstance(answer.get("error"), dict) else answer
-        return _move(drain, DrainState.FAILED, f"{REMEDIATION_NAMES[drain.remediation]} failed on {node.name}: {message}",
-                     finished_at=timezone.now(), outcome=f"remediation failed: {message}")
-    return _move(drain, DrainState.REMEDIATING, f"{REMEDIATION_NAMES[drain.remediation]}: {node.name} reloads its model "
-                 f"(state {answer.get('model_state')}, {answer.get('aborted', 0)} requests aborted)", details={"answer": answer})
+        return _move(
+            drain,
+            DrainState.FAILED,
+            f"{REMEDIATION_NAMES[drain.remediation]} failed on {node.name}: {message}",
+            finished_at=timezone.now(),
+            outcome=f"remediation failed: {message}",
+        )
+    return _move(
+        drain,
+        DrainState.REMEDIATING,
+        f"{REMEDIATION_NAMES[drain.remediation]}: {node.name} reloads its model "
+        f"(state {answer.get('model_state')}, {answer.get('aborted', 0)} requests aborted)",
+        details={"answer": answer},
+    )
 
 
 def _model_state(node: Node) -> str | None:

@@ -43,7 +43,9 @@ from workers import tokens as vocabulary
 log = logging.getLogger(__name__)
 
 
-def _change(node: Node, kind: str, field: str, new, cause: str, *, actor: str = "system", details: dict | None = None, **also) -> bool:
+def _change(
+    node: Node, kind: str, field: str, new, cause: str, *, actor: str = "system", details: dict | None = None, **also
+) -> bool:
     """Set `field` to `new` if nobody changed it first; one transition row; publish after commit."""
     old = getattr(node, field)
     if old == new:
@@ -52,7 +54,9 @@ def _change(node: Node, kind: str, field: str, new, cause: str, *, actor: str = 
         claimed = Node.objects.filter(pk=node.pk, **{field: old}).update(**{field: new}, **also)
         if not claimed:
             return False
-        HealthTransition.objects.create(node=node, kind=kind, old=str(old), new=str(new), cause=cause, actor=actor, details=details or {})
+        HealthTransition.objects.create(
+            node=node, kind=kind, old=str(old), new=str(new), cause=cause, actor=actor, details=details or {}
+        )
         setattr(node, field, new)
         for name, value in also.items():
             setattr(node, name, value)
@@ -67,12 +71,26 @@ def _published(node_id: int) -> None:
 
 
 def set_health(node: Node, new: str, cause: str, *, actor: str = "system", details: dict | None = None, **also) -> bool:
-    return _change(node, HealthChange.HEALTH, "health", new, cause, actor=actor, details=details, health_changed_at=timezone.now(), **also)
+    return _change(
+        node,
+        HealthChange.HEALTH,
+        "health",
+        new,
+        cause,
+        actor=actor,
+        details=details,
+        health_changed_at=timezone.now(),
+        **also,
+    )
 
 
 def set_breaker(node: Node, state: breakers.Breaker, cause: str, *, actor: str = "system") -> bool:
     """Save a node's breaker; a change of its state is a transition, a count alone is not."""
-    fields = {"breaker_failures": state.failures, "breaker_opened_at": state.opened_at, "breaker_trial_at": state.trial_at}
+    fields = {
+        "breaker_failures": state.failures,
+        "breaker_opened_at": state.opened_at,
+        "breaker_trial_at": state.trial_at,
+    }
     if state.state == node.breaker:
         Node.objects.filter(pk=node.pk).update(**fields)
         for name, value in fields.items():
@@ -93,7 +111,9 @@ def set_cordon(node: Node, cordoned: bool, actor: str, reason: str) -> bool:
 
 def note_model_state(node: Node, old: str | None, new: str) -> HealthTransition:
     """The node's model load moved (from its heartbeats): loading_draft → draft_ready → loading_full → serving."""
-    return HealthTransition.objects.create(node=node, kind=HealthChange.MODEL, old=old or "", new=new, cause=f"heartbeat reports {new}")
+    return HealthTransition.objects.create(
+        node=node, kind=HealthChange.MODEL, old=old or "", new=new, cause=f"heartbeat reports {new}"
+    )
 
 
 def breaker_of(node: Node) -> breakers.Breaker:
@@ -109,15 +129,21 @@ def _take_out(node: Node, cluster: Cluster, cause: str, details: dict, remediati
     the evidence calls for, and recovery.reactions proposes it (and promotes a spare)."""
     details = {**details, "drain": remediation}
     if cluster.auto_cordon_breaker_open:
-        _keep_suspicious(node, f"{cause}; automatic cordons are stopped by the cluster breaker, so it keeps weight 0.5", details)
+        _keep_suspicious(
+            node, f"{cause}; automatic cordons are stopped by the cluster breaker, so it keeps weight 0.5", details
+        )
         return False
     window_start = timezone.now() - dt.timedelta(seconds=cluster.auto_cordon_window_s)
-    recent = HealthTransition.objects.filter(kind=HealthChange.HEALTH, new=Health.UNHEALTHY, actor="system", at__gte=window_start).count()
+    recent = HealthTransition.objects.filter(
+        kind=HealthChange.HEALTH, new=Health.UNHEALTHY, actor="system", at__gte=window_start
+    ).count()
     fleet = Node.objects.filter(state=NodeState.SERVING).count()
     if breakers.cluster_breaker_trips(recent, fleet, cluster.auto_cordon_max_share):
         allowed = breakers.auto_cordons_allowed(fleet, cluster.auto_cordon_max_share)
-        why = (f"{recent} automatic cordons in the last {cluster.auto_cordon_window_s} s; one more ({node.name}) would pass the "
-               f"{allowed} allowed ({cluster.auto_cordon_max_share:.0%} of {fleet} nodes)")
+        why = (
+            f"{recent} automatic cordons in the last {cluster.auto_cordon_window_s} s; one more ({node.name}) would pass the "
+            f"{allowed} allowed ({cluster.auto_cordon_max_share:.0%} of {fleet} nodes)"
+        )
         open_cluster_breaker(cluster, why)
         _keep_suspicious(node, f"{cause}; not cordoned: the cluster breaker opened ({why})", details)
         return False
@@ -128,26 +154,36 @@ def _take_out(node: Node, cluster: Cluster, cause: str, details: dict, remediati
 def _keep_suspicious(node: Node, cause: str, details: dict) -> None:
     """SUSPICIOUS, not UNHEALTHY: a row either way, since its reaction (the drain for a person) is still due."""
     if not set_health(node, Health.SUSPICIOUS, cause, details=details):
-        HealthTransition.objects.create(node=node, kind=HealthChange.HEALTH, old=node.health, new=node.health, cause=cause, details=details)
+        HealthTransition.objects.create(
+            node=node, kind=HealthChange.HEALTH, old=node.health, new=node.health, cause=cause, details=details
+        )
 
 
 def open_cluster_breaker(cluster: Cluster, why: str) -> None:
     with transaction.atomic():
         opened = Cluster.objects.filter(pk=cluster.pk, auto_cordon_breaker_open=False).update(
-            auto_cordon_breaker_open=True, auto_cordon_breaker_changed_at=timezone.now(), auto_cordon_breaker_reason=why)
+            auto_cordon_breaker_open=True, auto_cordon_breaker_changed_at=timezone.now(), auto_cordon_breaker_reason=why
+        )
         if opened:
             cluster.auto_cordon_breaker_open = True
             audit.record("system", "cluster_breaker_open", f"cluster:{cluster.name}", why)
-            notify.send("cluster_breaker", "Automatic cordons stopped", f"The cluster breaker opened: {why}. An admin resets it on the settings page.",
-                        "/settings/")
+            notify.send(
+                "cluster_breaker",
+                "Automatic cordons stopped",
+                f"The cluster breaker opened: {why}. An admin resets it on the settings page.",
+                "/settings/",
+            )
 
 
 def reset_cluster_breaker(cluster: Cluster, user, reason: str) -> None:
     if not reason.strip():
         raise ValueError("reason: resetting the cluster breaker needs a reason")
     with transaction.atomic():
-        Cluster.objects.filter(pk=cluster.pk).update(auto_cordon_breaker_open=False, auto_cordon_breaker_changed_at=timezone.now(),
-                                                    auto_cordon_breaker_reason=reason.strip())
+        Cluster.objects.filter(pk=cluster.pk).update(
+            auto_cordon_breaker_open=False,
+            auto_cordon_breaker_changed_at=timezone.now(),
+            auto_cordon_breaker_reason=reason.strip(),
+        )
         audit.record(user.get_username(), "cluster_breaker_reset", f"cluster:{cluster.name}", reason.strip())
 
 
@@ -160,8 +196,15 @@ def _run_prompts(node: Node, timeout: float) -> list[dict]:
     prompts = []
     for prompt in canary.PROMPTS:
         reply = canary.ask(node.address, node.model_key, prompt, timeout)
-        prompts.append({**prompt, "tokens": [{"id": i, "top_logprob": lp} for i, lp in zip(reply.answer.token_ids, reply.answer.top_logprobs)],
-                        "texts": list(reply.texts)})
+        prompts.append(
+            {
+                **prompt,
+                "tokens": [
+                    {"id": i, "top_logprob": lp} for i, lp in zip(reply.answer.token_ids, reply.answer.top_logprobs)
+                ],
+                "texts": list(reply.texts),
+            }
+        )
     return prompts
 
 
@@ -189,18 +232,36 @@ def record_golden(nodes: list[Node], by: str, reason: str = "") -> CanaryGolden:
             ):
                 raise ValueError(f"{first.name} and {node.name} disagree on {a['key']!r}: no golden run recorded")
     with transaction.atomic():
-        CanaryGolden.objects.filter(model_key=first.model_key, gpu_key=first.gpu_key, tp=first.tp, active=True).update(active=False)
-        golden = CanaryGolden.objects.create(model_key=first.model_key, gpu_key=first.gpu_key, tp=first.tp, prompts=runs[0],
-                                             recorded_from=", ".join(n.name for n in nodes), recorded_by=by)
-        audit.record(by, "record_golden", f"deployment:{golden.deployment}", reason, golden=golden.pk, nodes=[n.name for n in nodes])
+        CanaryGolden.objects.filter(model_key=first.model_key, gpu_key=first.gpu_key, tp=first.tp, active=True).update(
+            active=False
+        )
+        golden = CanaryGolden.objects.create(
+            model_key=first.model_key,
+            gpu_key=first.gpu_key,
+            tp=first.tp,
+            prompts=runs[0],
+            recorded_from=", ".join(n.name for n in nodes),
+            recorded_by=by,
+        )
+        audit.record(
+            by,
+            "record_golden",
+            f"deployment:{golden.deployment}",
+            reason,
+            golden=golden.pk,
+            nodes=[n.name for n in nodes],
+        )
     log.info("golden canary run for %s recorded from %s by %s", golden.deployment, golden.recorded_from, by)
     return golden
 
 
 def _auto_golden(node: Node) -> CanaryGolden | None:
     """No golden run for this deployment yet: record one from two healthy nodes that agree, if there are two."""
-    peers = list(Node.objects.filter(state=NodeState.SERVING, health=Health.HEALTHY, model_key=node.model_key, gpu_key=node.gpu_key,
-                                     tp=node.tp).order_by("name")[:2])
+    peers = list(
+        Node.objects.filter(
+            state=NodeState.SERVING, health=Health.HEALTHY, model_key=node.model_key, gpu_key=node.gpu_key, tp=node.tp
+        ).order_by("name")[:2]
+    )
     if len(peers) < 2:
         return None
     try:
@@ -219,7 +280,9 @@ def canary_gpu_ms(node: Node, prompt: dict, tokens: int) -> float | None:
     except catalog.CatalogError:
         return None
     prompt_tokens = len(vocabulary.encode(prompt["prompt"]))
-    seconds = deployment.prefill_s(prompt_tokens) + sum(deployment.decode_step_s(1, prompt_tokens + i) for i in range(1, max(tokens, 1)))
+    seconds = deployment.prefill_s(prompt_tokens) + sum(
+        deployment.decode_step_s(1, prompt_tokens + i) for i in range(1, max(tokens, 1))
+    )
     return round(seconds * 1000, 3)
 
 
@@ -235,25 +298,54 @@ def run_canary(node: Node, *, trial: bool = False) -> CanaryResult:
     except canary.CanaryFailed as exc:
         failure = f"{exc.kind}: {exc.detail}"
     expected = [policy.GoldenToken(t["id"], t["top_logprob"]) for t in prompt["tokens"]] if golden else None
-    verdict = policy.judge_canary(expected, answer, node.canary_baseline_ms, logprob_tolerance=cluster.canary_logprob_tolerance,
-                                  latency_factor=cluster.canary_latency_factor, failure=failure)
-    return record_canary(node, verdict, answer.latency_ms if answer else None, golden=golden, prompt=prompt, trial=trial, cluster=cluster)
+    verdict = policy.judge_canary(
+        expected,
+        answer,
+        node.canary_baseline_ms,
+        logprob_tolerance=cluster.canary_logprob_tolerance,
+        latency_factor=cluster.canary_latency_factor,
+        failure=failure,
+    )
+    return record_canary(
+        node, verdict, answer.latency_ms if answer else None, golden=golden, prompt=prompt, trial=trial, cluster=cluster
+    )
 
 
 @transaction.atomic
-def record_canary(node: Node, verdict: policy.Verdict, latency_ms: float | None, *, golden: CanaryGolden | None = None,
-                  prompt: dict | None = None, trial: bool = False, cluster: Cluster | None = None) -> CanaryResult:
+def record_canary(
+    node: Node,
+    verdict: policy.Verdict,
+    latency_ms: float | None,
+    *,
+    golden: CanaryGolden | None = None,
+    prompt: dict | None = None,
+    trial: bool = False,
+    cluster: Cluster | None = None,
+) -> CanaryResult:
     """Store a canary result and move the node's health and breaker by it, all or nothing."""
     cluster = cluster or Cluster.default()
     node.refresh_from_db()
     tokens = len(prompt.get("tokens") or []) if prompt else 0
     result = CanaryResult.objects.create(
-        node=node, golden=golden, prompt_key=(prompt or {}).get("key", ""), passed=verdict.passed, kind=verdict.kind,
-        detail=verdict.detail, latency_ms=latency_ms, baseline_ms=node.canary_baseline_ms, trial=trial,
+        node=node,
+        golden=golden,
+        prompt_key=(prompt or {}).get("key", ""),
+        passed=verdict.passed,
+        kind=verdict.kind,
+        detail=verdict.detail,
+        latency_ms=latency_ms,
+        baseline_ms=node.canary_baseline_ms,
+        trial=trial,
         gpu_ms=canary_gpu_ms(node, prompt, tokens or prompt.get("max_tokens", 1)) if prompt else None,
     )
-    step = policy.after_canary(node.health, node.canary_failures, verdict.passed, cluster.suspicious_after, cluster.unhealthy_after)
-    baseline = policy.next_baseline(node.canary_baseline_ms, latency_ms) if verdict.passed and latency_ms and step.state == Health.HEALTHY else node.canary_baseline_ms
+    step = policy.after_canary(
+        node.health, node.canary_failures, verdict.passed, cluster.suspicious_after, cluster.unhealthy_after
+    )
+    baseline = (
+        policy.next_baseline(node.canary_baseline_ms, latency_ms)
+        if verdict.passed and latency_ms and step.state == Health.HEALTHY
+        else node.canary_baseline_ms
+    )
     Node.objects.filter(pk=node.pk).update(canary_failures=step.failures, canary_baseline_ms=baseline)
     node.canary_failures, node.canary_baseline_ms = step.failures, baseline
     evidence = {"canary": result.pk, "kind": verdict.kind, "detail": verdict.detail, "failures": step.failures}
@@ -262,7 +354,15 @@ def record_canary(node: Node, verdict: policy.Verdict, latency_ms: float | None,
     current = breaker_of(node)
     after = current.on_success() if verdict.passed else current.on_failure(now, cluster.breaker_threshold)
     cause = f"canary {verdict.kind}: {verdict.detail}"
-    set_breaker(node, after, f"{cause} ({after.failures} consecutive failures)" if not verdict.passed else f"{cause}: trial passed" if trial else cause)
+    set_breaker(
+        node,
+        after,
+        f"{cause} ({after.failures} consecutive failures)"
+        if not verdict.passed
+        else f"{cause}: trial passed"
+        if trial
+        else cause,
+    )
     if step.state == Health.UNHEALTHY and node.health != Health.UNHEALTHY:
         why = f"{step.failures} canary failures in a row; last: {verdict.kind} ({verdict.detail})"
         # Wrong answers point at the GPU (silent corruption): reset it. A slow or silent node: restart the engine.
@@ -293,9 +393,14 @@ def record_node_failure(node: Node, cause: str, request_key: str | None = None) 
         _, _, failed_on, counted_here = pipe.execute()
         verdict = breakers.blame(node.name, failed_on, bool(counted_here))
         if verdict != breakers.NODE:
-            log.info("not counted against %s's breaker (%s): %s", node.name,
-                     "the same request failed on " + ", ".join(sorted(failed_on - {node.name})) if verdict == breakers.REQUEST
-                     else "that request already counted here", cause)
+            log.info(
+                "not counted against %s's breaker (%s): %s",
+                node.name,
+                "the same request failed on " + ", ".join(sorted(failed_on - {node.name}))
+                if verdict == breakers.REQUEST
+                else "that request already counted here",
+                cause,
+            )
             return verdict
         pipe = r.pipeline()
         pipe.sadd(k.node_failures(node.name), request_key)
@@ -352,18 +457,30 @@ def ingest_xids(name: str, xids: list[dict]) -> list[XidEvent]:
     with transaction.atomic():
         for burst in policy.group_xids(fresh, window):
             first_at = dt.datetime.fromtimestamp(burst.first_at, tz=dt.UTC)
-            row = (XidEvent.objects.select_for_update().filter(node=node, gpu_index=burst.gpu, last_at__gte=first_at - dt.timedelta(seconds=window))
-                   .order_by("-last_at").first())
+            row = (
+                XidEvent.objects.select_for_update()
+                .filter(node=node, gpu_index=burst.gpu, last_at__gte=first_at - dt.timedelta(seconds=window))
+                .order_by("-last_at")
+                .first()
+            )
             codes = {str(c): n for c, n in burst.codes.items()}
             if row is not None:
                 for code, count in row.codes.items():
                     codes[code] = codes.get(code, 0) + count
-                merged = policy.XidBurst(burst.gpu, row.first_at.timestamp(), burst.last_at, {int(c): n for c, n in codes.items()})
+                merged = policy.XidBurst(
+                    burst.gpu, row.first_at.timestamp(), burst.last_at, {int(c): n for c, n in codes.items()}
+                )
             else:
                 merged = burst
             info = policy.xid_info(merged.worst)
-            fields = dict(last_at=dt.datetime.fromtimestamp(merged.last_at, tz=dt.UTC), codes=codes, code=merged.worst,
-                          severity=merged.severity, meaning=info.meaning, action=info.action)
+            fields = dict(
+                last_at=dt.datetime.fromtimestamp(merged.last_at, tz=dt.UTC),
+                codes=codes,
+                code=merged.worst,
+                severity=merged.severity,
+                meaning=info.meaning,
+                action=info.action,
+            )
             if row is None:
                 row = XidEvent.objects.create(node=node, gpu_index=burst.gpu, first_at=first_at, **fields)
             else:
@@ -398,13 +515,17 @@ def set_spare(node: Node, spare: bool, actor: str, reason: str, details: dict | 
 
 def spare_for(node: Node) -> Node | None:
     """The hot spare that would stand in for `node`: healthy, serving the same model, the same rack first."""
-    spares = Node.objects.filter(spare=True, state=NodeState.SERVING, model_key=node.model_key, health=Health.HEALTHY).exclude(pk=node.pk)
+    spares = Node.objects.filter(
+        spare=True, state=NodeState.SERVING, model_key=node.model_key, health=Health.HEALTHY
+    ).exclude(pk=node.pk)
     return min(spares, key=lambda s: (s.rack_id != node.rack_id, s.name), default=None)
 
 
 def promote_spare_for(node: Node, cause: str) -> Node | None:
     """A node of this model left service: put a hot spare of the same model in its place at once."""
     spare = spare_for(node)
-    if spare is None or not set_spare(spare, False, "system", f"promoted in place of {node.name}: {cause}", details={"in_place_of": node.name}):
+    if spare is None or not set_spare(
+        spare, False, "system", f"promoted in place of {node.name}: {cause}", details={"in_place_of": node.name}
+    ):
         return None
     return spare

@@ -45,11 +45,28 @@ def _at(value: float | dt.datetime | None) -> dt.datetime:
     return dt.datetime.fromtimestamp(value, tz=dt.UTC)
 
 
-def add_event(incident: Incident, kind: str, description: str, *, at=None, source: str = "control-plane", node: Node | None = None,
-              request_id: str = "", details: dict | None = None, actor: str = "system") -> IncidentEvent:
+def add_event(
+    incident: Incident,
+    kind: str,
+    description: str,
+    *,
+    at=None,
+    source: str = "control-plane",
+    node: Node | None = None,
+    request_id: str = "",
+    details: dict | None = None,
+    actor: str = "system",
+) -> IncidentEvent:
     event = IncidentEvent.objects.create(
-        incident=incident, at=_at(at), kind=kind, source=source, node=node, request_id=request_id,
-        description=description, details=details or {}, actor=actor,
+        incident=incident,
+        at=_at(at),
+        kind=kind,
+        source=source,
+        node=node,
+        request_id=request_id,
+        description=description,
+        details=details or {},
+        actor=actor,
     )
     transaction.on_commit(lambda: events.incident_event(incident.pk, event.pk))
     return event
@@ -92,8 +109,13 @@ def note_failure(node: Node, at, source: str, reason: str) -> Incident:
     if incident is None:
         ttft, tpot = _baseline(at)
         incident = Incident.objects.create(
-            cluster=cluster, title=f"{node.name} failed", opened_at=at, status_changed_at=at,
-            baseline_ttft_ms=ttft, baseline_tpot_ms=tpot, details={"checkpoints_before": checkpoint_distribution()},
+            cluster=cluster,
+            title=f"{node.name} failed",
+            opened_at=at,
+            status_changed_at=at,
+            baseline_ttft_ms=ttft,
+            baseline_tpot_ms=tpot,
+            details={"checkpoints_before": checkpoint_distribution()},
         )
         transaction.on_commit(lambda: events.incident_changed(incident.pk))
     if not incident.nodes.filter(pk=node.pk).exists():
@@ -102,7 +124,15 @@ def note_failure(node: Node, at, source: str, reason: str) -> Incident:
         incident.title = f"{', '.join(names)} failed"
         incident.save(update_fields=["title"])
     if not incident.events.filter(kind=EventKind.SYMPTOM, node=node).exists():
-        add_event(incident, EventKind.SYMPTOM, f"{node.name}: {reason}", at=at, source=source, node=node, details={"reason": reason})
+        add_event(
+            incident,
+            EventKind.SYMPTOM,
+            f"{node.name}: {reason}",
+            at=at,
+            source=source,
+            node=node,
+            details={"reason": reason},
+        )
     return incident
 
 
@@ -116,7 +146,12 @@ def confirm_failure(node_name: str, at, source: str, reason: str) -> str:
         return "already down"
     up, said = nodeclient.alive(node.address, timeout=0.5)
     if up:
-        add_event(incident, EventKind.NOT_CONFIRMED, f"{node.name} {said}: left in routing, watching its heartbeats", node=node)
+        add_event(
+            incident,
+            EventKind.NOT_CONFIRMED,
+            f"{node.name} {said}: left in routing, watching its heartbeats",
+            node=node,
+        )
         health.record_node_failure(node, f"{source} lost it ({reason}) though {said}")
         return "alive"
     nodes.transition_node(node, NodeState.DOWN, f"{source} reported it ({reason}); {said}")
@@ -130,7 +165,13 @@ def on_node_transition(node_id: int, old: str, new: str, cause: str, at: dt.date
         if new == NodeState.DOWN:
             incident = note_failure(node, at, "control-plane", cause)
             add_event(incident, EventKind.DETECTED, f"{node.name} is DOWN: {cause}", at=at, node=node)
-            add_event(incident, EventKind.REMOVED, f"{node.name} removed from the routing table of every gateway", at=at, node=node)
+            add_event(
+                incident,
+                EventKind.REMOVED,
+                f"{node.name} removed from the routing table of every gateway",
+                at=at,
+                node=node,
+            )
             if incident.detected_at is None:
                 Incident.objects.filter(pk=incident.pk).update(detected_at=at)
             return
@@ -151,7 +192,12 @@ def on_draft_ready(node: Node) -> bool:
     if incident is None:
         return False
     with transaction.atomic():
-        add_event(incident, EventKind.DRAFT_READY, f"{node.name} has its draft model up; the full model loads behind it", node=node)
+        add_event(
+            incident,
+            EventKind.DRAFT_READY,
+            f"{node.name} has its draft model up; the full model loads behind it",
+            node=node,
+        )
     return True
 
 
@@ -161,17 +207,25 @@ def on_spare_promoted(spare: Node, in_place_of: str) -> None:
     incident = open_incident_for(failed) if failed else None
     if incident is not None:
         with transaction.atomic():
-            add_event(incident, EventKind.SPARE_PROMOTED, f"hot spare {spare.name} promoted in place of {in_place_of}", node=spare)
+            add_event(
+                incident,
+                EventKind.SPARE_PROMOTED,
+                f"hot spare {spare.name} promoted in place of {in_place_of}",
+                node=spare,
+            )
 
 
 def on_degradation(old: int, new: int, cause: str, at: dt.datetime) -> None:
     """The cluster's degradation level moved (a reaction): on every active incident's timeline."""
     with transaction.atomic():
         for incident in Incident.objects.filter(status=IncidentStatus.ACTIVE):
-            add_event(incident, EventKind.DEGRADATION, f"degradation level {old} → {new}: {capacity_policy.LEVEL_DOCS[new]} ({cause})",
-                      at=at, details={"old": old, "new": new})
-
-
+            add_event(
+                incident,
+                EventKind.DEGRADATION,
+                f"degradation level {old} → {new}: {capacity_policy.LEVEL_DOCS[new]} ({cause})",
+                at=at,
+                details={"old": old, "new": new},
+            )
 
 
 def start_assist(node_id: int) -> str:
@@ -184,15 +238,29 @@ def start_assist(node_id: int) -> str:
     loads = {}
     for survivor in survivors:
         entry = live.get(survivor.name) or hot.NodeEntry()
-        loads[survivor.name] = load.holder_load(entry.checkpoint_bytes_held, catalog.model(survivor.model_key).kv_bytes_per_block,
-                                                entry.queue_depth, cluster.alpha, cluster.beta)
+        loads[survivor.name] = load.holder_load(
+            entry.checkpoint_bytes_held,
+            catalog.model(survivor.model_key).kv_bytes_per_block,
+            entry.queue_depth,
+            cluster.alpha,
+            cluster.beta,
+        )
     chosen = progressive.pick_assisted(loads)
     if chosen is None:
         if incident:
-            add_event(incident, EventKind.ASSIST_STARTED, f"no survivor to assist: {draft.name} waits for its full model", node=draft)
+            add_event(
+                incident,
+                EventKind.ASSIST_STARTED,
+                f"no survivor to assist: {draft.name} waits for its full model",
+                node=draft,
+            )
         return "no survivor"
     survivor = next(s for s in survivors if s.name == chosen)
-    body = {"draft": {"name": draft.name, "address": draft.address, "rack": draft.rack.name}, "k": ASSIST_K, "alpha": ASSIST_ALPHA}
+    body = {
+        "draft": {"name": draft.name, "address": draft.address, "rack": draft.rack.name},
+        "k": ASSIST_K,
+        "alpha": ASSIST_ALPHA,
+    }
     try:
         status, answer = nodeclient.call(survivor.address, "POST", "/agent/assist", body)
     except nodeclient.NodeUnreachable as exc:
@@ -202,13 +270,22 @@ def start_assist(node_id: int) -> str:
     with transaction.atomic():
         if status == 200:
             hot.client().set(hot.keys().assist(draft.name), survivor.name, ex=3600)
-            add_event(incident, EventKind.ASSIST_STARTED,
-                      f"{draft.name}'s draft model assists {survivor.name}, the most loaded survivor (L̂ {loads[chosen]:.1f}): "
-                      f"k={ASSIST_K}, expected {answer.get('expected_tokens_per_step')} tokens per step", node=draft,
-                      details={"survivor": survivor.name, "l_hat": loads, **answer})
+            add_event(
+                incident,
+                EventKind.ASSIST_STARTED,
+                f"{draft.name}'s draft model assists {survivor.name}, the most loaded survivor (L̂ {loads[chosen]:.1f}): "
+                f"k={ASSIST_K}, expected {answer.get('expected_tokens_per_step')} tokens per step",
+                node=draft,
+                details={"survivor": survivor.name, "l_hat": loads, **answer},
+            )
         else:
-            add_event(incident, EventKind.ASSIST_STARTED, f"assist could not start on {survivor.name}: {answer.get('error', {}).get('message', status)}",
-                      node=draft, details={"survivor": survivor.name, "status": status})
+            add_event(
+                incident,
+                EventKind.ASSIST_STARTED,
+                f"assist could not start on {survivor.name}: {answer.get('error', {}).get('message', status)}",
+                node=draft,
+                details={"survivor": survivor.name, "status": status},
+            )
     return chosen
 
 
@@ -229,10 +306,15 @@ def end_assist(node_id: int) -> str:
     if incident is not None:
         with transaction.atomic():
             acceptance = answer.get("acceptance")
-            add_event(incident, EventKind.ASSIST_ENDED,
-                      f"{draft.name} stops assisting {survivor_name}: {answer.get('assist_steps', 0)} assisted steps, "
-                      f"measured acceptance {acceptance if acceptance is not None else 'n/a'}, "
-                      f"{answer.get('tokens_per_sequence_step') or 'n/a'} tokens per step", node=draft, details=answer)
+            add_event(
+                incident,
+                EventKind.ASSIST_ENDED,
+                f"{draft.name} stops assisting {survivor_name}: {answer.get('assist_steps', 0)} assisted steps, "
+                f"measured acceptance {acceptance if acceptance is not None else 'n/a'}, "
+                f"{answer.get('tokens_per_sequence_step') or 'n/a'} tokens per step",
+                node=draft,
+                details=answer,
+            )
     return survivor_name
 
 
@@ -242,7 +324,10 @@ def check_recovery(now: dt.datetime | None = None) -> list[int]:
     recovered = []
     for incident in Incident.objects.filter(status=IncidentStatus.ACTIVE):
         window = RequestOutcome.objects.filter(
-            status="ok", started_at__gte=incident.opened_at, finished_at__gte=now - dt.timedelta(seconds=RECOVERY_WINDOW_S), finished_at__lte=now
+            status="ok",
+            started_at__gte=incident.opened_at,
+            finished_at__gte=now - dt.timedelta(seconds=RECOVERY_WINDOW_S),
+            finished_at__lte=now,
         )
         ttfts = [o.ttft_ms for o in window if o.ttft_ms is not None]
         tpots = [o.tpot_ms for o in window if o.tpot_ms is not None]
@@ -251,9 +336,15 @@ def check_recovery(now: dt.datetime | None = None) -> list[int]:
             if len(ttfts) < RECOVERY_MIN_REQUESTS or not tpots:
                 continue
             ttft, tpot = statistics.mean(ttfts), statistics.mean(tpots)
-            figures.update(ttft_ms=round(ttft, 1), tpot_ms=round(tpot, 2), baseline_ttft_ms=round(incident.baseline_ttft_ms, 1),
-                           baseline_tpot_ms=round(incident.baseline_tpot_ms, 2))
-            if ttft > incident.baseline_ttft_ms * (1 + RECOVERY_TOLERANCE) or tpot > incident.baseline_tpot_ms * (1 + RECOVERY_TOLERANCE):
+            figures.update(
+                ttft_ms=round(ttft, 1),
+                tpot_ms=round(tpot, 2),
+                baseline_ttft_ms=round(incident.baseline_ttft_ms, 1),
+                baseline_tpot_ms=round(incident.baseline_tpot_ms, 2),
+            )
+            if ttft > incident.baseline_ttft_ms * (1 + RECOVERY_TOLERANCE) or tpot > incident.baseline_tpot_ms * (
+                1 + RECOVERY_TOLERANCE
+            ):
                 continue
             why = f"cluster TTFT {ttft:.0f} ms and TPOT {tpot:.1f} ms are back within 10% of the baseline ({incident.baseline_ttft_ms:.0f} ms, {incident.baseline_tpot_ms:.1f} ms)"
         else:
@@ -285,22 +376,38 @@ class IncidentActionError(ValueError):
 @transaction.atomic
 def acknowledge(incident: Incident, user) -> None:
     if incident.acknowledged_at is not None:
-        raise IncidentActionError(f"already acknowledged by {incident.acknowledged_by} at {incident.acknowledged_at:%H:%M:%S}")
+        raise IncidentActionError(
+            f"already acknowledged by {incident.acknowledged_by} at {incident.acknowledged_at:%H:%M:%S}"
+        )
     now = timezone.now()
     Incident.objects.filter(pk=incident.pk).update(acknowledged_at=now, acknowledged_by=user)
     audit.record(user.get_username(), "incident_ack", f"incident:{incident.pk}")
-    add_event(incident, EventKind.ACKNOWLEDGED, f"Acknowledged by {user.get_username()}", at=now, source="person", actor=user.get_username())
+    add_event(
+        incident,
+        EventKind.ACKNOWLEDGED,
+        f"Acknowledged by {user.get_username()}",
+        at=now,
+        source="person",
+        actor=user.get_username(),
+    )
     transaction.on_commit(lambda: events.incident_changed(incident.pk))
 
 
 @transaction.atomic
 def set_commander(incident: Incident, commander, by) -> None:
     if not roles.has_role(commander, roles.ONCALL):
-        raise IncidentActionError(f"{commander.get_username()} is not on call: a commander must have the oncall or admin role")
+        raise IncidentActionError(
+            f"{commander.get_username()} is not on call: a commander must have the oncall or admin role"
+        )
     Incident.objects.filter(pk=incident.pk).update(commander=commander)
     audit.record(by.get_username(), "incident_command", f"incident:{incident.pk}", commander=commander.get_username())
-    add_event(incident, EventKind.COMMANDER, f"{commander.get_username()} is the incident commander (set by {by.get_username()})",
-              source="person", actor=by.get_username())
+    add_event(
+        incident,
+        EventKind.COMMANDER,
+        f"{commander.get_username()} is the incident commander (set by {by.get_username()})",
+        source="person",
+        actor=by.get_username(),
+    )
     transaction.on_commit(lambda: events.incident_changed(incident.pk))
 
 
@@ -318,13 +425,24 @@ def add_note(incident: Incident, text: str, by) -> None:
 def close(incident: Incident, by, reason: str) -> None:
     """Stable → Closed, by a person, with a reason."""
     if incident.status != IncidentStatus.STABLE:
-        raise IncidentActionError(f"the incident is {incident.get_status_display()}: only a Stable incident can be closed")
+        raise IncidentActionError(
+            f"the incident is {incident.get_status_display()}: only a Stable incident can be closed"
+        )
     if not reason.strip():
         raise IncidentActionError("closing needs a reason")
     now = timezone.now()
-    claimed = Incident.objects.filter(pk=incident.pk, status=IncidentStatus.STABLE).update(status=IncidentStatus.CLOSED, status_changed_at=now, closed_at=now)
+    claimed = Incident.objects.filter(pk=incident.pk, status=IncidentStatus.STABLE).update(
+        status=IncidentStatus.CLOSED, status_changed_at=now, closed_at=now
+    )
     if not claimed:
         raise IncidentActionError("someone changed the incident meanwhile: reload it")
     audit.record(by.get_username(), "incident_close", f"incident:{incident.pk}", reason.strip())
-    add_event(incident, EventKind.STATUS, f"Stable → Closed by {by.get_username()}: {reason.strip()}", at=now, source="person", actor=by.get_username())
+    add_event(
+        incident,
+        EventKind.STATUS,
+        f"Stable → Closed by {by.get_username()}: {reason.strip()}",
+        at=now,
+        source="person",
+        actor=by.get_username(),
+    )
     transaction.on_commit(lambda: events.incident_changed(incident.pk))

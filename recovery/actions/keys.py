@@ -12,7 +12,9 @@ class KeyRefused(ValueError):
     """The key cannot be created as asked; the message names the field."""
 
 
-def create_api_key(tenant: str, tier: str, label: str = "", *, actor: str = "system", created_by=None) -> tuple[ApiKey, str]:
+def create_api_key(
+    tenant: str, tier: str, label: str = "", *, actor: str = "system", created_by=None
+) -> tuple[ApiKey, str]:
     """A new gateway key; the secret is returned once and only its digest is kept."""
     tenant, label = tenant.strip(), label.strip()
     if not tenant:
@@ -21,7 +23,9 @@ def create_api_key(tenant: str, tier: str, label: str = "", *, actor: str = "sys
         raise KeyRefused(f"tier: {tier!r} is not a tier: expected one of {', '.join(Tier.values)}")
     secret = ApiKey.new_secret()
     with transaction.atomic():
-        row = ApiKey.objects.create(tenant=tenant, tier=tier, label=label, prefix=secret[:12], digest=key_digest(secret), created_by=created_by)
+        row = ApiKey.objects.create(
+            tenant=tenant, tier=tier, label=label, prefix=secret[:12], digest=key_digest(secret), created_by=created_by
+        )
         audit.record(actor, "create_api_key", f"api_key:{row.prefix}", label, tenant=tenant, tier=tier)
         transaction.on_commit(routing.publish_gateway_keys)
     return row, secret

@@ -111,11 +111,22 @@ def register_node(reg: Registration) -> Node:
         node = Node.objects.select_for_update().filter(name=reg.name).first()
         if node is None:
             node = Node.objects.create(
-                cluster=cluster, name=reg.name, session=reg.session, state=NodeState.JOIN,
-                registered_at=now, session_started_at=now, state_changed_at=now, spare=reg.spare, **details,
+                cluster=cluster,
+                name=reg.name,
+                session=reg.session,
+                state=NodeState.JOIN,
+                registered_at=now,
+                session_started_at=now,
+                state_changed_at=now,
+                spare=reg.spare,
+                **details,
             )
             NodeTransition.objects.create(
-                node=node, session=reg.session, old_state="", new_state=NodeState.JOIN, at=now,
+                node=node,
+                session=reg.session,
+                old_state="",
+                new_state=NodeState.JOIN,
+                at=now,
                 cause=f"first registration from {reg.address} (pid {reg.pid} on {reg.host})",
             )
             transaction.on_commit(lambda: _published(node))
@@ -131,7 +142,9 @@ def register_node(reg: Registration) -> Node:
         else:
             moved = f"; address {node.address} -> {reg.address}" if node.address != reg.address else ""
             cause = f"new session {reg.session[:8]} registered (pid {reg.pid} on {reg.host}), replacing {node.session[:8]} which was {node.state}{moved}"
-            transition_node(node, NodeState.JOIN, cause, new_session=reg.session, now=now, session_started_at=now, **details)
+            transition_node(
+                node, NodeState.JOIN, cause, new_session=reg.session, now=now, session_started_at=now, **details
+            )
         _replace_gpus(node, reg)
     node.refresh_from_db()
     return node
@@ -155,7 +168,9 @@ def _deployment(reg: Registration) -> catalog.Deployment:
 def _replace_gpus(node: Node, reg: Registration) -> None:
     seen = set()
     for g in reg.gpus:
-        Gpu.objects.update_or_create(node=node, index=g.index, defaults={"uuid": g.uuid, "name": g.name, "memory_bytes": g.memory_bytes})
+        Gpu.objects.update_or_create(
+            node=node, index=g.index, defaults={"uuid": g.uuid, "name": g.name, "memory_bytes": g.memory_bytes}
+        )
         seen.add(g.index)
     node.gpus.exclude(index__in=seen).delete()
 
@@ -175,9 +190,13 @@ def record_heartbeat(name: str, beat: Heartbeat) -> str:
         hot.record_node(node.name, node.session, node.state, node.address, watch=node.state in lifecycle.ALIVE)
         entry = hot.NodeEntry(session=node.session, state=node.state)
     if entry.session != beat.session:
-        raise ClosedSession(f"session {beat.session[:8]} is not the current session of {name} ({entry.session[:8]}): register again")
+        raise ClosedSession(
+            f"session {beat.session[:8]} is not the current session of {name} ({entry.session[:8]}): register again"
+        )
     if entry.state not in lifecycle.ALIVE:
-        raise ClosedSession(f"{name} was marked {entry.state}; its session is closed: register again with a new session")
+        raise ClosedSession(
+            f"{name} was marked {entry.state}; its session is closed: register again with a new session"
+        )
     load = beat.load
     previous_model_state = entry.model_state
     hot.heartbeat(name, now, beat.model_state, vars(load), beat.checkpoints, beat.gpus)
@@ -196,8 +215,15 @@ def record_heartbeat(name: str, beat: Heartbeat) -> str:
             state = NodeState.SERVING
     events.node_load(
         name,
-        {"running": load.running, "waiting": load.waiting, "kv_used": load.kv_blocks_used, "kv_total": load.kv_blocks_total,
-         "step_ms": load.step_ms, "model_state": beat.model_state, "at": now},
+        {
+            "running": load.running,
+            "waiting": load.waiting,
+            "kv_used": load.kv_blocks_used,
+            "kv_total": load.kv_blocks_total,
+            "step_ms": load.step_ms,
+            "model_state": beat.model_state,
+            "at": now,
+        },
     )
     return state
 
@@ -226,7 +252,10 @@ def mark_silent_nodes_down() -> list[str]:
         if node is None or node.state not in lifecycle.ALIVE:
             hot.unwatch(name)
             continue
-        cause = f"no heartbeat for {now - seen:.1f} s (allowed {miss:g} s); last at {_epoch(seen):%H:%M:%S.%f}"[:-3] + " UTC"
+        cause = (
+            f"no heartbeat for {now - seen:.1f} s (allowed {miss:g} s); last at {_epoch(seen):%H:%M:%S.%f}"[:-3]
+            + " UTC"
+        )
         if transition_node(node, NodeState.DOWN, cause, last_seen_at=_epoch(seen)):
             downed.append(name)
     return downed

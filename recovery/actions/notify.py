@@ -42,8 +42,12 @@ def _record(notification: Notification, channel: str, outcome: str) -> None:
 
 def post_webhook(url: str, payload: dict, timeout: float = 5.0) -> int:
     """POST `payload` as JSON; the status, or DeliveryFailed when the receiver did not take it."""
-    request = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
-                                     headers={"Content-Type": "application/json", "User-Agent": "lifeline"})
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(payload).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json", "User-Agent": "lifeline"},
+    )
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status
@@ -55,7 +59,9 @@ def post_webhook(url: str, payload: dict, timeout: float = 5.0) -> int:
 
 def recipients(cluster: Cluster) -> list[str]:
     listed = [a.strip() for a in cluster.oncall_emails.split(",") if a.strip()]
-    users = get_user_model().objects.filter(groups__name__in=(roles.ONCALL, roles.ADMIN), is_active=True).exclude(email="")
+    users = (
+        get_user_model().objects.filter(groups__name__in=(roles.ONCALL, roles.ADMIN), is_active=True).exclude(email="")
+    )
     return sorted(set(listed) | set(users.values_list("email", flat=True)))
 
 
@@ -66,8 +72,15 @@ def deliver(notification: Notification, channel: str) -> str:
     if channel == "webhook":
         if not cluster.oncall_webhook_url:
             return "no webhook configured"
-        payload = {"kind": notification.kind, "title": notification.title, "text": f"{notification.title}\n{notification.body}\n{link}",
-                   "body": notification.body, "url": link, "at": notification.at.isoformat(), "id": notification.pk}
+        payload = {
+            "kind": notification.kind,
+            "title": notification.title,
+            "text": f"{notification.title}\n{notification.body}\n{link}",
+            "body": notification.body,
+            "url": link,
+            "at": notification.at.isoformat(),
+            "id": notification.pk,
+        }
         try:
             status = post_webhook(cluster.oncall_webhook_url, payload)
         except DeliveryFailed as exc:
@@ -78,7 +91,9 @@ def deliver(notification: Notification, channel: str) -> str:
         to = recipients(cluster)
         if not to:
             return "no on-call e-mail address"
-        send_mail(f"[Lifeline] {notification.title}", f"{notification.body}\n\n{link}\n", settings.DEFAULT_FROM_EMAIL, to)
+        send_mail(
+            f"[Lifeline] {notification.title}", f"{notification.body}\n\n{link}\n", settings.DEFAULT_FROM_EMAIL, to
+        )
         outcome = f"sent to {', '.join(to)}"
     else:
         raise ValueError(f"unknown channel {channel!r}")

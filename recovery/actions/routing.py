@@ -15,8 +15,13 @@ def routing_entries() -> dict[str, dict]:
     rows = Node.objects.filter(state=NodeState.SERVING).select_related("rack").order_by("name")
     return {
         n.name: {
-            "address": n.address, "model": n.model_key, "rack": n.rack.name, "gpu": n.gpu_key, "tp": n.tp,
-            "weight": n.weight, "session": n.session,
+            "address": n.address,
+            "model": n.model_key,
+            "rack": n.rack.name,
+            "gpu": n.gpu_key,
+            "tp": n.tp,
+            "weight": n.weight,
+            "session": n.session,
         }
         for n in rows
     }

@@ -72,13 +72,22 @@ def handle_signal(kind: str, gateway: str, data: dict) -> None:
         if incident is None:
             return
         method = data.get("method") or data.get("planned_method")
-        kv = {"checkpoint-local": "restored from checkpoint", "checkpoint-fetched": "KV fetched from a holder", "re-prefill": "re-prefilled"}.get(method, method)
+        kv = {
+            "checkpoint-local": "restored from checkpoint",
+            "checkpoint-fetched": "KV fetched from a holder",
+            "re-prefill": "re-prefilled",
+        }.get(method, method)
         with transaction.atomic():
             incidents.add_event(
-                incident, EventKind.REQUEST_MOVED,
+                incident,
+                EventKind.REQUEST_MOVED,
                 f"{data.get('request_id')}: {data.get('from')} → {data.get('to')} at token {data.get('at_token')}, {kv}, "
                 f"stalled {data.get('stall_ms')} ms ({data.get('reason')})",
-                at=data.get("at"), source=source, node=node, request_id=data.get("request_id", ""), details=data,
+                at=data.get("at"),
+                source=source,
+                node=node,
+                request_id=data.get("request_id", ""),
+                details=data,
             )
     elif kind == "holder_replaced":
         lost = Node.objects.filter(name=data.get("lost")).first()
@@ -88,38 +97,64 @@ def handle_signal(kind: str, gateway: str, data: dict) -> None:
         holders = ", ".join(data.get("holders") or []) or "none (no checkpoint)"
         with transaction.atomic():
             incidents.add_event(
-                incident, EventKind.HOLDER_REPLACED,
+                incident,
+                EventKind.HOLDER_REPLACED,
                 f"{data.get('request_id')} on {data.get('node')}: checkpoint held by {data.get('lost')} re-placed on {holders}"
                 + (f", {data.get('blocks_resent')} blocks resent" if data.get("blocks_resent") else "")
                 + (f" ({data['error']})" if data.get("error") else ""),
-                at=data.get("at"), source=source, node=lost, request_id=data.get("request_id", ""), details=data,
+                at=data.get("at"),
+                source=source,
+                node=lost,
+                request_id=data.get("request_id", ""),
+                details=data,
             )
     elif kind == "node_error":
         node = Node.objects.filter(name=data.get("node")).first()
         if node is not None:
             served = f"; {data['served_by']} served the same request" if data.get("served_by") else ""
-            health.record_node_failure(node, f"{source}: {node.name} answered {data.get('status')} ({data.get('answer', '')[:120]}){served}",
-                                       data.get("request_key"))
+            health.record_node_failure(
+                node,
+                f"{source}: {node.name} answered {data.get('status')} ({data.get('answer', '')[:120]}){served}",
+                data.get("request_key"),
+            )
     elif kind == "migration_command_done":
         live_migration.record_gateway_result(gateway, data)
     elif kind == "request_failed":
         # A request that failed on two nodes: the request's fault, counted against neither (recovery.gateway.relay).
-        log.warning("%s: request %s failed on %s and was not retried: %s", source, data.get("request_id"),
-                    " and ".join(data.get("nodes") or []), (data.get("answer") or "")[:200])
+        log.warning(
+            "%s: request %s failed on %s and was not retried: %s",
+            source,
+            data.get("request_id"),
+            " and ".join(data.get("nodes") or []),
+            (data.get("answer") or "")[:200],
+        )
 
 
 def store_outcomes(items: list[tuple[str, dict]]) -> int:
     rows = []
     for gateway, data in items:
         started = dt.datetime.fromtimestamp(data["started_at"], tz=dt.UTC)
-        rows.append(RequestOutcome(
-            request_id=data["request_id"], gateway=gateway, tenant=data.get("tenant", ""), tier=data.get("tier", "standard"),
-            model_key=data.get("model", ""), node=data.get("node") or "", nodes=data.get("nodes") or [], status=data.get("status", "ok"),
-            finish_reason=data.get("finish_reason") or "", prompt_tokens=data.get("prompt_tokens") or 0,
-            completion_tokens=data.get("completion_tokens") or 0, ttft_ms=data.get("ttft_ms"), tpot_ms=data.get("tpot_ms"),
-            e2e_ms=data.get("e2e_ms"), started_at=started, finished_at=started + dt.timedelta(milliseconds=data.get("e2e_ms") or 0),
-            migrations=data.get("migrations") or [],
-        ))
+        rows.append(
+            RequestOutcome(
+                request_id=data["request_id"],
+                gateway=gateway,
+                tenant=data.get("tenant", ""),
+                tier=data.get("tier", "standard"),
+                model_key=data.get("model", ""),
+                node=data.get("node") or "",
+                nodes=data.get("nodes") or [],
+                status=data.get("status", "ok"),
+                finish_reason=data.get("finish_reason") or "",
+                prompt_tokens=data.get("prompt_tokens") or 0,
+                completion_tokens=data.get("completion_tokens") or 0,
+                ttft_ms=data.get("ttft_ms"),
+                tpot_ms=data.get("tpot_ms"),
+                e2e_ms=data.get("e2e_ms"),
+                started_at=started,
+                finished_at=started + dt.timedelta(milliseconds=data.get("e2e_ms") or 0),
+                migrations=data.get("migrations") or [],
+            )
+        )
     if not rows:
         return 0
     # Requests that moved during an incident belong to it.

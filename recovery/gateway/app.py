@@ -57,16 +57,31 @@ LARGE_BODY_BYTES = 64 * 1024  # validated in a worker thread above this
 
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry):
-        self.requests = Counter("lifeline_gateway_requests", "Every answer the gateway gave, by outcome, tier and HTTP status.",
-                                ["status", "tier", "code"], registry=registry)
-        self.migrations = Counter("lifeline_migrations", "Requests moved to another node, by method.", ["kind", "method"], registry=registry)
+        self.requests = Counter(
+            "lifeline_gateway_requests",
+            "Every answer the gateway gave, by outcome, tier and HTTP status.",
+            ["status", "tier", "code"],
+            registry=registry,
+        )
+        self.migrations = Counter(
+            "lifeline_migrations", "Requests moved to another node, by method.", ["kind", "method"], registry=registry
+        )
         self.stall = Histogram(
-            "lifeline_recovery_stall_seconds", "Client-visible gap around a move: last token before to first after.", registry=registry,
+            "lifeline_recovery_stall_seconds",
+            "Client-visible gap around a move: last token before to first after.",
+            registry=registry,
             buckets=(0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 1, 2, 5, 10),
         )
-        self.shed = Counter("lifeline_gateway_shed", "Requests refused by the degradation level, by tier.", ["tier"], registry=registry)
-        self.ttft = Histogram("lifeline_gateway_ttft_seconds", "Time to first token, as the client sees it.", ["tier"], registry=registry,
-                              buckets=(0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+        self.shed = Counter(
+            "lifeline_gateway_shed", "Requests refused by the degradation level, by tier.", ["tier"], registry=registry
+        )
+        self.ttft = Histogram(
+            "lifeline_gateway_ttft_seconds",
+            "Time to first token, as the client sees it.",
+            ["tier"],
+            registry=registry,
+            buckets=(0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+        )
 
     def answered(self, outcome: str, tier: str, code: int) -> None:
         self.requests.labels(outcome, tier, str(code)).inc()
@@ -91,7 +106,12 @@ def _validate(request: web.Request, body: dict, kind: str) -> CompletionRequest:
         model = _ALIASES.get(model, model)
         if model not in view.served_models():
             served = ", ".join(sorted(view.served_models())) or "nothing right now"
-            raise ApiError(404, f"The model `{model}` does not exist: this cluster serves {served}.", param="model", code="model_not_found")
+            raise ApiError(
+                404,
+                f"The model `{model}` does not exist: this cluster serves {served}.",
+                param="model",
+                code="model_not_found",
+            )
     context = None
     if isinstance(model, str) and model in catalog.MODELS:
         # The longest any node of the model can hold; a node that holds less refuses the rest itself.
@@ -113,8 +133,11 @@ async def _serve(request: web.Request, path: str) -> web.StreamResponse:
     tenant = _authenticate(request)
     if tenant is None:
         metrics.answered("rejected", "none", 401)
-        return openai_error(401, "Missing or unknown API key: send `Authorization: Bearer <key>` with a key from `python manage.py create_api_key`.",
-                            "authentication_error")
+        return openai_error(
+            401,
+            "Missing or unknown API key: send `Authorization: Bearer <key>` with a key from `python manage.py create_api_key`.",
+            "authentication_error",
+        )
     try:
         body = await read_json(request)
         kind = "chat" if path.endswith("/chat/completions") else "completion"
@@ -129,20 +152,33 @@ async def _serve(request: web.Request, path: str) -> web.StreamResponse:
     config = view.config
     if not config.accept_new:
         metrics.answered("shed", tenant.tier, 503)
-        return openai_error(503, f"The cluster is at degradation level {config.degradation_level}: it takes no new requests while the ones "
-                            f"in flight finish. Try again in {SHED_RETRY_AFTER_S} s.", "service_unavailable",
-                            headers={"Retry-After": str(SHED_RETRY_AFTER_S)})
+        return openai_error(
+            503,
+            f"The cluster is at degradation level {config.degradation_level}: it takes no new requests while the ones "
+            f"in flight finish. Try again in {SHED_RETRY_AFTER_S} s.",
+            "service_unavailable",
+            headers={"Retry-After": str(SHED_RETRY_AFTER_S)},
+        )
     if tenant.tier in config.shed_tiers:
         metrics.shed.labels(tenant.tier).inc()
         metrics.answered("shed", tenant.tier, 429)
-        return openai_error(429, f"The cluster is at degradation level {config.degradation_level} and sheds {tenant.tier} traffic to keep "
-                            f"its SLOs for higher tiers. Try again in {SHED_RETRY_AFTER_S} s.", "rate_limit_exceeded",
-                            headers={"Retry-After": str(SHED_RETRY_AFTER_S)})
+        return openai_error(
+            429,
+            f"The cluster is at degradation level {config.degradation_level} and sheds {tenant.tier} traffic to keep "
+            f"its SLOs for higher tiers. Try again in {SHED_RETRY_AFTER_S} s.",
+            "rate_limit_exceeded",
+            headers={"Retry-After": str(SHED_RETRY_AFTER_S)},
+        )
     request_id = req.extension.request_id or f"gw-{os.urandom(8).hex()}"
     flight = Flight(request_id, tenant.tenant, tenant.tier, req.model, req.prompt_tokens, req.params.max_tokens)
     if not coordinator.admit(flight):
         metrics.answered("rejected", tenant.tier, 409)
-        return openai_error(409, f"lifeline.request_id {request_id!r} is already in flight.", "invalid_request_error", "lifeline.request_id")
+        return openai_error(
+            409,
+            f"lifeline.request_id {request_id!r} is already in flight.",
+            "invalid_request_error",
+            "lifeline.request_id",
+        )
     body = {**body, "model": req.model}
     if req.params.temperature > 0 and body.get("seed") is None:
         # A sampled request gets its seed here, so a node that continues it draws the same text.
@@ -191,11 +227,21 @@ def _report(app: web.Application, flight: Flight, relay: Relay, status: str, cod
         metrics.migrations.labels(move["kind"], move.get("method") or move["planned_method"]).inc()
         metrics.stall.observe(move["stall_ms"] / 1000)
     app[COORDINATOR_KEY].signals.outcome(
-        request_id=flight.request_id, tenant=flight.tenant, tier=flight.tier, model=flight.model, status=status,
-        node=flight.node, nodes=relay.nodes, prompt_tokens=flight.prompt_tokens, completion_tokens=n,
-        ttft_ms=round(ttft * 1000, 2) if ttft is not None else None, tpot_ms=round(tpot * 1000, 3) if tpot is not None else None,
-        e2e_ms=round((time.monotonic() - flight.started) * 1000, 2), finish_reason=relay.finish_reason,
-        started_at=flight.started_at, migrations=flight.migrations,
+        request_id=flight.request_id,
+        tenant=flight.tenant,
+        tier=flight.tier,
+        model=flight.model,
+        status=status,
+        node=flight.node,
+        nodes=relay.nodes,
+        prompt_tokens=flight.prompt_tokens,
+        completion_tokens=n,
+        ttft_ms=round(ttft * 1000, 2) if ttft is not None else None,
+        tpot_ms=round(tpot * 1000, 3) if tpot is not None else None,
+        e2e_ms=round((time.monotonic() - flight.started) * 1000, 2),
+        finish_reason=relay.finish_reason,
+        started_at=flight.started_at,
+        migrations=flight.migrations,
     )
 
 
@@ -214,7 +260,9 @@ async def error_middleware(request: web.Request, handler):
         raise
     except Exception:
         log.exception("%s %s failed", request.method, request.path)
-        return openai_error(500, f"The gateway failed on {request.method} {request.path}; its log has the traceback.", "server_error")
+        return openai_error(
+            500, f"The gateway failed on {request.method} {request.path}; its log has the traceback.", "server_error"
+        )
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -230,24 +278,45 @@ async def models(request: web.Request) -> web.Response:
         return openai_error(401, "Missing or unknown API key.", "authentication_error")
     names = sorted(request.app[VIEW_KEY].served_models())
     created = request.app[STARTED_KEY]
-    data = [{"id": m, "object": "model", "created": created, "owned_by": "lifeline", "root": catalog.MODELS[m].name if m in catalog.MODELS else m,
-             "max_model_len": max((r.deployment.max_context_tokens for r in request.app[VIEW_KEY].routes.values() if r.model == m),
-                                  default=catalog.MODELS[m].context_tokens if m in catalog.MODELS else None)} for m in names]
+    data = [
+        {
+            "id": m,
+            "object": "model",
+            "created": created,
+            "owned_by": "lifeline",
+            "root": catalog.MODELS[m].name if m in catalog.MODELS else m,
+            "max_model_len": max(
+                (r.deployment.max_context_tokens for r in request.app[VIEW_KEY].routes.values() if r.model == m),
+                default=catalog.MODELS[m].context_tokens if m in catalog.MODELS else None,
+            ),
+        }
+        for m in names
+    ]
     return web.json_response({"object": "list", "data": data})
 
 
 async def healthz(request: web.Request) -> web.Response:
     view, coordinator = request.app[VIEW_KEY], request.app[COORDINATOR_KEY]
-    return web.json_response({
-        "status": "ok", "gateway": coordinator.name, "nodes": len(view.routes), "models": sorted(view.models()),
-        "in_flight": len(coordinator.flights), "lost": sorted(coordinator.failed), "placement_policy": view.config.placement_policy,
-        "degradation_level": view.config.degradation_level, "weights": {name: route.weight for name, route in sorted(view.routes.items())},
-        "watching": sorted(n for n in view.routes if coordinator.watcher.connected(n)),
-    })
+    return web.json_response(
+        {
+            "status": "ok",
+            "gateway": coordinator.name,
+            "nodes": len(view.routes),
+            "models": sorted(view.models()),
+            "in_flight": len(coordinator.flights),
+            "lost": sorted(coordinator.failed),
+            "placement_policy": view.config.placement_policy,
+            "degradation_level": view.config.degradation_level,
+            "weights": {name: route.weight for name, route in sorted(view.routes.items())},
+            "watching": sorted(n for n in view.routes if coordinator.watcher.connected(n)),
+        }
+    )
 
 
 async def metrics(request: web.Request) -> web.Response:
-    return web.Response(body=generate_latest(request.app[REGISTRY_KEY]), headers={"Content-Type": "text/plain; version=0.0.4"})
+    return web.Response(
+        body=generate_latest(request.app[REGISTRY_KEY]), headers={"Content-Type": "text/plain; version=0.0.4"}
+    )
 
 
 async def _publish_inflight(app: web.Application) -> None:
@@ -294,7 +363,9 @@ def build_app(config: GatewayConfig) -> web.Application:
         view = RoutingView(config.redis_url, config.namespace, refresh_s=config.routing_refresh_s)
         await view.start()
         headers = {"Authorization": f"Bearer {config.agent_token}"} if config.agent_token else {}
-        coordinator = Coordinator(view, Signals(config.redis_url, config.namespace, config.gateway_name), config.gateway_name, headers)
+        coordinator = Coordinator(
+            view, Signals(config.redis_url, config.namespace, config.gateway_name), config.gateway_name, headers
+        )
         coordinator.start()
         app_[VIEW_KEY], app_[COORDINATOR_KEY] = view, coordinator
         app_[TASKS_KEY] = [asyncio.create_task(_publish_inflight(app_)), asyncio.create_task(_follow_commands(app_))]
@@ -312,4 +383,3 @@ def build_app(config: GatewayConfig) -> web.Application:
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)
     return app
-

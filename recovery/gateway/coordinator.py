@@ -53,7 +53,13 @@ class Flight:
         return self.prompt_tokens + len(self.generated)
 
     def summary(self) -> dict:
-        return {"node": self.node, "holders": list(self.holders), "context": self.context_tokens, "tier": self.tier, "tenant": self.tenant}
+        return {
+            "node": self.node,
+            "holders": list(self.holders),
+            "context": self.context_tokens,
+            "tier": self.tier,
+            "tenant": self.tenant,
+        }
 
 
 class Coordinator:
@@ -62,7 +68,9 @@ class Coordinator:
         self.signals = signals
         self.name = name
         self.headers = headers
-        self.watcher = NodeWatcher(view, self.node_lost, headers, on_back=self._node_back, on_status=self._status_changed)
+        self.watcher = NodeWatcher(
+            view, self.node_lost, headers, on_back=self._node_back, on_status=self._status_changed
+        )
         self.flights: dict[str, Flight] = {}
         self.failed: dict[str, float] = {}  # node -> when this gateway lost it
         self.fleet = FleetState(view, self.watcher, self.failed)
@@ -107,7 +115,9 @@ class Coordinator:
         self._planned.pop(flight.request_id, None)
         self._second_asked.discard(flight.request_id)
 
-    def route_for(self, flight: Flight, decision: dispatch.Decision | None, exclude: set[str]) -> tuple[Route | None, dispatch.Decision | None]:
+    def route_for(
+        self, flight: Flight, decision: dispatch.Decision | None, exclude: set[str]
+    ) -> tuple[Route | None, dispatch.Decision | None]:
         """The node to (re)start `flight` on, and the decision that goes with it."""
         if decision is not None:
             route = self.view.routes.get(decision.target)
@@ -117,7 +127,13 @@ class Coordinator:
             exclude.add(decision.target)
         route = self.choose(flight.model, flight.context_tokens, exclude)
         if route is not None and decision is not None:
-            decision = dispatch.Decision(flight.request_id, route.name, "reprefill", None, f"{decision.target} gone; re-prefill on least-loaded {route.name}")
+            decision = dispatch.Decision(
+                flight.request_id,
+                route.name,
+                "reprefill",
+                None,
+                f"{decision.target} gone; re-prefill on least-loaded {route.name}",
+            )
         return route, decision
 
     def assign(self, flight: Flight, route: Route) -> tuple[Route, ...]:
@@ -133,7 +149,9 @@ class Coordinator:
 
     async def send(self, route: Route, path: str, payload: dict) -> aiohttp.ClientResponse:
         """POST a request to a node, its stream read as it comes (no read timeout: the relay watches for stalls)."""
-        return await self._session.post(route.address + path, json=payload, timeout=aiohttp.ClientTimeout(total=None, connect=2, sock_read=None))
+        return await self._session.post(
+            route.address + path, json=payload, timeout=aiohttp.ClientTimeout(total=None, connect=2, sock_read=None)
+        )
 
     def resume_sources(self, decision: dispatch.Decision) -> list[dict]:
         """The holder a resumed request's KV comes from, for the node that continues it."""
@@ -175,14 +193,23 @@ class Coordinator:
         """The decision a finished planned migration hands the relay: KV already on the target, or re-prefill there."""
         plan = self._planned.pop(flight.request_id, None) or {}
         transfer = plan.get("method") == "transfer"
-        return dispatch.Decision(flight.request_id, plan.get("target", ""), "restore" if transfer else "reprefill",
-                                 plan.get("target") if transfer else None, f"planned migration ({plan.get('method', 'reprefill')})")
+        return dispatch.Decision(
+            flight.request_id,
+            plan.get("target", ""),
+            "restore" if transfer else "reprefill",
+            plan.get("target") if transfer else None,
+            f"planned migration ({plan.get('method', 'reprefill')})",
+        )
 
     def consider_second_holder(self, flight: Flight) -> None:
         """Ours: once a request's prefix passes τ, a second holder in another rack (asked once)."""
         config = self.view.config
-        if (config.placement_policy == "lifeline" and len(flight.holders) == 1 and flight.context_tokens > config.tau_tokens
-                and flight.request_id not in self._second_asked):
+        if (
+            config.placement_policy == "lifeline"
+            and len(flight.holders) == 1
+            and flight.context_tokens > config.tau_tokens
+            and flight.request_id not in self._second_asked
+        ):
             self._second_asked.add(flight.request_id)
             self._spawn(self.add_second_holder(flight))
 
@@ -235,7 +262,13 @@ class Coordinator:
         self.failed[name] = at
         self.fleet.node_changed(name)
         log.warning("node %s lost: %s", name, reason)
-        self.signals.emit("symptom", node=name, reason=reason, at=at, in_flight=sum(1 for f in self.flights.values() if f.node == name))
+        self.signals.emit(
+            "symptom",
+            node=name,
+            reason=reason,
+            at=at,
+            in_flight=sum(1 for f in self.flights.values() if f.node == name),
+        )
         self._plan(name)
         self._replace_holders(name)
 
@@ -243,8 +276,18 @@ class Coordinator:
         """`route` as a recovery target: its L̂ and its free KV blocks as its status says, the whole cache only
         when it has not said (a node that reports 0 free blocks is full, not empty)."""
         status = self.watcher.status(route.name)
-        free = max(status.kv_blocks_total - status.kv_blocks_used, 0) if status.kv_blocks_total else route.deployment.kv_blocks
-        return dispatch.Survivor(name=route.name, rack=route.rack, l_hat=self.l_hat(route.name), free_blocks=free, deployment=route.deployment)
+        free = (
+            max(status.kv_blocks_total - status.kv_blocks_used, 0)
+            if status.kv_blocks_total
+            else route.deployment.kv_blocks
+        )
+        return dispatch.Survivor(
+            name=route.name,
+            rack=route.rack,
+            l_hat=self.l_hat(route.name),
+            free_blocks=free,
+            deployment=route.deployment,
+        )
 
     def _plan(self, failed_node: str, only: list[Flight] | None = None, exclude: set[str] = frozenset()) -> None:
         stranded = only if only is not None else [f for f in self.flights.values() if f.node == failed_node]
@@ -266,7 +309,13 @@ class Coordinator:
         theta = dispatch.theta_for([s.l_hat for s in survivors.values()], self.view.config.theta_factor)
         try:
             decisions = dispatch.plan_recovery(
-                interrupted, survivors, set(self.failed) | set(exclude), theta, self.view.config.tau_tokens, self.view.config.alpha, self.view.config.beta
+                interrupted,
+                survivors,
+                set(self.failed) | set(exclude),
+                theta,
+                self.view.config.tau_tokens,
+                self.view.config.alpha,
+                self.view.config.beta,
             )
         except dispatch.NoSurvivors as exc:
             for flight in stranded:
@@ -315,7 +364,9 @@ class Coordinator:
         status = self.watcher.status(route.name)
         pending = self.watcher.pending_for(route.name)
         ahead = status.uncomputed_prefill_tokens + pending.prompt_tokens
-        return FIRST_TOKEN_MARGIN * (status.time_scale or 1.0) * route.deployment.prefill_s(max(ahead + prompt_tokens, 1))
+        return (
+            FIRST_TOKEN_MARGIN * (status.time_scale or 1.0) * route.deployment.prefill_s(max(ahead + prompt_tokens, 1))
+        )
 
     def _replace_holders(self, lost: str) -> None:
         """Requests elsewhere that had `lost` as a holder get a new one (the serving node resends its blocks)."""
@@ -323,7 +374,11 @@ class Coordinator:
             if lost not in flight.holders or flight.node == lost or flight.node not in self.view.routes:
                 continue
             serving = self.view.routes[flight.node]
-            keep = [self.view.routes[h] for h in flight.holders if h != lost and h in self.view.routes and h not in self.failed]
+            keep = [
+                self.view.routes[h]
+                for h in flight.holders
+                if h != lost and h in self.view.routes and h not in self.failed
+            ]
             fresh = [r for r in self.place(flight, serving) if r.name not in {k.name for k in keep}]
             wanted = 2 if len(flight.holders) > 1 else 1
             holders = (keep + fresh)[:wanted]
@@ -331,17 +386,28 @@ class Coordinator:
 
     async def _set_holders(self, flight: Flight, serving: Route, lost: str, holders: list[Route]) -> None:
         try:
-            async with self._session.post(f"{serving.address}/agent/requests/{flight.request_id}/holders", json={"holders": [h.peer() for h in holders]}) as response:
+            async with self._session.post(
+                f"{serving.address}/agent/requests/{flight.request_id}/holders",
+                json={"holders": [h.peer() for h in holders]},
+            ) as response:
                 answer = await response.json(content_type=None)
                 if response.status != 200:
                     raise RuntimeError(answer.get("error", {}).get("message", response.status))
         except Exception as exc:  # noqa: BLE001 - the request goes on without a checkpoint; say so
             log.warning("could not re-place the checkpoint of %s: %s", flight.request_id, exc)
-            self.signals.emit("holder_replaced", request_id=flight.request_id, node=flight.node, lost=lost, holders=[], error=str(exc))
+            self.signals.emit(
+                "holder_replaced", request_id=flight.request_id, node=flight.node, lost=lost, holders=[], error=str(exc)
+            )
             return
         flight.holders = tuple(h.name for h in holders)
-        self.signals.emit("holder_replaced", request_id=flight.request_id, node=flight.node, lost=lost, holders=list(flight.holders),
-                          blocks_resent=answer.get("blocks_sent", 0))
+        self.signals.emit(
+            "holder_replaced",
+            request_id=flight.request_id,
+            node=flight.node,
+            lost=lost,
+            holders=list(flight.holders),
+            blocks_resent=answer.get("blocks_sent", 0),
+        )
 
     async def add_second_holder(self, flight: Flight) -> None:
         """Ours: once a request's prefix passes tau, a second holder in another rack."""
@@ -362,19 +428,35 @@ class Coordinator:
         """Move every request this gateway has on `name` elsewhere, live, at token boundaries."""
         moving = [f for f in self.flights.values() if f.node == name and f.request_id not in self._planned]
         source = self.view.routes.get(name)
-        results = {"command": command, "node": name, "gateway": self.name, "requests": len(moving), "transfer": 0, "reprefill": 0, "failed": 0}
+        results = {
+            "command": command,
+            "node": name,
+            "gateway": self.name,
+            "requests": len(moving),
+            "transfer": 0,
+            "reprefill": 0,
+            "failed": 0,
+        }
         for flight in moving:
             target = self.choose(flight.model, flight.context_tokens, {name})
             if target is None or source is None:
                 results["failed"] += 1
                 continue
-            method, transfer_s, reprefill_s = dispatch.migration_method(flight.context_tokens, flight.context_tokens, source.rack,
-                                                                        self.survivor(target))
-            self._planned[flight.request_id] = {"target": target.name, "method": method, "command": command, "transfer_s": transfer_s,
-                                                "reprefill_s": reprefill_s}
+            method, transfer_s, reprefill_s = dispatch.migration_method(
+                flight.context_tokens, flight.context_tokens, source.rack, self.survivor(target)
+            )
+            self._planned[flight.request_id] = {
+                "target": target.name,
+                "method": method,
+                "command": command,
+                "transfer_s": transfer_s,
+                "reprefill_s": reprefill_s,
+            }
             try:
-                async with self._session.post(f"{source.address}/agent/requests/{flight.request_id}/migrate",
-                                              json={"target": target.peer(), "transfer": method == "transfer"}) as response:
+                async with self._session.post(
+                    f"{source.address}/agent/requests/{flight.request_id}/migrate",
+                    json={"target": target.peer(), "transfer": method == "transfer"},
+                ) as response:
                     await response.read()
                     if response.status != 200:
                         raise RuntimeError(f"{response.status}")

@@ -59,7 +59,10 @@ class FleetState:
                 by_model.setdefault(route.model, []).append(route)
         self._model_of = {r.name: model for model, routes in by_model.items() for r in routes}
         self.pools = {
-            model: Pool(load.NodeIndex({r.name: self._entry(r) for r in routes}), placement.HolderRanking([self._holder(r) for r in routes]))
+            model: Pool(
+                load.NodeIndex({r.name: self._entry(r) for r in routes}),
+                placement.HolderRanking([self._holder(r) for r in routes]),
+            )
             for model, routes in by_model.items()
         }
 
@@ -105,8 +108,14 @@ class FleetState:
         status = self.watcher.status(name)
         per_block = route.deployment.model.kv_bytes_per_block if route else 1
         config = self.view.config
-        return load.holder_load(status.checkpoint_bytes_held, per_block, status.running + status.waiting, config.alpha, config.beta,
-                                self._recent_pages.get(name, 0.0))
+        return load.holder_load(
+            status.checkpoint_bytes_held,
+            per_block,
+            status.running + status.waiting,
+            config.alpha,
+            config.beta,
+            self._recent_pages.get(name, 0.0),
+        )
 
     def choose(self, model: str, prompt_tokens: int, exclude) -> str | None:
         pool = self.pools.get(model)
@@ -123,9 +132,12 @@ class FleetState:
         self.expire(self.clock())
         config = self.view.config
         return placement.place(
-            config.placement_policy, serving, pool.holders,
+            config.placement_policy,
+            serving,
+            pool.holders,
             request_bytes=request_tokens * route.deployment.model.kv_bytes_per_token,
-            prefix_tokens=prefix_tokens, tau=config.tau_tokens,
+            prefix_tokens=prefix_tokens,
+            tau=config.tau_tokens,
         )
 
     # --- building entries -------------------------------------------------------------------------
@@ -142,8 +154,12 @@ class FleetState:
     def _holder(self, route: Route) -> placement.HolderCandidate:
         status = self.watcher.status(route.name)
         return placement.HolderCandidate(
-            name=route.name, rack=route.rack, l_hat=self.l_hat(route.name), bytes_held=status.checkpoint_bytes_held,
-            budget_bytes=status.checkpoint_budget_bytes or UNLIMITED, alive=route.name not in self.failed,
+            name=route.name,
+            rack=route.rack,
+            l_hat=self.l_hat(route.name),
+            bytes_held=status.checkpoint_bytes_held,
+            budget_bytes=status.checkpoint_budget_bytes or UNLIMITED,
+            alive=route.name not in self.failed,
         )
 
     def _refresh_holder(self, name: str) -> None:

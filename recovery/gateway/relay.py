@@ -28,7 +28,12 @@ log = logging.getLogger(__name__)
 
 TOKEN_IDS = re.compile(rb'"token_ids":\[([0-9,]*)\]')
 FINISH = re.compile(rb'"finish_reason":"([a-z_]+)"')
-BROKEN = (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientConnectionError, ConnectionResetError)
+BROKEN = (
+    aiohttp.ClientPayloadError,
+    aiohttp.ServerDisconnectedError,
+    aiohttp.ClientConnectionError,
+    ConnectionResetError,
+)
 RETRY_AFTER_S = 2
 
 
@@ -58,14 +63,25 @@ class ClientGone(Exception):
     pass
 
 
-def openai_error(status: int, message: str, kind: str, param: str | None = None, headers: dict | None = None,
-                 code: str | None = None) -> web.Response:
-    return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": code}}, status=status, headers=headers)
+def openai_error(
+    status: int, message: str, kind: str, param: str | None = None, headers: dict | None = None, code: str | None = None
+) -> web.Response:
+    return web.json_response(
+        {"error": {"message": message, "type": kind, "param": param, "code": code}}, status=status, headers=headers
+    )
 
 
 class Relay:
-    def __init__(self, coordinator: Coordinator, request: web.Request, body: dict, req: CompletionRequest, flight: Flight, path: str,
-                 request_key: str):
+    def __init__(
+        self,
+        coordinator: Coordinator,
+        request: web.Request,
+        body: dict,
+        req: CompletionRequest,
+        flight: Flight,
+        path: str,
+        request_key: str,
+    ):
         self.co = coordinator
         self.request = request
         self.body = body  # validated by workers.openai_schema, as every node validates it
@@ -123,8 +139,12 @@ class Relay:
                         continue
                     if self._sent_any:  # a resumed request refused: end the client's stream plainly
                         return await self._give_up(f"{route.name} refused to continue it ({upstream.status})")
-                    return web.Response(status=upstream.status, body=answer, content_type="application/json",
-                                        headers={"X-Lifeline-Node": route.name, "X-Request-Id": flight.request_id})
+                    return web.Response(
+                        status=upstream.status,
+                        body=answer,
+                        content_type="application/json",
+                        headers={"X-Lifeline-Node": route.name, "X-Request-Id": flight.request_id},
+                    )
                 self._served_by(route.name)
                 try:
                     await self._pump(upstream, route, decision, broke_at, reason)
@@ -147,14 +167,23 @@ class Relay:
         """`node` took the request another node had failed with a server error: that one was at fault."""
         failure, self._failure = self._failure, None
         if failure is not None and failure.node != node:
-            self.co.report("node_error", node=failure.node, status=failure.status, answer=failure.answer,
-                           request_id=self.flight.request_id, request_key=self.request_key, served_by=node)
+            self.co.report(
+                "node_error",
+                node=failure.node,
+                status=failure.status,
+                answer=failure.answer,
+                request_id=self.flight.request_id,
+                request_key=self.request_key,
+                served_by=node,
+            )
 
     @property
     def _sent_any(self) -> bool:
         return bool(self.flight.generated)
 
-    async def _recover(self, node: str, reason: str, broke_at: float | None, exclude: set[str], *, lost: bool) -> tuple[Decision | None, float]:
+    async def _recover(
+        self, node: str, reason: str, broke_at: float | None, exclude: set[str], *, lost: bool
+    ) -> tuple[Decision | None, float]:
         """Where the request goes on (the coordinator decides), with `node` left out of this request's tries."""
         exclude.add(node)
         return await self.co.recover(self.flight, node, reason, lost=lost), broke_at or time.monotonic()
@@ -169,7 +198,10 @@ class Relay:
             "checkpoint_prefill_chunks": config.placement_policy == "lifeline",
         }
         if decision is not None:
-            lifeline["resume"] = {"generated_token_ids": list(flight.generated), "sources": self.co.resume_sources(decision)}
+            lifeline["resume"] = {
+                "generated_token_ids": list(flight.generated),
+                "sources": self.co.resume_sources(decision),
+            }
         payload = {k: v for k, v in self.body.items() if k != "lifeline"}
         payload["stream"] = True
         if not self.client_stream:
@@ -177,7 +209,14 @@ class Relay:
         payload["lifeline"] = lifeline
         return payload
 
-    async def _pump(self, upstream: aiohttp.ClientResponse, route: Route, decision: Decision | None, broke_at: float | None, reason: str) -> None:
+    async def _pump(
+        self,
+        upstream: aiohttp.ClientResponse,
+        route: Route,
+        decision: Decision | None,
+        broke_at: float | None,
+        reason: str,
+    ) -> None:
         """Forward the node's chunks until it finishes, hands the request over, or breaks."""
         flight, stall, node = self.flight, self.co.config.stall_timeout_s, route.name
         resumed = decision is not None
@@ -189,11 +228,15 @@ class Relay:
             except TimeoutError:
                 waited = time.monotonic() - waiting_since
                 if not self.co.answering(node):
-                    raise UpstreamBroken(f"no byte for {waited:.1f} s and its status stream is silent too (hung)") from None
+                    raise UpstreamBroken(
+                        f"no byte for {waited:.1f} s and its status stream is silent too (hung)"
+                    ) from None
                 if self.co.working(node, timeout):
                     timeout = stall  # alive and working (a long prefill, a queue, a slow GPU): not a failure
                     continue
-                raise UpstreamBroken(f"no byte for {waited:.1f} s while its engine made no progress", lost=False) from None
+                raise UpstreamBroken(
+                    f"no byte for {waited:.1f} s while its engine made no progress", lost=False
+                ) from None
             except BROKEN as exc:
                 raise UpstreamBroken(f"stream broke ({exc.__class__.__name__})") from None
             if not raw:
@@ -211,7 +254,9 @@ class Relay:
                 continue
             if data.startswith(b'{"error"'):
                 raise UpstreamBroken(f"node failed the request: {json.loads(data)['error'].get('message')}")
-            chunk = json.loads(data) if (b'"lifeline"' in data or not self.client_stream or b'"usage"' in data) else None
+            chunk = (
+                json.loads(data) if (b'"lifeline"' in data or not self.client_stream or b'"usage"' in data) else None
+            )
             if chunk is not None and "migrated" in chunk.get("lifeline", {}):
                 self._migrated = True  # a planned migration: the stream ends here, the request continues elsewhere
                 continue
@@ -239,31 +284,47 @@ class Relay:
             elif chunk is not None:
                 self.chunks.append(chunk)
 
-    async def _announce(self, node: str, decision: Decision, broke_at: float | None, now: float, chunk: dict | None, reason: str) -> None:
+    async def _announce(
+        self, node: str, decision: Decision, broke_at: float | None, now: float, chunk: dict | None, reason: str
+    ) -> None:
         """The first token after a move: tell the client (a comment line) and the control plane."""
         flight = self.flight
         actual = ((chunk or {}).get("lifeline") or {}).get("resume", {})
         previous = self.nodes[-2] if len(self.nodes) > 1 else "?"
         stall_ms = round((now - (flight.last_token_at or broke_at or now)) * 1000, 1)
         move = {
-            "from": previous, "to": node, "at_token": len(flight.generated), "kind": "planned" if reason == "planned migration" else "failure",
-            "planned_method": decision.method, "method": actual.get("method"), "restored_tokens": actual.get("restored_tokens"),
-            "reprefill_tokens": actual.get("reprefill_tokens"), "source": actual.get("source"), "stall_ms": stall_ms,
-            "reason": decision.reason, "cause": reason,
+            "from": previous,
+            "to": node,
+            "at_token": len(flight.generated),
+            "kind": "planned" if reason == "planned migration" else "failure",
+            "planned_method": decision.method,
+            "method": actual.get("method"),
+            "restored_tokens": actual.get("restored_tokens"),
+            "reprefill_tokens": actual.get("reprefill_tokens"),
+            "source": actual.get("source"),
+            "stall_ms": stall_ms,
+            "reason": decision.reason,
+            "cause": reason,
         }
         flight.migrations.append(move)
         self.co.report("request_moved", request_id=flight.request_id, tenant=flight.tenant, **move)
         if self.client_stream:
-            await self._write(f": lifeline moved this stream from {previous} to {node} at token {move['at_token']} "
-                              f"({move['method'] or decision.method}; {decision.reason})\n\n".encode())
+            await self._write(
+                f": lifeline moved this stream from {previous} to {node} at token {move['at_token']} "
+                f"({move['method'] or decision.method}; {decision.reason})\n\n".encode()
+            )
 
     # --- the client side --------------------------------------------------------------------------
     async def _write(self, data: bytes) -> None:
         if self.response is None:
-            self.response = web.StreamResponse(headers={
-                "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                "X-Lifeline-Node": self.flight.node, "X-Request-Id": self.flight.request_id,
-            })
+            self.response = web.StreamResponse(
+                headers={
+                    "Content-Type": "text/event-stream",
+                    "Cache-Control": "no-cache",
+                    "X-Lifeline-Node": self.flight.node,
+                    "X-Request-Id": self.flight.request_id,
+                }
+            )
             await self.response.prepare(self.request)
         try:
             await self.response.write(data)
@@ -276,10 +337,14 @@ class Relay:
                 await self._write(b"")
             await self.response.write_eof()
             return self.response
-        return web.json_response(self._assemble(), headers={
-            "X-Lifeline-Node": self.flight.node, "X-Request-Id": self.flight.request_id,
-            "X-Lifeline-Migrations": str(len(self.flight.migrations)),
-        })
+        return web.json_response(
+            self._assemble(),
+            headers={
+                "X-Lifeline-Node": self.flight.node,
+                "X-Request-Id": self.flight.request_id,
+                "X-Lifeline-Migrations": str(len(self.flight.migrations)),
+            },
+        )
 
     def _assemble(self) -> dict:
         """A non-streaming answer from the chunks, however many nodes they came from."""
@@ -292,7 +357,11 @@ class Relay:
                 part = choice.get("logprobs")
                 if part:
                     if logprobs is None:
-                        logprobs = {"content": []} if chat else {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+                        logprobs = (
+                            {"content": []}
+                            if chat
+                            else {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+                        )
                     for key in logprobs:
                         logprobs[key].extend(part.get(key) or [])
         body = "".join(text)
@@ -302,10 +371,17 @@ class Relay:
         else:
             choice["text"] = body
         answer = {
-            "id": self.flight.request_id, "object": "chat.completion" if chat else "text_completion",
-            "created": first.get("created", int(time.time())), "model": self.flight.model, "choices": [choice],
-            "usage": self.usage or {"prompt_tokens": self.flight.prompt_tokens, "completion_tokens": len(self.flight.generated),
-                                    "total_tokens": self.flight.prompt_tokens + len(self.flight.generated)},
+            "id": self.flight.request_id,
+            "object": "chat.completion" if chat else "text_completion",
+            "created": first.get("created", int(time.time())),
+            "model": self.flight.model,
+            "choices": [choice],
+            "usage": self.usage
+            or {
+                "prompt_tokens": self.flight.prompt_tokens,
+                "completion_tokens": len(self.flight.generated),
+                "total_tokens": self.flight.prompt_tokens + len(self.flight.generated),
+            },
         }
         if self.flight.migrations:
             answer["lifeline"] = {"migrations": self.flight.migrations}
@@ -314,15 +390,31 @@ class Relay:
     async def _request_failed(self, first: Failure, second: Failure) -> web.StreamResponse:
         """Two nodes failed this request with server errors: the request's doing, not theirs. It stops here."""
         self.finish_reason = "error"
-        message = (f"{first.node} and {second.node} both failed this request ({first.status}, then {second.status}: {second.answer[:120]}). "
-                   f"A request that fails on two nodes is not tried on more and counts against no node; "
-                   f"if it should have worked, report it with request id {self.flight.request_id}.")
-        log.warning("request %s failed on %s and %s; not retried: %s", self.flight.request_id, first.node, second.node, second.answer[:200])
-        self.co.report("request_failed", request_id=self.flight.request_id, request_key=self.request_key,
-                             nodes=[first.node, second.node], statuses=[first.status, second.status], answer=second.answer)
+        message = (
+            f"{first.node} and {second.node} both failed this request ({first.status}, then {second.status}: {second.answer[:120]}). "
+            f"A request that fails on two nodes is not tried on more and counts against no node; "
+            f"if it should have worked, report it with request id {self.flight.request_id}."
+        )
+        log.warning(
+            "request %s failed on %s and %s; not retried: %s",
+            self.flight.request_id,
+            first.node,
+            second.node,
+            second.answer[:200],
+        )
+        self.co.report(
+            "request_failed",
+            request_id=self.flight.request_id,
+            request_key=self.request_key,
+            nodes=[first.node, second.node],
+            statuses=[first.status, second.status],
+            answer=second.answer,
+        )
         if self.response is None and not self._sent_any:
             return openai_error(500, message, "server_error", code="request_failed_on_two_nodes")
-        error = {"error": {"message": message, "type": "server_error", "param": None, "code": "request_failed_on_two_nodes"}}
+        error = {
+            "error": {"message": message, "type": "server_error", "param": None, "code": "request_failed_on_two_nodes"}
+        }
         if self.client_stream:
             await self._write(f"data: {json.dumps(error)}\n\n".encode())
             await self.response.write_eof()
@@ -332,7 +424,14 @@ class Relay:
     async def fail_stream(self, reason: str) -> web.StreamResponse:
         """End a stream already under way with an error event (its status line went out long ago)."""
         self.finish_reason = "error"
-        error = {"error": {"message": f"the request could not continue: {reason}", "type": "server_error", "param": None, "code": None}}
+        error = {
+            "error": {
+                "message": f"the request could not continue: {reason}",
+                "type": "server_error",
+                "param": None,
+                "code": None,
+            }
+        }
         try:
             await self.response.write(f"data: {json.dumps(error)}\n\n".encode())
             await self.response.write_eof()
@@ -345,9 +444,20 @@ class Relay:
         self.finish_reason = "error"
         log.warning("request %s (%s) gives up: %s", self.flight.request_id, self.flight.model, reason)
         if self.response is None and not self._sent_any:
-            return openai_error(503, f"No node can take a request for `{self.flight.model}` right now ({reason}): try again in {RETRY_AFTER_S} s.",
-                                "service_unavailable", headers={"Retry-After": str(RETRY_AFTER_S)})
-        error = {"error": {"message": f"the request could not continue: {reason}", "type": "node_failure", "param": None, "code": None}}
+            return openai_error(
+                503,
+                f"No node can take a request for `{self.flight.model}` right now ({reason}): try again in {RETRY_AFTER_S} s.",
+                "service_unavailable",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            )
+        error = {
+            "error": {
+                "message": f"the request could not continue: {reason}",
+                "type": "node_failure",
+                "param": None,
+                "code": None,
+            }
+        }
         if self.client_stream:
             await self._write(f"data: {json.dumps(error)}\n\n".encode())
             await self.response.write_eof()

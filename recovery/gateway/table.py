@@ -112,7 +112,9 @@ class RoutingView:
     async def reload(self) -> None:
         try:
             raw_routes, raw_keys, raw_config, raw_models = await asyncio.gather(
-                self.redis.hgetall(self.keys.routing), self.redis.hgetall(self.keys.gateway_keys), self.redis.get(self.keys.cluster_config),
+                self.redis.hgetall(self.keys.routing),
+                self.redis.hgetall(self.keys.gateway_keys),
+                self.redis.get(self.keys.cluster_config),
                 self.redis.get(self.keys.deployed_models),
             )
         except (RedisError, OSError) as exc:
@@ -123,15 +125,23 @@ class RoutingView:
             entry = json.loads(raw)
             try:
                 routes[name] = Route(
-                    name, entry["address"], entry["model"], entry.get("rack", ""), float(entry.get("weight", 1.0)),
-                    entry.get("gpu", "H100-SXM"), int(entry.get("tp", 1)), entry.get("session", ""),
+                    name,
+                    entry["address"],
+                    entry["model"],
+                    entry.get("rack", ""),
+                    float(entry.get("weight", 1.0)),
+                    entry.get("gpu", "H100-SXM"),
+                    int(entry.get("tp", 1)),
+                    entry.get("session", ""),
                 )
                 routes[name].deployment  # noqa: B018 - refuse a route the catalog cannot time
             except (KeyError, ValueError, catalog.CatalogError) as exc:
                 log.warning("ignoring route %s: %s", name, exc)
                 routes.pop(name, None)
         self.routes = routes
-        self.tenants = {d: Tenant(i["id"], i["tenant"], i["tier"]) for d, i in ((d, json.loads(v)) for d, v in raw_keys.items())}
+        self.tenants = {
+            d: Tenant(i["id"], i["tenant"], i["tier"]) for d, i in ((d, json.loads(v)) for d, v in raw_keys.items())
+        }
         try:
             self.config = ClusterConfig.parse(raw_config)
         except (ValueError, TypeError) as exc:

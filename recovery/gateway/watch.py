@@ -30,8 +30,14 @@ SILENT_S = 3.0
 
 
 class NodeWatcher:
-    def __init__(self, view: RoutingView, on_lost: Callable[[str, str, float], None], headers: dict | None = None,
-                 on_back: Callable[[str], None] | None = None, on_status: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        view: RoutingView,
+        on_lost: Callable[[str, str, float], None],
+        headers: dict | None = None,
+        on_back: Callable[[str], None] | None = None,
+        on_status: Callable[[str], None] | None = None,
+    ):
         self.view = view
         self.on_lost = on_lost
         self.on_back = on_back or (lambda name: None)

@@ -117,7 +117,9 @@ class LevelDecision:
     changed: bool
 
 
-def next_level(current: int, ratio: float, now: float, better_since: float | None, margin: float = 0.05, hold_s: float = 30.0) -> LevelDecision:
+def next_level(
+    current: int, ratio: float, now: float, better_since: float | None, margin: float = 0.05, hold_s: float = 30.0
+) -> LevelDecision:
     """The level after one evaluation, with hysteresis.
 
     Worse at once. Better only when the ratio, less `margin` (a share of it),

@@ -74,7 +74,9 @@ def transfer_cost(context_tokens: int, kv_tokens: int, source_rack: str, target:
     return move_s + catch_up_s, deployment.prefill_s(context_tokens)
 
 
-def migration_method(context_tokens: int, kv_tokens: int, source_rack: str, target: Survivor) -> tuple[str, float, float]:
+def migration_method(
+    context_tokens: int, kv_tokens: int, source_rack: str, target: Survivor
+) -> tuple[str, float, float]:
     """For a live migration (the source still up): ("transfer" or "reprefill", transfer_s, reprefill_s).
 
     Transfer when moving the KV is faster than re-prefilling and the target
@@ -146,7 +148,9 @@ def plan_recovery(
     failed = set(failed)
     loads = _Loads(survivors, failed)
     if interrupted and not loads.nodes:
-        raise NoSurvivors(f"no surviving node can take {len(interrupted)} interrupted requests: every node is failed or dead")
+        raise NoSurvivors(
+            f"no surviving node can take {len(interrupted)} interrupted requests: every node is failed or dead"
+        )
     decisions = []
     for r in interrupted:
         alive_holders = [h for h in r.holders if h in loads.nodes]
@@ -185,7 +189,9 @@ def _to_least_loaded(r: Interrupted, loads: _Loads, holders: list[str], theta: f
     h = holders[0]
     over = f"{note}holder {h} overloaded (L̂ {loads.l_hat[h]:.1f} > θ {theta:.1f}) with a {r.checkpointed_tokens}-token prefix"
     if w in holders:
-        return Decision(r.request_id, w, "restore", w, f"{over}; least-loaded {w} holds a copy: restore from its host memory")
+        return Decision(
+            r.request_id, w, "restore", w, f"{over}; least-loaded {w} holds a copy: restore from its host memory"
+        )
     # The holder with the fastest link to w (same rack first), in preference order on a tie.
     costs = [(transfer_cost(r.context_tokens, r.checkpointed_tokens, loads.nodes[s].rack, target), s) for s in holders]
     (fetch_s, reprefill_s), source = min(costs, key=lambda c: c[0][0])

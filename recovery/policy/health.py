@@ -78,19 +78,34 @@ def judge_canary(
         expected = [g.token_id for g in golden]
         if got != expected:
             at = next((i for i, (a, b) in enumerate(zip(expected, got)) if a != b), min(len(expected), len(got)))
-            return Verdict(False, "token_mismatch", f"token {at}: expected {expected[at] if at < len(expected) else 'end'}, "
-                                                    f"got {got[at] if at < len(got) else 'end'} ({len(got)} of {len(expected)} tokens)")
+            return Verdict(
+                False,
+                "token_mismatch",
+                f"token {at}: expected {expected[at] if at < len(expected) else 'end'}, "
+                f"got {got[at] if at < len(got) else 'end'} ({len(got)} of {len(expected)} tokens)",
+            )
         for i, (g, top) in enumerate(zip(golden, answer.top_logprobs)):
             if top is None or not math.isfinite(top):
                 return Verdict(False, "logprob_out_of_range", f"token {i}: no top logprob reported")
             low, high = g.top_logprob - logprob_tolerance, g.top_logprob + logprob_tolerance
             if not low <= top <= high:
-                return Verdict(False, "logprob_out_of_range", f"token {i}: top logprob {top:.3f} outside [{low:.3f}, {high:.3f}]")
+                return Verdict(
+                    False, "logprob_out_of_range", f"token {i}: top logprob {top:.3f} outside [{low:.3f}, {high:.3f}]"
+                )
         if len(answer.top_logprobs) < len(golden):
-            return Verdict(False, "logprob_out_of_range", f"{len(answer.top_logprobs)} top logprobs for {len(golden)} tokens")
-    if baseline_ms and answer.latency_ms > latency_factor * baseline_ms and answer.latency_ms - baseline_ms >= min_spike_ms:
-        return Verdict(False, "latency_spike", f"{answer.latency_ms:.1f} ms against a baseline of {baseline_ms:.1f} ms "
-                                               f"(limit {latency_factor:g}×)")
+            return Verdict(
+                False, "logprob_out_of_range", f"{len(answer.top_logprobs)} top logprobs for {len(golden)} tokens"
+            )
+    if (
+        baseline_ms
+        and answer.latency_ms > latency_factor * baseline_ms
+        and answer.latency_ms - baseline_ms >= min_spike_ms
+    ):
+        return Verdict(
+            False,
+            "latency_spike",
+            f"{answer.latency_ms:.1f} ms against a baseline of {baseline_ms:.1f} ms (limit {latency_factor:g}×)",
+        )
     if golden is None:
         return Verdict(True, "ok", f"answered in {answer.latency_ms:.1f} ms (no golden run yet to compare tokens with)")
     matched = "1 token matches" if len(got) == 1 else f"{len(got)} tokens match"
@@ -112,7 +127,9 @@ class HealthStep:
     propose_drain: bool  # the node just became UNHEALTHY: a drain should be proposed
 
 
-def after_canary(state: str, failures: int, passed: bool, suspicious_after: int = 1, unhealthy_after: int = 3) -> HealthStep:
+def after_canary(
+    state: str, failures: int, passed: bool, suspicious_after: int = 1, unhealthy_after: int = 3
+) -> HealthStep:
     """The health state after one canary result.
 
     HEALTHY → SUSPICIOUS after `suspicious_after` consecutive failures, →

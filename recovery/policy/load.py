@@ -69,7 +69,9 @@ def _advance(status: NodeStatus, now: float, step_s: float, chunk_tokens: int) -
     return uncomputed - computed, context, batch
 
 
-def predict(status: NodeStatus, now: float, deployment: Deployment, chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> NodeStatus:
+def predict(
+    status: NodeStatus, now: float, deployment: Deployment, chunk_tokens: int = DEFAULT_CHUNK_TOKENS
+) -> NodeStatus:
     """Forward-predict a stale status to `now` (document 002, status forward-prediction).
 
     Each step computes up to `chunk_tokens` of pending prefill and grows every
@@ -81,7 +83,9 @@ def predict(status: NodeStatus, now: float, deployment: Deployment, chunk_tokens
     status says so.
     """
     uncomputed, context, batch = _advance(status, now, _step_s(status, deployment), chunk_tokens)
-    return replace(status, at=now, uncomputed_prefill_tokens=uncomputed, decode_context_tokens=context, decode_batch=batch)
+    return replace(
+        status, at=now, uncomputed_prefill_tokens=uncomputed, decode_context_tokens=context, decode_batch=batch
+    )
 
 
 def prefill_load(status: NodeStatus) -> int:
@@ -94,7 +98,9 @@ def decode_load(status: NodeStatus) -> int:
     return status.decode_batch + status.decode_context_tokens
 
 
-def _cost(deployment: Deployment, uncomputed: int, queued: int, context: int, pending: Pending, prompt_tokens: int) -> float:
+def _cost(
+    deployment: Deployment, uncomputed: int, queued: int, context: int, pending: Pending, prompt_tokens: int
+) -> float:
     new_tokens = pending.prompt_tokens + prompt_tokens
     batch = queued + pending.requests + 1
     context += new_tokens
@@ -383,7 +389,9 @@ class _Index:
                 queued = uncomputed + waiting_tokens  # prefill ahead of the prompt
                 # decode >= the bound's branch at the longer context, the load term grows by
                 # load_slope per token and per request; prefill >= its parts' slopes
-                low += slope * (grown + waiting_tokens) + load_slope * (pending.requests + batch_now - status.decode_batch)
+                low += slope * (grown + waiting_tokens) + load_slope * (
+                    pending.requests + batch_now - status.decode_batch
+                )
                 if queued:
                     low += max(compute_p + queued * compute_rate, memory_p + queued * memory_rate) - own_prefill
                 if low > cut:
@@ -393,7 +401,9 @@ class _Index:
                 batch = batch_now + status.waiting + pending.requests + 1
                 context = context_now + new_tokens
                 # routing_cost's operations in its order, so the cost is the same to the last bit
-                cost = (prefill_s + roof.decode_step_s(batch, context) + idle_step * (batch + context) / kv_tokens) / weight
+                cost = (
+                    prefill_s + roof.decode_step_s(batch, context) + idle_step * (batch + context) / kv_tokens
+                ) / weight
                 if cost < best or (cost == best and best_name is not None and name < best_name):
                     best_name, best = name, cost
                     cut = best * _MARGIN * weight
@@ -489,8 +499,14 @@ def pages(num_bytes: int, kv_bytes_per_block: int) -> float:
     return num_bytes / kv_bytes_per_block
 
 
-def holder_load(bytes_held: int, kv_bytes_per_block: int, queue_depth: int, alpha: float = 1.0, beta: float = 1.0,
-                recent_pages: float = 0.0) -> float:
+def holder_load(
+    bytes_held: int,
+    kv_bytes_per_block: int,
+    queue_depth: int,
+    alpha: float = 1.0,
+    beta: float = 1.0,
+    recent_pages: float = 0.0,
+) -> float:
     """L̂ of a node from its live figures: the checkpoint bytes it holds (in pages of its model's KV, plus pages just
     placed on it that its status does not show yet) and its queue. The one place L̂ is computed from live figures:
     the gateway's placement, the control plane's assist choice and the checkpoint page all call it."""

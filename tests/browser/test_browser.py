@@ -10,6 +10,7 @@ from tests.helpers import log_in
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
+
 def test_node_tile_changes_state_live_without_a_reload(browser, demo_stack, tmp_path):
     page = browser.new_page(viewport={"width": 1400, "height": 900})
     errors = []
@@ -42,7 +43,9 @@ def test_figures_update_and_age_ticks(browser, demo_stack):
     report = page.locator("#node-node-03 [data-reported-at]")
     first = report.get_attribute("data-reported-at")
     page.wait_for_function(
-        "first => document.querySelector('#node-node-03 [data-reported-at]').dataset.reportedAt !== first", arg=first, timeout=5_000
+        "first => document.querySelector('#node-node-03 [data-reported-at]').dataset.reportedAt !== first",
+        arg=first,
+        timeout=5_000,
     )
     assert report.inner_text().endswith("s ago")
 
@@ -51,7 +54,12 @@ def test_incident_timeline_grows_live_while_a_node_is_killed(browser, demo_stack
     from tests.helpers import wait_for
 
     # Start from a quiet cluster: no incident still recovering from another test's kill.
-    wait_for(lambda: all(i["status"] != "active" for i in demo_stack.api("/api/incidents")[1]["incidents"]), 30, 0.2, "no active incident")
+    wait_for(
+        lambda: all(i["status"] != "active" for i in demo_stack.api("/api/incidents")[1]["incidents"]),
+        30,
+        0.2,
+        "no active incident",
+    )
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     errors = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
@@ -93,18 +101,34 @@ def test_a_live_refresh_keeps_the_reason_being_typed(browser, demo_stack):
     def post(role, path, form):
         page = pages[role]
         csrf = next(c["value"] for c in page.context.cookies() if c["name"] == "csrftoken")
-        answer = page.request.post(console + path, form=form, headers={"X-CSRFToken": csrf, "Referer": console}, max_redirects=0)
+        answer = page.request.post(
+            console + path, form=form, headers={"X-CSRFToken": csrf, "Referer": console}, max_redirects=0
+        )
         assert answer.status == 302, (answer.status, answer.text()[:500])
         return answer.headers["location"]
 
     def drain_of(node):
-        return wait_for(lambda: next((d for d in demo_stack.api("/api/drains")[1]["drains"] if d["node"] == node and d["waiting"]), None),
-                        5, 0.1, f"a drain of {node}")
+        return wait_for(
+            lambda: next(
+                (d for d in demo_stack.api("/api/drains")[1]["drains"] if d["node"] == node and d["waiting"]), None
+            ),
+            5,
+            0.1,
+            f"a drain of {node}",
+        )
 
     try:
         # Two drains in one pool: the second needs two approvers.
-        post("operator", "nodes/node-01/drain", {"reason": "fan noise", "mode": "allow_completion", "remediation": "restart"})
-        post("operator", "nodes/node-02/drain", {"reason": "ECC errors climbing", "mode": "allow_completion", "remediation": "restart"})
+        post(
+            "operator",
+            "nodes/node-01/drain",
+            {"reason": "fan noise", "mode": "allow_completion", "remediation": "restart"},
+        )
+        post(
+            "operator",
+            "nodes/node-02/drain",
+            {"reason": "ECC errors climbing", "mode": "allow_completion", "remediation": "restart"},
+        )
         first, second = drain_of("node-01"), drain_of("node-02")
         assert second["approvals_required"] == 2
         page = pages["admin"]
@@ -121,7 +145,9 @@ def test_a_live_refresh_keeps_the_reason_being_typed(browser, demo_stack):
         page.wait_for_function("() => document.querySelector('.facts').innerText.includes('1 of 2')", timeout=10_000)
         assert page.evaluate("window.__noReload") == "drain", "the page reloaded"
         assert field.input_value() == "the node's ECC count doubled in an hour"
-        assert page.evaluate("[document.activeElement.name, document.activeElement.selectionStart, document.activeElement.selectionEnd]") == ["reason", 9, 13]
+        assert page.evaluate(
+            "[document.activeElement.name, document.activeElement.selectionStart, document.activeElement.selectionEnd]"
+        ) == ["reason", 9, 13]
         assert page.locator("#reject-form input[name=reason]").input_value() == ""  # what was not typed in stays empty
         # The reason typed before the refresh is the one submitted.
         page.click("#approve-form button")

@@ -16,15 +16,33 @@ pytestmark = pytest.mark.django_db
 
 
 def make_node(name, rack="rack-a", serving=True):
-    reg = Registration.parse({
-        "name": name, "session": uuid.uuid4().hex, "address": f"http://10.1.0.{len(name)}:8201", "rack": rack,
-        "model": "Qwen3-32B", "gpu": "H200-SXM", "tp": 2, "pid": 1000 + len(name), "host": "h",
-        "gpus": [{"index": i, "uuid": f"GPU-{name}-{i}", "name": "NVIDIA H200", "memory_bytes": 141 * 10**9} for i in range(2)],
-    })
+    reg = Registration.parse(
+        {
+            "name": name,
+            "session": uuid.uuid4().hex,
+            "address": f"http://10.1.0.{len(name)}:8201",
+            "rack": rack,
+            "model": "Qwen3-32B",
+            "gpu": "H200-SXM",
+            "tp": 2,
+            "pid": 1000 + len(name),
+            "host": "h",
+            "gpus": [
+                {"index": i, "uuid": f"GPU-{name}-{i}", "name": "NVIDIA H200", "memory_bytes": 141 * 10**9}
+                for i in range(2)
+            ],
+        }
+    )
     node = nodes.register_node(reg)
     if serving:
         routing.sync_hot_state()
-        nodes.record_heartbeat(name, Heartbeat(session=reg.session, load=Load(running=4, waiting=1, kv_blocks_used=50, kv_blocks_total=200, step_ms=12.5)))
+        nodes.record_heartbeat(
+            name,
+            Heartbeat(
+                session=reg.session,
+                load=Load(running=4, waiting=1, kv_blocks_used=50, kv_blocks_total=200, step_ms=12.5),
+            ),
+        )
     return node
 
 
@@ -73,7 +91,12 @@ def test_api_cluster_with_session_token_or_nothing(client, cast):
     body = client.get("/api/cluster").json()
     node = body["nodes"][0]
     assert {k: node[k] for k in ("name", "state", "rack", "model", "tp", "pid")} == {
-        "name": "node-01", "state": "serving", "rack": "rack-a", "model": "Qwen3-32B", "tp": 2, "pid": 1007,
+        "name": "node-01",
+        "state": "serving",
+        "rack": "rack-a",
+        "model": "Qwen3-32B",
+        "tp": 2,
+        "pid": 1007,
     }
     assert node["address"].startswith("http://") and len(node["gpus"]) == 2
     assert node["load"] == {"running": 4, "waiting": 1, "kv_used": 50, "kv_total": 200, "kv_pct": 25.0, "step_ms": 12.5}
@@ -180,4 +203,7 @@ def test_admins_create_and_revoke_gateway_keys(client, cast, django_capture_on_c
     with django_capture_on_commit_callbacks(execute=True):
         client.post(f"/keys/{key.pk}/revoke")
     assert hot.client().hget(hot.keys().gateway_keys, key_digest(secret)) is None
-    assert list(AuditEntry.objects.exclude(action="create_user").values_list("action", flat=True).order_by("at")) == ["create_api_key", "revoke_api_key"]
+    assert list(AuditEntry.objects.exclude(action="create_user").values_list("action", flat=True).order_by("at")) == [
+        "create_api_key",
+        "revoke_api_key",
+    ]

@@ -26,18 +26,29 @@ async def close_thread_connections():
 
 def communicator(user):
     # Origin must be an allowed host, as a browser on the console would send.
-    ws = WebsocketCommunicator(application, "/ws/cluster/", headers=[(b"origin", b"http://127.0.0.1:8000"), (b"host", b"127.0.0.1:8000")])
+    ws = WebsocketCommunicator(
+        application, "/ws/cluster/", headers=[(b"origin", b"http://127.0.0.1:8000"), (b"host", b"127.0.0.1:8000")]
+    )
     ws.scope["user"] = user
     return ws
 
 
 @database_sync_to_async
 def register(name):
-    reg = Registration.parse({
-        "name": name, "session": uuid.uuid4().hex, "address": "http://127.0.0.1:9100", "rack": "rack-z",
-        "model": "Qwen3-32B", "gpu": "H100-SXM", "tp": 1, "pid": 77, "host": "h",
-        "gpus": [{"index": 0, "uuid": "GPU-0", "name": "H100", "memory_bytes": 80 * 10**9}],
-    })
+    reg = Registration.parse(
+        {
+            "name": name,
+            "session": uuid.uuid4().hex,
+            "address": "http://127.0.0.1:9100",
+            "rack": "rack-z",
+            "model": "Qwen3-32B",
+            "gpu": "H100-SXM",
+            "tp": 1,
+            "pid": 77,
+            "host": "h",
+            "gpus": [{"index": 0, "uuid": "GPU-0", "name": "H100", "memory_bytes": 80 * 10**9}],
+        }
+    )
     nodes.register_node(reg)
     return reg
 
@@ -62,7 +73,12 @@ async def test_state_change_and_load_frames():
     assert hello["kind"] == "hello" and hello["now"] > 0
     reg = await register("node-ws")
     frame = await ws.receive_json_from(timeout=5)
-    assert frame["kind"] == "node" and frame["name"] == "node-ws" and frame["state"] == "join" and frame["rack"] == "rack-z"
+    assert (
+        frame["kind"] == "node"
+        and frame["name"] == "node-ws"
+        and frame["state"] == "join"
+        and frame["rack"] == "rack-z"
+    )
     assert 'id="node-node-ws"' in frame["html"] and 'data-state="join"' in frame["html"]
     assert 'data-count="join">1<' in frame["summary"]
     await heartbeat("node-ws", reg.session)
@@ -91,8 +107,10 @@ def incident_with_events(name):
 
     node = Node.objects.get(name=name)
     incident = incidents.note_failure(node, None, "gateway gw-1", "stream broke")
-    later = [incidents.add_event(incident, EventKind.DETECTED, f"{name} is DOWN", node=node),
-             incidents.add_event(incident, EventKind.REMOVED, f"{name} removed", node=node)]
+    later = [
+        incidents.add_event(incident, EventKind.DETECTED, f"{name} is DOWN", node=node),
+        incidents.add_event(incident, EventKind.REMOVED, f"{name} removed", node=node),
+    ]
     return incident, incident.events.order_by("pk").first(), later
 
 
@@ -100,8 +118,11 @@ async def test_an_incident_page_gets_what_was_written_before_it_subscribed():
     """Events written between the page's render and its subscription (a reaction a moment late) still reach it."""
     await register("node-inc")
     incident, first, later = await incident_with_events("node-inc")
-    ws = WebsocketCommunicator(application, f"/ws/incidents/{incident.pk}/?after={first.pk}",
-                               headers=[(b"origin", b"http://127.0.0.1:8000"), (b"host", b"127.0.0.1:8000")])
+    ws = WebsocketCommunicator(
+        application,
+        f"/ws/incidents/{incident.pk}/?after={first.pk}",
+        headers=[(b"origin", b"http://127.0.0.1:8000"), (b"host", b"127.0.0.1:8000")],
+    )
     ws.scope["user"] = await make_user("oncall")
     connected, _ = await ws.connect()
     assert connected

@@ -23,7 +23,13 @@ def test_postgres_url(environ):
     environ(DATABASE_URL="postgres://ops:s%40cret@db.internal:6543/lifeline")
     db = env.database("DATABASE_URL", BASE_DIR / "x.sqlite3")
     assert db["ENGINE"] == "django.db.backends.postgresql"
-    assert (db["HOST"], db["PORT"], db["NAME"], db["USER"], db["PASSWORD"]) == ("db.internal", "6543", "lifeline", "ops", "s@cret")
+    assert (db["HOST"], db["PORT"], db["NAME"], db["USER"], db["PASSWORD"]) == (
+        "db.internal",
+        "6543",
+        "lifeline",
+        "ops",
+        "s@cret",
+    )
 
 
 def test_sqlite_url_and_default(environ, monkeypatch, tmp_path):
@@ -36,7 +42,14 @@ def test_sqlite_url_and_default(environ, monkeypatch, tmp_path):
 
 @pytest.mark.parametrize(
     "url",
-    ["mysql://root@localhost/db", "postgres://host-only", "postgres://:5432/db", "sqlite://", "postgres://h:notaport/db", "just words"],
+    [
+        "mysql://root@localhost/db",
+        "postgres://host-only",
+        "postgres://:5432/db",
+        "sqlite://",
+        "postgres://h:notaport/db",
+        "just words",
+    ],
 )
 def test_malformed_database_url_names_the_variable_and_the_form(environ, url):
     environ(DATABASE_URL=url)
@@ -79,13 +92,18 @@ def test_secret_from_file(environ, tmp_path):
 
 def _manage(*args, **extra_env):
     environ = {**os.environ, **extra_env}
-    return subprocess.run([sys.executable, "manage.py", *args], cwd=BASE_DIR, env=environ, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=BASE_DIR, env=environ, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_bad_database_url_stops_the_process_with_a_message_not_a_traceback():
     result = _manage("check", DATABASE_URL="mysql://root@localhost/lifeline")
     assert result.returncode == 2
-    assert "configuration error: DATABASE_URL='mysql://root@localhost/lifeline' uses an unsupported scheme" in result.stderr
+    assert (
+        "configuration error: DATABASE_URL='mysql://root@localhost/lifeline' uses an unsupported scheme"
+        in result.stderr
+    )
     assert "Traceback" not in result.stderr
 
 

@@ -20,8 +20,11 @@ pytestmark = pytest.mark.e2e
 
 
 def _call(stack, body: bytes) -> tuple[int, dict]:
-    request = urllib.request.Request(stack.info["urls"]["gateway"].rstrip("/") + "/chat/completions", data=body,
-                                     headers={"Content-Type": "application/json", "Authorization": f"Bearer {stack.info['gateway_key']}"})
+    request = urllib.request.Request(
+        stack.info["urls"]["gateway"].rstrip("/") + "/chat/completions",
+        data=body,
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {stack.info['gateway_key']}"},
+    )
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
             return response.status, json.loads(response.read())
@@ -37,15 +40,20 @@ def _fleet(stack) -> dict[str, dict]:
 
 def _inject(stack, node: str, fault: dict) -> None:
     base = stack.info["urls"]["console"].rstrip("/")
-    request = urllib.request.Request(f"{base}/api/nodes/{node}/faults", data=json.dumps({**fault, "reason": "issue 19 drill"}).encode(),
-                                     headers={"Authorization": f"Bearer {stack.info['api_token']}", "Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{base}/api/nodes/{node}/faults",
+        data=json.dumps({**fault, "reason": "issue 19 drill"}).encode(),
+        headers={"Authorization": f"Bearer {stack.info['api_token']}", "Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(request, timeout=10) as response:
         assert response.status == 200
 
 
 def _clear(stack, node: str) -> None:
     address = next(n["address"] for n in stack.info["nodes"] if n["name"] == node)
-    request = urllib.request.Request(f"{address}/agent/faults", method="DELETE", headers={"Authorization": f"Bearer {stack.info['fault_token']}"})
+    request = urllib.request.Request(
+        f"{address}/agent/faults", method="DELETE", headers={"Authorization": f"Bearer {stack.info['fault_token']}"}
+    )
     with urllib.request.urlopen(request, timeout=10) as response:
         assert response.status == 200
 
@@ -69,7 +77,12 @@ def _control_plane_caught_up(stack) -> None:
 
 
 def _all_serving(stack) -> dict[str, dict]:
-    fleet = wait_for(lambda: (f := _fleet(stack)) and all(n["state"] == "serving" for n in f.values()) and f, 60, 0.5, "every node serving")
+    fleet = wait_for(
+        lambda: (f := _fleet(stack)) and all(n["state"] == "serving" for n in f.values()) and f,
+        60,
+        0.5,
+        "every node serving",
+    )
     assert all(n["breaker"] == "closed" and n["weight"] == 1.0 for n in fleet.values()), fleet
     return fleet
 
@@ -80,7 +93,10 @@ def test_poison_requests_a_hundred_times_each_leave_every_breaker_closed(demo_st
         for _ in range(110):
             status, answer = _call(demo_stack, raw_json(body))
             assert status == 400 and answer["error"]["param"] == EXPECTED_PARAM[name], (name, status, answer)
-    status, answer = _call(demo_stack, raw_json({"model": "Qwen3-32B", "messages": [{"role": "user", "content": "still up?"}], "max_tokens": 4}))
+    status, answer = _call(
+        demo_stack,
+        raw_json({"model": "Qwen3-32B", "messages": [{"role": "user", "content": "still up?"}], "max_tokens": 4}),
+    )
     assert status == 200, answer
     fleet = _fleet(demo_stack)
     assert {(n["breaker"], n["weight"], n["health"]) for n in fleet.values()} == {("closed", 1.0, "healthy")}, fleet
@@ -92,11 +108,23 @@ def test_a_query_of_death_on_every_engine_opens_no_breaker(demo_stack):
         _inject(demo_stack, name, {"kind": "poison", "match": "xyzzy plugh"})
     try:
         for i in range(110):
-            status, answer = _call(demo_stack, raw_json({"model": "Qwen3-32B", "messages": [{"role": "user", "content": f"xyzzy plugh {i % 4}"}],
-                                                         "max_tokens": 4}))
+            status, answer = _call(
+                demo_stack,
+                raw_json(
+                    {
+                        "model": "Qwen3-32B",
+                        "messages": [{"role": "user", "content": f"xyzzy plugh {i % 4}"}],
+                        "max_tokens": 4,
+                    }
+                ),
+            )
             assert status == 500 and answer["error"]["code"] == "request_failed_on_two_nodes", answer
-        status, answer = _call(demo_stack, raw_json({"model": "Qwen3-32B", "messages": [{"role": "user", "content": "an honest question"}],
-                                                     "max_tokens": 4}))
+        status, answer = _call(
+            demo_stack,
+            raw_json(
+                {"model": "Qwen3-32B", "messages": [{"role": "user", "content": "an honest question"}], "max_tokens": 4}
+            ),
+        )
         assert status == 200, answer
         _control_plane_caught_up(demo_stack)
         fleet = _fleet(demo_stack)
@@ -111,13 +139,23 @@ def test_a_node_that_fails_every_request_still_has_its_breaker_opened(demo_stack
     broken = names[0]
     _inject(demo_stack, broken, {"kind": "poison", "match": ""})
     try:
+
         def opened():
             for i in range(6):
-                status, answer = _call(demo_stack, raw_json({"model": "Qwen3-32B", "messages": [{"role": "user", "content": f"question {opened.n}"}],
-                                                             "max_tokens": 3}))
+                status, answer = _call(
+                    demo_stack,
+                    raw_json(
+                        {
+                            "model": "Qwen3-32B",
+                            "messages": [{"role": "user", "content": f"question {opened.n}"}],
+                            "max_tokens": 3,
+                        }
+                    ),
+                )
                 opened.n += 1
                 assert status == 200, answer  # served by another node every time
             return _fleet(demo_stack)[broken]["breaker"] == "open"
+
         opened.n = 0
         wait_for(opened, 60, 0.5, f"{broken}'s breaker opening")
         fleet = _fleet(demo_stack)

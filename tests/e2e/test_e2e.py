@@ -63,7 +63,9 @@ def test_sigkill_node_goes_down_within_5s_and_serves_again_when_restarted(demo_s
     assert down["state_cause"].startswith(("no heartbeat for", "gateway gateway-1 reported it")), down["state_cause"]
     assert down["load"] is None  # a dead node reports no load: n/a, not zeros
     # The demo's supervisor starts it again; a new session registers and becomes SERVING.
-    back = wait_for(lambda: (n := demo_stack.node("node-01"))["state"] == "serving" and n, 30, 0.2, "node-01 SERVING again")
+    back = wait_for(
+        lambda: (n := demo_stack.node("node-01"))["state"] == "serving" and n, 30, 0.2, "node-01 SERVING again"
+    )
     assert back["pid"] != before["pid"] and back["session"] != before["session"] and pid_alive(back["pid"])
 
 
@@ -73,7 +75,9 @@ def test_a_port_in_use_is_named_with_the_option_that_changes_it(tmp_path):
         busy.listen()
         port = busy.getsockname()[1]
         env = demo_env(tmp_path, f"sqlite:///{tmp_path}/x.sqlite3", "busy")
-        result = subprocess.run(demo_argv("--port", str(port)), cwd=BASE_DIR, env=env, capture_output=True, text=True, timeout=60)
+        result = subprocess.run(
+            demo_argv("--port", str(port)), cwd=BASE_DIR, env=env, capture_output=True, text=True, timeout=60
+        )
     assert result.returncode == 1
     assert f"port {port} on 127.0.0.1 is in use" in result.stderr and "--port" in result.stderr
 
@@ -83,18 +87,43 @@ def test_traffic_flows_and_ctrl_c_leaves_no_process_behind(tmp_path):
 
     env = demo_env(tmp_path, f"sqlite:///{tmp_path}/demo.sqlite3", "ctrlc")
     env.pop("REDIS_URL")  # the embedded default: the demo starts a Redis of its own
-    argv = demo_argv("--nodes", "2", "--port", str(free_port()), "--gateway-port", str(free_port()), "--rate", "8", "--worker-concurrency", "1")
+    argv = demo_argv(
+        "--nodes",
+        "2",
+        "--port",
+        str(free_port()),
+        "--gateway-port",
+        str(free_port()),
+        "--rate",
+        "8",
+        "--worker-concurrency",
+        "1",
+    )
     stack = DemoStack(tmp_path, env, argv).start()
     try:
         metrics_url = stack.info["urls"]["gateway"].removesuffix("/v1") + "/metrics"
 
         def served():
             text = urllib.request.urlopen(metrics_url).read().decode()
-            return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("lifeline_gateway_requests_total") and 'status="ok"' in line)
+            return sum(
+                float(line.split()[-1])
+                for line in text.splitlines()
+                if line.startswith("lifeline_gateway_requests_total") and 'status="ok"' in line
+            )
 
         wait_for(lambda: served() >= 3, 30, 0.5, "traffic through the gateway")
         # node-03 is the demo's default hot spare
-        assert set(stack.info["pids"]) == {"redis", "web", "worker", "beat", "gateway", "node-01", "node-02", "node-03", "traffic"}
+        assert set(stack.info["pids"]) == {
+            "redis",
+            "web",
+            "worker",
+            "beat",
+            "gateway",
+            "node-01",
+            "node-02",
+            "node-03",
+            "traffic",
+        }
         assert stack.info["redis_url"].startswith("redis://127.0.0.1:")
         pids = list(stack.info["pids"].values())
     finally:

@@ -20,8 +20,7 @@ import openai
 import pytest
 
 from tests.conftest import demo_argv, demo_env, stack_database
-from tests.helpers import DemoStack, http_json, wait_for
-from tests.helpers import log_in
+from tests.helpers import DemoStack, http_json, log_in, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
@@ -38,9 +37,21 @@ def ops_stack(tmp_path_factory):
     with stack_database(tmp_path_factory) as database_url:
         var_dir = tmp_path_factory.mktemp("ops-stack")
         argv = demo_argv(
-            "--nodes", "3", "--spares", "1", "--no-traffic", "--port", str(free_port()), "--gateway-port", str(free_port()),
-            "--restart-delay", "15", "--worker-concurrency", "2",
-            "--time-scale", "0.3",  # a GPU reset reloads the model cold: about 8 s instead of 26
+            "--nodes",
+            "3",
+            "--spares",
+            "1",
+            "--no-traffic",
+            "--port",
+            str(free_port()),
+            "--gateway-port",
+            str(free_port()),
+            "--restart-delay",
+            "15",
+            "--worker-concurrency",
+            "2",
+            "--time-scale",
+            "0.3",  # a GPU reset reloads the model cold: about 8 s instead of 26
         )
         stack = DemoStack(var_dir, demo_env(var_dir, database_url, "ops"), argv).start()
         try:
@@ -65,7 +76,9 @@ def undisturbed(prompt: str, max_tokens: int) -> tuple[list[int], str]:
 
 def call(stack, method, path, body=None):
     base = stack.info["urls"]["console"].rstrip("/")
-    return http_json(base + path, data=body, method=method, headers={"Authorization": f"Bearer {stack.info['api_token']}"})
+    return http_json(
+        base + path, data=body, method=method, headers={"Authorization": f"Bearer {stack.info['api_token']}"}
+    )
 
 
 def health(stack, name):
@@ -80,7 +93,9 @@ def gateway_health(stack):
 
 def all_serving_and_healthy(stack, names=("node-01", "node-02", "node-03")):
     nodes = {n["name"]: n for n in call(stack, "GET", "/api/cluster")[1]["nodes"]}
-    return all(nodes[n]["state"] == "serving" and nodes[n]["health"] == "healthy" and nodes[n]["weight"] > 0 for n in names)
+    return all(
+        nodes[n]["state"] == "serving" and nodes[n]["health"] == "healthy" and nodes[n]["weight"] > 0 for n in names
+    )
 
 
 def test_admin_sets_fast_canaries_on_the_settings_page(browser, ops_stack):  # noqa: F811
@@ -90,7 +105,12 @@ def test_admin_sets_fast_canaries_on_the_settings_page(browser, ops_stack):  # n
     page.fill("#id_canary_interval_s", "2")  # below the least allowed: refused, the field named
     page.click("button.primary")
     assert "canary_interval_s must be between 5 and 3600" in page.locator(".settings").inner_text()
-    for field, value in (("canary_interval_s", "5"), ("canary_retry_s", "0.5"), ("auto_cordon_max_share", "1"), ("degradation_hold_s", "2")):
+    for field, value in (
+        ("canary_interval_s", "5"),
+        ("canary_retry_s", "0.5"),
+        ("auto_cordon_max_share", "1"),
+        ("degradation_hold_s", "2"),
+    ):
         page.fill(f"#id_{field}", value)
     page.fill("#reason", "end-to-end test: fast canaries")
     page.click("button.primary")
@@ -102,13 +122,28 @@ def test_admin_sets_fast_canaries_on_the_settings_page(browser, ops_stack):  # n
 
 def test_silent_corruption_is_drained_with_on_calls_approval_and_no_token_lost(browser, ops_stack):  # noqa: F811
     stack = ops_stack
-    wait_for(lambda: all_serving_and_healthy(stack) and all(health(stack, n)["canaries"] for n in ("node-01", "node-02", "node-03")),
-             30, 0.5, "every node serving, healthy and canaried")
-    client = openai.OpenAI(base_url=stack.info["urls"]["gateway"], api_key=stack.info["gateway_keys"]["premium"], max_retries=0)
+    wait_for(
+        lambda: (
+            all_serving_and_healthy(stack)
+            and all(health(stack, n)["canaries"] for n in ("node-01", "node-02", "node-03"))
+        ),
+        30,
+        0.5,
+        "every node serving, healthy and canaried",
+    )
+    client = openai.OpenAI(
+        base_url=stack.info["urls"]["gateway"], api_key=stack.info["gateway_keys"]["premium"], max_retries=0
+    )
 
     def stream(results, i):
-        with client.completions.with_streaming_response.create(model="Qwen3-32B", prompt=PROMPT + str(i), max_tokens=STREAM_TOKENS, temperature=0,
-                                                               stream=True, extra_body={"ignore_eos": True}) as response:
+        with client.completions.with_streaming_response.create(
+            model="Qwen3-32B",
+            prompt=PROMPT + str(i),
+            max_tokens=STREAM_TOKENS,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        ) as response:
             text, ids, comments = [], [], []
             results[i] = {"node": response.headers["x-lifeline-node"], "text": text, "ids": ids, "comments": comments}
             for line in response.iter_lines():
@@ -128,15 +163,23 @@ def test_silent_corruption_is_drained_with_on_calls_approval_and_no_token_lost(b
     sick = results[0]["node"]
     on_sick = [i for i, r in results.items() if r["node"] == sick]
     # Corruption that still picks the right tokens: only the logits drift (what the top-logprob check is for).
-    status, answer = call(stack, "POST", f"/api/nodes/{sick}/faults", {"kind": "sdc", "rate": 0.0, "logprob_drift": -1.5, "reason": "e2e"})
+    status, answer = call(
+        stack, "POST", f"/api/nodes/{sick}/faults", {"kind": "sdc", "rate": 0.0, "logprob_drift": -1.5, "reason": "e2e"}
+    )
     assert status == 200, answer
     injected = time.monotonic()
     wait_for(lambda: health(stack, sick)["health"] == "suspicious", 15, 0.1, f"{sick} SUSPICIOUS")
     wait_for(lambda: health(stack, sick)["health"] == "unhealthy", 15, 0.1, f"{sick} UNHEALTHY")
     detected_s = time.monotonic() - injected
     wait_for(lambda: gateway_health(stack)["weights"].get(sick) == 0.0, 5, 0.05, "weight 0 at the gateway")
-    drain = wait_for(lambda: next((d for d in call(stack, "GET", "/api/drains")[1]["drains"] if d["node"] == sick and d["waiting"]), None),
-                     10, 0.2, "a drain proposed")
+    drain = wait_for(
+        lambda: next(
+            (d for d in call(stack, "GET", "/api/drains")[1]["drains"] if d["node"] == sick and d["waiting"]), None
+        ),
+        10,
+        0.2,
+        "a drain proposed",
+    )
     assert drain["source"] == "health machine" and "logprob_out_of_range" in drain["reason"]
     url = stack.info["urls"]["console"] + f"drains/{drain['id']}/"
 
@@ -148,7 +191,9 @@ def test_silent_corruption_is_drained_with_on_calls_approval_and_no_token_lost(b
         assert "Only the oncall and admin roles approve or reject drains." in page.locator(".decide").inner_text()
         assert page.locator("#approve-form").count() == 0
         csrf = next(c["value"] for c in page.context.cookies() if c["name"] == "csrftoken")
-        refused = page.request.post(url + "approve", form={"reason": "let me"}, headers={"X-CSRFToken": csrf, "Referer": url})
+        refused = page.request.post(
+            url + "approve", form={"reason": "let me"}, headers={"X-CSRFToken": csrf, "Referer": url}
+        )
         assert refused.status == 403 and "only the oncall and admin roles decide" in refused.text()
         page.close()
 
@@ -169,8 +214,10 @@ def test_silent_corruption_is_drained_with_on_calls_approval_and_no_token_lost(b
     except Exception:  # say where the drain stood, not only that a row did not show
         detail = call(stack, "GET", f"/api/drains/{drain['id']}")[1]
         page.screenshot(path=str(stack.var_dir / "drain-not-cordoned.png"), full_page=True)
-        raise AssertionError(f"drain not cordoned 15 s after approval; the page at {page.url} says "
-                             f"{page.locator('main').inner_text()[:1500]!r}; the drain: {json.dumps(detail)[:3000]}") from None
+        raise AssertionError(
+            f"drain not cordoned 15 s after approval; the page at {page.url} says "
+            f"{page.locator('main').inner_text()[:1500]!r}; the drain: {json.dumps(detail)[:3000]}"
+        ) from None
     page.wait_for_selector("#drain-steps tr[data-step=drained]", timeout=30_000)
     drained_s = time.monotonic() - injected
     assert gateway_health(stack)["weights"].get(sick) == 0.0  # out of routing while it is remediated
@@ -183,7 +230,9 @@ def test_silent_corruption_is_drained_with_on_calls_approval_and_no_token_lost(b
         t.join(timeout=180)
     assert not any(t.is_alive() for t in threads)
     moved = [i for i in on_sick if results[i]["comments"]]
-    assert moved == on_sick, f"streams on {sick}: {on_sick}, moved: {moved} (did they end before the drain? drained after {drained_s:.1f} s)"
+    assert moved == on_sick, (
+        f"streams on {sick}: {on_sick}, moved: {moved} (did they end before the drain? drained after {drained_s:.1f} s)"
+    )
     assert all(f"from {sick}" in results[i]["comments"][0] for i in moved)
     # Each stream equals an undisturbed run of the same request: token for token, and so in text.
     for i, r in results.items():
@@ -202,7 +251,9 @@ def test_a_critical_xid_makes_a_node_unhealthy_at_once(ops_stack):
     wait_for(lambda: all_serving_and_healthy(stack), 30, 0.5, "a quiet cluster")
     target = "node-02"
     started = time.monotonic()
-    status, answer = call(stack, "POST", f"/api/nodes/{target}/faults", {"kind": "xid", "code": 48, "count": 4, "reason": "e2e"})
+    status, answer = call(
+        stack, "POST", f"/api/nodes/{target}/faults", {"kind": "xid", "code": 48, "count": 4, "reason": "e2e"}
+    )
     assert status == 200, answer
     wait_for(lambda: health(stack, target)["health"] == "unhealthy", 5, 0.05, f"{target} UNHEALTHY")
     took = time.monotonic() - started
@@ -212,9 +263,17 @@ def test_a_critical_xid_makes_a_node_unhealthy_at_once(ops_stack):
     # An ECC error does not corrupt the canary's answer: the on-call engineer rejects the drain and the node
     # returns on its own when its canary passes.
     # The drain is the UNHEALTHY transition's reaction (recovery.reactions), within a second or so.
-    drain = wait_for(lambda: next((d for d in call(stack, "GET", "/api/drains")[1]["drains"] if d["node"] == target and d["waiting"]), None),
-                     10, 0.2, f"a drain proposed for {target}")
-    assert call(stack, "POST", f"/api/drains/{drain['id']}/reject", {"reason": "ECC burst during a rehearsal"})[0] == 200
+    drain = wait_for(
+        lambda: next(
+            (d for d in call(stack, "GET", "/api/drains")[1]["drains"] if d["node"] == target and d["waiting"]), None
+        ),
+        10,
+        0.2,
+        f"a drain proposed for {target}",
+    )
+    assert (
+        call(stack, "POST", f"/api/drains/{drain['id']}/reject", {"reason": "ECC burst during a rehearsal"})[0] == 200
+    )
     wait_for(lambda: health(stack, target)["health"] == "healthy", 20, 0.2, f"{target} healthy again")
 
 
@@ -231,7 +290,9 @@ def test_a_hot_spare_is_promoted_when_a_node_fails(browser, ops_stack):  # noqa:
     page.click("text=Keep as hot spare")
     page.wait_for_selector(".message.success")
     page.close()
-    wait_for(lambda: stack.node("node-04")["spare"] and stack.node("node-04")["weight"] == 0.0, 5, 0.1, "node-04 a spare")
+    wait_for(
+        lambda: stack.node("node-04")["spare"] and stack.node("node-04")["weight"] == 0.0, 5, 0.1, "node-04 a spare"
+    )
     wait_for(lambda: gateway_health(stack)["weights"].get("node-04") == 0.0, 5, 0.05, "no traffic for the spare")
     pid = stack.node("node-01")["pid"]
     os.kill(pid, signal.SIGKILL)
@@ -245,8 +306,18 @@ def test_the_degradation_level_rises_as_nodes_die_and_falls_as_they_return(brows
     import os
 
     stack = ops_stack
-    wait_for(lambda: all_serving_and_healthy(stack, ("node-01", "node-02", "node-03", "node-04")), 60, 0.5, "four nodes in service")
-    capacity = wait_for(lambda: (c := call(stack, "GET", "/api/degradation")[1]["report"])["in_service"] == 4 and c, 10, 0.5, "capacity of four")
+    wait_for(
+        lambda: all_serving_and_healthy(stack, ("node-01", "node-02", "node-03", "node-04")),
+        60,
+        0.5,
+        "four nodes in service",
+    )
+    capacity = wait_for(
+        lambda: (c := call(stack, "GET", "/api/degradation")[1]["report"])["in_service"] == 4 and c,
+        10,
+        0.5,
+        "capacity of four",
+    )
     per_node = capacity["nodes"]
     # An objective the four meet with room; without the two largest it falls to about 57%: level 2.
     largest = sorted(per_node, key=lambda n: per_node[n]["rps"])[-2:]
@@ -258,8 +329,11 @@ def test_the_degradation_level_rises_as_nodes_die_and_falls_as_they_return(brows
 
     def status_for(tier):
         try:
-            status, _ = http_json(gateway + "/completions", data={"model": "Qwen3-32B", "prompt": "hi", "max_tokens": 2},
-                                  headers={"Authorization": f"Bearer {keys[tier]}"})
+            status, _ = http_json(
+                gateway + "/completions",
+                data={"model": "Qwen3-32B", "prompt": "hi", "max_tokens": 2},
+                headers={"Authorization": f"Bearer {keys[tier]}"},
+            )
         except OSError as exc:
             return str(exc)
         return status

@@ -41,11 +41,21 @@ def tokens(settings):
 
 
 def register(name, address="http://127.0.0.1:9", rack="rack-a", gpu="H100-SXM", serving=True, spare=False):
-    reg = Registration.parse({
-        "name": name, "session": uuid.uuid4().hex, "address": address, "rack": rack, "model": "Qwen3-32B", "gpu": gpu,
-        "tp": 1, "pid": 1, "host": "h", "spare": spare,
-        "gpus": [{"index": 0, "uuid": f"GPU-{name}", "name": "H100", "memory_bytes": 80 * 10**9}],
-    })
+    reg = Registration.parse(
+        {
+            "name": name,
+            "session": uuid.uuid4().hex,
+            "address": address,
+            "rack": rack,
+            "model": "Qwen3-32B",
+            "gpu": gpu,
+            "tp": 1,
+            "pid": 1,
+            "host": "h",
+            "spare": spare,
+            "gpus": [{"index": 0, "uuid": f"GPU-{name}", "name": "H100", "memory_bytes": 80 * 10**9}],
+        }
+    )
     node = nodes.register_node(reg)
     if serving:
         nodes.transition_node(node, NodeState.SERVING, "test")
@@ -63,7 +73,9 @@ def weight(name):
 
 
 def inject(node, kind, **params):
-    status, answer = http_json(node.address + "/agent/faults", data={"kind": kind, **params}, headers={"Authorization": f"Bearer {FAULT}"})
+    status, answer = http_json(
+        node.address + "/agent/faults", data={"kind": kind, **params}, headers={"Authorization": f"Bearer {FAULT}"}
+    )
     assert status == 200, answer
 
 
@@ -109,7 +121,9 @@ def test_silent_corruption_makes_a_node_suspicious_then_unhealthy_and_proposes_a
     assert drain.state == DrainState.PROPOSED and drain.source == "health machine" and drain.remediation == "reset"
     assert [c["kind"] for c in drain.evidence["canaries"][:3]] == ["logprob_out_of_range"] * 3
     assert drain.blast_radius["capacity_rps_after"] > 0 and "error_budget" in drain.blast_radius
-    assert list(HealthTransition.objects.filter(node=node, kind="health").order_by("at").values_list("new", flat=True)) == ["suspicious", "unhealthy"]
+    assert list(
+        HealthTransition.objects.filter(node=node, kind="health").order_by("at").values_list("new", flat=True)
+    ) == ["suspicious", "unhealthy"]
     notification = Notification.objects.get(kind="drain_requested")
     assert "hc-a" in notification.title and notification.url == f"/drains/{drain.pk}/"
 
@@ -165,7 +179,9 @@ def test_a_gateways_5xx_counts_against_the_breaker_and_a_4xx_never_does(commit, 
     node, _ = commit(register, "hc-5xx")
     configure(breaker_threshold=2)
     for _ in range(2):
-        commit(streams.handle_signal, "node_error", "gw-1", {"node": "hc-5xx", "status": 500, "answer": "engine crashed"})
+        commit(
+            streams.handle_signal, "node_error", "gw-1", {"node": "hc-5xx", "status": 500, "answer": "engine crashed"}
+        )
     node.refresh_from_db()
     assert node.breaker == "open" and "answered 500" in node.health_transitions.filter(kind="breaker").first().cause
 
@@ -203,7 +219,9 @@ def test_a_critical_xid_makes_the_node_unhealthy_at_once_and_a_burst_is_one_even
     event = XidEvent.objects.get(node=node)
     assert event.codes == {"48": 5} and event.count == 5 and event.severity == "critical" and event.acted
     assert event.action == "drain, reset GPU"
-    assert not Drain.objects.filter(node=node).exists()  # the heartbeat only records; the drain is a reaction, off its path
+    assert not Drain.objects.filter(
+        node=node
+    ).exists()  # the heartbeat only records; the drain is a reaction, off its path
     react()
     assert Drain.objects.get(node=node).reason.startswith("CRITICAL Xid 48 on GPU 1")
     # The next heartbeats carry the same recent events: nothing is counted twice.
@@ -213,7 +231,11 @@ def test_a_critical_xid_makes_the_node_unhealthy_at_once_and_a_burst_is_one_even
 
 def test_warn_xids_are_shown_not_acted_on(commit, tokens):
     node, reg = commit(register, "hc-warn")
-    commit(nodes.record_heartbeat, "hc-warn", Heartbeat(session=reg.session, load=Load(), xids=[{"at": time.time(), "gpu": 0, "code": 13}]))
+    commit(
+        nodes.record_heartbeat,
+        "hc-warn",
+        Heartbeat(session=reg.session, load=Load(), xids=[{"at": time.time(), "gpu": 0, "code": 13}]),
+    )
     node.refresh_from_db()
     event = XidEvent.objects.get(node=node)
     assert event.severity == "warn" and not event.acted and node.health == Health.HEALTHY and weight("hc-warn") == 1.0
@@ -275,7 +297,13 @@ def test_a_second_drain_in_the_pool_or_too_little_capacity_needs_two_approvers(c
     assert two.state == DrainState.PROPOSED  # one of two
     with pytest.raises(drains.DrainRefused, match="already decided"):
         drains.decide(two, cast["oncall"], "approve", "again")
-    commit(drains.decide, two, set_user_role("oncall3", "oncall", password="correct-horse-3"), "approve", "second pair of eyes")
+    commit(
+        drains.decide,
+        two,
+        set_user_role("oncall3", "oncall", password="correct-horse-3"),
+        "approve",
+        "second pair of eyes",
+    )
     two.refresh_from_db()
     assert two.state == DrainState.APPROVED
     # Capacity: an objective that needs every node makes any drain a two-person one.
@@ -310,7 +338,9 @@ def test_an_approved_drain_runs_to_the_end_against_a_real_node(pair, commit, cas
     a, _ = pair
     node = Node.objects.get(name="hc-a")
     commit(health.run_canary, node)  # golden run
-    drain = commit(drains.propose, node, source="operator", requested_by=cast["operator"], reason="rehearsal", remediation="reset")
+    drain = commit(
+        drains.propose, node, source="operator", requested_by=cast["operator"], reason="rehearsal", remediation="reset"
+    )
     commit(drains.decide, drain, cast["oncall"], "approve", "go")
 
     def step():
@@ -325,7 +355,9 @@ def test_an_approved_drain_runs_to_the_end_against_a_real_node(pair, commit, cas
     assert step() == DrainState.DRAINING and drain.migration_command
     assert step() == DrainState.DRAINED  # nothing was in flight
     assert step() == DrainState.REMEDIATING
-    assert http_json(a.address + "/agent/status")[1]["load"]["model_state"] != "serving"  # the GPU reset reloads the model
+    assert (
+        http_json(a.address + "/agent/status")[1]["load"]["model_state"] != "serving"
+    )  # the GPU reset reloads the model
     wait_for(lambda: step() == DrainState.VERIFYING, 40, 0.2, "the model back after the reset")
     node.refresh_from_db()
     assert node.breaker == "half_open"
@@ -334,13 +366,28 @@ def test_an_approved_drain_runs_to_the_end_against_a_real_node(pair, commit, cas
     node.refresh_from_db()
     assert not node.cordoned and node.health == Health.HEALTHY and node.breaker == "closed" and weight("hc-a") == 1.0
     assert list(drain.steps.values_list("new_state", flat=True)) == [
-        "proposed", "approved", "cordoned", "draining", "drained", "remediating", "verifying", "returned"]
+        "proposed",
+        "approved",
+        "cordoned",
+        "draining",
+        "drained",
+        "remediating",
+        "verifying",
+        "returned",
+    ]
 
 
 def test_hardware_repair_hands_the_node_off(commit, tokens, cast):
     node, _ = commit(register, "hc-hw")
-    drain = commit(drains.propose, node, source="operator", requested_by=cast["operator"], reason="fell off the bus", remediation="hardware_repair",
-                   mode="allow_completion")
+    drain = commit(
+        drains.propose,
+        node,
+        source="operator",
+        requested_by=cast["operator"],
+        reason="fell off the bus",
+        remediation="hardware_repair",
+        mode="allow_completion",
+    )
     commit(drains.decide, drain, cast["oncall"], "approve", "go")
     for _ in range(4):
         commit(drains.advance, Drain.objects.get(pk=drain.pk))
@@ -407,9 +454,24 @@ def test_the_level_rises_as_capacity_falls_and_falls_after_the_hold(commit, toke
 def _beat_from(node, name):
     """Pass the node's own status to the control plane as its heartbeat would."""
     load = http_json(node.address + "/agent/status")[1]["load"]
-    hot.heartbeat(name, time.time(), "serving", {key: load[key] or 0 for key in (
-        "running", "waiting", "kv_blocks_used", "kv_blocks_total", "step_ms",
-        "decode_step_ms", "decode_step_batch", "decode_step_context_tokens")})
+    hot.heartbeat(
+        name,
+        time.time(),
+        "serving",
+        {
+            key: load[key] or 0
+            for key in (
+                "running",
+                "waiting",
+                "kv_blocks_used",
+                "kv_blocks_total",
+                "step_ms",
+                "decode_step_ms",
+                "decode_step_batch",
+                "decode_step_context_tokens",
+            )
+        },
+    )
     return load
 
 
@@ -420,14 +482,22 @@ def test_capacity_sees_a_slow_gpu_and_not_a_prefill_chunk(pair, commit):
 
     a, b = pair
     inject(a, "slow", factor=2.5)
-    stream = threading.Thread(target=http_json, args=(b.address + "/v1/completions",), daemon=True, kwargs={"data": {
-        "model": "Qwen3-32B", "prompt": "decode", "max_tokens": 400, "ignore_eos": True}})
+    stream = threading.Thread(
+        target=http_json,
+        args=(b.address + "/v1/completions",),
+        daemon=True,
+        kwargs={"data": {"model": "Qwen3-32B", "prompt": "decode", "max_tokens": 400, "ignore_eos": True}},
+    )
     stream.start()
     for node in (a, b):
         http_json(node.address + "/v1/completions", data={"model": "Qwen3-32B", "prompt": "warm", "max_tokens": 12})
     # b now takes a long prompt beside its stream: its last step holds a prefill chunk.
-    threading.Thread(target=http_json, args=(b.address + "/v1/completions",), daemon=True, kwargs={"data": {
-        "model": "Qwen3-32B", "prompt": "long " * 12_000, "max_tokens": 2}}).start()
+    threading.Thread(
+        target=http_json,
+        args=(b.address + "/v1/completions",),
+        daemon=True,
+        kwargs={"data": {"model": "Qwen3-32B", "prompt": "long " * 12_000, "max_tokens": 2}},
+    ).start()
     deployment = Deployment.of("Qwen3-32B", "H100-SXM", 1)
 
     def naive(load):  # the whole last step against a decode step of the node's batch
@@ -468,8 +538,13 @@ def test_on_call_is_told_by_webhook_and_e_mail(commit, tokens, cast):
 
         assert notify.deliver(notification, "webhook").startswith("delivered (204)")
         assert notify.deliver(notification, "email").startswith("sent to")
-        assert _Receiver.received[-1]["url"].endswith(f"/drains/{drain.pk}/") and "hc-note" in _Receiver.received[-1]["title"]
-        assert mail.outbox[-1].to == ["oncall@example.com", "pager@example.com"] and "hc-note" in mail.outbox[-1].subject
+        assert (
+            _Receiver.received[-1]["url"].endswith(f"/drains/{drain.pk}/")
+            and "hc-note" in _Receiver.received[-1]["title"]
+        )
+        assert (
+            mail.outbox[-1].to == ["oncall@example.com", "pager@example.com"] and "hc-note" in mail.outbox[-1].subject
+        )
         notification.refresh_from_db()
         assert set(notification.delivery) == {"webhook", "email"}
         configure(oncall_webhook_url="http://127.0.0.1:9/down")
@@ -494,12 +569,20 @@ def test_settings_are_admin_only_validated_field_by_field_and_audited(client, ca
     response = client.post("/settings/", {**data, "unhealthy_after": 0, "suspicious_after": 2})
     assert response.status_code == 400 and b"unhealthy_after" in response.content
     assert Cluster.default().canary_interval_s == 30  # nothing saved
-    response = commit(client.post, "/settings/", {**data, "canary_interval_s": 10, "slo_required_rps": 50, "reason": "tighter canaries"})
+    response = commit(
+        client.post,
+        "/settings/",
+        {**data, "canary_interval_s": 10, "slo_required_rps": 50, "reason": "tighter canaries"},
+    )
     assert response.status_code == 302
     cluster = Cluster.default()
     assert cluster.canary_interval_s == 10 and cluster.slo_required_rps == 50
     entry = AuditEntry.objects.get(action="settings")
-    assert entry.actor == "admin" and entry.details["changed"]["canary_interval_s"] == [30, 10] and entry.reason == "tighter canaries"
+    assert (
+        entry.actor == "admin"
+        and entry.details["changed"]["canary_interval_s"] == [30, 10]
+        and entry.reason == "tighter canaries"
+    )
 
 
 def test_settings_by_api_for_automation(client, cast, commit):
@@ -510,7 +593,12 @@ def test_settings_by_api_for_automation(client, cast, commit):
     assert response.status_code == 400 and response.json()["error"]["field"] == "breaker_open_s"
     response = client.patch("/api/settings", {"canary_interval": 10}, content_type="application/json")
     assert response.status_code == 400 and "not a setting" in response.json()["error"]["message"]
-    response = commit(client.patch, "/api/settings", {"degradation_hold_s": 5, "reason": "faster recovery"}, content_type="application/json")
+    response = commit(
+        client.patch,
+        "/api/settings",
+        {"degradation_hold_s": 5, "reason": "faster recovery"},
+        content_type="application/json",
+    )
     assert response.status_code == 200 and response.json()["changed"] == ["degradation_hold_s"]
     assert Cluster.default().degradation_hold_s == 5
     assert AuditEntry.objects.get(action="settings").details["changed"] == {"degradation_hold_s": [30.0, 5.0]}
@@ -525,7 +613,9 @@ def test_a_settings_change_never_undoes_what_the_control_plane_wrote_meanwhile(c
     commit(capacity.set_level, Cluster.default(), 2, "test: capacity fell")  # ...Celery moves the level meanwhile...
     monkeypatch.setattr(Cluster, "default", classmethod(lambda cls: stale))
     client.force_login(cast["admin"])
-    response = commit(client.patch, "/api/settings", {"degradation_hold_s": 7, "reason": "test"}, content_type="application/json")
+    response = commit(
+        client.patch, "/api/settings", {"degradation_hold_s": 7, "reason": "test"}, content_type="application/json"
+    )
     assert response.status_code == 200 and response.json()["changed"] == ["degradation_hold_s"]
     row = Cluster.objects.get(pk=stale.pk)
     assert row.degradation_hold_s == 7 and row.degradation_level == 2  # ...and the save leaves it where Celery put it
@@ -542,4 +632,7 @@ def test_the_control_planes_own_metrics(client, cast, commit, tokens):
     assert 'lifeline_routing_weight{node="hc-m-a"} 0.5' in text and 'lifeline_hot_spare{node="hc-m-spare"} 1.0' in text
     assert 'lifeline_circuit_breaker_state{node="hc-m-a"} 0.0' in text and "lifeline_degradation_level 0.0" in text
     commit(nodes.transition_node, node, NodeState.DOWN, "test")
-    assert 'lifeline_worker_status{model="Qwen3-32B",node="hc-m-a",rack="rack-a"} 4.0' in client.get("/metrics").content.decode()
+    assert (
+        'lifeline_worker_status{model="Qwen3-32B",node="hc-m-a",rack="rack-a"} 4.0'
+        in client.get("/metrics").content.decode()
+    )

@@ -20,10 +20,20 @@ AGENT = "agent-token-for-tests"
 
 
 def register(name, address="http://127.0.0.1:9", rack="rack-a", serving=True):
-    reg = Registration.parse({
-        "name": name, "session": uuid.uuid4().hex, "address": address, "rack": rack, "model": "Qwen3-32B", "gpu": "H100-SXM",
-        "tp": 1, "pid": 1, "host": "h", "gpus": [{"index": 0, "uuid": f"GPU-{name}", "name": "H100", "memory_bytes": 80 * 10**9}],
-    })
+    reg = Registration.parse(
+        {
+            "name": name,
+            "session": uuid.uuid4().hex,
+            "address": address,
+            "rack": rack,
+            "model": "Qwen3-32B",
+            "gpu": "H100-SXM",
+            "tp": 1,
+            "pid": 1,
+            "host": "h",
+            "gpus": [{"index": 0, "uuid": f"GPU-{name}", "name": "H100", "memory_bytes": 80 * 10**9}],
+        }
+    )
     node = nodes.register_node(reg)
     if serving:
         nodes.transition_node(node, "serving", "test")
@@ -36,9 +46,21 @@ def signal(kind, /, gateway="gw-1", **data):
 
 
 def outcome(ttft, tpot, started, e2e_ms=100.0, **extra):
-    data = {"request_id": uuid.uuid4().hex, "tenant": "t", "tier": "standard", "model": "Qwen3-32B", "status": "ok", "node": "n",
-            "prompt_tokens": 10, "completion_tokens": 20, "ttft_ms": ttft, "tpot_ms": tpot, "e2e_ms": e2e_ms,
-            "started_at": started, **extra}
+    data = {
+        "request_id": uuid.uuid4().hex,
+        "tenant": "t",
+        "tier": "standard",
+        "model": "Qwen3-32B",
+        "status": "ok",
+        "node": "n",
+        "prompt_tokens": 10,
+        "completion_tokens": 20,
+        "ttft_ms": ttft,
+        "tpot_ms": tpot,
+        "e2e_ms": e2e_ms,
+        "started_at": started,
+        **extra,
+    }
     hot.client().xadd(hot.keys().outcomes, {"gateway": "gw-1", "data": json.dumps(data)})
 
 
@@ -91,13 +113,29 @@ def test_failures_within_the_window_share_an_incident_and_later_ones_do_not(comm
 def test_request_fates_and_re_placements_join_the_timeline(commit):
     commit(register, "fate-1")
     signal("symptom", node="fate-1")
-    signal("request_moved", request_id="r-9", tenant="t", **{"from": "fate-1", "to": "fate-2", "at_token": 57, "method": "checkpoint-local",
-                                                               "planned_method": "restore", "stall_ms": 41.5, "reason": "holder fate-2 not overloaded", "kind": "failure"})
+    signal(
+        "request_moved",
+        request_id="r-9",
+        tenant="t",
+        **{
+            "from": "fate-1",
+            "to": "fate-2",
+            "at_token": 57,
+            "method": "checkpoint-local",
+            "planned_method": "restore",
+            "stall_ms": 41.5,
+            "reason": "holder fate-2 not overloaded",
+            "kind": "failure",
+        },
+    )
     signal("holder_replaced", request_id="r-3", node="fate-4", lost="fate-1", holders=["fate-5"], blocks_resent=12)
     commit(streams.process)
     incident = Incident.objects.get()
     moved = incident.events.get(kind=EventKind.REQUEST_MOVED)
-    assert moved.request_id == "r-9" and "fate-1 → fate-2 at token 57, restored from checkpoint, stalled 41.5 ms" in moved.description
+    assert (
+        moved.request_id == "r-9"
+        and "fate-1 → fate-2 at token 57, restored from checkpoint, stalled 41.5 ms" in moved.description
+    )
     replaced = incident.events.get(kind=EventKind.HOLDER_REPLACED)
     assert "re-placed on fate-5, 12 blocks resent" in replaced.description
 
@@ -152,7 +190,11 @@ def test_people_acknowledge_command_note_and_close(commit, cast, client):
     Incident.objects.filter(pk=incident.pk).update(status=IncidentStatus.STABLE)
     commit(client.post, f"/incidents/{incident.pk}/close", {"reason": "PSU replaced"})
     incident.refresh_from_db()
-    assert incident.status == IncidentStatus.CLOSED and incident.commander.username == "oncall" and incident.acknowledged_by.username == "operator"
+    assert (
+        incident.status == IncidentStatus.CLOSED
+        and incident.commander.username == "oncall"
+        and incident.acknowledged_by.username == "operator"
+    )
     timeline = list(incident.events.values_list("kind", "actor"))
     assert (EventKind.ACKNOWLEDGED, "operator") in timeline and (EventKind.NOTE, "operator") in timeline
     assert (EventKind.STATUS, "oncall") in timeline
@@ -175,7 +217,9 @@ def test_incident_api_and_pages(commit, cast, client, react):
     page = client.get(f"/incidents/{incident.pk}/").content.decode()
     assert "First symptom" in page and "Failure confirmed" in page and 'id="latency-chart"' in page
     assert f"/incidents/{incident.pk}/ack" not in page  # a manager cannot act
-    assert client.get(f"/incidents/{incident.pk}/?partial=chart").json()["marks"]["opened"] == pytest.approx(incident.opened_at.timestamp())
+    assert client.get(f"/incidents/{incident.pk}/?partial=chart").json()["marks"]["opened"] == pytest.approx(
+        incident.opened_at.timestamp()
+    )
     assert b"api-1 failed" in client.get("/incidents/").content
 
 
@@ -190,10 +234,17 @@ def test_draft_ready_pairs_the_restarting_node_with_the_most_loaded_survivor(com
     restarting, reg = commit(register, "pr-draft", address=draft.address, serving=False)
     hot.heartbeat("pr-busy", time.time(), "serving", {"running": 9, "waiting": 3})
     hot.heartbeat("pr-idle", time.time(), "serving", {"running": 0, "waiting": 0})
-    commit(incidents.note_failure, restarting, time.time() - 30, "gateway gw-1", "it crashed")  # what it is restarting from
+    commit(
+        incidents.note_failure, restarting, time.time() - 30, "gateway gw-1", "it crashed"
+    )  # what it is restarting from
     from tests.helpers import http_json, wait_for
 
-    wait_for(lambda: http_json(draft.address + "/agent/status")[1]["load"]["model_state"] == "draft_ready", 15, 0.1, "draft ready")
+    wait_for(
+        lambda: http_json(draft.address + "/agent/status")[1]["load"]["model_state"] == "draft_ready",
+        15,
+        0.1,
+        "draft ready",
+    )
     # Its heartbeats say so: the timeline notes it and assist starts (the task, called directly here).
     nodes.record_heartbeat("pr-draft", Heartbeat(session=reg.session, model_state="loading_draft", load=Load()))
     commit(nodes.record_heartbeat, "pr-draft", Heartbeat(session=reg.session, model_state="draft_ready", load=Load()))
@@ -204,7 +255,11 @@ def test_draft_ready_pairs_the_restarting_node_with_the_most_loaded_survivor(com
     assert commit(incidents.end_assist, node.pk) == "pr-busy"
     assert http_json(busy.address + "/agent/status")[1]["load"]["assist"] is None
     incident = Incident.objects.get()
-    assert [k for k in kinds(incident) if k in ("draft_ready", "assist_started", "assist_ended")] == ["draft_ready", "assist_started", "assist_ended"]
+    assert [k for k in kinds(incident) if k in ("draft_ready", "assist_started", "assist_ended")] == [
+        "draft_ready",
+        "assist_started",
+        "assist_ended",
+    ]
     started = incident.events.get(kind=EventKind.ASSIST_STARTED)
     assert "the most loaded survivor" in started.description and "pr-busy" in started.description
 
@@ -233,8 +288,14 @@ def test_cordon_planned_migration_and_fault_injection_from_the_console(commit, c
     client.force_login(cast["manager"])
     assert client.post("/api/nodes/ops-1/faults", {"kind": "slow"}, content_type="application/json").status_code == 403
     client.force_login(cast["operator"])
-    response = client.post("/api/nodes/ops-1/faults", {"kind": "slow", "factor": 2, "reason": "rehearsal"}, content_type="application/json")
+    response = client.post(
+        "/api/nodes/ops-1/faults", {"kind": "slow", "factor": 2, "reason": "rehearsal"}, content_type="application/json"
+    )
     assert response.status_code == 200 and response.json()["faults"]["active"][0]["kind"] == "slow"
-    assert list(AuditEntry.objects.exclude(action="create_user").values_list("action", flat=True).order_by("at")) == ["cordon", "migrate_requests", "inject_fault"]
+    assert list(AuditEntry.objects.exclude(action="create_user").values_list("action", flat=True).order_by("at")) == [
+        "cordon",
+        "migrate_requests",
+        "inject_fault",
+    ]
     assert client.get("/nodes/ops-1/").status_code == 200
     assert client.post("/api/nodes/nope/faults", {"kind": "slow"}, content_type="application/json").status_code == 404

@@ -18,9 +18,19 @@ pytestmark = pytest.mark.django_db
 
 def registration(name="node-x", session=None, address="http://127.0.0.1:9001", rack="rack-a", **extra):
     body = {
-        "name": name, "session": session or uuid.uuid4().hex, "address": address, "rack": rack,
-        "model": "Qwen3-32B", "gpu": "H100-SXM", "tp": 2, "pid": 4242, "host": "gpu-host-7",
-        "gpus": [{"index": i, "uuid": f"GPU-{name}-{i}", "name": "NVIDIA H100 80GB HBM3", "memory_bytes": 80 * 10**9} for i in range(2)],
+        "name": name,
+        "session": session or uuid.uuid4().hex,
+        "address": address,
+        "rack": rack,
+        "model": "Qwen3-32B",
+        "gpu": "H100-SXM",
+        "tp": 2,
+        "pid": 4242,
+        "host": "gpu-host-7",
+        "gpus": [
+            {"index": i, "uuid": f"GPU-{name}-{i}", "name": "NVIDIA H100 80GB HBM3", "memory_bytes": 80 * 10**9}
+            for i in range(2)
+        ],
     }
     body.update(extra)
     return body
@@ -37,7 +47,10 @@ def node_api(client):
 
 
 def beat(node_api, name, session, model_state="serving", **load):
-    return node_api(f"/api/nodes/{name}/heartbeat", {"session": session, "model_state": model_state, "load": {"running": 1, "waiting": 0, **load}})
+    return node_api(
+        f"/api/nodes/{name}/heartbeat",
+        {"session": session, "model_state": model_state, "load": {"running": 1, "waiting": 0, **load}},
+    )
 
 
 def test_register_then_heartbeat_makes_the_node_serving(node_api, django_capture_on_commit_callbacks):
@@ -45,7 +58,10 @@ def test_register_then_heartbeat_makes_the_node_serving(node_api, django_capture
     with django_capture_on_commit_callbacks(execute=True):
         response = node_api("/api/nodes/register", body)
     assert response.status_code == 200, response.json()
-    assert response.json()["state"] == "join" and response.json()["heartbeat_interval_s"] == settings.LIFELINE_HEARTBEAT_INTERVAL_S
+    assert (
+        response.json()["state"] == "join"
+        and response.json()["heartbeat_interval_s"] == settings.LIFELINE_HEARTBEAT_INTERVAL_S
+    )
     node = Node.objects.get(name="node-x")
     assert [g.uuid for g in node.gpus.all()] == ["GPU-node-x-0", "GPU-node-x-1"]
     assert node.rack.name == "rack-a" and node.pid == 4242 and node.tp == 2
@@ -62,7 +78,9 @@ def test_register_then_heartbeat_makes_the_node_serving(node_api, django_capture
     assert steps == [("", "join", "system"), ("join", "serving", "system")]
 
 
-def test_registering_again_with_one_name_replaces_the_address_and_keeps_history(node_api, django_capture_on_commit_callbacks):
+def test_registering_again_with_one_name_replaces_the_address_and_keeps_history(
+    node_api, django_capture_on_commit_callbacks
+):
     first = registration(address="http://10.0.0.1:8201")
     with django_capture_on_commit_callbacks(execute=True):
         node_api("/api/nodes/register", first)
@@ -86,13 +104,21 @@ def test_registering_again_with_one_name_replaces_the_address_and_keeps_history(
 def test_heartbeat_from_an_unknown_node_is_refused_clearly(node_api):
     response = beat(node_api, "ghost", uuid.uuid4().hex)
     assert response.status_code == 404
-    assert response.json()["error"]["message"] == "unknown node 'ghost': it must register first (POST /api/nodes/register)"
+    assert (
+        response.json()["error"]["message"] == "unknown node 'ghost': it must register first (POST /api/nodes/register)"
+    )
 
 
 @pytest.mark.parametrize(
     "change,field",
-    [({"tp": 3}, "tp"), ({"gpus": [{"index": 0}]}, "gpus[0].uuid"), ({"address": "10.0.0.1"}, "address"), ({"model": "GPT-5"}, "model"),
-     ({"name": "bad name!"}, "name"), ({"gpu": "RTX-4090", "model": "Llama-3-70B", "tp": 1}, "tp")],
+    [
+        ({"tp": 3}, "tp"),
+        ({"gpus": [{"index": 0}]}, "gpus[0].uuid"),
+        ({"address": "10.0.0.1"}, "address"),
+        ({"model": "GPT-5"}, "model"),
+        ({"name": "bad name!"}, "name"),
+        ({"gpu": "RTX-4090", "model": "Llama-3-70B", "tp": 1}, "tp"),
+    ],
 )
 def test_bad_registrations_name_the_field(node_api, change, field):
     response = node_api("/api/nodes/register", registration(**change))
@@ -103,13 +129,22 @@ def test_bad_registrations_name_the_field(node_api, change, field):
 def test_node_endpoints_need_the_node_token(client):
     response = client.post("/api/nodes/register", registration(), content_type="application/json")
     assert response.status_code == 401 and "LIFELINE_NODE_TOKEN" in response.json()["error"]["message"]
-    response = client.post("/api/nodes/register", registration(), content_type="application/json", HTTP_AUTHORIZATION="Bearer wrong")
+    response = client.post(
+        "/api/nodes/register", registration(), content_type="application/json", HTTP_AUTHORIZATION="Bearer wrong"
+    )
     assert response.status_code == 401
-    response = client.post("/api/nodes/register", "{not json", content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {settings.LIFELINE_NODE_TOKEN}")
+    response = client.post(
+        "/api/nodes/register",
+        "{not json",
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {settings.LIFELINE_NODE_TOKEN}",
+    )
     assert response.status_code == 400
 
 
-def test_silent_node_goes_down_then_left_and_a_new_session_rejoins(node_api, django_capture_on_commit_callbacks, settings):
+def test_silent_node_goes_down_then_left_and_a_new_session_rejoins(
+    node_api, django_capture_on_commit_callbacks, settings
+):
     body = registration()
     with django_capture_on_commit_callbacks(execute=True):
         node_api("/api/nodes/register", body)

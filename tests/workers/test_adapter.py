@@ -42,24 +42,38 @@ async def test_adapter_proxies_derives_load_and_refuses_what_the_engine_cannot_d
     # Load comes from the engine's metrics: a long stream shows as one running request.
     async def long_stream():
         async with aiohttp.ClientSession() as session:
-            async with session.post(adapter.address + "/v1/completions", json={**body, "max_tokens": 100, "stream": True}) as response:
+            async with session.post(
+                adapter.address + "/v1/completions", json={**body, "max_tokens": 100, "stream": True}
+            ) as response:
                 assert response.headers["X-Lifeline-Node"] == "adapter-1"
                 return [raw async for raw in response.content if raw.startswith(b"data: {")]
 
     task = asyncio.create_task(long_stream())
-    running = await asyncio.to_thread(wait_for, lambda: http_json(adapter.address + "/agent/status")[1]["load"]["running"] == 1, 5, 0.05, "running 1")
+    running = await asyncio.to_thread(
+        wait_for, lambda: http_json(adapter.address + "/agent/status")[1]["load"]["running"] == 1, 5, 0.05, "running 1"
+    )
     assert running
     load = http_json(adapter.address + "/agent/status")[1]["load"]
-    assert load["source"] == "engine_metrics" and load["uncomputed_prefill_tokens"] is None and load["step_ms"] is None  # n/a, not 0
+    assert (
+        load["source"] == "engine_metrics" and load["uncomputed_prefill_tokens"] is None and load["step_ms"] is None
+    )  # n/a, not 0
     assert len(await task) == 101  # 100 tokens and the finish chunk
 
-    status, answer = http_json(adapter.address + "/v1/completions", data={**body, "lifeline": {"resume": {"generated_token_ids": [1, 2]}}})
+    status, answer = http_json(
+        adapter.address + "/v1/completions", data={**body, "lifeline": {"resume": {"generated_token_ids": [1, 2]}}}
+    )
     assert status == 501 and "resume a request from a checkpoint" in answer["error"]["message"]
-    status, answer = http_json(adapter.address + "/v1/completions", data={**body, "lifeline": {"holders": [{"name": "x", "address": "http://x:1"}]}})
+    status, answer = http_json(
+        adapter.address + "/v1/completions",
+        data={**body, "lifeline": {"holders": [{"name": "x", "address": "http://x:1"}]}},
+    )
     assert status == 501 and answer["error"]["param"] == "lifeline"
     assert http_json(adapter.address + "/agent/requests/a-1/migrate", data={})[0] == 501
     capabilities = http_json(adapter.address + "/agent/capabilities")[1]
-    assert set(capabilities["cannot"]) >= {"checkpoint", "resume", "assist"} and capabilities["engine"] == {"kind": "adapter", "url": engine.address}
+    assert set(capabilities["cannot"]) >= {"checkpoint", "resume", "assist"} and capabilities["engine"] == {
+        "kind": "adapter",
+        "url": engine.address,
+    }
 
     engine.kill()
     wait_for(lambda: http_json(adapter.address + "/health")[0] == 503, 5, 0.1, "adapter notices the engine is gone")
@@ -74,7 +88,9 @@ async def sse_choices(address: str, path: str, body: dict) -> tuple[list[dict], 
     """The choices of every chunk of a streamed answer, and its usage."""
     choices, usage = [], None
     async with aiohttp.ClientSession() as session:
-        async with session.post(address + path, json={**body, "stream": True, "stream_options": {"include_usage": True}}) as response:
+        async with session.post(
+            address + path, json={**body, "stream": True, "stream_options": {"include_usage": True}}
+        ) as response:
             assert response.status == 200, await response.text()
             async for raw in response.content:
                 line = raw.decode().strip()
@@ -91,20 +107,34 @@ async def test_the_adapter_streams_the_engines_tokens_through_the_one_agent(node
     wait_for(lambda: http_json(adapter.address + "/health")[0] == 200, 10, 0.1, "adapter sees the engine")
 
     # Token ids come from the engine (vLLM's return_token_ids), logprobs as the engine spelled them.
-    body = {"model": "Qwen3-32B", "prompt": "stream me through", "max_tokens": 20, "temperature": 0, "logprobs": 2,
-            "lifeline": {"return_token_ids": True}}
+    body = {
+        "model": "Qwen3-32B",
+        "prompt": "stream me through",
+        "max_tokens": 20,
+        "temperature": 0,
+        "logprobs": 2,
+        "lifeline": {"return_token_ids": True},
+    }
     direct, direct_usage = await sse_choices(engine.address, "/v1/completions", body)
     through, usage = await sse_choices(adapter.address, "/v1/completions", body)
     assert through == direct and usage == direct_usage
     assert [c["token_ids"] for c in through[:-1]] == [c["token_ids"] for c in direct[:-1]] and len(through) == 21
 
-    chat = {"model": "Qwen3-32B", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 15, "temperature": 0,
-            "logprobs": True, "top_logprobs": 1}
+    chat = {
+        "model": "Qwen3-32B",
+        "messages": [{"role": "user", "content": "hello there"}],
+        "max_tokens": 15,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 1,
+    }
     direct, direct_usage = await sse_choices(engine.address, "/v1/chat/completions", chat)
     through, usage = await sse_choices(adapter.address, "/v1/chat/completions", chat)
     assert through == direct and usage == direct_usage
     status, whole = http_json(adapter.address + "/v1/chat/completions", data=chat)
-    assert status == 200 and whole["choices"][0]["message"]["content"] == "".join(c["delta"].get("content", "") for c in direct)
+    assert status == 200 and whole["choices"][0]["message"]["content"] == "".join(
+        c["delta"].get("content", "") for c in direct
+    )
 
     # The agent's own series, with every series labelled by node, as for the emulated engine.
     metrics = urllib.request.urlopen(adapter.address + "/metrics").read().decode()
@@ -114,19 +144,35 @@ async def test_the_adapter_streams_the_engines_tokens_through_the_one_agent(node
 
 
 def test_an_adapter_node_answers_501_for_each_capability_its_engine_lacks(node_factory):
-    adapter = node_factory("adapter-501", "--engine-url", "http://127.0.0.1:9", "--enable-faults",
-                           env={"LIFELINE_AGENT_TOKEN": AGENT, "LIFELINE_FAULT_TOKEN": "fault-token"})
+    adapter = node_factory(
+        "adapter-501",
+        "--engine-url",
+        "http://127.0.0.1:9",
+        "--enable-faults",
+        env={"LIFELINE_AGENT_TOKEN": AGENT, "LIFELINE_FAULT_TOKEN": "fault-token"},
+    )
     capabilities = http_json(adapter.address + "/agent/capabilities")[1]
     assert capabilities["offers"] == ["openai", "events", "telemetry"]
     assert capabilities["cannot"] == {name: c.does for name, c in CAPABILITIES.items()}
     for method, path, capability in [
-        ("POST", "/agent/kv/batch", "checkpoint"), ("GET", "/agent/kv", "checkpoint"), ("GET", "/agent/kv/r-1", "checkpoint"),
-        ("DELETE", "/agent/kv/r-1", "checkpoint"), ("POST", "/agent/requests/r-1/holders", "checkpoint"),
-        ("POST", "/agent/requests/r-1/migrate", "migrate"), ("POST", "/agent/assist", "assist"), ("DELETE", "/agent/assist", "assist"),
-        ("POST", "/agent/draft", "draft"), ("POST", "/agent/reload", "reload"), ("GET", "/agent/config", "config"),
-        ("POST", "/agent/reset", "reset"), ("POST", "/agent/faults", "faults"), ("GET", "/agent/faults", "faults"),
+        ("POST", "/agent/kv/batch", "checkpoint"),
+        ("GET", "/agent/kv", "checkpoint"),
+        ("GET", "/agent/kv/r-1", "checkpoint"),
+        ("DELETE", "/agent/kv/r-1", "checkpoint"),
+        ("POST", "/agent/requests/r-1/holders", "checkpoint"),
+        ("POST", "/agent/requests/r-1/migrate", "migrate"),
+        ("POST", "/agent/assist", "assist"),
+        ("DELETE", "/agent/assist", "assist"),
+        ("POST", "/agent/draft", "draft"),
+        ("POST", "/agent/reload", "reload"),
+        ("GET", "/agent/config", "config"),
+        ("POST", "/agent/reset", "reset"),
+        ("POST", "/agent/faults", "faults"),
+        ("GET", "/agent/faults", "faults"),
     ]:
-        status, answer = http_json(adapter.address + path, data={} if method == "POST" else None, method=method, headers=AGENT_HEAD)
+        status, answer = http_json(
+            adapter.address + path, data={} if method == "POST" else None, method=method, headers=AGENT_HEAD
+        )
         assert status == 501, (path, answer)
         error = answer["error"]
         assert error["type"] == "not_implemented" and set(error) == {"message", "type", "param", "code"}
@@ -171,7 +217,9 @@ async def stock_engine():
         await site.start()
         runners.append(runner)
         port = site._server.sockets[0].getsockname()[1]
-        engine = AdapterEngine(f"http://127.0.0.1:{port}", catalog.Deployment.of("Qwen3-32B", "H100-SXM", 1), "adapter-unit")
+        engine = AdapterEngine(
+            f"http://127.0.0.1:{port}", catalog.Deployment.of("Qwen3-32B", "H100-SXM", 1), "adapter-unit"
+        )
         engine.start()
         engines.append(engine)
         return engine, bodies
@@ -191,35 +239,67 @@ async def events_of(seq) -> tuple[list[TokenEvent], FinishEvent]:
 
 
 def chat_chunk(delta: dict, finish: str | None = None) -> dict:
-    return {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+    return {
+        "object": "chat.completion.chunk",
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+    }
 
 
 async def test_a_stock_engines_stream_becomes_token_events_with_the_ids_unknown(stock_engine):
-    engine, bodies = await stock_engine([
-        chat_chunk({"role": "assistant", "content": ""}),  # the role alone: no token
-        chat_chunk({"content": "Hello"}),
-        chat_chunk({"content": " there"}),
-        chat_chunk({"content": "!"}, finish="stop"),
-        {"object": "chat.completion.chunk", "choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 3, "total_tokens": 12}},
-        "[DONE]",
-    ])
-    body = {"model": "Qwen3-32B", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "lifeline": {"request_id": "chat-1"}}
+    engine, bodies = await stock_engine(
+        [
+            chat_chunk({"role": "assistant", "content": ""}),  # the role alone: no token
+            chat_chunk({"content": "Hello"}),
+            chat_chunk({"content": " there"}),
+            chat_chunk({"content": "!"}, finish="stop"),
+            {
+                "object": "chat.completion.chunk",
+                "choices": [],
+                "usage": {"prompt_tokens": 9, "completion_tokens": 3, "total_tokens": 12},
+            },
+            "[DONE]",
+        ]
+    )
+    body = {
+        "model": "Qwen3-32B",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 8,
+        "lifeline": {"request_id": "chat-1"},
+    }
     seq = await engine.submit_request(parse(body, "chat", 4096))
     tokens, finish = await events_of(seq)
     assert [(t.index, t.token_id, t.text) for t in tokens] == [(0, None, "Hello"), (1, None, " there"), (2, None, "!")]
     assert (finish.reason, finish.prompt_tokens, finish.completion_tokens) == ("stop", 9, 3)  # the engine's own counts
     assert engine.by_id == {} and seq.finished == "stop"
     [sent] = bodies
-    assert sent["stream"] is True and sent["return_token_ids"] is True and sent["stream_options"] == {"include_usage": True}
+    assert (
+        sent["stream"] is True
+        and sent["return_token_ids"] is True
+        and sent["stream_options"] == {"include_usage": True}
+    )
     assert "lifeline" not in sent and sent["messages"] == body["messages"]
 
 
 async def test_an_engine_failing_mid_stream_ends_the_request_with_an_error(stock_engine):
-    engine, _ = await stock_engine([
-        {"object": "text_completion", "choices": [{"index": 0, "text": "partial", "logprobs": None, "finish_reason": None}]},
-        {"error": {"message": "CUDA error: an illegal memory access", "type": "InternalServerError", "param": None, "code": 500}},
-    ])
-    seq = await engine.submit_request(parse({"model": "Qwen3-32B", "prompt": "fail me", "max_tokens": 8}, "completion", 4096))
+    engine, _ = await stock_engine(
+        [
+            {
+                "object": "text_completion",
+                "choices": [{"index": 0, "text": "partial", "logprobs": None, "finish_reason": None}],
+            },
+            {
+                "error": {
+                    "message": "CUDA error: an illegal memory access",
+                    "type": "InternalServerError",
+                    "param": None,
+                    "code": 500,
+                }
+            },
+        ]
+    )
+    seq = await engine.submit_request(
+        parse({"model": "Qwen3-32B", "prompt": "fail me", "max_tokens": 8}, "completion", 4096)
+    )
     tokens, finish = await events_of(seq)
     assert [t.text for t in tokens] == ["partial"]
     assert finish.reason == "error" and "illegal memory access" in finish.detail["reason"]

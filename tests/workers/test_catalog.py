@@ -9,7 +9,15 @@ KIB = 1024
 
 @pytest.mark.parametrize(
     "model,kib",
-    [("Llama-3-8B", 128), ("Llama-3-70B", 320), ("Qwen3-14B", 160), ("Qwen3-32B", 256), ("Mixtral-8x7B", 128), ("Qwen3-1.7B", 112), ("Llama-3.2-1B", 32)],
+    [
+        ("Llama-3-8B", 128),
+        ("Llama-3-70B", 320),
+        ("Qwen3-14B", 160),
+        ("Qwen3-32B", 256),
+        ("Mixtral-8x7B", 128),
+        ("Qwen3-1.7B", 112),
+        ("Llama-3.2-1B", 32),
+    ],
 )
 def test_kv_bytes_per_token_match_the_reference(model, kib):
     assert catalog.model(model).kv_bytes_per_token == kib * KIB
@@ -54,7 +62,9 @@ def test_prefill_is_compute_bound_and_decode_memory_bound():
     flops_time = 2 * 32.8e9 * 1024 / (989e12 * catalog.PREFILL_COMPUTE_EFFICIENCY)
     assert prefill >= flops_time
     assert prefill < flops_time * 1.2
-    assert d.decode_step_s(1, 100) == pytest.approx(32.8e9 * 2 / (3350e9 * catalog.DECODE_BANDWIDTH_EFFICIENCY), rel=0.02)
+    assert d.decode_step_s(1, 100) == pytest.approx(
+        32.8e9 * 2 / (3350e9 * catalog.DECODE_BANDWIDTH_EFFICIENCY), rel=0.02
+    )
 
 
 def test_moe_reads_more_experts_with_bigger_batches():
@@ -78,5 +88,11 @@ def test_load_and_transfer_times():
     assert catalog.load_time_s(draft) < 5 < catalog.load_time_s(m)  # the draft loads in seconds
     four_k = catalog.kv_bytes(m, 4096)
     assert catalog.kv_transfer_s(four_k, "infiniband") == pytest.approx(four_k / 50e9)
-    assert catalog.kv_transfer_s(four_k, "nvlink") < catalog.kv_transfer_s(four_k, "pcie") < catalog.kv_transfer_s(four_k, "mystery")
-    assert catalog.kv_transfer_s(four_k, "pcie", loaded=True) == pytest.approx(3 * catalog.kv_transfer_s(four_k, "pcie"))
+    assert (
+        catalog.kv_transfer_s(four_k, "nvlink")
+        < catalog.kv_transfer_s(four_k, "pcie")
+        < catalog.kv_transfer_s(four_k, "mystery")
+    )
+    assert catalog.kv_transfer_s(four_k, "pcie", loaded=True) == pytest.approx(
+        3 * catalog.kv_transfer_s(four_k, "pcie")
+    )

@@ -51,7 +51,10 @@ async def realtime_engine():
 
 
 async def test_tokens_match_the_pure_function_whatever_the_batch(engine):
-    prompts = [tokens.encode(f"request number {i} about the {w} rack") for i, w in enumerate(["first", "second", "third", "fourth"] * 3)]
+    prompts = [
+        tokens.encode(f"request number {i} about the {w} rack")
+        for i, w in enumerate(["first", "second", "third", "fourth"] * 3)
+    ]
     seqs = [engine.submit(p, SamplingParams(max_tokens=40, temperature=0.0)) for p in prompts]
     results = await asyncio.gather(*(collect(s) for s in seqs))
     for prompt, (events, finish) in zip(prompts, results):
@@ -124,7 +127,6 @@ async def test_stop_sequence_and_abort(engine):
     events, finish = await collect(seq)
     text = "".join(e.text for e in events)
     assert finish.reason == "stop" and stop_word not in text.split() and expected.startswith(text)
-
 
 
 async def test_abort_frees_the_slot_and_the_kv(realtime_engine):

@@ -34,7 +34,10 @@ def test_both_engines_are_serving_engines_with_the_members_of_what_they_offer():
             assert not missing, f"{type(engine).__name__} offers {name} without {missing}"
     assert emulated.capabilities == set(CAPABILITIES)
     assert adapter.capabilities == set()  # a stock engine's API offers none of them
-    assert emulated.describe() == {"kind": "emulated"} and adapter.describe() == {"kind": "adapter", "url": "http://127.0.0.1:9"}
+    assert emulated.describe() == {"kind": "emulated"} and adapter.describe() == {
+        "kind": "adapter",
+        "url": "http://127.0.0.1:9",
+    }
     assert isinstance(emulated.status(), NodeStatus) and isinstance(adapter.status(), NodeStatus)
     assert not isinstance(object(), ServingEngine)
 
@@ -43,7 +46,9 @@ async def test_the_emulated_engine_takes_a_validated_request():
     engine = Engine(DEPLOYMENT, EngineConfig(time_scale=0.01))
     engine.start()
     try:
-        req = parse({"model": "Qwen3-32B", "prompt": "through the interface", "max_tokens": 12, "temperature": 0}, "completion")
+        req = parse(
+            {"model": "Qwen3-32B", "prompt": "through the interface", "max_tokens": 12, "temperature": 0}, "completion"
+        )
         seq = await engine.submit_request(req)
         assert isinstance(seq, Sequence) and seq.request_id == req.request_id
         ids = []
@@ -118,26 +123,46 @@ async def test_the_one_agent_serves_any_serving_engine():
     assert isinstance(engine, ServingEngine)
     faults = FaultState(enabled=False, tp=1)
     identity = Identity("scripted-1", "rack-a", "host", "s" * 32, emulated_gpus("scripted-1", DEPLOYMENT.gpu, 1))
-    runtime = NodeRuntime(identity, engine, CheckpointStore(0), CheckpointStreamer("scripted-1", DEPLOYMENT.model, {}), faults,
-                          telemetry=None, agent_token="token")
+    runtime = NodeRuntime(
+        identity,
+        engine,
+        CheckpointStore(0),
+        CheckpointStreamer("scripted-1", DEPLOYMENT.model, {}),
+        faults,
+        telemetry=None,
+        agent_token="token",
+    )
     runtime.telemetry = EmulatedTelemetry(identity.gpus, DEPLOYMENT, runtime.load_for_telemetry, faults)
     async with TestClient(TestServer(build_app(runtime))) as client:
         body = {"model": "Qwen3-32B", "prompt": "count", "max_tokens": 5}
         response = await client.post("/v1/completions", json=body)
         answer = await response.json()
-        assert response.status == 200 and answer["choices"][0]["text"] == " one two three" and answer["usage"]["completion_tokens"] == 3
+        assert (
+            response.status == 200
+            and answer["choices"][0]["text"] == " one two three"
+            and answer["usage"]["completion_tokens"] == 3
+        )
         chat = {"model": "Qwen3-32B", "messages": [{"role": "user", "content": "count"}], "stream": True}
         response = await client.post("/v1/chat/completions", json=chat)
         chunks = [json.loads(line[6:]) for line in (await response.text()).splitlines() if line.startswith("data: {")]
         assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == " one two three"
 
         status = await (await client.get("/agent/status")).json()
-        assert status["engine"] == {"kind": "scripted"} and status["load"]["source"] == "scripted" and status["load"]["step_ms"] is None
+        assert (
+            status["engine"] == {"kind": "scripted"}
+            and status["load"]["source"] == "scripted"
+            and status["load"]["step_ms"] is None
+        )
         assert status["counters"] == {"requests": 2, "steps": None}
         capabilities = await (await client.get("/agent/capabilities")).json()
-        assert capabilities["offers"] == ["openai", "events", "telemetry"] and set(capabilities["cannot"]) == set(CAPABILITIES)
+        assert capabilities["offers"] == ["openai", "events", "telemetry"] and set(capabilities["cannot"]) == set(
+            CAPABILITIES
+        )
         response = await client.post("/agent/reload", headers={"Authorization": "Bearer token"})
         assert response.status == 501 and "`reload`" in (await response.json())["error"]["message"]
         metrics = await (await client.get("/metrics")).text()
-        assert 'lifeline_model_ready{model_name="Qwen3-32B",node="scripted-1"} 1.0' in metrics and "lifeline_step_seconds" not in metrics
+        assert (
+            'lifeline_model_ready{model_name="Qwen3-32B",node="scripted-1"} 1.0' in metrics
+            and "lifeline_step_seconds" not in metrics
+        )
         assert (await client.get("/health")).status == 200

@@ -33,7 +33,10 @@ def gpus(node):
 
 
 def complete(node, n=20, **extra):
-    status, body = http_json(node.address + "/v1/completions", data={"model": "Qwen3-32B", "prompt": "fault drill", "max_tokens": n, "temperature": 0, **extra})
+    status, body = http_json(
+        node.address + "/v1/completions",
+        data={"model": "Qwen3-32B", "prompt": "fault drill", "max_tokens": n, "temperature": 0, **extra},
+    )
     return status, body
 
 
@@ -57,7 +60,10 @@ def test_fault_injection_is_off_unless_enabled_and_needs_its_token(node_factory,
     assert status == 403 and "--enable-faults" in body["error"]["message"]
     node = faulty("f-on")
     assert http_json(node.address + "/agent/faults", data={"kind": "slow"})[0] == 401
-    assert http_json(node.address + "/agent/faults", data={"kind": "slow"}, headers={"Authorization": "Bearer agent"})[0] == 401
+    assert (
+        http_json(node.address + "/agent/faults", data={"kind": "slow"}, headers={"Authorization": "Bearer agent"})[0]
+        == 401
+    )
     status, body = inject(node, "meltdown")
     assert status == 400 and body["error"]["param"] == "kind"
     status, body = inject(node, "xid")
@@ -169,7 +175,10 @@ def test_heartbeats_carry_gpu_readings_and_each_injected_xid_event(faulty):
         node = faulty("f-beat", "--tp", "2", "--control-url", plane.url)
         first = plane.wait_for_heartbeat(lambda h: h.gpus)
         assert first.xids == [] and [g["index"] for g in first.gpus] == [0, 1]
-        assert first.gpus[0]["temperature_c"] == pytest.approx(45, abs=1) and first.gpus[0]["ecc_uncorrected_volatile"] == 0
+        assert (
+            first.gpus[0]["temperature_c"] == pytest.approx(45, abs=1)
+            and first.gpus[0]["ecc_uncorrected_volatile"] == 0
+        )
         assert first.gpus[0]["memory_total_bytes"] == 80 * 10**9 and first.gpus[0]["lost"] is False
 
         before = time.time()
@@ -216,7 +225,11 @@ def test_reset_ends_silent_data_corruption_and_thermal_throttling(faulty):
     assert http_json(node.address + "/agent/faults", headers=HEAD)[1]["active"] == []
     assert complete(node, 30)[1]["choices"][0]["text"] == clean["choices"][0]["text"]
     cool = gpus(node)[0]
-    assert cool["temperature_c"] < 80 and cool["sm_clock_mhz"] == cool["sm_clock_max_mhz"] and not cool["throttle_reasons"] & 0x60
+    assert (
+        cool["temperature_c"] < 80
+        and cool["sm_clock_mhz"] == cool["sm_clock_max_mhz"]
+        and not cool["throttle_reasons"] & 0x60
+    )
 
 
 def test_reset_brings_a_lost_gpu_back_and_keeps_the_hardware_history(faulty):

@@ -80,7 +80,9 @@ def test_a_new_stream_replaces_the_old_one_and_drop_frees_memory():
     assert store.drop("r1") and store.bytes_held == 0 and not store.drop("r1")
 
 
-@given(st.lists(st.tuples(st.sampled_from(["a", "b", "c", "d", "e"]), st.integers(1, 4)), max_size=40), st.integers(1, 12))
+@given(
+    st.lists(st.tuples(st.sampled_from(["a", "b", "c", "d", "e"]), st.integers(1, 4)), max_size=40), st.integers(1, 12)
+)
 def test_never_over_budget(streams, budget_blocks):
     store = CheckpointStore(budget_bytes=budget_blocks * BLOCK_BYTES)
     next_block = {}
@@ -106,8 +108,12 @@ def test_a_sender_stops_only_when_no_later_page_could_be_stored():
     for seq, block in ((2, 1), (5, 4)):  # a page sent again after a retry; a page after a gap
         with pytest.raises(PageRefused) as refused:
             store.put("node-a", MODEL.key, "r1", seq, page("r1", block))
-        refusals.append({"request_id": "r1", "seq": seq, "reason": refused.value.reason, "expected": refused.value.expected})
+        refusals.append(
+            {"request_id": "r1", "seq": seq, "reason": refused.value.reason, "expected": refused.value.expected}
+        )
     assert [r["expected"] for r in refusals] == [4, 4]
     assert [_breaks_the_stream(r) for r in refusals] == [False, True]
     assert _breaks_the_stream({"request_id": "r1", "seq": 9, "reason": "budget"})
-    assert not _breaks_the_stream({"request_id": "r1", "seq": 9, "reason": "digest"})  # only that page; a gap shows after it
+    assert not _breaks_the_stream(
+        {"request_id": "r1", "seq": 9, "reason": "digest"}
+    )  # only that page; a gap shows after it

@@ -30,7 +30,11 @@ async def stream_text(address: str, path: str, body: dict) -> tuple[str, list[di
                 line = raw.decode().strip()
                 if line.startswith("data: ") and line != "data: [DONE]":
                     chunks.append(json.loads(line[6:]))
-    text = "".join(c["choices"][0].get("text") or c["choices"][0].get("delta", {}).get("content", "") for c in chunks if c["choices"])
+    text = "".join(
+        c["choices"][0].get("text") or c["choices"][0].get("delta", {}).get("content", "")
+        for c in chunks
+        if c["choices"]
+    )
     return text, chunks, headers
 
 
@@ -55,11 +59,23 @@ def test_ignore_eos_generates_through_the_end_of_sequence_as_vllm_does(node):
     prompt = "Summarize the on-call runbook for a GPU that returns plausible but wrong answers " * 3 + "2"
     natural = expected_ids("Qwen3-32B", prompt, 400)
     assert natural[-1] == tokens.EOS and len(natural) < 200  # this prompt ends on its own
-    body = {"model": "Qwen3-32B", "prompt": prompt, "max_tokens": 300, "temperature": 0, "lifeline": {"return_token_ids": True}}
+    body = {
+        "model": "Qwen3-32B",
+        "prompt": prompt,
+        "max_tokens": 300,
+        "temperature": 0,
+        "lifeline": {"return_token_ids": True},
+    }
     status, stopped = http_json(node.address + "/v1/completions", data=body)
-    assert status == 200 and stopped["choices"][0]["finish_reason"] == "stop" and stopped["usage"]["completion_tokens"] == len(natural)
+    assert (
+        status == 200
+        and stopped["choices"][0]["finish_reason"] == "stop"
+        and stopped["usage"]["completion_tokens"] == len(natural)
+    )
     status, full = http_json(node.address + "/v1/completions", data={**body, "ignore_eos": True})
-    assert status == 200 and full["choices"][0]["finish_reason"] == "length" and full["usage"]["completion_tokens"] == 300
+    assert (
+        status == 200 and full["choices"][0]["finish_reason"] == "length" and full["usage"]["completion_tokens"] == 300
+    )
     assert full["choices"][0]["text"].startswith(stopped["choices"][0]["text"])
     status, answer = http_json(node.address + "/v1/completions", data={**body, "ignore_eos": "yes"})
     assert status == 400 and answer["error"]["param"] == "ignore_eos"
@@ -67,8 +83,13 @@ def test_ignore_eos_generates_through_the_end_of_sequence_as_vllm_does(node):
 
 async def test_chat_completion_with_logprobs_and_usage(node):
     body = {
-        "model": "Qwen/Qwen3-32B", "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "status?"}],
-        "max_tokens": 12, "temperature": 0, "logprobs": True, "top_logprobs": 3, "stream_options": {"include_usage": True},
+        "model": "Qwen/Qwen3-32B",
+        "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "status?"}],
+        "max_tokens": 12,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 3,
+        "stream_options": {"include_usage": True},
     }
     text, chunks, _ = await stream_text(node.address, "/v1/chat/completions", body)
     assert chunks[0]["object"] == "chat.completion.chunk" and chunks[0]["choices"][0]["delta"]["role"] == "assistant"
@@ -97,22 +118,45 @@ def test_bad_requests_name_the_field(node, body, status, param):
 
 
 def test_bad_chat_messages_name_the_index(node):
-    code, answer = http_json(node.address + "/v1/chat/completions", data={"model": "Qwen3-32B", "messages": [{"role": "robot", "content": "hi"}]})
+    code, answer = http_json(
+        node.address + "/v1/chat/completions",
+        data={"model": "Qwen3-32B", "messages": [{"role": "robot", "content": "hi"}]},
+    )
     assert code == 400 and answer["error"]["param"] == "messages[0].role"
 
 
 def test_health_status_and_metrics(node):
     assert http_json(node.address + "/health") == (200, {"status": "ok"})
-    http_json(node.address + "/v1/completions", data={"model": "Qwen3-32B", "prompt": "count me", "max_tokens": 5, "temperature": 0})
+    http_json(
+        node.address + "/v1/completions",
+        data={"model": "Qwen3-32B", "prompt": "count me", "max_tokens": 5, "temperature": 0},
+    )
     status, doc = http_json(node.address + "/agent/status")
     assert status == 200
     assert doc["pid"] == node.pid and doc["name"] == "agent-a" and doc["model"] == "Qwen3-32B"
-    assert set(doc["load"]) >= {"waiting", "running", "uncomputed_prefill_tokens", "decode_batch", "decode_context_tokens", "kv_blocks_used", "kv_blocks_total", "step_ms", "seq", "at"}
+    assert set(doc["load"]) >= {
+        "waiting",
+        "running",
+        "uncomputed_prefill_tokens",
+        "decode_batch",
+        "decode_context_tokens",
+        "kv_blocks_used",
+        "kv_blocks_total",
+        "step_ms",
+        "seq",
+        "at",
+    }
     import urllib.request
 
     metrics = urllib.request.urlopen(node.address + "/metrics").read().decode()
-    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:generation_tokens_total", "vllm:time_to_first_token_seconds_bucket"):
-        assert f'{name}{{' in metrics, name
+    for name in (
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:generation_tokens_total",
+        "vllm:time_to_first_token_seconds_bucket",
+    ):
+        assert f"{name}{{" in metrics, name
     assert 'vllm:generation_tokens_total{model_name="Qwen3-32B",node="agent-a"} 5.0' in metrics
 
 
@@ -121,7 +165,10 @@ async def test_event_stream_pushes_a_status_at_each_load_change(node):
         async with session.get(node.address + "/agent/events") as events:
             first = json.loads((await _next_event(events))["data"])
             assert first["running"] == 0
-            async with session.post(node.address + "/v1/completions", json={"model": "Qwen3-32B", "prompt": "load", "max_tokens": 20, "temperature": 0}) as response:
+            async with session.post(
+                node.address + "/v1/completions",
+                json={"model": "Qwen3-32B", "prompt": "load", "max_tokens": 20, "temperature": 0},
+            ) as response:
                 await response.read()
             reasons, seqs = [], []
             while "finished" not in reasons:
@@ -151,8 +198,13 @@ def test_a_node_that_cannot_fit_its_model_says_so(tmp_path):
     import subprocess
     import sys
 
-    result = subprocess.run([sys.executable, "-m", "workers.node", "--name", "x", "--model", "Llama-3-70B", "--gpu", "RTX-4090"],
-                            capture_output=True, text=True, timeout=30, env={**os.environ})
+    result = subprocess.run(
+        [sys.executable, "-m", "workers.node", "--name", "x", "--model", "Llama-3-70B", "--gpu", "RTX-4090"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ},
+    )
     assert result.returncode == 2 and "does not fit" in result.stderr and "Traceback" not in result.stderr
 
 
@@ -197,7 +249,13 @@ class StatusRecorder:
 
 async def stream_finish(session: aiohttp.ClientSession, address: str, max_tokens: int) -> str:
     """Stream one completion; its finish reason, or the error that ended it."""
-    body = {"model": "Qwen3-32B", "prompt": "batch limit drill", "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    body = {
+        "model": "Qwen3-32B",
+        "prompt": "batch limit drill",
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+    }
     async with session.post(address + "/v1/completions", json=body) as response:
         assert response.status == 200, await response.text()
         last = None
@@ -209,13 +267,31 @@ async def stream_finish(session: aiohttp.ClientSession, address: str, max_tokens
 
 def test_batch_factor_is_validated_and_needs_the_agent_token(node_factory):
     node = node_factory("batch-v", *FAST, "--max-num-seqs", "10", env=CONTROL)
-    assert http_json(node.address + "/agent/config", headers=AGENT_HEAD) == (200, {"batch_factor": 1.0, "batch_limit": 10, "max_num_seqs": 10})
+    assert http_json(node.address + "/agent/config", headers=AGENT_HEAD) == (
+        200,
+        {"batch_factor": 1.0, "batch_limit": 10, "max_num_seqs": 10},
+    )
     assert http_json(node.address + "/agent/config")[0] == 401
     assert http_json(node.address + "/agent/config", data={"batch_factor": 0.5})[0] == 401
-    for body in ({}, {"batch_factor": None}, {"batch_factor": "0.5"}, {"batch_factor": True}, {"batch_factor": 0}, {"batch_factor": -0.5}, {"batch_factor": 1.01}):
+    for body in (
+        {},
+        {"batch_factor": None},
+        {"batch_factor": "0.5"},
+        {"batch_factor": True},
+        {"batch_factor": 0},
+        {"batch_factor": -0.5},
+        {"batch_factor": 1.01},
+    ):
         status, answer = set_batch_factor(node, body)
-        assert status == 400 and answer["error"]["param"] == "batch_factor" and "batch_factor" in answer["error"]["message"], body
-    assert set_batch_factor(node, {"batch_factor": 0.29}) == (200, {"batch_factor": 0.29, "batch_limit": 2, "max_num_seqs": 10})
+        assert (
+            status == 400
+            and answer["error"]["param"] == "batch_factor"
+            and "batch_factor" in answer["error"]["message"]
+        ), body
+    assert set_batch_factor(node, {"batch_factor": 0.29}) == (
+        200,
+        {"batch_factor": 0.29, "batch_limit": 2, "max_num_seqs": 10},
+    )
     assert set_batch_factor(node, {"batch_factor": 0.01})[1]["batch_limit"] == 1  # never below one
     assert set_batch_factor(node, {"batch_factor": 0.7})[1]["batch_limit"] == 7  # 10 x 0.7 is 7.000000000000001
     load = load_status(node)
@@ -225,13 +301,28 @@ def test_batch_factor_is_validated_and_needs_the_agent_token(node_factory):
 async def test_a_lower_batch_factor_limits_admission_until_running_requests_finish(node_factory):
     node = node_factory("batch-a", "--time-scale", "0.2", "--max-num-seqs", "8", env=CONTROL)
     async with aiohttp.ClientSession() as session, StatusRecorder(session, node.address) as recorder:
-        assert set_batch_factor(node, {"batch_factor": 0.5}) == (200, {"batch_factor": 0.5, "batch_limit": 4, "max_num_seqs": 8})
-        config_event = await asyncio.to_thread(wait_for, lambda: next((s for s in recorder.statuses if s.get("reason") == "config"), None), 5, 0.02, "a config status")
+        assert set_batch_factor(node, {"batch_factor": 0.5}) == (
+            200,
+            {"batch_factor": 0.5, "batch_limit": 4, "max_num_seqs": 8},
+        )
+        config_event = await asyncio.to_thread(
+            wait_for,
+            lambda: next((s for s in recorder.statuses if s.get("reason") == "config"), None),
+            5,
+            0.02,
+            "a config status",
+        )
         assert config_event["batch_limit"] == 4 and config_event["batch_factor"] == 0.5
 
         streams = [asyncio.create_task(stream_finish(session, node.address, 60)) for _ in range(8)]
         # Four run while four wait, as /agent/status shows.
-        await asyncio.to_thread(wait_for, lambda: (lambda s: s["running"] == 4 and s["waiting"] == 4)(load_status(node)), 10, 0.02, "4 running, 4 waiting")
+        await asyncio.to_thread(
+            wait_for,
+            lambda: (lambda s: s["running"] == 4 and s["waiting"] == 4)(load_status(node)),
+            10,
+            0.02,
+            "4 running, 4 waiting",
+        )
         assert await asyncio.gather(*streams) == ["length"] * 8
 
     loads = [s for s in recorder.statuses if "running" in s]
@@ -261,19 +352,28 @@ async def test_lowering_the_batch_factor_preempts_nothing_and_holds_new_admissio
 async def test_gpu_reset_fails_work_in_flight_and_reloads_the_model_cold(node_factory):
     node = node_factory("reset-a", *FAST, env={**CONTROL, "LIFELINE_FAULT_TOKEN": "fault-token"})
     assert http_json(node.address + "/agent/reset", method="POST")[0] == 401
-    assert http_json(node.address + "/agent/reset", method="POST", headers={"Authorization": "Bearer fault-token"})[0] == 401
+    assert (
+        http_json(node.address + "/agent/reset", method="POST", headers={"Authorization": "Bearer fault-token"})[0]
+        == 401
+    )
     async with aiohttp.ClientSession() as session, StatusRecorder(session, node.address) as recorder:
         stream = asyncio.create_task(stream_finish(session, node.address, 5000))
         await asyncio.to_thread(wait_for, lambda: load_status(node)["running"] == 1, 10, 0.02, "the stream running")
-        status, answer = await asyncio.to_thread(http_json, node.address + "/agent/reset", method="POST", headers=AGENT_HEAD)
+        status, answer = await asyncio.to_thread(
+            http_json, node.address + "/agent/reset", method="POST", headers=AGENT_HEAD
+        )
         assert (status, answer) == (200, {"reset": True, "aborted": 1, "model_state": "loading_draft"})
         assert await stream == "error: GPU reset on node reset-a"
         assert http_json(node.address + "/health")[0] == 503
-        await asyncio.to_thread(wait_for, lambda: http_json(node.address + "/health")[0] == 200, 10, 0.05, "serving again")
+        await asyncio.to_thread(
+            wait_for, lambda: http_json(node.address + "/health")[0] == 200, 10, 0.05, "serving again"
+        )
     reasons = [s.get("reason") for s in recorder.statuses]
     assert "reset" in reasons
     assert reasons.index("model_loading_draft") < reasons.index("model_draft_ready") < reasons.index("model_serving")
-    status, whole = http_json(node.address + "/v1/completions", data={"model": "Qwen3-32B", "prompt": "after the reset", "max_tokens": 5})
+    status, whole = http_json(
+        node.address + "/v1/completions", data={"model": "Qwen3-32B", "prompt": "after the reset", "max_tokens": 5}
+    )
     assert status == 200 and whole["usage"]["completion_tokens"] == 5
 
 
@@ -307,20 +407,46 @@ def test_a_node_registers_what_it_offers_and_its_heartbeats_carry_its_status(nod
         node = node_factory("offers-a", *FAST, "--control-url", plane.url)
         registration = plane.wait_for_registration()
         assert registration.engine == "emulated" and list(registration.capabilities) == [
-            "openai", "events", "checkpoint", "resume", "migrate", "assist", "draft", "reload", "config", "reset", "telemetry"]
+            "openai",
+            "events",
+            "checkpoint",
+            "resume",
+            "migrate",
+            "assist",
+            "draft",
+            "reload",
+            "config",
+            "reset",
+            "telemetry",
+        ]
         capabilities = http_json(node.address + "/agent/capabilities")[1]
         assert capabilities == {"engine": {"kind": "emulated"}, "offers": list(registration.capabilities), "cannot": {}}
-        body = {"model": "Qwen3-32B", "prompt": "keep the heartbeat busy", "max_tokens": 200, "temperature": 0, "ignore_eos": True}
+        body = {
+            "model": "Qwen3-32B",
+            "prompt": "keep the heartbeat busy",
+            "max_tokens": 200,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
         assert http_json(node.address + "/v1/completions", data=body)[0] == 200
         # The heartbeat measures the token rate, and carries the whole status beside the figures the control plane keeps.
         beat = plane.wait_for_heartbeat(lambda h: h.load.tokens_per_s > 0)
         assert beat.load.steps > 0 and beat.load.kv_blocks_total > 0 and beat.load.source == "engine"
     with FakeControlPlane() as plane:
-        node_factory("offers-b", *FAST, "--control-url", plane.url, "--enable-faults", env={"LIFELINE_FAULT_TOKEN": "fault-token"})
+        node_factory(
+            "offers-b",
+            *FAST,
+            "--control-url",
+            plane.url,
+            "--enable-faults",
+            env={"LIFELINE_FAULT_TOKEN": "fault-token"},
+        )
         assert plane.wait_for_registration().capabilities[-2:] == ("telemetry", "faults")
     with FakeControlPlane() as plane:
         node_factory("offers-c", "--engine-url", "http://127.0.0.1:9", "--control-url", plane.url)
         registration = plane.wait_for_registration()
         assert registration.engine == "adapter" and registration.capabilities == ("openai", "events", "telemetry")
         beat = plane.wait_for_heartbeat(lambda h: True)
-        assert beat.load.running == 0 and beat.load.step_ms == 0.0 and beat.load.decode_batch is None  # the heartbeat's own figures are numbers
+        assert (
+            beat.load.running == 0 and beat.load.step_ms == 0.0 and beat.load.decode_batch is None
+        )  # the heartbeat's own figures are numbers

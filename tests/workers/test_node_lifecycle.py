@@ -64,13 +64,16 @@ async def test_a_draft_ready_node_makes_a_survivor_decode_faster_with_the_same_t
     restarting = node_factory("assist-r", "--start", "cold", env=ENV)
     await asyncio.to_thread(wait_for, lambda: model_state(restarting) == "draft_ready", 15, 0.1, "draft ready")
 
-    status, answer = http_json(survivor.address + "/agent/draft", data={"model": "Qwen3-32B", "items": []}, headers=HEAD)
+    status, answer = http_json(
+        survivor.address + "/agent/draft", data={"model": "Qwen3-32B", "items": []}, headers=HEAD
+    )
     assert status == 409 and "draft-ready" in answer["error"]["message"]  # a serving node is not a draft node
 
     prompt = "Explain how the checkpoint holder was chosen for request seven"
     plain, plain_s = await timed_tokens(survivor, prompt, 80)
     status, answer = http_json(
-        survivor.address + "/agent/assist", headers=HEAD,
+        survivor.address + "/agent/assist",
+        headers=HEAD,
         data={"draft": {"name": "assist-r", "address": restarting.address}, "k": 4, "alpha": 0.6},
     )
     assert status == 200 and answer["expected_tokens_per_step"] == round((1 - 0.6**5) / 0.4, 3)

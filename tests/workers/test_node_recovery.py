@@ -26,7 +26,12 @@ def peer(node, rack="rack-a"):
 
 def body(request_id, **lifeline):
     return {
-        "model": "Qwen3-32B", "prompt": PROMPT, "max_tokens": 120, "temperature": 0.8, "seed": 1234, "stream": True,
+        "model": "Qwen3-32B",
+        "prompt": PROMPT,
+        "max_tokens": 120,
+        "temperature": 0.8,
+        "seed": 1234,
+        "stream": True,
         "lifeline": {"request_id": request_id, "return_token_ids": True, **lifeline},
     }
 
@@ -78,7 +83,11 @@ async def run_until_killed(node, payload, holder, tokens: int, min_committed: in
             if holder is not None:
                 request_id = payload["lifeline"]["request_id"]
                 await asyncio.to_thread(
-                    wait_for, lambda: (c := checkpoint_of(holder, request_id)) and c["committed_tokens"] >= min_committed, 5, 0.02, "pages on the holder"
+                    wait_for,
+                    lambda: (c := checkpoint_of(holder, request_id)) and c["committed_tokens"] >= min_committed,
+                    5,
+                    0.02,
+                    "pages on the holder",
                 )
             node.kill(signal.SIGKILL)
             with pytest.raises(aiohttp.ClientPayloadError):
@@ -127,7 +136,9 @@ async def test_resume_fetches_pages_from_a_remote_holder(fleet):
     a, b, c = fleet("fx-a", "fx-b", "fx-c")
     expected = await reference(c)
     first = await run_until_killed(a, body("r-fetch", holders=[peer(b, "rack-b")]), b, 50, 32 + len(PROMPT.split()))
-    second = await run(c.address, body("r-fetch", resume={"generated_token_ids": first.ids, "sources": [peer(b, "rack-b")]}))
+    second = await run(
+        c.address, body("r-fetch", resume={"generated_token_ids": first.ids, "sources": [peer(b, "rack-b")]})
+    )
     resume = second.extensions[0]["resume"]
     assert resume["method"] == "checkpoint-fetched" and resume["source"] == "fx-b" and resume["restored_tokens"] > 0
     assert first.ids + second.ids == expected.ids
@@ -158,7 +169,9 @@ async def test_live_migration_hands_over_at_a_token_boundary(fleet):
     task = asyncio.create_task(client())
     await asyncio.to_thread(wait_for, lambda: len(streamed.ids) >= 40, 10, 0.01, "40 tokens")
     async with aiohttp.ClientSession() as session:
-        async with session.post(f"{a.address}/agent/requests/r-move/migrate", json={"target": peer(b)}, headers=HEAD) as response:
+        async with session.post(
+            f"{a.address}/agent/requests/r-move/migrate", json={"target": peer(b)}, headers=HEAD
+        ) as response:
             assert response.status == 200, await response.text()
             moved = await response.json()
     await task
@@ -187,7 +200,13 @@ async def test_holder_pushes_a_status_for_each_page_and_frees_pages_when_the_req
     watcher = asyncio.create_task(watch())
     done = await run(a.address, {**body("r-ev", holders=[peer(b)]), "max_tokens": 60})
     assert done.finish == "length"
-    await asyncio.to_thread(wait_for, lambda: statuses and statuses[-1]["checkpoint_bytes_held"] == 0 and len(statuses) > 2, 5, 0.05, "pages dropped")
+    await asyncio.to_thread(
+        wait_for,
+        lambda: statuses and statuses[-1]["checkpoint_bytes_held"] == 0 and len(statuses) > 2,
+        5,
+        0.05,
+        "pages dropped",
+    )
     watcher.cancel()
     held = [s["checkpoint_bytes_held"] for s in statuses if s.get("reason") == "checkpoint"]
     assert max(held) > 0 and held[-1] == 0
@@ -237,18 +256,29 @@ def test_pages_with_a_bad_digest_or_out_of_order_are_refused(fleet):
 
     (b,) = fleet("bp-b")
     model = catalog.model("Qwen3-32B")
-    good = [make_page("r-bad", i, list(range(16 * i, 16 * i + 16)), model, 1 / 4096).to_wire("r-bad", i + 1) for i in range(3)]
+    good = [
+        make_page("r-bad", i, list(range(16 * i, 16 * i + 16)), model, 1 / 4096).to_wire("r-bad", i + 1)
+        for i in range(3)
+    ]
     tampered = dict(good[1], digest="0" * 32)
-    status, answer = http_json(f"{b.address}/agent/kv/batch", headers=HEAD, data={
-        "source": "x", "model": "Qwen3-32B", "pages": [good[0], tampered, good[2]],
-        "commits": [{"request_id": "r-bad", "seq": 3, "tokens": 48}],
-    })
+    status, answer = http_json(
+        f"{b.address}/agent/kv/batch",
+        headers=HEAD,
+        data={
+            "source": "x",
+            "model": "Qwen3-32B",
+            "pages": [good[0], tampered, good[2]],
+            "commits": [{"request_id": "r-bad", "seq": 3, "tokens": 48}],
+        },
+    )
     assert status == 200 and answer["accepted"] == 1
     assert [r["reason"] for r in answer["refused"]] == ["digest", "order"]
     assert checkpoint_of(b, "r-bad")["committed_tokens"] == 0  # the commit is past what it holds
     stats = http_json(f"{b.address}/agent/status")[1]["checkpoints"]
     assert stats["refused_digest"] == 1 and stats["refused_order"] == 1
-    status, answer = http_json(f"{b.address}/agent/kv/batch", headers=HEAD, data={"source": "x", "model": "Llama-3-8B", "pages": []})
+    status, answer = http_json(
+        f"{b.address}/agent/kv/batch", headers=HEAD, data={"source": "x", "model": "Llama-3-8B", "pages": []}
+    )
     assert status == 400 and answer["error"]["param"] == "model"
 
 
@@ -269,14 +299,32 @@ def test_the_official_openai_client_streams_from_a_node(fleet):
 
     (a,) = fleet("oa-a")
     client = openai.OpenAI(base_url=a.address + "/v1", api_key="unused", max_retries=0)
-    chunks = list(client.chat.completions.create(
-        model="Qwen3-32B", messages=[{"role": "user", "content": "Is node seven healthy?"}], max_tokens=20, temperature=0, stream=True,
-    ))
+    chunks = list(
+        client.chat.completions.create(
+            model="Qwen3-32B",
+            messages=[{"role": "user", "content": "Is node seven healthy?"}],
+            max_tokens=20,
+            temperature=0,
+            stream=True,
+        )
+    )
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert chunks[-1].choices[0].finish_reason == "length"
-    whole = client.chat.completions.create(model="Qwen3-32B", messages=[{"role": "user", "content": "Is node seven healthy?"}], max_tokens=20, temperature=0)
+    whole = client.chat.completions.create(
+        model="Qwen3-32B",
+        messages=[{"role": "user", "content": "Is node seven healthy?"}],
+        max_tokens=20,
+        temperature=0,
+    )
     assert whole.choices[0].message.content == streamed and whole.usage.completion_tokens == 20
-    completion = client.completions.create(model="Qwen3-32B", prompt="The canary says", max_tokens=8, temperature=0, logprobs=2, extra_body={"lifeline": {"request_id": "oa-1"}})
+    completion = client.completions.create(
+        model="Qwen3-32B",
+        prompt="The canary says",
+        max_tokens=8,
+        temperature=0,
+        logprobs=2,
+        extra_body={"lifeline": {"request_id": "oa-1"}},
+    )
     assert completion.id == "oa-1" and len(completion.choices[0].logprobs.token_logprobs) == 8
     with pytest.raises(openai.BadRequestError) as excinfo:
         client.completions.create(model="Qwen3-32B", prompt="x", max_tokens=-1)
@@ -295,8 +343,13 @@ async def test_a_resumed_request_checkpoints_its_whole_prefix_on_its_new_holder(
         async with session.post(b.address + "/v1/completions", json=payload, headers=HEAD) as response:
             second = await Stream().read(response, stop_after=20)
             restored = second.extensions[0]["resume"]["restored_tokens"]
-            held = await asyncio.to_thread(wait_for, lambda: (k := checkpoint_of(c, "r-again")) and k["committed_tokens"] > restored and k,
-                                           5, 0.02, "pages on the new holder")
+            held = await asyncio.to_thread(
+                wait_for,
+                lambda: (k := checkpoint_of(c, "r-again")) and k["committed_tokens"] > restored and k,
+                5,
+                0.02,
+                "pages on the new holder",
+            )
     assert held["blocks"] * 16 > restored and held["source"] == "rh-b"
     assert http_json(f"{c.address}/agent/status")[1]["checkpoints"]["refused_order"] == 0
 
@@ -311,7 +364,11 @@ async def test_a_holder_restarted_at_a_new_address_gets_the_pages_sent_to_it(fle
     assert reborn.address != b.address
     stream = Stream()
     async with aiohttp.ClientSession() as session:
-        async with session.post(a.address + "/v1/completions", json=body("r-after", holders=[peer(reborn)]), headers=HEAD) as response:
+        async with session.post(
+            a.address + "/v1/completions", json=body("r-after", holders=[peer(reborn)]), headers=HEAD
+        ) as response:
             await stream.read(response, stop_after=40)
-            held = await asyncio.to_thread(wait_for, lambda: checkpoint_of(reborn, "r-after"), 5, 0.05, "pages on the restarted holder")
+            held = await asyncio.to_thread(
+                wait_for, lambda: checkpoint_of(reborn, "r-after"), 5, 0.05, "pages on the restarted holder"
+            )
     assert held["blocks"] > 0

@@ -25,9 +25,19 @@ SESSION = uuid.uuid4().hex
 
 def registration(**extra) -> dict:
     body = {
-        "name": "node-x", "session": SESSION, "address": "http://127.0.0.1:9001", "rack": "rack-a",
-        "model": "Qwen3-32B", "gpu": "H100-SXM", "tp": 2, "pid": 4242, "host": "gpu-host-7",
-        "gpus": [{"index": i, "uuid": f"GPU-node-x-{i}", "name": "NVIDIA H100 80GB HBM3", "memory_bytes": 80 * 10**9} for i in range(2)],
+        "name": "node-x",
+        "session": SESSION,
+        "address": "http://127.0.0.1:9001",
+        "rack": "rack-a",
+        "model": "Qwen3-32B",
+        "gpu": "H100-SXM",
+        "tp": 2,
+        "pid": 4242,
+        "host": "gpu-host-7",
+        "gpus": [
+            {"index": i, "uuid": f"GPU-node-x-{i}", "name": "NVIDIA H100 80GB HBM3", "memory_bytes": 80 * 10**9}
+            for i in range(2)
+        ],
     }
     body.update(extra)
     return body
@@ -35,9 +45,17 @@ def registration(**extra) -> dict:
 
 def reading(index=0, **figures) -> dict:
     return {
-        "index": index, "utilization_pct": 57.5, "memory_used_bytes": 20 * 2**30, "memory_total_bytes": 80 * 2**30,
-        "temperature_c": 61, "power_w": 412.5, "sm_clock_mhz": 1755, "throttle_reasons": 0, "ecc_uncorrected_volatile": None,
-        "lost": False, **figures,
+        "index": index,
+        "utilization_pct": 57.5,
+        "memory_used_bytes": 20 * 2**30,
+        "memory_total_bytes": 80 * 2**30,
+        "temperature_c": 61,
+        "power_w": 412.5,
+        "sm_clock_mhz": 1755,
+        "throttle_reasons": 0,
+        "ecc_uncorrected_volatile": None,
+        "lost": False,
+        **figures,
     }
 
 
@@ -106,8 +124,14 @@ def test_a_reading_without_some_figures_has_them_as_null():
         ([{"at": True, "gpu": 0, "code": 48}], "xids[0].at: must be int or float, got bool"),
         ([{"at": 1.0, "gpu": 0.5, "code": 48}], "xids[0].gpu: must be int, got float"),
         ([{"at": 1.0, "gpu": -2, "code": 48}], "xids[0].gpu: must be a GPU index, or -1 when the GPU is unknown"),
-        ([{"at": 1.0, "gpu": 0, "code": 48}] * 2 + [{"at": 1.0, "gpu": 0, "code": "48"}], "xids[2].code: must be int, got str"),
-        ([{"at": 1.0, "gpu": 0, "code": 48}] * (MAX_HEARTBEAT_XIDS + 1), f"xids: {MAX_HEARTBEAT_XIDS + 1} events: a heartbeat carries at most {MAX_HEARTBEAT_XIDS}"),
+        (
+            [{"at": 1.0, "gpu": 0, "code": 48}] * 2 + [{"at": 1.0, "gpu": 0, "code": "48"}],
+            "xids[2].code: must be int, got str",
+        ),
+        (
+            [{"at": 1.0, "gpu": 0, "code": 48}] * (MAX_HEARTBEAT_XIDS + 1),
+            f"xids: {MAX_HEARTBEAT_XIDS + 1} events: a heartbeat carries at most {MAX_HEARTBEAT_XIDS}",
+        ),
     ],
 )
 def test_bad_xids_are_refused_naming_the_field(xids, message):
@@ -122,7 +146,10 @@ def test_bad_xids_are_refused_naming_the_field(xids, message):
         ([{"temperature_c": 60}], "gpus[0].index: is required"),
         ([reading(-1)], "gpus[0].index: must be 0 or more"),
         ([reading(0, temperature_c="hot")], "gpus[0].temperature_c: must be a number or null, got str"),
-        ([reading(0), reading(1, ecc_uncorrected_volatile=False)], "gpus[1].ecc_uncorrected_volatile: must be a number or null, got bool"),
+        (
+            [reading(0), reading(1, ecc_uncorrected_volatile=False)],
+            "gpus[1].ecc_uncorrected_volatile: must be a number or null, got bool",
+        ),
         ([reading(0, lost="no")], "gpus[0].lost: must be bool, got str"),
         ([reading(0), reading(0)], "gpus: two readings share a GPU index"),
     ],
@@ -146,10 +173,17 @@ def test_the_emulated_engines_status_round_trips_through_json():
     for status in (emulated_status(), emulated_status(assist=True)):
         wire = json.loads(json.dumps(status.to_json()))
         assert NodeStatus.parse(wire) == status
-        assert NodeStatus.parse({**wire, "reason": "arrival", "request_id": "r-1", "from_a_newer_node": [1]}) == status  # unknown keys ignored
+        assert (
+            NodeStatus.parse({**wire, "reason": "arrival", "request_id": "r-1", "from_a_newer_node": [1]}) == status
+        )  # unknown keys ignored
     wire = emulated_status(assist=True).to_json()
     assert wire["assist"] == {"draft": "draft-1", "k": 4, "alpha": 0.6, "acceptance": None}
-    assert wire["steps"] == 42 and wire["step_ms"] == 12.5 and wire["decode_step_batch"] == 3 and wire["checkpoint_budget_bytes"] == 10**9
+    assert (
+        wire["steps"] == 42
+        and wire["step_ms"] == 12.5
+        and wire["decode_step_batch"] == 3
+        and wire["checkpoint_budget_bytes"] == 10**9
+    )
 
 
 def test_what_an_adapter_cannot_report_stays_null_and_a_figure_left_out_is_null_too():
@@ -173,7 +207,10 @@ def test_what_an_adapter_cannot_report_stays_null_and_a_figure_left_out_is_null_
         ({"step_ms": True}, "step_ms: must be float, got bool"),
         ({"decode_step_context_tokens": -1}, "decode_step_context_tokens: must be 0 or more"),
         ({"seq": None}, "seq: must not be null: only a figure may be n/a"),
-        ({"model_state": "asleep"}, "model_state: 'asleep' is not known: expected one of loading_draft, draft_ready, loading_full, serving"),
+        (
+            {"model_state": "asleep"},
+            "model_state: 'asleep' is not known: expected one of loading_draft, draft_ready, loading_full, serving",
+        ),
         ({"source": 7}, "source: must be str, got int"),
         ({"assist": "draft-1"}, "assist: must be an object or null, got str"),
         ({"assist": {"draft": "d", "k": "four", "alpha": 0.6}}, "assist.k: must be int, got str"),
@@ -193,8 +230,12 @@ def test_a_heartbeat_carries_the_status_with_its_heartbeat_figures_as_numbers():
     adapter = AdapterEngine("http://127.0.0.1:9", catalog.Deployment.of("Qwen3-32B", "H100-SXM", 1), "adapter")
     load = Load.of(adapter.status(), tokens_per_s=12.5)
     wire = json.loads(json.dumps(Heartbeat(session=SESSION, load=load).to_json()))["load"]
-    assert set(HEARTBEAT_LOAD_FIELDS) <= set(wire) and all(isinstance(wire[f], (int, float)) for f in HEARTBEAT_LOAD_FIELDS)
-    assert wire["step_ms"] == 0.0 and wire["running"] == 0 and wire["tokens_per_s"] == 12.5  # an older control plane refuses null
+    assert set(HEARTBEAT_LOAD_FIELDS) <= set(wire) and all(
+        isinstance(wire[f], (int, float)) for f in HEARTBEAT_LOAD_FIELDS
+    )
+    assert (
+        wire["step_ms"] == 0.0 and wire["running"] == 0 and wire["tokens_per_s"] == 12.5
+    )  # an older control plane refuses null
     assert wire["uncomputed_prefill_tokens"] is None  # the rest of the status keeps its n/a
     assert Heartbeat.parse(heartbeat(load=wire)).load == load
     status = emulated_status()
@@ -204,7 +245,14 @@ def test_a_heartbeat_carries_the_status_with_its_heartbeat_figures_as_numbers():
 def test_an_older_nodes_heartbeat_load_reads_as_before():
     old = {"running": 4, "waiting": 1, "kv_blocks_used": 50, "kv_blocks_total": 200, "step_ms": 12, "tokens_per_s": 0.0}
     load = Heartbeat.parse(heartbeat(load=old)).load
-    assert (load.running, load.waiting, load.kv_blocks_used, load.step_ms, load.decode_step_ms, load.decode_step_batch) == (4, 1, 50, 12.0, 0.0, 0)
+    assert (
+        load.running,
+        load.waiting,
+        load.kv_blocks_used,
+        load.step_ms,
+        load.decode_step_ms,
+        load.decode_step_batch,
+    ) == (4, 1, 50, 12.0, 0.0, 0)
     assert isinstance(load.step_ms, float) and Heartbeat.parse(heartbeat(load=None)).load == Load()
     assert str(refusal(Heartbeat.parse, heartbeat(load={"running": None}))) == "load.running: is required"
     assert str(refusal(Heartbeat.parse, heartbeat(load={"waiting": -2}))) == "load.waiting: must be 0 or more"

@@ -23,7 +23,15 @@ from workers import catalog
 from workers.faults import FaultState
 from workers.nvml import GpuLost, NotSupported, Nvml, NvmlError, NvmlUnavailable
 from workers.protocol import HEARTBEAT_GPU_FIGURES, GpuInfo
-from workers.telemetry import BOARDS, DcgmCollector, EmulatedTelemetry, HeartbeatTelemetry, NvmlTelemetry, XidEvent, open_telemetry
+from workers.telemetry import (
+    BOARDS,
+    DcgmCollector,
+    EmulatedTelemetry,
+    HeartbeatTelemetry,
+    NvmlTelemetry,
+    XidEvent,
+    open_telemetry,
+)
 
 IDLE = {"busy_fraction": 0.0, "kv_bytes_used": 0}
 THERMAL_BITS = 0x20 | 0x40
@@ -88,7 +96,9 @@ def test_without_a_gpu_open_telemetry_serves_emulated_figures_and_says_so_once(c
 
 
 def test_command_line_prints_one_json_document():
-    result = subprocess.run([sys.executable, "-m", "workers.telemetry"], cwd=BASE_DIR, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "workers.telemetry"], cwd=BASE_DIR, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     assert document["source"] == "emulated"
@@ -161,7 +171,9 @@ def test_xid_79_makes_that_gpu_lost_and_its_figures_absent():
     gpu0, gpu1 = telemetry.read()
     assert not gpu0.lost and gpu0.utilization_pct is not None
     assert gpu1.lost and gpu1.uuid == "GPU-emulated-1"
-    figures = {k: v for k, v in gpu1.to_json().items() if k not in ("index", "uuid", "name", "source", "lost", "last_xid")}
+    figures = {
+        k: v for k, v in gpu1.to_json().items() if k not in ("index", "uuid", "name", "source", "lost", "last_xid")
+    }
     assert set(figures.values()) == {None}
 
     samples = _samples(telemetry)
@@ -191,10 +203,15 @@ def test_consumer_card_reports_no_ecc_rows_or_nvlink_as_absent_not_zero():
 def test_collector_uses_dcgm_exporter_labels_and_units():
     telemetry, _ = _emulated()
     text = _exposition(telemetry)
-    assert 'DCGM_FI_DEV_FB_USED{Hostname="node-01",UUID="GPU-emulated-0",gpu="0",modelName="NVIDIA H100 80GB HBM3",node="node-01",source="emulated"}' in text
+    assert (
+        'DCGM_FI_DEV_FB_USED{Hostname="node-01",UUID="GPU-emulated-0",gpu="0",modelName="NVIDIA H100 80GB HBM3",node="node-01",source="emulated"}'
+        in text
+    )
     samples = _samples(telemetry)
     [reading] = telemetry.read()
-    assert samples["DCGM_FI_DEV_FB_USED", "0"] + samples["DCGM_FI_DEV_FB_FREE", "0"] == reading.memory_total_bytes // 2**20
+    assert (
+        samples["DCGM_FI_DEV_FB_USED", "0"] + samples["DCGM_FI_DEV_FB_FREE", "0"] == reading.memory_total_bytes // 2**20
+    )
 
 
 def test_every_catalog_gpu_has_a_board_and_nvlink_only_off_pcie():
@@ -271,7 +288,9 @@ class FakeNvml:
         return self._answer(h, "ecc_uncorrected_volatile", 0)
 
     def remapped_rows(self, h):
-        return self._answer(h, "remapped_rows", {"correctable": 0, "uncorrectable": 0, "pending": False, "failure": False})
+        return self._answer(
+            h, "remapped_rows", {"correctable": 0, "uncorrectable": 0, "pending": False, "failure": False}
+        )
 
     def nvlink_up(self, h):
         return self._answer(h, "nvlink_up", [True] * 18)
@@ -308,7 +327,9 @@ def test_open_telemetry_falls_back_with_a_warning_when_nvml_fails_otherwise(capl
             raise NvmlError("Unknown Error", 999)
 
     deployment = catalog.Deployment.of("Qwen3-32B", "H100-SXM", 1)
-    telemetry = open_telemetry(_gpus(deployment), deployment, lambda: IDLE, FaultState(enabled=False), nvml=BrokenNvml())
+    telemetry = open_telemetry(
+        _gpus(deployment), deployment, lambda: IDLE, FaultState(enabled=False), nvml=BrokenNvml()
+    )
     assert isinstance(telemetry, EmulatedTelemetry)
     assert [r.levelno for r in caplog.records if r.name == "workers.telemetry"] == [logging.WARNING]
 
@@ -394,7 +415,12 @@ def test_seam_shapes_links_events_and_units():
             raise pynvml.NVMLError_InvalidArgument()
         return 1
 
-    waits = iter([pynvml.NVMLError_Timeout(), types.SimpleNamespace(device="h1", eventType=pynvml.nvmlEventTypeXidCriticalError, eventData=79)])
+    waits = iter(
+        [
+            pynvml.NVMLError_Timeout(),
+            types.SimpleNamespace(device="h1", eventType=pynvml.nvmlEventTypeXidCriticalError, eventData=79),
+        ]
+    )
 
     def wait(event_set, timeout_ms):
         result = next(waits)
@@ -452,7 +478,11 @@ def test_heartbeat_xids_are_the_last_two_minutes_at_most_a_hundred_oldest_first(
 
     faults.inject("xid", {"code": 13, "gpu": 0, "count": 130}, now=now)
     xids = heartbeat.xids(now + 1)
-    assert len(xids) == 100 and xids[0]["at"] == pytest.approx(now + 0.030) and xids[-1]["at"] == pytest.approx(now + 0.129)
+    assert (
+        len(xids) == 100
+        and xids[0]["at"] == pytest.approx(now + 0.030)
+        and xids[-1]["at"] == pytest.approx(now + 0.129)
+    )
     assert [x["at"] for x in xids] == sorted(x["at"] for x in xids)
 
 

@@ -33,7 +33,12 @@ def test_text_is_readable_words():
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.text(min_size=1, max_size=80).filter(lambda s: tokens.encode(s)), st.integers(1, 60), st.integers(0, 2**31), st.sampled_from([0.0, 0.7, 1.3]))
+@given(
+    st.text(min_size=1, max_size=80).filter(lambda s: tokens.encode(s)),
+    st.integers(1, 60),
+    st.integers(0, 2**31),
+    st.sampled_from([0.0, 0.7, 1.3]),
+)
 def test_resuming_at_token_n_continues_exactly(prompt, cut, seed, temperature):
     # A request restored at token N on another node folds prompt + N tokens and goes on: same text.
     full, _ = generate("Qwen3-32B", prompt, cut + 20, temperature, seed)

@@ -24,5 +24,7 @@ class Command(BaseCommand):
         exists = get_user_model().objects.filter(username=username).exists()
         if password is None and not exists:
             password = getpass.getpass(f"password for {username}: ")
-        user = actions.set_user_role(username, role, email=email, password=password, actor=f"manage.py ({getpass.getuser()})")
+        user = actions.set_user_role(
+            username, role, email=email, password=password, actor=f"manage.py ({getpass.getuser()})"
+        )
         self.stdout.write(f"{user.username}: {role}")

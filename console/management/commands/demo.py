@@ -42,15 +42,29 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=int, default=8000, help="console (web) port")
         parser.add_argument("--gateway-port", type=int, default=8100, help="gateway port")
         parser.add_argument("--nodes", type=int, default=8, help="emulated serving nodes to start")
-        parser.add_argument("--spares", type=int, default=1, help="hot spares to start beside them (hold the model, take no traffic until promoted)")
+        parser.add_argument(
+            "--spares",
+            type=int,
+            default=1,
+            help="hot spares to start beside them (hold the model, take no traffic until promoted)",
+        )
         parser.add_argument("--racks", type=int, default=2)
         parser.add_argument("--model", default="Qwen3-32B", choices=sorted(catalog.MODELS))
         parser.add_argument("--gpus", default="H100-SXM,H200-SXM", help="GPU type per rack, cycled (catalog keys)")
-        parser.add_argument("--tp", type=int, default=2, choices=catalog.TP_DEGREES, help="tensor-parallel degree of each node")
+        parser.add_argument(
+            "--tp", type=int, default=2, choices=catalog.TP_DEGREES, help="tensor-parallel degree of each node"
+        )
         parser.add_argument("--no-traffic", action="store_true", help="do not start the traffic generator")
         parser.add_argument("--rate", type=float, default=6.0, help="traffic: mean requests per second")
-        parser.add_argument("--time-scale", type=float, default=1.0, help="multiplies emulated GPU time; 1 is real time")
-        parser.add_argument("--restart-delay", type=float, default=10.0, help="seconds before a node that died is started again; negative: never")
+        parser.add_argument(
+            "--time-scale", type=float, default=1.0, help="multiplies emulated GPU time; 1 is real time"
+        )
+        parser.add_argument(
+            "--restart-delay",
+            type=float,
+            default=10.0,
+            help="seconds before a node that died is started again; negative: never",
+        )
         parser.add_argument("--worker-concurrency", type=int, default=2)
 
     def handle(self, *args, **opts):
@@ -131,14 +145,55 @@ class Command(BaseCommand):
         gateway_url = f"http://{host}:{opts['gateway_port']}"
         env = self._child_env(redis_url, node_token, agent_token, fault_token)
         web = self.supervisor.spawn(
-            Child("web", [python(), "-m", "daphne", "-b", host, "-p", str(opts["port"]), "-v", "0", "console.asgi:application"], env, restart_delay_s=2)
+            Child(
+                "web",
+                [python(), "-m", "daphne", "-b", host, "-p", str(opts["port"]), "-v", "0", "console.asgi:application"],
+                env,
+                restart_delay_s=2,
+            )
         )
-        worker = [python(), "-m", "celery", "-A", "console", "worker", "-l", "INFO", "-c", str(opts["worker_concurrency"]),
-                  "-n", f"worker-{settings.LIFELINE_NAMESPACE}@%h", "--without-gossip", "--without-mingle"]
+        worker = [
+            python(),
+            "-m",
+            "celery",
+            "-A",
+            "console",
+            "worker",
+            "-l",
+            "INFO",
+            "-c",
+            str(opts["worker_concurrency"]),
+            "-n",
+            f"worker-{settings.LIFELINE_NAMESPACE}@%h",
+            "--without-gossip",
+            "--without-mingle",
+        ]
         self.supervisor.spawn(Child("worker", worker, env, restart_delay_s=2))
-        self.supervisor.spawn(Child("beat", [python(), "-m", "celery", "-A", "console", "beat", "-l", "INFO", "--pidfile="], env, restart_delay_s=2))
+        self.supervisor.spawn(
+            Child(
+                "beat",
+                [python(), "-m", "celery", "-A", "console", "beat", "-l", "INFO", "--pidfile="],
+                env,
+                restart_delay_s=2,
+            )
+        )
         gateway = self.supervisor.spawn(
-            Child("gateway", [python(), "manage.py", "gateway", "--host", host, "--port", str(opts["gateway_port"]), "--name", "gateway-1"], env, restart_delay_s=2)
+            Child(
+                "gateway",
+                [
+                    python(),
+                    "manage.py",
+                    "gateway",
+                    "--host",
+                    host,
+                    "--port",
+                    str(opts["gateway_port"]),
+                    "--name",
+                    "gateway-1",
+                ],
+                env,
+                restart_delay_s=2,
+            )
         )
         wait_http(f"{web_url}/healthz", 60, web, self.supervisor)
         wait_http(f"{gateway_url}/healthz", 60, gateway, self.supervisor)
@@ -148,19 +203,59 @@ class Command(BaseCommand):
         for i in range(total):
             rack_index = min(i, opts["nodes"] - 1) * opts["racks"] // max(opts["nodes"], 1)
             argv = [
-                python(), "-m", "workers.node", "--name", f"node-{i + 1:02d}", "--rack", f"rack-{chr(ord('a') + rack_index)}",
-                "--model", opts["model"], "--gpu", opts["gpu_list"][rack_index % len(opts["gpu_list"])], "--tp", str(opts["tp"]),
-                "--host", host, "--port", "0", "--control-url", web_url, "--time-scale", str(opts["time_scale"]), "--enable-faults",
+                python(),
+                "-m",
+                "workers.node",
+                "--name",
+                f"node-{i + 1:02d}",
+                "--rack",
+                f"rack-{chr(ord('a') + rack_index)}",
+                "--model",
+                opts["model"],
+                "--gpu",
+                opts["gpu_list"][rack_index % len(opts["gpu_list"])],
+                "--tp",
+                str(opts["tp"]),
+                "--host",
+                host,
+                "--port",
+                "0",
+                "--control-url",
+                web_url,
+                "--time-scale",
+                str(opts["time_scale"]),
+                "--enable-faults",
             ] + (["--spare"] if i >= opts["nodes"] else [])
             # The fleet is already up when the demo opens; a node that crashed reloads its model
             # from disk (draft first), as a real one would.
-            self.supervisor.spawn(Child(f"node-{i + 1:02d}", argv + ["--start", "warm"], env, restart_delay_s=restart, restart_argv=argv + ["--start", "cold"]))
+            self.supervisor.spawn(
+                Child(
+                    f"node-{i + 1:02d}",
+                    argv + ["--start", "warm"],
+                    env,
+                    restart_delay_s=restart,
+                    restart_argv=argv + ["--start", "cold"],
+                )
+            )
         self._wait_nodes_serving(total, 60 + 2 * total)  # a big fleet takes a while to start on a small machine
         self._set_objectives(opts)
 
         if not opts["no_traffic"]:
-            traffic_env = {**env, "LIFELINE_GATEWAY_KEY": ",".join(gateway_keys.values())}  # premium, standard and best-effort
-            argv = [python(), "-m", "workers.traffic", "--gateway", gateway_url, "--model", opts["model"], "--rate", str(opts["rate"])]
+            traffic_env = {
+                **env,
+                "LIFELINE_GATEWAY_KEY": ",".join(gateway_keys.values()),
+            }  # premium, standard and best-effort
+            argv = [
+                python(),
+                "-m",
+                "workers.traffic",
+                "--gateway",
+                gateway_url,
+                "--model",
+                opts["model"],
+                "--rate",
+                str(opts["rate"]),
+            ]
             self.supervisor.spawn(Child("traffic", argv, traffic_env, restart_delay_s=5))
 
         self.info = {
@@ -223,7 +318,9 @@ class Command(BaseCommand):
                     raise StackError(f"{name} exited while starting: see {self.supervisor.children[name].log_path}")
             if time.monotonic() > deadline:
                 missing = sorted(set(names) - serving)
-                raise StackError(f"nodes not serving after {timeout_s:.0f} s: {', '.join(missing)}; see {self.supervisor.log_dir}")
+                raise StackError(
+                    f"nodes not serving after {timeout_s:.0f} s: {', '.join(missing)}; see {self.supervisor.log_dir}"
+                )
             time.sleep(0.2)
 
     def _nodes_info(self) -> list[dict]:
@@ -234,7 +331,13 @@ class Command(BaseCommand):
                 continue
             node = rows.get(name)
             info.append(
-                {"name": name, "pid": child.pid, "address": node.address if node else None, "rack": node.rack.name if node else None, "command": child.argv}
+                {
+                    "name": name,
+                    "pid": child.pid,
+                    "address": node.address if node else None,
+                    "rack": node.rack.name if node else None,
+                    "command": child.argv,
+                }
             )
         return info
 
@@ -307,8 +410,12 @@ class Command(BaseCommand):
             return
         report = capacity.report(cluster)
         if report.capacity_rps > 0:
-            cluster_settings.update(cluster, {"slo_required_rps": round(0.85 * report.capacity_rps, 1)}, "demo",
-                                    "85% of what the demo's nodes carry, so losing two of eight shows level 1")
+            cluster_settings.update(
+                cluster,
+                {"slo_required_rps": round(0.85 * report.capacity_rps, 1)},
+                "demo",
+                "85% of what the demo's nodes carry, so losing two of eight shows level 1",
+            )
 
 
 def _read_json(path: Path) -> dict:

@@ -15,8 +15,12 @@ class Command(BaseCommand):
     def handle(self, *args, username, label, **options):
         user = get_user_model().objects.filter(username=username).first()
         if user is None:
-            raise CommandError(f"no user {username!r}: create one with `python manage.py create_user {username} --role operator`")
+            raise CommandError(
+                f"no user {username!r}: create one with `python manage.py create_user {username} --role operator`"
+            )
         if roles.role_of(user) is None:
-            raise CommandError(f"user {username!r} has no Lifeline role, so a token would be refused: give them one of {', '.join(roles.ROLES)} first")
+            raise CommandError(
+                f"user {username!r} has no Lifeline role, so a token would be refused: give them one of {', '.join(roles.ROLES)} first"
+            )
         _, token = ApiToken.issue(user, label)
         self.stdout.write(token)

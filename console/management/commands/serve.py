@@ -29,7 +29,9 @@ class Command(BaseCommand):
         if role not in ROLES:
             raise CommandError(f"LIFELINE_ROLE={role!r} is not a role: expected one of {', '.join(ROLES)}")
         if role != "node" and not settings.REDIS_URL:
-            raise CommandError(f"REDIS_URL is not set: the {role} process needs Redis (e.g. REDIS_URL=redis://redis:6379/0)")
+            raise CommandError(
+                f"REDIS_URL is not set: the {role} process needs Redis (e.g. REDIS_URL=redis://redis:6379/0)"
+            )
         python = sys.executable
         if role == "web":
             if not no_migrate:
@@ -38,7 +40,18 @@ class Command(BaseCommand):
                 call_command("migrate", interactive=False, verbosity=1)
             argv = [python, "-m", "daphne", "-b", host, "-p", str(port or 8000), "-v", "1", "console.asgi:application"]
         elif role == "worker":
-            argv = [python, "-m", "celery", "-A", "console", "worker", "-l", "INFO", "--without-gossip", "--without-mingle"]
+            argv = [
+                python,
+                "-m",
+                "celery",
+                "-A",
+                "console",
+                "worker",
+                "-l",
+                "INFO",
+                "--without-gossip",
+                "--without-mingle",
+            ]
         elif role == "beat":
             argv = [python, "-m", "celery", "-A", "console", "beat", "-l", "INFO", "--pidfile="]
         elif role == "gateway":

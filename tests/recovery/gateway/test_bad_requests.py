@@ -30,17 +30,42 @@ from workers.engine import SamplingParams
 from workers.openai_schema import ApiError, parse
 
 QWEN_CONTEXT = catalog.MODELS["Qwen3-32B"].context_tokens
-NODE_CONTEXT = catalog.Deployment.of("Qwen3-32B", "H100-SXM", 1).max_context_tokens  # what the test nodes' KV caches hold
+NODE_CONTEXT = catalog.Deployment.of(
+    "Qwen3-32B", "H100-SXM", 1
+).max_context_tokens  # what the test nodes' KV caches hold
 
 # The requests that took the whole fleet down, as the issue found them.
 POISON = {
-    "text part that is an object": {"model": "Qwen3-32B", "messages": [{"role": "user", "content": [{"type": "text", "text": {}}]}]},
-    "lone surrogate in a text part": {"model": "Qwen3-32B", "messages": [{"role": "user", "content": [{"type": "text", "text": "\udfff"}]}]},
+    "text part that is an object": {
+        "model": "Qwen3-32B",
+        "messages": [{"role": "user", "content": [{"type": "text", "text": {}}]}],
+    },
+    "lone surrogate in a text part": {
+        "model": "Qwen3-32B",
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "\udfff"}]}],
+    },
     "lone surrogate as content": {"model": "Qwen3-32B", "messages": [{"role": "user", "content": "\udfff"}]},
-    "temperature as a word": {"model": "Qwen3-32B", "messages": [{"role": "user", "content": "hi"}], "temperature": "hot"},
-    "stream_options as a word": {"model": "Qwen3-32B", "messages": [{"role": "user", "content": "hi"}], "stream": True, "stream_options": "yes"},
-    "a number for an object": {"model": "Qwen3-32B", "messages": [{"role": "user", "content": "hi"}], "response_format": -269},
-    "negative max_tokens": {"model": "Qwen3-32B", "messages": [{"role": "user", "content": "hi"}], "max_tokens": -100000000},
+    "temperature as a word": {
+        "model": "Qwen3-32B",
+        "messages": [{"role": "user", "content": "hi"}],
+        "temperature": "hot",
+    },
+    "stream_options as a word": {
+        "model": "Qwen3-32B",
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": True,
+        "stream_options": "yes",
+    },
+    "a number for an object": {
+        "model": "Qwen3-32B",
+        "messages": [{"role": "user", "content": "hi"}],
+        "response_format": -269,
+    },
+    "negative max_tokens": {
+        "model": "Qwen3-32B",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": -100000000,
+    },
     "stream as a string": {"model": "Qwen3-32B", "messages": [{"role": "user", "content": "hi"}], "stream": "false"},
 }
 EXPECTED_PARAM = {
@@ -85,28 +110,53 @@ def test_a_lone_surrogate_is_named_as_such():
     assert "lone surrogate (U+DFFF)" in error.message and "character 3" in error.message
 
 
-@pytest.mark.parametrize("body,param,says", [
-    (chat(response_format={"type": "json_object"}), "response_format", "json_object output is not supported"),
-    (chat(response_format={"type": "json_schema", "json_schema": {"name": "x"}}), "response_format", "not supported"),
-    (chat(tools=[{"type": "function", "function": {"name": "f"}}], tool_choice="required"), "tool_choice", "forcing a tool call"),
-    (chat(tools=[{"type": "function", "function": {"name": "f"}}], tool_choice={"type": "function", "function": {"name": "f"}}), "tool_choice",
-     "forcing a tool call"),
-    (chat([{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]), "messages[0].content[0]", "image_url parts are not supported"),
-    (chat(logit_bias={"50256": -100}), "logit_bias", "not supported"),
-    (chat(frequency_penalty=0.5), "frequency_penalty", "not supported"),
-    (chat(presence_penalty=-1), "presence_penalty", "not supported"),
-    (chat(n=2), "n", "only one choice"),
-    (chat(audio={"voice": "alloy", "format": "wav"}), "audio", "not supported"),
-    (chat(modalities=["text", "audio"]), "modalities", "only text"),
-    (chat(web_search_options={}), "web_search_options", "web search"),
-    (chat(reasoning_effort="high"), "reasoning_effort", "no such setting"),
-    (chat(store=True), "store", "not supported"),
-    (chat(top_logprobs=21, logprobs=True), "top_logprobs", "between 0 and 20"),
-    (chat(top_logprobs=3), "top_logprobs", "needs logprobs"),
-    (chat(colour="blue"), "colour", "is not a parameter"),
-    (chat(lifeline={"request_id": "ok", "holders": [], "nope": 1}), "lifeline.nope", "not part of Lifeline's protocol"),
-    (chat(lifeline={"request_id": "bad id with spaces"}), "lifeline.request_id", "letters, digits"),
-])
+@pytest.mark.parametrize(
+    "body,param,says",
+    [
+        (chat(response_format={"type": "json_object"}), "response_format", "json_object output is not supported"),
+        (
+            chat(response_format={"type": "json_schema", "json_schema": {"name": "x"}}),
+            "response_format",
+            "not supported",
+        ),
+        (
+            chat(tools=[{"type": "function", "function": {"name": "f"}}], tool_choice="required"),
+            "tool_choice",
+            "forcing a tool call",
+        ),
+        (
+            chat(
+                tools=[{"type": "function", "function": {"name": "f"}}],
+                tool_choice={"type": "function", "function": {"name": "f"}},
+            ),
+            "tool_choice",
+            "forcing a tool call",
+        ),
+        (
+            chat([{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]),
+            "messages[0].content[0]",
+            "image_url parts are not supported",
+        ),
+        (chat(logit_bias={"50256": -100}), "logit_bias", "not supported"),
+        (chat(frequency_penalty=0.5), "frequency_penalty", "not supported"),
+        (chat(presence_penalty=-1), "presence_penalty", "not supported"),
+        (chat(n=2), "n", "only one choice"),
+        (chat(audio={"voice": "alloy", "format": "wav"}), "audio", "not supported"),
+        (chat(modalities=["text", "audio"]), "modalities", "only text"),
+        (chat(web_search_options={}), "web_search_options", "web search"),
+        (chat(reasoning_effort="high"), "reasoning_effort", "no such setting"),
+        (chat(store=True), "store", "not supported"),
+        (chat(top_logprobs=21, logprobs=True), "top_logprobs", "between 0 and 20"),
+        (chat(top_logprobs=3), "top_logprobs", "needs logprobs"),
+        (chat(colour="blue"), "colour", "is not a parameter"),
+        (
+            chat(lifeline={"request_id": "ok", "holders": [], "nope": 1}),
+            "lifeline.nope",
+            "not part of Lifeline's protocol",
+        ),
+        (chat(lifeline={"request_id": "bad id with spaces"}), "lifeline.request_id", "letters, digits"),
+    ],
+)
 def test_what_the_engine_cannot_honour_is_refused_never_dropped(body, param, says):
     error = refusal(body)
     assert error.param == param and says in error.message, error.message
@@ -117,31 +167,68 @@ def test_what_the_api_allows_and_vllm_accepts_is_accepted():
     turns = [
         {"role": "system", "content": "You run a GPU fleet."},
         {"role": "user", "content": [{"type": "text", "text": "Which node is hot?"}]},
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
-                                                                "function": {"name": "temps", "arguments": "{\"rack\": \"b\"}"}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "temps", "arguments": '{"rack": "b"}'}}
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_1", "content": "node-07: 91 C"},
         {"role": "assistant", "content": "node-07", "refusal": None},
         {"role": "user", "content": "Drain it?", "name": "oncall"},
     ]
     tools = [{"type": "function", "function": {"name": "temps", "parameters": {"type": "object"}}}]
-    req = parse({"model": "Qwen3-32B", "messages": turns, "n": None, "tools": tools, "tool_choice": "auto", "parallel_tool_calls": True,
-                 "response_format": {"type": "text"}, "frequency_penalty": 0, "logit_bias": {}, "user": "u-1", "metadata": {"team": "sre"},
-                 "stream_options": None, "service_tier": "auto", "store": False, "top_p": 0.9, "top_k": 3, "min_p": 0.05, "seed": 7}, "chat", QWEN_CONTEXT)
+    req = parse(
+        {
+            "model": "Qwen3-32B",
+            "messages": turns,
+            "n": None,
+            "tools": tools,
+            "tool_choice": "auto",
+            "parallel_tool_calls": True,
+            "response_format": {"type": "text"},
+            "frequency_penalty": 0,
+            "logit_bias": {},
+            "user": "u-1",
+            "metadata": {"team": "sre"},
+            "stream_options": None,
+            "service_tier": "auto",
+            "store": False,
+            "top_p": 0.9,
+            "top_k": 3,
+            "min_p": 0.05,
+            "seed": 7,
+        },
+        "chat",
+        QWEN_CONTEXT,
+    )
     assert req.params.top_p == 0.9 and req.params.top_k == 3 and req.params.min_p == 0.05 and req.params.seed == 7
     assert req.prompt_tokens > 20
-    completion = parse({"model": "Qwen3-32B", "prompt": [17, 4, 250], "max_tokens": 3, "logprobs": 5}, "completion", QWEN_CONTEXT)
+    completion = parse(
+        {"model": "Qwen3-32B", "prompt": [17, 4, 250], "max_tokens": 3, "logprobs": 5}, "completion", QWEN_CONTEXT
+    )
     assert completion.prompt_ids == [17, 4, 250] and completion.params.logprobs == 5
 
 
 def test_the_context_length_is_enforced_as_vllm_does():
     long_prompt = "word " * (QWEN_CONTEXT + 10)
     error = refusal({"model": "Qwen3-32B", "prompt": long_prompt}, "completion")
-    assert error.code == "context_length_exceeded" and f"maximum context length is {QWEN_CONTEXT} tokens" in error.message
+    assert (
+        error.code == "context_length_exceeded" and f"maximum context length is {QWEN_CONTEXT} tokens" in error.message
+    )
     fits = QWEN_CONTEXT - 100
     error = refusal({"model": "Qwen3-32B", "prompt": "word " * fits, "max_tokens": 200}, "completion")
-    assert error.param == "max_tokens" and f"{fits + 200} tokens ({fits} in the prompt, 200 for the completion)" in error.message
+    assert (
+        error.param == "max_tokens"
+        and f"{fits + 200} tokens ({fits} in the prompt, 200 for the completion)" in error.message
+    )
     # A default max_tokens is shortened to fit rather than refused.
-    req = parse({"model": "Qwen3-32B", "messages": [{"role": "user", "content": "word " * (QWEN_CONTEXT - 40)}]}, "chat", QWEN_CONTEXT)
+    req = parse(
+        {"model": "Qwen3-32B", "messages": [{"role": "user", "content": "word " * (QWEN_CONTEXT - 40)}]},
+        "chat",
+        QWEN_CONTEXT,
+    )
     assert req.prompt_tokens + req.params.max_tokens == QWEN_CONTEXT
 
 
@@ -163,13 +250,40 @@ JSON = st.recursive(
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=4),
     max_leaves=20,
 )
-FIELDS = sorted({"model", "messages", "prompt", "temperature", "top_p", "max_tokens", "stop", "stream", "stream_options", "n", "logprobs",
-                 "top_logprobs", "tools", "tool_choice", "response_format", "seed", "lifeline", "logit_bias", "metadata", "min_tokens"})
+FIELDS = sorted(
+    {
+        "model",
+        "messages",
+        "prompt",
+        "temperature",
+        "top_p",
+        "max_tokens",
+        "stop",
+        "stream",
+        "stream_options",
+        "n",
+        "logprobs",
+        "top_logprobs",
+        "tools",
+        "tool_choice",
+        "response_format",
+        "seed",
+        "lifeline",
+        "logit_bias",
+        "metadata",
+        "min_tokens",
+    }
+)
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(kind=st.sampled_from(["chat", "completion"]), body=st.dictionaries(st.sampled_from(FIELDS), JSON, max_size=8),
-       messages=st.lists(st.dictionaries(st.sampled_from(["role", "content", "name", "tool_calls", "tool_call_id"]), JSON), max_size=3))
+@given(
+    kind=st.sampled_from(["chat", "completion"]),
+    body=st.dictionaries(st.sampled_from(FIELDS), JSON, max_size=8),
+    messages=st.lists(
+        st.dictionaries(st.sampled_from(["role", "content", "name", "tool_calls", "tool_call_id"]), JSON), max_size=3
+    ),
+)
 def test_the_schema_answers_anything_with_a_request_or_a_400(kind, body, messages):
     """Whatever JSON arrives, parsing ends in a request or an ApiError with a field: never another exception (a 500)."""
     body = {"model": "Qwen3-32B", "messages": messages, "prompt": "hello", **body}
@@ -185,11 +299,17 @@ def test_the_schema_answers_anything_with_a_request_or_a_400(kind, body, message
 # --- the token function's new honoured parameters ------------------------------------------------
 def test_top_p_top_k_and_min_p_narrow_the_draw_and_min_tokens_holds_off_the_end():
     state = tokens.initial_state("Qwen3-32B")
-    draws = {tokens.next_token(tokens.advance(state, i), 0, 1.5, seed, tokens.Sampling(1.5, seed, top_k=1)).token_id ==
-             tokens.next_token(tokens.advance(state, i), 0, 0.0, 0).token_id for i in range(40) for seed in range(5)}
+    draws = {
+        tokens.next_token(tokens.advance(state, i), 0, 1.5, seed, tokens.Sampling(1.5, seed, top_k=1)).token_id
+        == tokens.next_token(tokens.advance(state, i), 0, 0.0, 0).token_id
+        for i in range(40)
+        for seed in range(5)
+    }
     assert draws == {True}  # top_k 1 is greedy
     wide = {tokens.next_token(state, 0, 2.0, seed).token_id for seed in range(200)}
-    narrow = {tokens.next_token(state, 0, 2.0, seed, tokens.Sampling(2.0, seed, top_p=0.3)).token_id for seed in range(200)}
+    narrow = {
+        tokens.next_token(state, 0, 2.0, seed, tokens.Sampling(2.0, seed, top_p=0.3)).token_id for seed in range(200)
+    }
     assert len(narrow) < len(wide) and narrow <= wide
     # EOS never comes before min_tokens: search contexts where the plain function ends early.
     ended = [i for i in range(3000) if tokens.next_token(tokens.advance(state, i), 10, 0.0, 0).token_id == tokens.EOS]
@@ -232,11 +352,16 @@ class _View:
         self.config = ClusterConfig()
 
 
-PAGES = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-10**9, 10**9))
+PAGES = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-(10**9), 10**9))
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["place", "expire"]), st.sampled_from(["a", "b", "c"]), PAGES, st.floats(0, 5)), max_size=40))
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["place", "expire"]), st.sampled_from(["a", "b", "c"]), PAGES, st.floats(0, 5)),
+        max_size=40,
+    )
+)
 def test_fleet_bookkeeping_never_goes_negative_and_always_drains(ops):
     """Arbitrary bookings and expiries, refused requests' nonsense included: never below zero, and nothing stays."""
     now = [1000.0]
@@ -256,7 +381,7 @@ def test_fleet_bookkeeping_never_goes_negative_and_always_drains(ops):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.integers(-10**6, 10**6), max_size=30))
+@given(st.lists(st.integers(-(10**6), 10**6), max_size=30))
 def test_pending_work_never_goes_negative_and_confirms_to_zero(prompts):
     pending = Pending()
     for prompt in prompts:
@@ -302,7 +427,9 @@ def _post(url: str, body: bytes, headers: dict | None = None, timeout: float = 3
 
 def _answers(base: str) -> float:
     text = urllib.request.urlopen(base + "/metrics").read().decode()
-    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("lifeline_gateway_requests_total{"))
+    return sum(
+        float(line.split()[-1]) for line in text.splitlines() if line.startswith("lifeline_gateway_requests_total{")
+    )
 
 
 async def _signals(cluster, kind: str) -> list[dict]:
@@ -318,19 +445,31 @@ async def test_poison_requests_get_400_from_gateway_and_node_alike_and_leave_not
     sent = 0
     for name, body in POISON.items():
         for _ in range(110):
-            status, answer_headers, answer = await asyncio.to_thread(_post, base + "/v1/chat/completions", raw_json(body), headers)
+            status, answer_headers, answer = await asyncio.to_thread(
+                _post, base + "/v1/chat/completions", raw_json(body), headers
+            )
             sent += 1
-            assert status == 400 and answer_headers["Content-Type"].startswith("application/json"), (name, status, answer)
+            assert status == 400 and answer_headers["Content-Type"].startswith("application/json"), (
+                name,
+                status,
+                answer,
+            )
             assert answer["error"]["param"] == EXPECTED_PARAM[name]
-        node_status, _, node_answer = await asyncio.to_thread(_post, cluster.nodes["pr-a"].address + "/v1/chat/completions", raw_json(body))
+        node_status, _, node_answer = await asyncio.to_thread(
+            _post, cluster.nodes["pr-a"].address + "/v1/chat/completions", raw_json(body)
+        )
         assert node_status == 400 and node_answer["error"]["param"] == EXPECTED_PARAM[name], name
     health = (await gw(base + "/healthz"))[1]
     assert health["in_flight"] == 0 and health["lost"] == [] and set(health["weights"].values()) == {1.0}
     assert await asyncio.to_thread(_answers, base) - before == sent  # every answer counted once
     assert await _signals(cluster, "node_error") == [] and await _signals(cluster, "symptom") == []
     # The fleet still serves, and a request id refused earlier is free.
-    status, _, answer = await asyncio.to_thread(_post, base + "/v1/chat/completions",
-                                                raw_json(chat("still serving?", max_tokens=4, lifeline={"request_id": "after-poison"})), headers)
+    status, _, answer = await asyncio.to_thread(
+        _post,
+        base + "/v1/chat/completions",
+        raw_json(chat("still serving?", max_tokens=4, lifeline={"request_id": "after-poison"})),
+        headers,
+    )
     assert status == 200 and answer["choices"][0]["message"]["refusal"] is None
 
 
@@ -338,12 +477,22 @@ async def test_a_bad_parameter_never_leaks_its_request_id(cluster):
     cluster.start_nodes("lk-a")
     base = await cluster.gateway()
     headers = {"Authorization": f"Bearer {KEY}"}
-    for bad in ({"temperature": "hot"}, {"stream_options": "yes"}, {"stream_options": -269}, {"max_tokens": -100000000}):
-        status, _, _ = await asyncio.to_thread(_post, base + "/v1/chat/completions", raw_json(chat(lifeline={"request_id": "reused-id"}, **bad)),
-                                               headers)
+    for bad in (
+        {"temperature": "hot"},
+        {"stream_options": "yes"},
+        {"stream_options": -269},
+        {"max_tokens": -100000000},
+    ):
+        status, _, _ = await asyncio.to_thread(
+            _post, base + "/v1/chat/completions", raw_json(chat(lifeline={"request_id": "reused-id"}, **bad)), headers
+        )
         assert status == 400
-    status, _, answer = await asyncio.to_thread(_post, base + "/v1/chat/completions",
-                                                raw_json(chat(max_tokens=3, lifeline={"request_id": "reused-id"})), headers)
+    status, _, answer = await asyncio.to_thread(
+        _post,
+        base + "/v1/chat/completions",
+        raw_json(chat(max_tokens=3, lifeline={"request_id": "reused-id"})),
+        headers,
+    )
     assert status == 200, answer
     assert (await gw(base + "/healthz"))[1]["in_flight"] == 0
 
@@ -371,10 +520,21 @@ async def test_the_gateway_answers_openai_shapes_and_json_errors(cluster):
     request = urllib.request.Request(node + "/v1/completions", method="GET")
     with pytest.raises(urllib.error.HTTPError) as excinfo:
         await asyncio.to_thread(urllib.request.urlopen, request)
-    assert excinfo.value.code == 405 and excinfo.value.headers["Allow"] == "POST" and json.loads(excinfo.value.read())["error"]
+    assert (
+        excinfo.value.code == 405
+        and excinfo.value.headers["Allow"] == "POST"
+        and json.loads(excinfo.value.read())["error"]
+    )
     # Twenty top logprobs are honoured, not cut to five.
-    answer = await asyncio.to_thread(client.chat.completions.create, model="Qwen3-32B", messages=[{"role": "user", "content": "top"}],
-                                     max_tokens=3, logprobs=True, top_logprobs=20, temperature=0)
+    answer = await asyncio.to_thread(
+        client.chat.completions.create,
+        model="Qwen3-32B",
+        messages=[{"role": "user", "content": "top"}],
+        max_tokens=3,
+        logprobs=True,
+        top_logprobs=20,
+        temperature=0,
+    )
     assert [len(t.top_logprobs) for t in answer.choices[0].logprobs.content] == [20, 20, 20]
     assert answer.choices[0].message.refusal is None
     # Node metrics carry the node's name; Lifeline's own names have no colons.
@@ -387,7 +547,9 @@ async def test_a_200k_token_prompt_is_refused_for_its_length_and_opens_no_incide
     cluster.start_nodes("lp-a", "lp-b")
     base = await cluster.gateway()
     body = raw_json(chat("word " * 200_000))
-    status, _, answer = await asyncio.to_thread(_post, base + "/v1/chat/completions", body, {"Authorization": f"Bearer {KEY}"})
+    status, _, answer = await asyncio.to_thread(
+        _post, base + "/v1/chat/completions", body, {"Authorization": f"Bearer {KEY}"}
+    )
     assert status == 400 and answer["error"]["code"] == "context_length_exceeded", answer
     assert f"maximum context length is {NODE_CONTEXT} tokens" in answer["error"]["message"]
     status, _, answer = await asyncio.to_thread(_post, cluster.nodes["lp-a"].address + "/v1/chat/completions", body)
@@ -402,15 +564,22 @@ async def test_a_query_of_death_fails_on_two_nodes_and_opens_no_breaker(cluster)
     cluster.start_nodes("qd-a", "qd-b", "qd-c")
     base = await cluster.gateway()
     for node in cluster.nodes.values():
-        status, _ = await asyncio.to_thread(http_json, node.address + "/agent/faults", data={"kind": "poison", "match": "xyzzy plugh"},
-                                            headers={"Authorization": "Bearer fault"})
+        status, _ = await asyncio.to_thread(
+            http_json,
+            node.address + "/agent/faults",
+            data={"kind": "poison", "match": "xyzzy plugh"},
+            headers={"Authorization": "Bearer fault"},
+        )
         assert status == 200
     headers = {"Authorization": f"Bearer {KEY}"}
     for i in range(110):
-        status, _, answer = await asyncio.to_thread(_post, base + "/v1/chat/completions", raw_json(chat(f"say xyzzy plugh {i % 3}", max_tokens=4)),
-                                                    headers)
+        status, _, answer = await asyncio.to_thread(
+            _post, base + "/v1/chat/completions", raw_json(chat(f"say xyzzy plugh {i % 3}", max_tokens=4)), headers
+        )
         assert status == 500 and answer["error"]["code"] == "request_failed_on_two_nodes", answer
-    status, _, answer = await asyncio.to_thread(_post, base + "/v1/chat/completions", raw_json(chat("an ordinary question", max_tokens=4)), headers)
+    status, _, answer = await asyncio.to_thread(
+        _post, base + "/v1/chat/completions", raw_json(chat("an ordinary question", max_tokens=4)), headers
+    )
     assert status == 200
     assert await _signals(cluster, "node_error") == [] and await _signals(cluster, "symptom") == []
     failed = await _signals(cluster, "request_failed")
@@ -424,13 +593,21 @@ async def test_a_node_that_fails_every_request_is_blamed_once_per_request(cluste
     cluster.start_nodes("bn-a", "bn-b")
     base = await cluster.gateway()
     broken = cluster.nodes["bn-a"]
-    await asyncio.to_thread(http_json, broken.address + "/agent/faults", data={"kind": "poison", "match": ""},
-                            headers={"Authorization": "Bearer fault"})
+    await asyncio.to_thread(
+        http_json,
+        broken.address + "/agent/faults",
+        data={"kind": "poison", "match": ""},
+        headers={"Authorization": "Bearer fault"},
+    )
     client = openai.OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0)
     served = set()
     for i in range(12):
-        answer = await asyncio.to_thread(client.chat.completions.with_raw_response.create, model="Qwen3-32B",
-                                         messages=[{"role": "user", "content": f"question {i}"}], max_tokens=3)
+        answer = await asyncio.to_thread(
+            client.chat.completions.with_raw_response.create,
+            model="Qwen3-32B",
+            messages=[{"role": "user", "content": f"question {i}"}],
+            max_tokens=3,
+        )
         served.add(answer.headers["x-lifeline-node"])
     assert served == {"bn-b"}
     errors = await _signals(cluster, "node_error")
@@ -441,20 +618,30 @@ async def test_a_node_that_fails_every_request_is_blamed_once_per_request(cluste
 async def test_a_slow_60_second_prefill_is_not_a_failure(cluster):
     """A prompt whose prefill takes a minute on a slowed GPU: the node keeps stepping, the gateway waits, nothing is lost."""
     cluster.config["stall_timeout_s"] = 2.0
-    cluster.start_nodes("sl-a", "sl-b", extra=("--time-scale", "1"), gpu="H200-SXM")  # room in its KV cache for a long prompt
+    cluster.start_nodes(
+        "sl-a", "sl-b", extra=("--time-scale", "1"), gpu="H200-SXM"
+    )  # room in its KV cache for a long prompt
     base = await cluster.gateway()
     slow = cluster.nodes["sl-a"]
     deployment = catalog.Deployment.of("Qwen3-32B", "H200-SXM", 1)
     prompt_tokens = 30_000
     factor = 60.0 / deployment.prefill_s(prompt_tokens)
-    await asyncio.to_thread(http_json, slow.address + "/agent/faults", data={"kind": "slow", "factor": round(factor, 1)},
-                            headers={"Authorization": "Bearer fault"})
+    await asyncio.to_thread(
+        http_json,
+        slow.address + "/agent/faults",
+        data={"kind": "slow", "factor": round(factor, 1)},
+        headers={"Authorization": "Bearer fault"},
+    )
     cluster.publish(cordoned=("sl-b",))
     await cluster.until(base, lambda h: h["weights"]["sl-b"] == 0, "only the slow node routable")
     started = time.monotonic()
-    status, headers, answer = await asyncio.to_thread(_post, base + "/v1/completions",
-                                                      raw_json({"model": "Qwen3-32B", "prompt": "word " * (prompt_tokens - 1), "max_tokens": 2}),
-                                                      {"Authorization": f"Bearer {KEY}"}, 180)
+    status, headers, answer = await asyncio.to_thread(
+        _post,
+        base + "/v1/completions",
+        raw_json({"model": "Qwen3-32B", "prompt": "word " * (prompt_tokens - 1), "max_tokens": 2}),
+        {"Authorization": f"Bearer {KEY}"},
+        180,
+    )
     took = time.monotonic() - started
     assert status == 200 and headers["X-Lifeline-Node"] == "sl-a" and answer["usage"]["completion_tokens"] == 2, answer
     assert took >= 50, f"the prefill took {took:.1f} s, not about a minute"
@@ -482,7 +669,12 @@ def _flatten(schemas: dict, name: str) -> dict:
         required.extend(schema.get("required", []))
 
     walk(schemas[name])
-    return {"type": "object", "properties": properties, "required": sorted(set(required)), "additionalProperties": False}
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": sorted(set(required)),
+        "additionalProperties": False,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -503,7 +695,9 @@ def openai_spec() -> dict:
         schema["properties"]["max_tokens"] = {"type": "integer", "minimum": 1, "maximum": 16}
         schema["required"] = sorted({*schema["required"], "max_tokens"})
         if "max_completion_tokens" in schema["properties"]:
-            schema["properties"]["max_completion_tokens"] = {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 16}, {"type": "null"}]}
+            schema["properties"]["max_completion_tokens"] = {
+                "anyOf": [{"type": "integer", "minimum": 1, "maximum": 16}, {"type": "null"}]
+            }
         schemas[name] = schema
     return doc
 
@@ -519,8 +713,13 @@ def _fuzz(spec: dict, base_url: str, mode, headers: dict, after_each) -> dict:
     for path, method in OPERATIONS.items():
         operation = schema[path][method.upper()]
 
-        @settings(max_examples=FUZZ_EXAMPLES, deadline=None, derandomize=True, database=None,
-                  suppress_health_check=list(HealthCheck))
+        @settings(
+            max_examples=FUZZ_EXAMPLES,
+            deadline=None,
+            derandomize=True,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
         @given(case=operation.as_strategy(mode))
         def run(case):
             response = case.call(base_url=base_url, headers=headers, timeout=60)
@@ -558,7 +757,9 @@ async def test_the_official_openai_document_fuzzed_finds_no_server_error_and_no_
         sent += sum(len(codes) for path, codes in seen.items() if path != "/models")
         assert all(code < 500 for codes in seen.values() for code in codes)
         if mode == GenerationMode.POSITIVE:
-            assert 200 in seen["/chat/completions"] and 200 in seen["/completions"]  # the fuzz reached the engines, not only refusals
+            assert (
+                200 in seen["/chat/completions"] and 200 in seen["/completions"]
+            )  # the fuzz reached the engines, not only refusals
         seen = await asyncio.to_thread(_fuzz, openai_spec, node + "/v1", mode, {}, lambda: None)
         assert all(code < 500 for codes in seen.values() for code in codes)
     assert await asyncio.to_thread(_answers, base) - before == sent  # every completion answer counted

@@ -22,11 +22,19 @@ from tests.helpers import http_json, wait_for
 PROMPT = "Explain what the operator should do after node seven failed in rack b " * 6  # about 90 tokens
 
 
-def stream_with_the_openai_client(base: str, on_token=None, prompt: str = PROMPT, **extra) -> tuple[str, list[str], str]:
+def stream_with_the_openai_client(
+    base: str, on_token=None, prompt: str = PROMPT, **extra
+) -> tuple[str, list[str], str]:
     """Stream a chat completion through the gateway with the official client; returns (text, comments, first node)."""
     client = openai.OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0)
     with client.chat.completions.with_streaming_response.create(
-        model="Qwen3-32B", messages=[{"role": "user", "content": prompt}], max_tokens=120, temperature=0.8, seed=99, stream=True, **extra
+        model="Qwen3-32B",
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=120,
+        temperature=0.8,
+        seed=99,
+        stream=True,
+        **extra,
     ) as response:
         node = response.headers["x-lifeline-node"]
         text, count, comments = [], 0, []
@@ -48,8 +56,14 @@ def stream_with_the_openai_client(base: str, on_token=None, prompt: str = PROMPT
 def parsed_with_the_openai_client(base: str) -> str:
     """The same request, parsed by the client's own stream iterator (what applications use)."""
     client = openai.OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0)
-    stream = client.chat.completions.create(model="Qwen3-32B", messages=[{"role": "user", "content": PROMPT}], max_tokens=120,
-                                            temperature=0.8, seed=99, stream=True)
+    stream = client.chat.completions.create(
+        model="Qwen3-32B",
+        messages=[{"role": "user", "content": PROMPT}],
+        max_tokens=120,
+        temperature=0.8,
+        seed=99,
+        stream=True,
+    )
     return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
 
 
@@ -78,7 +92,11 @@ async def moves(base):
     import urllib.request
 
     text = await asyncio.to_thread(lambda: urllib.request.urlopen(base + "/metrics").read().decode())
-    return {line.split("{")[1].split("}")[0]: float(line.split()[-1]) for line in text.splitlines() if line.startswith("lifeline_migrations_total{")}
+    return {
+        line.split("{")[1].split("}")[0]: float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith("lifeline_migrations_total{")
+    }
 
 
 async def test_keys_unknown_models_and_no_nodes(cluster):
@@ -89,15 +107,23 @@ async def test_keys_unknown_models_and_no_nodes(cluster):
     headers = {"Authorization": f"Bearer {KEY}"}
     status, answer = await gw(base + "/v1/completions", data={"model": "gpt-9", "prompt": "x"}, headers=headers)
     assert status == 404 and "Qwen3-32B" in answer["error"]["message"]
-    status, answer = await gw(base + "/v1/completions", data={"model": "Qwen3-32B", "prompt": "x", "max_tokens": -1}, headers=headers)
-    assert status == 400 and answer["error"]["param"] == "max_tokens"  # the schema the nodes use, checked at the gateway
+    status, answer = await gw(
+        base + "/v1/completions", data={"model": "Qwen3-32B", "prompt": "x", "max_tokens": -1}, headers=headers
+    )
+    assert (
+        status == 400 and answer["error"]["param"] == "max_tokens"
+    )  # the schema the nodes use, checked at the gateway
     cluster.nodes["gk-a"].kill()
     cluster.publish()
     await cluster.until(base, lambda h: h["nodes"] == 0, "no node")
     import urllib.error
     import urllib.request
 
-    request = urllib.request.Request(base + "/v1/completions", data=json.dumps({"model": "Qwen3-32B", "prompt": "x"}).encode(), headers={**headers, "Content-Type": "application/json"})
+    request = urllib.request.Request(
+        base + "/v1/completions",
+        data=json.dumps({"model": "Qwen3-32B", "prompt": "x"}).encode(),
+        headers={**headers, "Content-Type": "application/json"},
+    )
     with pytest.raises(urllib.error.HTTPError) as excinfo:
         await asyncio.to_thread(urllib.request.urlopen, request, timeout=10)
     assert excinfo.value.code == 503 and excinfo.value.headers["Retry-After"] == "2"
@@ -173,7 +199,11 @@ async def test_a_target_that_hangs_while_restoring_hands_the_request_on(cluster)
         if count == 40 and not hung:
             flight = json.loads(next(iter(cluster.client.hgetall(cluster.keys.gateway_inflight("gw-test")).values())))
             holder = flight["holders"][0]
-            http_json(cluster.nodes[holder].address + "/agent/faults", data={"kind": "hang", "seconds": 30}, headers={"Authorization": "Bearer fault"})
+            http_json(
+                cluster.nodes[holder].address + "/agent/faults",
+                data={"kind": "hang", "seconds": 30},
+                headers={"Authorization": "Bearer fault"},
+            )
             hung.append(holder)
             cluster.nodes[node].kill(signal.SIGKILL)
 
@@ -191,14 +221,20 @@ async def test_planned_migration_moves_a_live_stream_without_a_gap_in_the_text(c
     def on_token(count, node):
         if count == 30 and not asked:
             asked.append(node)
-            cluster.client.publish(cluster.keys.gateway_commands, json.dumps({"action": "migrate", "node": node, "id": "cmd-1"}))
+            cluster.client.publish(
+                cluster.keys.gateway_commands, json.dumps({"action": "migrate", "node": node, "id": "cmd-1"})
+            )
 
     text, comments, _ = await asyncio.to_thread(stream_with_the_openai_client, base, on_token)
     assert text == expected
     assert len(comments) == 1 and f"from {asked[0]}" in comments[0]
     counted = await moves(base)
     assert sum(counted.values()) == 1 and all(k.startswith('kind="planned"') for k in counted)
-    done = [json.loads(f["data"]) for _, f in cluster.client.xrange(cluster.keys.signals) if f["kind"] == "migration_command_done"]
+    done = [
+        json.loads(f["data"])
+        for _, f in cluster.client.xrange(cluster.keys.signals)
+        if f["kind"] == "migration_command_done"
+    ]
     assert done and done[0]["command"] == "cmd-1" and done[0]["requests"] == 1 and done[0]["failed"] == 0
 
 
@@ -212,7 +248,9 @@ async def test_non_streaming_requests_are_assembled_after_a_failure(cluster):
     cluster.start_nodes("ns-a", "ns-b")
     base = await cluster.gateway()
     client = openai.OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0)
-    plain = await asyncio.to_thread(lambda: client.completions.create(model="Qwen3-32B", prompt=PROMPT, max_tokens=150, temperature=0))
+    plain = await asyncio.to_thread(
+        lambda: client.completions.create(model="Qwen3-32B", prompt=PROMPT, max_tokens=150, temperature=0)
+    )
     result = {}
 
     def slow_request():
@@ -221,14 +259,25 @@ async def test_non_streaming_requests_are_assembled_after_a_failure(cluster):
     thread = threading.Thread(target=slow_request)
     thread.start()
     # Kill whichever node is serving it once it is under way.
-    serving = await asyncio.to_thread(wait_for, lambda: next((n for n, node in cluster.nodes.items()
-                                                               if http_json(node.address + "/agent/status")[1]["load"]["running"]), None), 10, 0.05, "serving")
+    serving = await asyncio.to_thread(
+        wait_for,
+        lambda: next(
+            (n for n, node in cluster.nodes.items() if http_json(node.address + "/agent/status")[1]["load"]["running"]),
+            None,
+        ),
+        10,
+        0.05,
+        "serving",
+    )
     await asyncio.sleep(0.5)
     cluster.nodes[serving].kill(signal.SIGKILL)
     await asyncio.to_thread(thread.join, 30)
     answer = result["answer"]
     assert answer.choices[0].text == plain.choices[0].text
-    assert answer.usage.completion_tokens == plain.usage.completion_tokens and answer.choices[0].finish_reason == plain.choices[0].finish_reason
+    assert (
+        answer.usage.completion_tokens == plain.usage.completion_tokens
+        and answer.choices[0].finish_reason == plain.choices[0].finish_reason
+    )
 
 
 async def test_gateways_see_load_they_did_not_dispatch_through_the_nodes_events(cluster):
@@ -236,13 +285,26 @@ async def test_gateways_see_load_they_did_not_dispatch_through_the_nodes_events(
     base = await cluster.gateway()
     # Load node a behind the gateway's back: the gateway learns it from a's status events.
     async with aiohttp.ClientSession() as session:
-        streams = [asyncio.create_task(session.post(a.address + "/v1/completions", json={"model": "Qwen3-32B", "prompt": "busy " * 400, "max_tokens": 300}))
-                   for _ in range(6)]
-        await asyncio.to_thread(wait_for, lambda: http_json(a.address + "/agent/status")[1]["load"]["running"] == 6, 10, 0.05, "a busy")
+        streams = [
+            asyncio.create_task(
+                session.post(
+                    a.address + "/v1/completions",
+                    json={"model": "Qwen3-32B", "prompt": "busy " * 400, "max_tokens": 300},
+                )
+            )
+            for _ in range(6)
+        ]
+        await asyncio.to_thread(
+            wait_for, lambda: http_json(a.address + "/agent/status")[1]["load"]["running"] == 6, 10, 0.05, "a busy"
+        )
         served = []
         for _ in range(4):
-            status, answer = await asyncio.to_thread(http_json, base + "/v1/completions", data={"model": "Qwen3-32B", "prompt": "which node", "max_tokens": 4},
-                                                     headers={"Authorization": f"Bearer {KEY}"})
+            status, answer = await asyncio.to_thread(
+                http_json,
+                base + "/v1/completions",
+                data={"model": "Qwen3-32B", "prompt": "which node", "max_tokens": 4},
+                headers={"Authorization": f"Bearer {KEY}"},
+            )
             served.append(answer["id"])
         stats = http_json(b.address + "/agent/status")[1]["counters"]["requests_finished"]
         for task in streams:
@@ -259,19 +321,53 @@ async def test_a_gateway_restart_finishes_what_it_accepted(cluster, tmp_path):
 
     cluster.start_nodes("gr-a")
     port = free_port()
-    env = {**os.environ, "LIFELINE_NAMESPACE": cluster.keys.namespace, "LIFELINE_AGENT_TOKEN": AGENT, "LIFELINE_VAR_DIR": str(tmp_path)}
-    gateway = subprocess.Popen([sys.executable, "manage.py", "gateway", "--port", str(port), "--name", "gw-restart"], cwd=BASE_DIR, env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {
+        **os.environ,
+        "LIFELINE_NAMESPACE": cluster.keys.namespace,
+        "LIFELINE_AGENT_TOKEN": AGENT,
+        "LIFELINE_VAR_DIR": str(tmp_path),
+    }
+    gateway = subprocess.Popen(
+        [sys.executable, "manage.py", "gateway", "--port", str(port), "--name", "gw-restart"],
+        cwd=BASE_DIR,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
-        await asyncio.to_thread(wait_for, lambda: http_json(base + "/healthz")[1]["watching"] == ["gr-a"] if _up(base) else False, 20, 0.1, "gateway up")
+        await asyncio.to_thread(
+            wait_for,
+            lambda: http_json(base + "/healthz")[1]["watching"] == ["gr-a"] if _up(base) else False,
+            20,
+            0.1,
+            "gateway up",
+        )
         client = openai.OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0)
-        accepted = asyncio.create_task(asyncio.to_thread(
-            client.completions.create, model="Qwen3-32B", prompt=PROMPT, max_tokens=200, temperature=0, extra_body={"lifeline": {"request_id": "restart-1"}}))
-        await asyncio.to_thread(wait_for, lambda: http_json(cluster.nodes["gr-a"].address + "/agent/status")[1]["load"]["running"] == 1, 10, 0.05, "accepted")
+        accepted = asyncio.create_task(
+            asyncio.to_thread(
+                client.completions.create,
+                model="Qwen3-32B",
+                prompt=PROMPT,
+                max_tokens=200,
+                temperature=0,
+                extra_body={"lifeline": {"request_id": "restart-1"}},
+            )
+        )
+        await asyncio.to_thread(
+            wait_for,
+            lambda: http_json(cluster.nodes["gr-a"].address + "/agent/status")[1]["load"]["running"] == 1,
+            10,
+            0.05,
+            "accepted",
+        )
         gateway.send_signal(signal.SIGTERM)  # a restart: stop taking work, finish what was taken
         answer = await accepted
-        assert answer.id == "restart-1" and answer.usage.completion_tokens > 0 and answer.choices[0].finish_reason in ("length", "stop")
+        assert (
+            answer.id == "restart-1"
+            and answer.usage.completion_tokens > 0
+            and answer.choices[0].finish_reason in ("length", "stop")
+        )
         assert await asyncio.to_thread(gateway.wait, 30) == 0
     finally:
         if gateway.poll() is None:
@@ -290,8 +386,11 @@ BEST_EFFORT_KEY = "llk_test-key-best-effort"
 
 async def test_degradation_sheds_best_effort_with_429_and_level_4_rejects_new_requests(cluster):
     cluster.start_nodes("dg-a")
-    cluster.client.hset(cluster.keys.gateway_keys, hashlib.sha256(BEST_EFFORT_KEY.encode()).hexdigest(),
-                        json.dumps({"id": 2, "tenant": "batch-jobs", "tier": "best_effort"}))
+    cluster.client.hset(
+        cluster.keys.gateway_keys,
+        hashlib.sha256(BEST_EFFORT_KEY.encode()).hexdigest(),
+        json.dumps({"id": 2, "tenant": "batch-jobs", "tier": "best_effort"}),
+    )
     base = await cluster.gateway()
     body = {"model": "Qwen3-32B", "prompt": "hello", "max_tokens": 3}
     premium, best_effort = {"Authorization": f"Bearer {KEY}"}, {"Authorization": f"Bearer {BEST_EFFORT_KEY}"}
@@ -302,7 +401,11 @@ async def test_degradation_sheds_best_effort_with_429_and_level_4_rejects_new_re
     import urllib.request
 
     def status_of(headers):
-        request = urllib.request.Request(base + "/v1/completions", data=json.dumps(body).encode(), headers={**headers, "Content-Type": "application/json"})
+        request = urllib.request.Request(
+            base + "/v1/completions",
+            data=json.dumps(body).encode(),
+            headers={**headers, "Content-Type": "application/json"},
+        )
         try:
             with urllib.request.urlopen(request, timeout=10) as response:
                 return response.status, dict(response.headers), json.loads(response.read())
@@ -318,7 +421,9 @@ async def test_degradation_sheds_best_effort_with_429_and_level_4_rejects_new_re
     status, headers, answer = await asyncio.to_thread(status_of, premium)
     assert status == 503 and headers["Retry-After"] == "30" and "takes no new requests" in answer["error"]["message"]
     assert (await moves(base)) == {}  # nothing moved: refused before routing
-    text = await asyncio.to_thread(lambda: __import__("urllib.request").request.urlopen(base + "/metrics").read().decode())
+    text = await asyncio.to_thread(
+        lambda: __import__("urllib.request").request.urlopen(base + "/metrics").read().decode()
+    )
     assert 'lifeline_gateway_shed_total{tier="best_effort"} 1.0' in text
 
 
@@ -329,8 +434,11 @@ async def test_a_weight_change_reaches_the_gateway_by_push_not_by_its_poll(clust
     health = await cluster.until(base, lambda h: h["weights"].get("wt-a") == 0.0, "the new weight, pushed", timeout=10)
     assert health["weights"]["wt-b"] == 1.0
     for _ in range(4):
-        status, answer = await gw(base + "/v1/completions", data={"model": "Qwen3-32B", "prompt": "x", "max_tokens": 2},
-                                  headers={"Authorization": f"Bearer {KEY}"})
+        status, answer = await gw(
+            base + "/v1/completions",
+            data={"model": "Qwen3-32B", "prompt": "x", "max_tokens": 2},
+            headers={"Authorization": f"Bearer {KEY}"},
+        )
         assert status == 200
     assert http_json(cluster.nodes["wt-a"].address + "/agent/status")[1]["counters"]["requests_finished"] == 0
 
@@ -339,8 +447,11 @@ async def test_a_clients_4xx_never_counts_against_the_node(cluster):
     cluster.start_nodes("cx-a")
     base = await cluster.gateway()
     before = cluster.client.xlen(cluster.keys.signals)
-    status, answer = await gw(base + "/v1/completions", data={"model": "Qwen3-32B", "prompt": "x", "max_tokens": -1},
-                              headers={"Authorization": f"Bearer {KEY}"})
+    status, answer = await gw(
+        base + "/v1/completions",
+        data={"model": "Qwen3-32B", "prompt": "x", "max_tokens": -1},
+        headers={"Authorization": f"Bearer {KEY}"},
+    )
     assert status == 400
     await cluster.flushed()  # every signal the gateway emitted so far is in Redis
     entries = cluster.client.xrange(cluster.keys.signals, "-", "+")[before:]

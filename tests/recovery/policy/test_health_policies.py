@@ -173,7 +173,9 @@ def test_a_half_open_breaker_lets_through_one_call_per_timeout(ops):
             if b.state == breakers.HALF_OPEN and allowed:
                 allowed_while_half_open.append(now)
         # two trials are at least a timeout apart
-        assert all(later - earlier >= 5.0 for earlier, later in zip(allowed_while_half_open, allowed_while_half_open[1:]))
+        assert all(
+            later - earlier >= 5.0 for earlier, later in zip(allowed_while_half_open, allowed_while_half_open[1:])
+        )
         assert b.state in breakers.STATES
 
 
@@ -203,10 +205,16 @@ def test_tight_objectives_limit_the_batch_and_impossible_ones_give_nothing():
     tight = capacity.node_capacity(H100, capacity.Slo(tpot_ms=17, avg_prompt_tokens=512, avg_output_tokens=256))
     loose = capacity.node_capacity(H100, SLO)
     assert tight.limited_by == "tpot" and tight.batch < loose.batch and tight.rps < loose.rps
-    assert H100.step_s(0, 0, tight.batch, tight.batch * 640) <= 0.017 < H100.step_s(0, 0, tight.batch + 1, (tight.batch + 1) * 640)
+    assert (
+        H100.step_s(0, 0, tight.batch, tight.batch * 640)
+        <= 0.017
+        < H100.step_s(0, 0, tight.batch + 1, (tight.batch + 1) * 640)
+    )
     assert capacity.node_capacity(H100, capacity.Slo(tpot_ms=1)).rps == 0
     assert capacity.node_capacity(H100, capacity.Slo(ttft_ms=1, avg_prompt_tokens=8000)).limited_by == "ttft"
-    long_context = capacity.node_capacity(H100, capacity.Slo(ttft_ms=600_000, tpot_ms=1000, avg_prompt_tokens=100_000, avg_output_tokens=1000))
+    long_context = capacity.node_capacity(
+        H100, capacity.Slo(ttft_ms=600_000, tpot_ms=1000, avg_prompt_tokens=100_000, avg_output_tokens=1000)
+    )
     assert long_context.limited_by == "kv" and long_context.batch == H100.kv_capacity_tokens // 101_000
 
 
@@ -217,10 +225,15 @@ def test_the_slowdown_is_measured_against_the_model():
     assert capacity.slowdown(H100, 0, 8, 8000) == 1.0 and capacity.slowdown(H100, 30, 0, 0) == 1.0
     assert capacity.slowdown(H100, 1.1 * model_ms, 8, 8000) == 1.0  # jitter, not the GPU
     over_pcie = H100.step_s(0, 0, 8, 8000, "pcie") * 1000  # NVLink down: the all-reduces cross PCIe
-    assert over_pcie / model_ms > 1.15 and capacity.slowdown(H100, over_pcie, 8, 8000) == pytest.approx(over_pcie / model_ms)
+    assert over_pcie / model_ms > 1.15 and capacity.slowdown(H100, over_pcie, 8, 8000) == pytest.approx(
+        over_pcie / model_ms
+    )
 
 
-@pytest.mark.parametrize("ratio, level", [(1.5, 0), (1.0, 0), (0.99, 1), (0.75, 1), (0.6, 2), (0.5, 2), (0.3, 3), (0.25, 3), (0.2, 4), (0.0, 4)])
+@pytest.mark.parametrize(
+    "ratio, level",
+    [(1.5, 0), (1.0, 0), (0.99, 1), (0.75, 1), (0.6, 2), (0.5, 2), (0.3, 3), (0.25, 3), (0.2, 4), (0.0, 4)],
+)
 def test_levels_follow_document_003(ratio, level):
     assert capacity.level_for(ratio) == level
 
@@ -230,8 +243,12 @@ def test_levels_rise_at_once_and_fall_after_the_hold_with_a_margin():
     assert (d.level, d.changed) == (2, True)
     d = capacity.next_level(2, 1.02, now=10, better_since=None, margin=0.05, hold_s=30)
     assert (d.level, d.changed, d.better_since) == (2, False, 10)  # 1.02 clears level 1's 0.75, not level 0's 1.0 by 5%
-    assert capacity.next_level(2, 1.02, now=39, better_since=10, margin=0.05, hold_s=30) == capacity.LevelDecision(2, 10, False)
-    assert capacity.next_level(2, 1.02, now=40, better_since=10, margin=0.05, hold_s=30) == capacity.LevelDecision(1, None, True)
+    assert capacity.next_level(2, 1.02, now=39, better_since=10, margin=0.05, hold_s=30) == capacity.LevelDecision(
+        2, 10, False
+    )
+    assert capacity.next_level(2, 1.02, now=40, better_since=10, margin=0.05, hold_s=30) == capacity.LevelDecision(
+        1, None, True
+    )
     assert capacity.next_level(1, 1.10, now=41, better_since=None, hold_s=30).level == 1
     assert capacity.next_level(1, 0.70, now=42, better_since=41).level == 2  # worse again: at once, the hold restarts
     assert capacity.next_level(1, 0.80, now=42, better_since=30).better_since is None  # no longer better: forgotten

@@ -15,7 +15,9 @@ def test_forward_steps_are_allowed():
     lc.check(lc.SERVING, lc.LEFT, new_session=False)  # left on purpose
 
 
-@pytest.mark.parametrize("old,new", [(lc.SERVING, lc.JOIN), (lc.DOWN, lc.SERVING), (lc.LEFT, lc.DOWN), (lc.SERVING, lc.SERVING)])
+@pytest.mark.parametrize(
+    "old,new", [(lc.SERVING, lc.JOIN), (lc.DOWN, lc.SERVING), (lc.LEFT, lc.DOWN), (lc.SERVING, lc.SERVING)]
+)
 def test_backward_steps_within_a_session_are_refused(old, new):
     with pytest.raises(lc.IllegalTransition, match="only moves forward"):
         lc.check(old, new, new_session=False)

@@ -57,18 +57,24 @@ def test_pending_counts_dispatches_and_never_goes_below_zero():
 
 
 def test_a_fresh_status_predicts_unchanged():
-    status = NodeStatus(at=NOW, uncomputed_prefill_tokens=3000, decode_batch=10, decode_context_tokens=20_000, step_ms=30)
+    status = NodeStatus(
+        at=NOW, uncomputed_prefill_tokens=3000, decode_batch=10, decode_context_tokens=20_000, step_ms=30
+    )
     assert load.predict(status, NOW, H100) == status
     # a status from the node's future (clock skew) is not run backwards
     assert load.predict(status, NOW - 1, H100) == dataclasses.replace(status, at=NOW - 1)
 
 
 def test_a_stale_status_predicts_less_prefill_and_more_decode_context():
-    status = NodeStatus(at=NOW, uncomputed_prefill_tokens=5000, decode_batch=10, decode_context_tokens=20_000, step_ms=30)
+    status = NodeStatus(
+        at=NOW, uncomputed_prefill_tokens=5000, decode_batch=10, decode_context_tokens=20_000, step_ms=30
+    )
     later = load.predict(status, NOW + 0.045, H100)  # a step and a half
     assert later.at == NOW + 0.045
     assert later.uncomputed_prefill_tokens == 5000 - 3072  # 1.5 chunks of 2048
-    assert later.decode_context_tokens == 20_000 + 3072 + 15  # the prompt tokens computed, and ten sequences 1.5 tokens each
+    assert (
+        later.decode_context_tokens == 20_000 + 3072 + 15
+    )  # the prompt tokens computed, and ten sequences 1.5 tokens each
     assert load.prefill_load(later) < load.prefill_load(status)
     assert load.decode_load(later) > load.decode_load(status)
     # prefill finishes, it does not go negative
@@ -91,7 +97,9 @@ def test_requests_prefilling_join_the_decode_batch_once_their_prefill_is_predict
     later = load.predict(busy, NOW + 0.2, H100)
     assert later.uncomputed_prefill_tokens == 0 and later.decode_batch == 6 and later.decode_context_tokens >= 2400
     nodes = {"a": (busy, Pending(), H100, 1.0), "b": (idle, Pending(), H100, 1.0)}
-    assert load.routing_cost(later, Pending(), H100, 4) > load.routing_cost(load.predict(idle, NOW + 0.2, H100), Pending(), H100, 4)
+    assert load.routing_cost(later, Pending(), H100, 4) > load.routing_cost(
+        load.predict(idle, NOW + 0.2, H100), Pending(), H100, 4
+    )
     assert load.choose_node(nodes, 4, NOW + 0.2) == "b" == load._plain_choose_node(nodes, 4, NOW + 0.2)
     # still prefilling: they have not joined yet, the prefill queue carries them
     assert load.predict(busy, NOW + 0.001, H100).decode_batch == 0
@@ -147,7 +155,9 @@ def test_the_decode_load_term_compares_gpus_by_the_share_of_their_own_capacity()
     assert small_kv - ONE_H100.prefill_s(100) - ONE_H100.decode_step_s(5, 6100) == pytest.approx(
         _idle_step_share(ONE_H100, 6105), rel=1e-9
     )
-    assert large_kv - H100.prefill_s(100) - H100.decode_step_s(5, 6100) == pytest.approx(_idle_step_share(H100, 6105), rel=1e-9)
+    assert large_kv - H100.prefill_s(100) - H100.decode_step_s(5, 6100) == pytest.approx(
+        _idle_step_share(H100, 6105), rel=1e-9
+    )
     assert _idle_step_share(ONE_H100, 6105) > 10 * _idle_step_share(H100, 6105)
 
 
@@ -250,7 +260,10 @@ def test_the_fast_path_follows_replaced_entries_of_the_same_mapping():
 
 
 def test_a_mapping_rebuilt_for_every_call_is_answered_the_same():
-    statuses = {"a": NodeStatus(at=NOW, decode_batch=9, decode_context_tokens=20_000), "b": NodeStatus(at=NOW, decode_batch=3)}
+    statuses = {
+        "a": NodeStatus(at=NOW, decode_batch=9, decode_context_tokens=20_000),
+        "b": NodeStatus(at=NOW, decode_batch=3),
+    }
     pending = {"a": Pending(), "b": Pending()}
 
     def fresh():
@@ -359,14 +372,20 @@ near_tie_strategy = st.tuples(
     st.lists(near_tie_strategy, min_size=2, max_size=12),
     st.lists(st.tuples(st.integers(0, 11), st.integers(1, 4000)), min_size=1, max_size=6),
 )
-def test_choose_node_is_its_definition_among_near_ties(deployment, batch, context, uncomputed, step_ms, nodes, decisions):
+def test_choose_node_is_its_definition_among_near_ties(
+    deployment, batch, context, uncomputed, step_ms, nodes, decisions
+):
     """Nodes a few tokens, requests and milliseconds apart: their costs differ by about the
     decode-load term's own slopes, so a bound that overstates any of them prunes the winner."""
     candidates = {
         f"n{i:02d}": (
             NodeStatus(
-                at=NOW - stale, waiting=more_waiting, uncomputed_prefill_tokens=uncomputed, decode_batch=batch + more_batch,
-                decode_context_tokens=context + more_context, step_ms=step_ms,
+                at=NOW - stale,
+                waiting=more_waiting,
+                uncomputed_prefill_tokens=uncomputed,
+                decode_batch=batch + more_batch,
+                decode_context_tokens=context + more_context,
+                step_ms=step_ms,
             ),
             Pending(requests, tokens),
             deployment,
@@ -576,7 +595,11 @@ def test_a_holder_under_theta_restores():
 def test_a_holder_over_theta_is_bypassed_for_a_short_prefix_and_kept_for_a_long_one():
     survivors = _survivors(("h", "r1", 20.0), ("w", "r2", 1.0))
     short, long_ = dispatch.plan_recovery(
-        [Interrupted("short", ("h",), 96, 100), Interrupted("long", ("h",), 4096, 4100)], survivors, {"f"}, theta=8.0, tau=512
+        [Interrupted("short", ("h",), 96, 100), Interrupted("long", ("h",), 4096, 4100)],
+        survivors,
+        {"f"},
+        theta=8.0,
+        tau=512,
     )
     assert (short.target, short.method, short.source) == ("w", "reprefill", None)
     assert "overloaded" in short.reason and "re-prefill" in short.reason
@@ -654,7 +677,9 @@ def test_live_migration_transfers_a_long_context_and_reprefills_a_short_one():
     method, transfer_s, reprefill_s = dispatch.migration_method(8001, 8000, "r1", target)
     assert method == "transfer" and transfer_s < reprefill_s
     link, loaded = catalog.node_link("r1", "r1")
-    assert transfer_s > catalog.kv_transfer_s(8000 * H100.model.kv_bytes_per_token, link, loaded)  # plus the catch-up pass
+    assert transfer_s > catalog.kv_transfer_s(
+        8000 * H100.model.kv_bytes_per_token, link, loaded
+    )  # plus the catch-up pass
     method, transfer_s, reprefill_s = dispatch.migration_method(100, 96, "r1", target)
     assert method == "reprefill" and transfer_s >= reprefill_s
     # across racks the spine is shared (a third of InfiniBand): the transfer takes longer
@@ -697,7 +722,9 @@ survivor_strategy = st.builds(
     st.sets(st.sampled_from([f"n{i}" for i in range(8)]), max_size=3),
     st.floats(0, 30),
 )
-def test_recovery_never_targets_a_failed_or_dead_node_and_sources_are_surviving_holders(interrupted, survivors, failed, theta):
+def test_recovery_never_targets_a_failed_or_dead_node_and_sources_are_surviving_holders(
+    interrupted, survivors, failed, theta
+):
     for name, s in survivors.items():
         s.name = name
     ok = {n for n, s in survivors.items() if s.alive and n not in failed}
