@@ -227,7 +227,8 @@ class Harness:
         raise RuntimeError("the gateway did not start")
 
     async def kill(self, name: str, restart_after_s: float = 2.0, confirm_after_s: float = 1.0) -> float:
-        """SIGKILL a node; take it out of routing, restart it cold, and assist with its draft, as the control plane does."""
+        """SIGKILL a node; take it out of routing, restart it cold, and assist with its draft, as the control plane
+        does."""
         killed_at = time.monotonic()
         self.nodes[name].stop(signal.SIGKILL)
         self._tasks.append(asyncio.create_task(self._recover(name, restart_after_s, confirm_after_s)))

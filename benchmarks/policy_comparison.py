@@ -273,7 +273,8 @@ async def run_policy(policy: str, arrivals: list, kill: bool = True) -> dict:
 
 
 def windows(ok: list, baseline: tuple[float, float], start: float, end: float) -> list[dict]:
-    """Every STEP_S from start to end: the requests that finished in the trailing WINDOW_S, their mean TTFT/TPOT, in band or not."""
+    """Every STEP_S from start to end: the requests that finished in the trailing WINDOW_S, their mean TTFT/TPOT, in
+    band or not."""
     out = []
     steps = int(round((end - start) / STEP_S))
     for i in range(1, steps + 1):
@@ -307,7 +308,8 @@ def analyse(run: dict) -> dict:
 
     # Recovery time (method in the module docstring).
     series = windows(ok, (b_ttft, b_tpot), kill_at, end)
-    # The same test on the baseline's own windows (ending 10 s to 0 s before the kill): how often noise alone is out of band.
+    # The same test on the baseline's own windows (ending 10 s to 0 s before the kill): how often noise alone is out
+    # of band.
     noise = [
         w["in_band"]
         for w in windows(ok, (b_ttft, b_tpot), kill_at - BASELINE_S + WINDOW_S, kill_at)
@@ -328,7 +330,8 @@ def analyse(run: dict) -> dict:
         sustained = judged[last_out + 1]["t"] if last_out + 1 < len(judged) else None
         if recovery is None:
             notes.append(
-                f"never recovered: no 5 s window within {AFTER_KILL_S:.0f} s of the kill was back within 10% of the baseline"
+                f"never recovered: no 5 s window within {AFTER_KILL_S:.0f} s of the kill "
+                "was back within 10% of the baseline"
             )
         elif sustained is None:
             notes.append(
@@ -562,7 +565,8 @@ async def main_async(rate: float) -> tuple[dict, dict]:
         figures[policy] = analyse(await run_policy(policy, arrivals))
         f = figures[policy]
         print(
-            f"    baseline TTFT {f['baseline']['ttft_ms_mean']} ms, failure-window TTFT {f['failure_window']['ttft_ms_mean']} ms, "
+            f"    baseline TTFT {f['baseline']['ttft_ms_mean']} ms, "
+            f"failure-window TTFT {f['failure_window']['ttft_ms_mean']} ms, "
             f"recovery {f['recovery_time_s']} s, lost/repeated {f['tokens_lost']}/{f['tokens_repeated_or_wrong']}",
             flush=True,
         )
@@ -623,7 +627,10 @@ def main() -> None:
                 "racks": RACKS,
                 "deployment": f"{MODEL} on 1x {GPU} each",
                 "time_scale": 1.0,
-                "arrivals": f"open-loop Poisson, {args.rate} requests/s, seed {SEED}: the same {arrivals['arrivals']} arrivals for every policy",
+                "arrivals": (
+                    f"open-loop Poisson, {args.rate} requests/s, seed {SEED}: "
+                    f"the same {arrivals['arrivals']} arrivals for every policy"
+                ),
                 "rate_rps": args.rate,
                 "rate_chosen": CALIBRATION,
                 "prompt_words": f"{PROMPT_WORDS[0]}-{PROMPT_WORDS[1]} (one word = one token)",
@@ -636,12 +643,16 @@ def main() -> None:
                 "restart": f"cold, {RESTART_AFTER_S} s after the kill (draft ~3 s, full model ~23 s later)",
                 "progressive_recovery": f"draft assists the most loaded survivor: {', '.join(ASSISTED)} only",
                 "recovery_time_method": (
-                    f"from the kill; every {STEP_S} s the requests finishing in the trailing {WINDOW_S} s (>= {MIN_IN_WINDOW}) give a "
-                    f"mean TTFT and TPOT; in band when both <= {1 + BAND:.2f} x the baseline means; recovery = end of the first "
-                    "in-band window after the first out-of-band one; sustained = end of the first window after the last "
-                    f"out-of-band one; searched up to kill + {AFTER_KILL_S:.0f} s"
+                    f"from the kill; every {STEP_S} s the requests finishing in the trailing {WINDOW_S} s "
+                    f"(>= {MIN_IN_WINDOW}) give a mean TTFT and TPOT; in band when both <= {1 + BAND:.2f} x the "
+                    "baseline means; recovery = end of the first in-band window after the first out-of-band one; "
+                    "sustained = end of the first window after the last out-of-band one; "
+                    f"searched up to kill + {AFTER_KILL_S:.0f} s"
                 ),
-                "holder_balance": "median over 1 s samples in the baseline of max/min over the 4 nodes of L̂ = checkpoint pages held + running + waiting",
+                "holder_balance": (
+                    "median over 1 s samples in the baseline of max/min over the 4 nodes of "
+                    "L̂ = checkpoint pages held + running + waiting"
+                ),
                 "policies": {p: POLICY_DOCS[p] for p in POLICIES},
             },
             "figures": figures,

@@ -53,7 +53,7 @@ def main() -> None:
             targets = rng.sample(names, args.per_round)
             results: dict[str, tuple[float, float]] = {}
 
-            def trial(name: str) -> None:
+            def trial(name: str, results: dict[str, tuple[float, float]]) -> None:
                 time.sleep(rng.uniform(0, args.interval))  # a random moment in the canary cycle
                 address = stack.node(name)["address"]
                 http_json(
@@ -72,12 +72,12 @@ def main() -> None:
                         return
                     time.sleep(0.02)
 
-            threads = [threading.Thread(target=trial, args=(name,)) for name in targets]
+            threads = [threading.Thread(target=trial, args=(name, results)) for name in targets]
             for t in threads:
                 t.start()
             for t in threads:
                 t.join()
-            for name, (out_s, suspicious_s) in results.items():
+            for _, (out_s, suspicious_s) in results.items():
                 times.append(out_s)
                 suspicious_times.append(suspicious_s)
             print(

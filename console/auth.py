@@ -55,7 +55,8 @@ def api_view(*allowed_roles: str):
             if role is None:
                 return error(
                     403,
-                    f"User {request.user.get_username()!r} has no Lifeline role: an admin must give them one of {', '.join(roles.ROLES)}.",
+                    f"User {request.user.get_username()!r} has no Lifeline role: "
+                    f"an admin must give them one of {', '.join(roles.ROLES)}.",
                 )
             if allowed_roles and not roles.has_role(request.user, *allowed_roles):
                 return error(403, f"Role {role!r} may not do this: it needs {' or '.join(allowed_roles)}.")

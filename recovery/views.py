@@ -25,13 +25,15 @@ def node_endpoint(view):
         if not expected:
             return json_error(
                 503,
-                "LIFELINE_NODE_TOKEN is not set on the control plane, so no node can register: set it and restart the console.",
+                "LIFELINE_NODE_TOKEN is not set on the control plane, so no node can register: "
+                "set it and restart the console.",
             )
         token = bearer_token(request)
         if token is None or not hmac.compare_digest(token.encode(), expected.encode()):
             return json_error(
                 401,
-                "The node token is missing or wrong: start the node with LIFELINE_NODE_TOKEN set to the cluster's node token.",
+                "The node token is missing or wrong: "
+                "start the node with LIFELINE_NODE_TOKEN set to the cluster's node token.",
             )
         try:
             body = json.loads(request.body or b"null")

@@ -1,4 +1,5 @@
-"""A cluster for gateway tests: real node processes, the control plane's Redis state, gateways in the test's event loop."""
+"""A cluster for gateway tests: real node processes, the control plane's Redis state, gateways in the test's event
+loop."""
 
 import asyncio
 import hashlib

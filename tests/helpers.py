@@ -186,7 +186,8 @@ def chromium_path() -> str:
     path = os.environ.get("LIFELINE_CHROMIUM") or shutil.which("chromium")
     if not path:
         raise RuntimeError(
-            "Chromium is not installed: `./lifeline test` installs Debian's chromium when run as root, or set LIFELINE_CHROMIUM"
+            "Chromium is not installed: `./lifeline test` installs Debian's chromium when run as root, "
+            "or set LIFELINE_CHROMIUM"
         )
     return path
 

@@ -55,7 +55,9 @@ def test_importing_the_node_side_loads_no_django():
     code = (
         "import sys\n"
         + "".join(f"import {m}\n" for m in modules)
-        + "loaded = [m for m in sys.modules if m.split('.')[0] in ('django', 'channels', 'celery')]\nprint(loaded)\nsys.exit(1 if loaded else 0)"
+        + "loaded = [m for m in sys.modules if m.split('.')[0] in ('django', 'channels', 'celery')]\n"
+        + "print(loaded)\n"
+        + "sys.exit(1 if loaded else 0)"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=BASE_DIR, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}

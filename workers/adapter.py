@@ -19,6 +19,7 @@ import json
 import logging
 import re
 import time
+from typing import cast
 
 import aiohttp
 
@@ -56,7 +57,7 @@ class AdapterEngine:
     """A real engine behind the node agent: requests go to its OpenAI API, load comes from its metrics."""
 
     # A stock engine's API offers none of the capabilities beyond serving (see the module docstring).
-    capabilities = frozenset()
+    capabilities: frozenset[str] = frozenset()
 
     def __init__(self, engine_url: str, deployment: Deployment, name: str, poll_s: float = 0.25):
         self.engine_url = engine_url.rstrip("/")
@@ -69,7 +70,7 @@ class AdapterEngine:
         self.status_seq = 0
         self.busy_s = 0.0
         self.used_blocks = 0
-        self.counters = {"requests_proxied": 0, "engine_errors": 0, "poll_failures": 0}
+        self.counters: dict[str, float] = {"requests_proxied": 0, "engine_errors": 0, "poll_failures": 0}
         self.last_poll_at: float | None = None
         self.by_id: dict[str, Sequence] = {}  # requests this node has passed on and not seen end
         self._relays: dict[str, tuple[asyncio.Task, aiohttp.ClientResponse]] = {}  # each one's task and stream
@@ -84,7 +85,7 @@ class AdapterEngine:
     # --- lifecycle -------------------------------------------------------------
     def start(self) -> None:
         self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, connect=5, sock_read=600))
-        self._task = asyncio.get_running_loop().create_task(self._poll_loop(), name="engine-metrics")
+        self._task = asyncio.get_running_loop().create_task(self._poll_loop(self.session), name="engine-metrics")
 
     async def stop(self) -> None:
         tasks = [task for task, _ in self._relays.values()]
@@ -114,6 +115,7 @@ class AdapterEngine:
         body.update(stream=True, stream_options={"include_usage": True}, return_token_ids=True)
         path = "/v1/completions" if req.kind == "completion" else "/v1/chat/completions"
         self.counters["requests_proxied"] += 1
+        assert self.session is not None, "start() opens the session before the agent sends any request"
         try:
             upstream = await self.session.post(
                 self.engine_url + path, json=body, headers={"X-Request-Id": req.request_id}
@@ -151,7 +153,9 @@ class AdapterEngine:
 
     async def _relay(self, seq: Sequence, req: CompletionRequest, upstream: aiohttp.ClientResponse) -> None:
         """Turn the engine's server-sent events into the sequence's token events and its finish."""
-        reason, detail, usage = None, None, {}
+        reason: str | None = None
+        detail: dict | None = None
+        usage: dict = {}
         try:
             async with upstream:
                 async for line in upstream.content:
@@ -195,6 +199,8 @@ class AdapterEngine:
         # A chunk with nothing in it (a chat stream's first, with only the role) is no token.
         count = max(len(ids), len(logprobs), 1 if text else 0)
         now = time.time()
+        # Sequence.generated is typed for the emulated engine's ids; here an id may be unknown (None).
+        generated = cast("list[int | None]", seq.generated)
         for i in range(count):
             # An engine without return_token_ids does not say the id: it stays unknown (None),
             # and a client asking for token ids gets none for it.
@@ -203,9 +209,9 @@ class AdapterEngine:
             piece = text if i == 0 else ""  # a chunk's text is not split between its tokens: the first carries it
             if seq.first_token_at is None:
                 seq.first_token_at = time.monotonic()
-            seq.generated.append(token_id)
+            generated.append(token_id)
             seq.text += piece
-            seq.events.put_nowait(TokenEvent(len(seq.generated) - 1, token_id, piece, logprob, top, now, token))
+            seq.events.put_nowait(TokenEvent(len(generated) - 1, token_id, piece, logprob, top, now, token))
 
     def abort(self, request_id: str) -> None:
         seq = self.by_id.get(request_id)
@@ -240,22 +246,20 @@ class AdapterEngine:
         self.poke()
 
     # --- load, from the engine's metrics -----------------------------------------------
-    async def _poll_loop(self) -> None:
+    async def _poll_loop(self, session: aiohttp.ClientSession) -> None:
         while True:
-            await self._poll()
+            await self._poll(session)
             try:
                 await asyncio.wait_for(self._poke.wait(), timeout=self.poll_s)
             except TimeoutError:
                 pass
             self._poke.clear()
 
-    async def _poll(self) -> None:
+    async def _poll(self, session: aiohttp.ClientSession) -> None:
         try:
-            async with self.session.get(self.engine_url + "/health", timeout=aiohttp.ClientTimeout(total=2)) as health:
+            async with session.get(self.engine_url + "/health", timeout=aiohttp.ClientTimeout(total=2)) as health:
                 state = "serving" if health.status == 200 else "loading_full"
-            async with self.session.get(
-                self.engine_url + "/metrics", timeout=aiohttp.ClientTimeout(total=2)
-            ) as response:
+            async with session.get(self.engine_url + "/metrics", timeout=aiohttp.ClientTimeout(total=2)) as response:
                 figures = parse_vllm_metrics(await response.text())
         except _UNREACHABLE as exc:
             self.counters["poll_failures"] += 1

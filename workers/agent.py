@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import time
+from typing import cast
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -20,7 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from workers import control_api, protocol
 from workers.checkpoint import fetch_checkpoint
 from workers.engine import EngineError, FinishEvent, Sequence, TokenEvent
-from workers.engine_api import CAPABILITIES, ServingEngine
+from workers.engine_api import CAPABILITIES, ResumeEngine, ServingEngine
 from workers.openai_api import ChunkWriter, error_response, read_json, sse
 from workers.openai_schema import ApiError, CompletionRequest, parse
 from workers.runtime import Identity, NodeRuntime, token_matches
@@ -35,7 +36,6 @@ LARGE_BODY_BYTES = 64 * 1024  # requests validated in a worker thread above this
 # How a request ends other than with its answer; "stop" and "length" (and a real engine's
 # "tool_calls" or "content_filter", through an adapter) end it with one.
 ABNORMAL_ENDS = ("migrated", "abort", "error")
-METRICS_KEY = web.AppKey("metrics", object)
 REGISTRY_KEY = web.AppKey("registry", CollectorRegistry)
 
 __all__ = ["Identity", "build_app", "offered_capabilities", "status_document"]
@@ -166,6 +166,9 @@ class RequestMetrics:
             self.queue_child.observe(seq.admitted_at - seq.arrival)
 
 
+METRICS_KEY = web.AppKey("metrics", RequestMetrics)
+
+
 def _served_names(engine: ServingEngine) -> set[str]:
     return {engine.model.key, engine.model.name}
 
@@ -201,7 +204,7 @@ async def _start(request: web.Request, runtime: NodeRuntime, req: CompletionRequ
     async def fetch(holder, request_id):
         return await fetch_checkpoint(holder, request_id, runtime.peer_headers)
 
-    return await engine.resume(
+    return await cast(ResumeEngine, engine).resume(  # it offers "resume": required above
         req.prompt_ids,
         req.params,
         req.request_id,

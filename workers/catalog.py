@@ -220,7 +220,8 @@ class Deployment:
     def _weight_bytes_read(self, batch: int) -> float:
         """Weight bytes one forward pass streams from HBM for `batch` sequences."""
         m = self.model
-        if not m.experts:
+        # Dense, or experts without an active count (every parameter active, as `active_params` reads it).
+        if not m.experts or m.active_params_b is None:
             return m.weight_bytes
         # MoE: shared weights always, each expert only if some token routes to it.
         expert_params = (m.params_b - m.active_params_b) / (m.experts - m.experts_per_token)

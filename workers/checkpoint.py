@@ -164,7 +164,7 @@ class CheckpointStreamer:
                     await asyncio.sleep(0.2)
 
     def _stop_refused(self, key: str, refused: list[dict], queue: deque) -> None:
-        stopped = {r.get("request_id") for r in refused if _breaks_the_stream(r)} - {None}
+        stopped = {r["request_id"] for r in refused if r.get("request_id") is not None and _breaks_the_stream(r)}
         if not stopped:
             return
         self.refused.update((key, request_id) for request_id in stopped)
@@ -250,7 +250,7 @@ async def fetch_checkpoint(
                     response.request_info, (), status=response.status, message=await response.text()
                 )
             body = await response.json()
-    pages = []
+    pages: list[Page] = []
     for data in body["pages"]:
         _, _, page = page_from_wire(data)
         if page_digest(request_id, page.block, page.token_ids, page.payload) != page.digest or page.block != len(pages):

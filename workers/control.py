@@ -39,17 +39,16 @@ class ControlPlaneLink:
         self.registered = False
         self.last_error: str | None = None
         self._last_logged = 0.0
-        self._session: aiohttp.ClientSession | None = None
 
     async def run(self) -> None:
-        self._session = aiohttp.ClientSession(timeout=self.timeout, headers=self.headers)
+        session = aiohttp.ClientSession(timeout=self.timeout, headers=self.headers)
         try:
             while True:
                 started = time.monotonic()
                 try:
                     if not self.registered:
-                        await self._register()
-                    await self._beat()
+                        await self._register(session)
+                    await self._beat(session)
                     self._ok()
                 except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                     self._fail(f"control plane unreachable at {self.base_url}: {exc.__class__.__name__} {exc}")
@@ -57,7 +56,7 @@ class ControlPlaneLink:
                     self._fail(str(exc))
                 await asyncio.sleep(max(self.interval_s - (time.monotonic() - started), 0.05))
         finally:
-            await self._session.close()
+            await session.close()
 
     async def leave(self, reason: str = "node stopped") -> None:
         """Tell the control plane this node is leaving on purpose (LEFT, not DOWN)."""
@@ -70,9 +69,9 @@ class ControlPlaneLink:
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             log.warning("could not tell the control plane that this node is leaving: %s", exc)
 
-    async def _register(self) -> None:
+    async def _register(self, session: aiohttp.ClientSession) -> None:
         registration = self.registration()
-        async with self._session.post(self.base_url + protocol.REGISTER_PATH, json=registration.to_json()) as response:
+        async with session.post(self.base_url + protocol.REGISTER_PATH, json=registration.to_json()) as response:
             body = await _json(response)
             if response.status == 409:
                 self.on_session_closed()  # that session is over: the next attempt starts a new one
@@ -82,10 +81,10 @@ class ControlPlaneLink:
         self.interval_s = float(body.get("heartbeat_interval_s", self.interval_s))
         log.info("registered %s (session %s) as %s", registration.name, registration.session, body.get("state"))
 
-    async def _beat(self) -> None:
+    async def _beat(self, session: aiohttp.ClientSession) -> None:
         heartbeat = await self.heartbeat()
         name = self.registration().name
-        async with self._session.post(
+        async with session.post(
             self.base_url + protocol.HEARTBEAT_PATH.format(name=name), json=heartbeat.to_json()
         ) as response:
             body = await _json(response)

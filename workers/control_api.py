@@ -5,13 +5,15 @@ request, speculative assist (as verifier or as draft), reload, the batch
 limit, GPU reset, and fault injection (a separate token, and only when the
 node was started with it). Each needs a capability of the engine
 (workers.engine_api.CAPABILITIES); where the engine does not offer it, the
-endpoint answers 501 (`lacking`) before anything else.
+endpoint answers 501 (`lacking`) before anything else, so a handler reads its
+engine as one offering that capability (engine_api.MigrateEngine and the like).
 """
 
 import asyncio
 import functools
 import json
 import logging
+from typing import cast
 
 import aiohttp
 from aiohttp import web
@@ -21,7 +23,18 @@ from workers import faults as faults_
 from workers.catalog import BLOCK_TOKENS
 from workers.checkpoint import Peer
 from workers.engine import Assist, EngineError, propose_drafts
-from workers.engine_api import CAPABILITIES, ServingEngine
+from workers.engine_api import (
+    CAPABILITIES,
+    AssistEngine,
+    CheckpointEngine,
+    ConfigEngine,
+    DraftEngine,
+    FaultsEngine,
+    MigrateEngine,
+    ReloadEngine,
+    ResetEngine,
+    ServingEngine,
+)
 from workers.kvstore import PageRefused, page_from_wire
 from workers.openai_api import error_response
 from workers.openai_schema import ApiError
@@ -204,12 +217,13 @@ async def migrate(request: web.Request, runtime: NodeRuntime) -> web.Response:
         field, _, message = str(exc).partition(": ")
         return error(400, message, field)
     request_id = request.match_info["request_id"]
+    engine = cast(MigrateEngine, runtime.engine)
     try:
-        snapshot = await runtime.engine.request_migration(request_id)
+        snapshot = await engine.request_migration(request_id)
     except EngineError as exc:
         return error(exc.status, str(exc))
     blocks = snapshot.blocks
-    nbytes = len(blocks) * runtime.engine.model.kv_bytes_per_block
+    nbytes = len(blocks) * engine.model.kv_bytes_per_block
     link, loaded = catalog.node_link(runtime.identity.rack, target.rack)
     seconds = catalog.kv_transfer_s(nbytes, link, loaded)
     answer = {
@@ -226,7 +240,7 @@ async def migrate(request: web.Request, runtime: NodeRuntime) -> web.Response:
     }
     try:
         await runtime.streamer.push_all(target, request_id, blocks, direct=True)
-        await asyncio.sleep(seconds * runtime.engine.config.time_scale)
+        await asyncio.sleep(seconds * engine.config.time_scale)
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
         # The request is stopped either way; the caller re-prefills it elsewhere from these tokens.
         return error(
@@ -250,8 +264,9 @@ async def set_holders(request: web.Request, runtime: NodeRuntime) -> web.Respons
     except ValueError as exc:
         field, _, message = str(exc).partition(": ")
         return error(400, message, field)
+    engine = cast(CheckpointEngine, runtime.engine)
     try:
-        return web.json_response(runtime.engine.set_holders(request.match_info["request_id"], holders))
+        return web.json_response(engine.set_holders(request.match_info["request_id"], holders))
     except EngineError as exc:
         return error(exc.status, str(exc))
 
@@ -272,9 +287,10 @@ async def assist_start(request: web.Request, runtime: NodeRuntime) -> web.Respon
         return error(400, "must be an integer from 1 to 16", "k")
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha < 1:
         return error(400, "must be a number in [0, 1)", "alpha")
+    engine = cast(AssistEngine, runtime.engine)
     session = aiohttp.ClientSession(headers=runtime.peer_headers, timeout=aiohttp.ClientTimeout(total=2))
     url = draft.address + "/agent/draft"
-    model = runtime.engine.model.key
+    model = engine.model.key
 
     async def propose(items: list[dict]) -> list[list[int]]:
         async with session.post(url, json={"model": model, "k": k, "alpha": alpha, "items": items}) as response:
@@ -283,11 +299,11 @@ async def assist_start(request: web.Request, runtime: NodeRuntime) -> web.Respon
                 raise RuntimeError(f"draft node answered {response.status}: {answer.get('error', {}).get('message')}")
             return answer["drafts"]
 
-    old = runtime.engine.stop_assist()
+    old = engine.stop_assist()
     if old is not None:
         await old.aclose()
     try:
-        runtime.engine.start_assist(Assist(draft, k, float(alpha), propose, close=session.close))
+        engine.start_assist(Assist(draft, k, float(alpha), propose, close=session.close))
     except EngineError as exc:
         await session.close()
         return error(exc.status, str(exc))
@@ -299,10 +315,11 @@ async def assist_start(request: web.Request, runtime: NodeRuntime) -> web.Respon
 
 @agent_control
 async def assist_stop(request: web.Request, runtime: NodeRuntime) -> web.Response:
-    assist = runtime.engine.stop_assist()
+    engine = cast(AssistEngine, runtime.engine)
+    assist = engine.stop_assist()
     if assist is not None:
         await assist.aclose()
-    return web.json_response({"stopped": assist is not None, **assist_report(runtime.engine.counters)})
+    return web.json_response({"stopped": assist is not None, **assist_report(engine.counters)})
 
 
 def assist_report(counters: dict) -> dict:
@@ -322,8 +339,9 @@ def assist_report(counters: dict) -> dict:
 @agent_control
 async def draft(request: web.Request, runtime: NodeRuntime) -> web.Response:
     """As a restarting node with only its draft model loaded: propose k tokens per sequence."""
-    engine = runtime.engine
-    if engine.model_state != "draft_ready":
+    engine = cast(DraftEngine, runtime.engine)
+    draft_key = engine.model.draft
+    if engine.model_state != "draft_ready" or draft_key is None:  # a model without a draft never is draft-ready
         return error(409, f"{runtime.identity.name} is {engine.model_state}: only a draft-ready node proposes drafts")
     body = await _body(request)
     if body.get("model") != engine.model.key:
@@ -332,7 +350,7 @@ async def draft(request: web.Request, runtime: NodeRuntime) -> web.Response:
     k, alpha = int(body.get("k", 4)), float(body.get("alpha", runtime.default_alpha))
     drafted = propose_drafts(engine.model.key, k, alpha, items)
     # The draft model runs k decode steps over the batch on this node's GPU.
-    draft_model = catalog.model(engine.model.draft)
+    draft_model = catalog.model(draft_key)
     deployment = catalog.Deployment(draft_model, engine.deployment.gpu, 1)
     context = sum(int(i.get("position", 0)) for i in items) + 512 * len(items)
     seconds = sum(deployment.decode_step_s(len(items), context + j * len(items)) for j in range(k))
@@ -344,8 +362,9 @@ async def draft(request: web.Request, runtime: NodeRuntime) -> web.Response:
 @agent_control
 async def reload(request: web.Request, runtime: NodeRuntime) -> web.Response:
     body = await _body(request) if request.can_read_body else {}
-    aborted = runtime.engine.reload(cold=bool(body.get("cold", True)))
-    return web.json_response({"reloading": True, "aborted": aborted, "model_state": runtime.engine.model_state})
+    engine = cast(ReloadEngine, runtime.engine)
+    aborted = engine.reload(cold=bool(body.get("cold", True)))
+    return web.json_response({"reloading": True, "aborted": aborted, "model_state": engine.model_state})
 
 
 @agent_control
@@ -355,13 +374,13 @@ async def reset(request: web.Request, runtime: NodeRuntime) -> web.Response:
     Lasting faults end, lost GPUs come back, volatile ECC counts restart; every
     request in flight fails, and the model loads cold as after a restart.
     """
-    failed = runtime.engine.reset_gpus()
+    failed = cast(ResetEngine, runtime.engine).reset_gpus()
     log.warning("%s: GPUs reset; %d requests in flight failed, the model loads again", runtime.identity.name, failed)
     return web.json_response({"reset": True, "aborted": failed, "model_state": runtime.engine.model_state})
 
 
 # --- batch limit ----------------------------------------------------------------------------------
-def _config(engine) -> dict:
+def _config(engine: ConfigEngine) -> dict:
     return {
         "batch_factor": engine.batch_factor,
         "batch_limit": engine.batch_limit,
@@ -371,7 +390,7 @@ def _config(engine) -> dict:
 
 @agent_control
 async def config_get(request: web.Request, runtime: NodeRuntime) -> web.Response:
-    return web.json_response(_config(runtime.engine))
+    return web.json_response(_config(cast(ConfigEngine, runtime.engine)))
 
 
 @agent_control
@@ -384,11 +403,12 @@ async def config_set(request: web.Request, runtime: NodeRuntime) -> web.Response
             "batch_factor is required: a number in (0, 1], the share of max_num_seqs to admit at once",
             "batch_factor",
         )
+    engine = cast(ConfigEngine, runtime.engine)
     try:
-        runtime.engine.set_batch_factor(body["batch_factor"])
+        engine.set_batch_factor(body["batch_factor"])
     except EngineError as exc:
         return error(exc.status, str(exc), "batch_factor")
-    config = _config(runtime.engine)
+    config = _config(engine)
     log.info(
         "%s: batch limit now %d of %d (factor %s)",
         runtime.identity.name,
@@ -407,7 +427,8 @@ def fault_control(handler):
         if not runtime.faults.enabled:
             return error(
                 403,
-                f"Fault injection is off on {runtime.identity.name}: start the node with --enable-faults (staging only).",
+                f"Fault injection is off on {runtime.identity.name}: "
+                "start the node with --enable-faults (staging only).",
             )
         if not token_matches(_bearer(request), runtime.fault_token):
             return error(401, "The fault token is missing or wrong: send `Authorization: Bearer <fault token>`.")
@@ -435,7 +456,7 @@ async def faults_inject(request: web.Request, runtime: NodeRuntime) -> web.Respo
         asyncio.get_running_loop().call_later(0.05, faults_.act, fault)
         return web.json_response({"fault": fault.to_json()}, status=202)
     if runtime.faults.gpu_lost:
-        failed = runtime.engine.fail_gpu()
+        failed = cast(FaultsEngine, runtime.engine).fail_gpu()
         log.error("%s lost GPU %s: %d requests failed", runtime.identity.name, sorted(runtime.faults.lost_gpus), failed)
     runtime.engine.publish(f"fault_{fault.kind}")
     return web.json_response({"fault": fault.to_json(), "faults": runtime.faults.to_json()})

@@ -377,7 +377,8 @@ class Engine:
         if needed > self.total_blocks:
             # It would prefill, run out of KV, preempt itself and start over, forever: refuse it instead.
             raise EngineError(
-                f"the request needs {needed} KV blocks ({len(prompt_ids)} prompt + {params.max_tokens} output tokens) and "
+                f"the request needs {needed} KV blocks "
+                f"({len(prompt_ids)} prompt + {params.max_tokens} output tokens) and "
                 f"{self.name} has {self.total_blocks}: shorten it to {self.total_blocks * BLOCK_TOKENS} tokens in all",
                 status=400,
             )
@@ -435,7 +436,7 @@ class Engine:
         reasons = []
         if self.store is not None:
             checkpoint, restored = self.store.usable(request_id, context)
-            if restored:
+            if checkpoint is not None and restored:
                 # Pages handed over by a live migration went straight to GPU memory; a holder's
                 # own pages come up from host memory.
                 seconds = (
@@ -503,7 +504,7 @@ class Engine:
         if seq.migration is None:
             seq.migration = asyncio.get_running_loop().create_future()
             if seq in self.waiting:  # not admitted yet: nothing in flight, hand it over now
-                self._migrate(seq)
+                self._migrate(seq, seq.migration)
             self._wake.set()
         return seq.migration
 
@@ -638,17 +639,20 @@ class Engine:
                 await self._wake.wait()
                 next_start, previous = time.monotonic(), None
                 continue
-            drafts = None
-            if self.assist is not None and plan.decode:
+            drafts, verified_drafts = None, 0
+            assist = self.assist
+            if assist is not None and plan.decode:
                 # The draft node's proposals come first, the verification step after them.
-                drafts = await self._drafts(plan)
+                drafts = await self._drafts(assist, plan)
+                if drafts:
+                    verified_drafts = len(drafts) * assist.k
                 next_start = max(next_start, time.monotonic())
             began = time.monotonic()
             if previous is not None and drafts is None:
                 # How long the last step really took, start to start, against the model.
                 self.counters["step_actual_s"] += began - previous[0]
                 self.counters["step_modeled_s"] += previous[1]
-            self.step_s = self._step_time(plan, drafts)
+            self.step_s = self._step_time(plan, verified_drafts)
             factor = self.faults.step_factor()
             prefill_tokens, _, decode_batch, decode_context = plan.shape
             if not prefill_tokens and decode_batch and drafts is None:
@@ -670,13 +674,13 @@ class Engine:
             self.busy_s += time.monotonic() - began
             await self._apply(plan, drafts)
 
-    def _step_time(self, plan: "StepPlan", drafts: dict | None) -> float:
+    def _step_time(self, plan: "StepPlan", verified_drafts: int) -> float:
         prefill_tokens, prefill_context, decode_batch, decode_context = plan.shape
         link = "pcie" if self.faults.nvlink_down else None
-        if drafts:
+        if verified_drafts:
             # Verifying k drafts costs one pass over k+1 query tokens per assisted sequence:
             # more FLOPs, the same weight bytes, so a memory-bound step grows only a little.
-            decode_batch += len(drafts) * self.assist.k
+            decode_batch += verified_drafts
         return self.deployment.step_s(prefill_tokens, prefill_context, decode_batch, decode_context, link)
 
     def _blocks_for(self, tokens_: int) -> int:
@@ -749,9 +753,8 @@ class Engine:
             return None
         return StepPlan(work)
 
-    async def _drafts(self, plan: "StepPlan") -> dict[str, list[int]] | None:
+    async def _drafts(self, assist: Assist, plan: "StepPlan") -> dict[str, list[int]] | None:
         """Ask the draft node for k tokens per decoding sequence; None falls back to a plain step."""
-        assist = self.assist
         chosen = plan.decode[: self.config.max_assisted]
         items = [
             {
@@ -811,7 +814,7 @@ class Engine:
             emitted = True
             self._stream_blocks(seq)
             if seq.migration is not None and seq.finished is None:
-                self._migrate(seq)
+                self._migrate(seq, seq.migration)
         self.steps += 1
         if emitted:
             self._steps_since_status += 1
@@ -894,15 +897,15 @@ class Engine:
         if complete > seq.streamed_blocks:
             seq.streamed_blocks = complete
 
-    def _migrate(self, seq: Sequence) -> None:
+    def _migrate(self, seq: Sequence, migration: asyncio.Future) -> None:
         complete = seq.computed // BLOCK_TOKENS
         snapshot = MigrationSnapshot(
             seq.request_id, list(seq.prompt_ids), list(seq.generated), [seq.context_block(b) for b in range(complete)]
         )
         self.counters["migrated_out"] += 1
         self._finish(seq, "migrated", {"tokens": len(seq.generated)})
-        if not seq.migration.done():
-            seq.migration.set_result(snapshot)
+        if not migration.done():
+            migration.set_result(snapshot)
 
     def _finish(self, seq: Sequence, reason: str, detail: dict | None = None) -> None:
         if seq.finished is not None:

@@ -10,10 +10,13 @@ and beyond it only the members of a capability the engine declares in its
 """
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from workers.catalog import Deployment, Model
-from workers.engine import Sequence
+from workers.checkpoint import Peer
+from workers.engine import Assist, EngineConfig, ResumeInfo, SamplingParams, Sequence
+from workers.kvstore import Page
 from workers.openai_schema import CompletionRequest
 from workers.protocol import NodeStatus
 
@@ -75,9 +78,72 @@ class ServingEngine(Protocol):
     def status(self) -> NodeStatus: ...
 
     def subscribe(self) -> asyncio.Queue:
-        """Status events: NodeStatus JSON with `reason` (and `request_id`), the oldest dropped when the queue is full."""
+        """Status events: NodeStatus JSON with `reason` (and `request_id`), the oldest dropped when the queue is
+        full."""
 
     def unsubscribe(self, queue: asyncio.Queue) -> None: ...
 
     def publish(self, reason: str) -> None:
         """Push a status for a load-changing event outside the engine (a checkpoint page stored, a fault)."""
+
+
+# --- an engine offering a capability: ServingEngine and the capability's members -------------------
+# The agent calls these members only once it has checked that the engine offers the capability
+# (control_api.offered, control_api.require); the handler then reads its engine as one of these.
+
+
+class CheckpointEngine(ServingEngine, Protocol):
+    def set_holders(self, request_id: str, holders: tuple[Peer, ...]) -> dict: ...
+
+
+class ResumeEngine(ServingEngine, Protocol):
+    async def resume(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        request_id: str,
+        generated: list[int],
+        *,
+        sources: tuple[Peer, ...] = (),
+        fetch: Callable[[Peer, str], Awaitable[tuple[list[Page], int]]] | None = None,
+        holders: tuple[Peer, ...] = (),
+        checkpoint_prefill_chunks: bool = False,
+    ) -> tuple[Sequence, ResumeInfo]: ...
+
+
+class MigrateEngine(ServingEngine, Protocol):
+    config: EngineConfig
+
+    def request_migration(self, request_id: str) -> asyncio.Future: ...
+
+
+class AssistEngine(ServingEngine, Protocol):
+    def start_assist(self, assist: Assist) -> None: ...
+
+    def stop_assist(self) -> Assist | None: ...
+
+
+class DraftEngine(ServingEngine, Protocol):
+    config: EngineConfig
+
+
+class ReloadEngine(ServingEngine, Protocol):
+    def reload(self, cold: bool = True) -> int: ...
+
+
+class ConfigEngine(ServingEngine, Protocol):
+    batch_factor: float
+    config: EngineConfig
+
+    @property
+    def batch_limit(self) -> int: ...
+
+    def set_batch_factor(self, factor: float) -> None: ...
+
+
+class ResetEngine(ServingEngine, Protocol):
+    def reset_gpus(self) -> int: ...
+
+
+class FaultsEngine(ServingEngine, Protocol):
+    def fail_gpu(self) -> int: ...

@@ -118,7 +118,8 @@ class CheckpointStore:
             self.counters["refused_order"] += 1
             raise PageRefused(
                 "order",
-                f"page {seq} (block {page.block}) of {request_id} is out of order: expected page {expected} (block {expected_block})",
+                f"page {seq} (block {page.block}) of {request_id} is out of order: "
+                f"expected page {expected} (block {expected_block})",
                 expected,
             )
         if not self._make_room(page.nbytes, request_id):

@@ -118,7 +118,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--spare",
         action="store_true",
         default=_env_flag("LIFELINE_NODE_SPARE"),
-        help="join as a hot spare: load the model and answer canaries, but take no traffic until the control plane promotes it",
+        help=(
+            "join as a hot spare: load the model and answer canaries, "
+            "but take no traffic until the control plane promotes it"
+        ),
     )
     parser.add_argument(
         "--engine-url",
@@ -189,18 +192,20 @@ def build_runtime(args: argparse.Namespace) -> tuple[NodeRuntime, DcgmCollector]
         gpus=emulated_gpus(args.name, deployment.gpu, args.tp),
         spare=args.spare,
     )
+    # The runtime holds the telemetry, and emulated figures follow the load the runtime measures:
+    # built first, the telemetry looks the runtime up only when it reads.
+    telemetry = open_telemetry(identity.gpus, deployment, lambda: runtime.load_for_telemetry(), faults)
     runtime = NodeRuntime(
         identity,
         engine,
         store,
         streamer,
         faults,
-        telemetry=None,
+        telemetry=telemetry,
         agent_token=agent_token,
         fault_token=os.environ.get("LIFELINE_FAULT_TOKEN") or None,
         default_alpha=args.draft_acceptance,
     )
-    runtime.telemetry = open_telemetry(identity.gpus, deployment, runtime.load_for_telemetry, faults)
     identity.gpus = runtime.telemetry.gpus() or identity.gpus  # real GPUs when NVML sees them
     return runtime, DcgmCollector(runtime.telemetry, identity.host, identity.name)
 
@@ -213,7 +218,7 @@ async def serve(args: argparse.Namespace) -> None:
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]
+    port = runner.addresses[0][1]  # the one site's socket: the port bound, a free one for --port 0
     identity.address = f"http://{advertised_host(args)}:{port}"
     engine.start()
     engine.begin_load(cold=args.start == "cold")
@@ -296,7 +301,7 @@ async def serve(args: argparse.Namespace) -> None:
 
     await stop.wait()
     log.info("%s stopping", args.name)
-    if link_task is not None:
+    if link is not None and link_task is not None:
         link_task.cancel()
         await link.leave("node stopped (signal)")
     await engine.stop()

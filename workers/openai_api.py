@@ -82,7 +82,10 @@ class ChunkWriter:
         self.offset = 0
         # The common chunk (a token, no logprobs, no extension) is rendered from a template:
         # it is written once per token per stream, and a dict plus json.dumps costs several times more.
-        head = f'data: {{"id":{json.dumps(req.request_id)},"object":"%s","created":{self.created},"model":{json.dumps(model_name)},"choices":[{{"index":0,'
+        head = (
+            f'data: {{"id":{json.dumps(req.request_id)},"object":"%s","created":{self.created},'
+            f'"model":{json.dumps(model_name)},"choices":[{{"index":0,'
+        )
         self._fast = req.params.logprobs is None and not req.extension.return_token_ids
         if req.kind == "completion":
             self._first = self._next = (head % "text_completion") + '"text":'
@@ -159,7 +162,7 @@ class ChunkWriter:
         text = "".join(e.text for e in events)
         want_logprobs = self.req.params.logprobs is not None
         if self.req.kind == "completion":
-            logprobs = None
+            logprobs: dict[str, list] | None = None
             if want_logprobs:
                 logprobs = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
                 offset = 0

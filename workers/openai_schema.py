@@ -276,7 +276,8 @@ def _text(value, param: str) -> str:
     except UnicodeEncodeError as exc:
         raise bad(
             param,
-            f"holds a lone surrogate (U+{ord(value[exc.start]):04X}) at character {exc.start}: it is not valid Unicode text; "
+            f"holds a lone surrogate (U+{ord(value[exc.start]):04X}) at character {exc.start}: "
+            "it is not valid Unicode text; "
             "send UTF-8 text, with a character outside the BMP as one \\U escape or a surrogate pair",
         ) from None
     return value
@@ -378,7 +379,8 @@ def _message_text(message, i: int) -> str:
             if not isinstance(call, dict):
                 raise bad(where + ".function_call", "must be an object with name and arguments")
             parts.append(
-                f"{_text(call.get('name'), where + '.function_call.name')}({_text(call.get('arguments'), where + '.function_call.arguments')})"
+                f"{_text(call.get('name'), where + '.function_call.name')}"
+                f"({_text(call.get('arguments'), where + '.function_call.arguments')})"
             )
         if message.get("audio") is not None:
             raise unsupported(

@@ -9,7 +9,9 @@ the control plane.
 import functools
 import re
 import typing
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any, Self
 
 PROTOCOL_VERSION = 1
 
@@ -70,7 +72,8 @@ def _name(value: str, field_: str) -> str:
     if not _NAME.match(value):
         raise ProtocolError(
             field_,
-            f"{value!r} is not a valid name: letters, digits, '.', '_' or '-', at most 63, starting with a letter or digit",
+            f"{value!r} is not a valid name: "
+            "letters, digits, '.', '_' or '-', at most 63, starting with a letter or digit",
         )
     return value
 
@@ -253,7 +256,7 @@ class NodeStatus:
         return data
 
     @classmethod
-    def parse(cls, data, prefix: str = "") -> "NodeStatus":
+    def parse(cls, data, prefix: str = "") -> Self:
         """A status as a node sent it, checked field by field; ProtocolError names the first bad one.
 
         Unknown keys are ignored, so a newer node may send more. A figure left out is
@@ -262,7 +265,7 @@ class NodeStatus:
         """
         if not isinstance(data, dict):
             raise ProtocolError(prefix.rstrip(".") or "status", f"must be an object, got {_type_name(data)}")
-        values = {}
+        values: dict[str, Any] = {}  # keyword arguments of the constructor, of each field's own type
         for name, kind, nullable, _ in _shape(cls):
             value = data.get(name)
             where = f"{prefix}{name}"
@@ -287,7 +290,7 @@ class NodeStatus:
         return cls(**values)
 
     @classmethod
-    def from_event(cls, data: dict) -> "NodeStatus":
+    def from_event(cls, data: dict) -> "RoutingStatus":
         """The gateway's reading of a status event, for routing arithmetic: lenient where `parse` is strict.
 
         Unknown keys are ignored, and a figure missing or None (n/a) reads as its
@@ -297,7 +300,7 @@ class NodeStatus:
         (or a numeric string); anything else raises ProtocolError naming the field.
         `assist`, a description and not a figure, is not read.
         """
-        values = {}
+        values: dict[str, Any] = {}  # keyword arguments of the constructor, of each field's own type
         for name, kind, _, default in _shape(cls):
             raw = data.get(name)
             if raw is None or kind is AssistStatus:
@@ -309,7 +312,43 @@ class NodeStatus:
                 values[name] = kind(raw)
             except (TypeError, ValueError):
                 raise ProtocolError(name, f"must be a number, got {raw!r}") from None
-        return cls(**values)
+        return typing.cast(RoutingStatus, cls(**values))
+
+
+if typing.TYPE_CHECKING:
+
+    class RoutingStatus(NodeStatus):
+        """A NodeStatus as `from_event` reads it: every figure a number, none n/a.
+
+        The gateway's routing arithmetic (recovery.policy.load) reads these figures.
+        Only the type checker sees this class: at run time the name is NodeStatus
+        itself, so a status read from an event costs nothing more to build or read,
+        and equals one built directly.
+        """
+
+        load_progress: float
+        waiting: int
+        running: int
+        uncomputed_prefill_tokens: int
+        decode_batch: int
+        decode_context_tokens: int
+        kv_blocks_used: int
+        kv_blocks_total: int
+        checkpoint_bytes_held: int
+        checkpoint_budget_bytes: int
+        checkpoint_requests: int
+        step_ms: float
+        steps: int
+        time_scale: float
+        decode_step_ms: float
+        decode_step_batch: int
+        decode_step_context_tokens: int
+        batch_limit: int
+        batch_factor: float
+        in_flight: int
+
+else:
+    RoutingStatus = NodeStatus
 
 
 @dataclass
@@ -362,14 +401,18 @@ def _figure(value, kind: type, where: str):
     return kind(value)
 
 
-@functools.cache
-def _shape(cls) -> tuple[tuple[str, type, bool, object], ...]:
+def _read_shape(cls: type) -> tuple[tuple[str, type, bool, object], ...]:
     """(name, type, may be None, default) of each field of a status class, read from its annotations."""
     shape = []
     for f in fields(cls):
         kinds = [k for k in typing.get_args(f.type) if k is not type(None)] or [f.type]
         shape.append((f.name, kinds[0], type(None) in typing.get_args(f.type), f.default))
     return tuple(shape)
+
+
+# Read once per class. Declared as a plain callable because mypy does not take a class held in
+# a variable (`cls`) for the Hashable that functools.cache asks of its arguments (python/mypy#11470).
+_shape: Callable[[type], tuple[tuple[str, type, bool, object], ...]] = functools.cache(_read_shape)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from workers.checkpoint import CheckpointStreamer, Peer
 from workers.engine_api import ServingEngine
 from workers.faults import FaultState
 from workers.kvstore import CheckpointStore
+from workers.telemetry import EmulatedTelemetry, NvmlTelemetry
 
 
 @dataclass
@@ -66,7 +67,7 @@ class NodeRuntime:
     store: CheckpointStore
     streamer: CheckpointStreamer
     faults: FaultState
-    telemetry: object  # workers.telemetry.NvmlTelemetry or EmulatedTelemetry
+    telemetry: NvmlTelemetry | EmulatedTelemetry
     agent_token: str | None = None  # control endpoints: checkpoint pages, migration, assist, reload
     fault_token: str | None = None  # fault injection, when enabled
     default_alpha: float = 0.6
@@ -92,4 +93,6 @@ class NodeRuntime:
 
 
 def token_matches(presented: str | None, expected: str | None) -> bool:
-    return bool(presented and expected) and hmac.compare_digest(presented.encode(), expected.encode())
+    if not presented or not expected:
+        return False
+    return hmac.compare_digest(presented.encode(), expected.encode())

@@ -1,5 +1,5 @@
-"""A node's page and what people do to a node: cordon, migrate its requests, inject a fault, ask for a drain, keep it as a
-spare, record its golden canary run."""
+"""A node's page and what people do to a node: cordon, migrate its requests, inject a fault, ask for a drain, keep it as
+a spare, record its golden canary run."""
 
 import json
 

@@ -1,4 +1,5 @@
-"""The audit log: who did what to what, and why. Written by the action that made the change, whatever door it came through."""
+"""The audit log: who did what to what, and why. Written by the action that made the change, whatever door it came
+through."""
 
 from recovery.models import AuditEntry
 

@@ -154,7 +154,8 @@ def approvals_needed(node: Node, radius: dict) -> tuple[int, str]:
     others = Drain.objects.filter(node__model_key=node.model_key, state__in=OPEN_DRAIN_STATES).exclude(node=node)
     if others.exists():
         reasons.append(
-            f"{', '.join(f'#{d.pk} ({d.node.name})' for d in others.select_related('node'))} already open in the {node.model_key} pool"
+            f"{', '.join(f'#{d.pk} ({d.node.name})' for d in others.select_related('node'))} "
+            f"already open in the {node.model_key} pool"
         )
     return (2, "; ".join(reasons)) if reasons else (1, "")
 
@@ -173,7 +174,8 @@ def propose(
     node.refresh_from_db()
     if node.state != NodeState.SERVING:
         raise DrainRefused(
-            f"{node.name} is {node.get_state_display()} (since {node.state_changed_at:%H:%M:%S}): only a serving node can be drained"
+            f"{node.name} is {node.get_state_display()} (since {node.state_changed_at:%H:%M:%S}): "
+            "only a serving node can be drained"
         )
     existing = open_drain(node)
     if existing is not None:
@@ -219,8 +221,10 @@ def propose(
         notify.send(
             "drain_requested",
             f"Drain of {node.name} needs approval",
-            f"{source} asks to drain {node.name} ({drain.get_mode_display()}; then {REMEDIATION_NAMES[drain.remediation]}): "
-            f"{reason.strip()}. In flight: {radius['in_flight']}; capacity after: {radius['capacity_rps_after']:.1f} req/s"
+            f"{source} asks to drain {node.name} "
+            f"({drain.get_mode_display()}; then {REMEDIATION_NAMES[drain.remediation]}): "
+            f"{reason.strip()}. In flight: {radius['in_flight']}; "
+            f"capacity after: {radius['capacity_rps_after']:.1f} req/s"
             + (f". Needs two approvers: {why}" if required > 1 else ""),
             f"/drains/{drain.pk}/",
         )
@@ -345,7 +349,8 @@ def cancel(drain: Drain, user, reason: str) -> None:
         raise DrainRefused("reason: say why the drain is cancelled")
     if drain.state != DrainState.PROPOSED:
         raise DrainRefused(
-            f"drain #{drain.pk} is {drain.get_state_display().lower()}: only a drain waiting for approval can be cancelled"
+            f"drain #{drain.pk} is {drain.get_state_display().lower()}: "
+            "only a drain waiting for approval can be cancelled"
         )
     if _move(
         drain,

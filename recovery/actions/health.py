@@ -141,7 +141,8 @@ def _take_out(node: Node, cluster: Cluster, cause: str, details: dict, remediati
     if breakers.cluster_breaker_trips(recent, fleet, cluster.auto_cordon_max_share):
         allowed = breakers.auto_cordons_allowed(fleet, cluster.auto_cordon_max_share)
         why = (
-            f"{recent} automatic cordons in the last {cluster.auto_cordon_window_s} s; one more ({node.name}) would pass the "
+            f"{recent} automatic cordons in the last {cluster.auto_cordon_window_s} s; "
+            f"one more ({node.name}) would pass the "
             f"{allowed} allowed ({cluster.auto_cordon_max_share:.0%} of {fleet} nodes)"
         )
         open_cluster_breaker(cluster, why)
@@ -274,7 +275,8 @@ def _auto_golden(node: Node) -> CanaryGolden | None:
 
 
 def canary_gpu_ms(node: Node, prompt: dict, tokens: int) -> float | None:
-    """GPU time one canary costs, as document 003 accounts it: the prefill pass and one decode step per further token."""
+    """GPU time one canary costs, as document 003 accounts it: the prefill pass and one decode step per further
+    token."""
     try:
         deployment = catalog.Deployment.of(node.model_key, node.gpu_key, node.tp)
     except catalog.CatalogError:
@@ -367,7 +369,8 @@ def record_canary(
         why = f"{step.failures} canary failures in a row; last: {verdict.kind} ({verdict.detail})"
         # Wrong answers point at the GPU (silent corruption): reset it. A slow or silent node: restart the engine.
         wrong = verdict.kind in (CanaryKind.TOKEN_MISMATCH, CanaryKind.LOGPROB)
-        # UNHEALTHY, or only SUSPICIOUS when the cluster breaker stops automatic cordons; a drain is proposed either way.
+        # UNHEALTHY, or only SUSPICIOUS when the cluster breaker stops automatic cordons; a drain is proposed either
+        # way.
         _take_out(node, cluster, why, evidence, Remediation.RESET if wrong else Remediation.RESTART)
     elif step.state != node.health:
         set_health(node, step.state, cause, details=evidence)

@@ -273,7 +273,8 @@ def start_assist(node_id: int) -> str:
             add_event(
                 incident,
                 EventKind.ASSIST_STARTED,
-                f"{draft.name}'s draft model assists {survivor.name}, the most loaded survivor (L̂ {loads[chosen]:.1f}): "
+                f"{draft.name}'s draft model assists {survivor.name}, "
+                f"the most loaded survivor (L̂ {loads[chosen]:.1f}): "
                 f"k={ASSIST_K}, expected {answer.get('expected_tokens_per_step')} tokens per step",
                 node=draft,
                 details={"survivor": survivor.name, "l_hat": loads, **answer},
@@ -346,7 +347,10 @@ def check_recovery(now: dt.datetime | None = None) -> list[int]:
                 1 + RECOVERY_TOLERANCE
             ):
                 continue
-            why = f"cluster TTFT {ttft:.0f} ms and TPOT {tpot:.1f} ms are back within 10% of the baseline ({incident.baseline_ttft_ms:.0f} ms, {incident.baseline_tpot_ms:.1f} ms)"
+            why = (
+                f"cluster TTFT {ttft:.0f} ms and TPOT {tpot:.1f} ms are back within 10% of the baseline "
+                f"({incident.baseline_ttft_ms:.0f} ms, {incident.baseline_tpot_ms:.1f} ms)"
+            )
         else:
             # No traffic before the failure to compare with: recovered once every node involved serves again.
             if incident.nodes.exclude(state=NodeState.SERVING).exists():

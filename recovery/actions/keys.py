@@ -1,4 +1,5 @@
-"""Gateway API keys: a tenant and a priority tier each. Created and revoked here, audited, published to every gateway."""
+"""Gateway API keys: a tenant and a priority tier each. Created and revoked here, audited, published to every
+gateway."""
 
 from django.db import transaction
 from django.utils import timezone

@@ -141,7 +141,10 @@ def register_node(reg: Registration) -> Node:
             transaction.on_commit(lambda: _published(node))
         else:
             moved = f"; address {node.address} -> {reg.address}" if node.address != reg.address else ""
-            cause = f"new session {reg.session[:8]} registered (pid {reg.pid} on {reg.host}), replacing {node.session[:8]} which was {node.state}{moved}"
+            cause = (
+                f"new session {reg.session[:8]} registered (pid {reg.pid} on {reg.host}), "
+                f"replacing {node.session[:8]} which was {node.state}{moved}"
+            )
             transition_node(
                 node, NodeState.JOIN, cause, new_session=reg.session, now=now, session_started_at=now, **details
             )

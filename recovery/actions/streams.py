@@ -81,7 +81,8 @@ def handle_signal(kind: str, gateway: str, data: dict) -> None:
             incidents.add_event(
                 incident,
                 EventKind.REQUEST_MOVED,
-                f"{data.get('request_id')}: {data.get('from')} → {data.get('to')} at token {data.get('at_token')}, {kv}, "
+                f"{data.get('request_id')}: {data.get('from')} → {data.get('to')} "
+                f"at token {data.get('at_token')}, {kv}, "
                 f"stalled {data.get('stall_ms')} ms ({data.get('reason')})",
                 at=data.get("at"),
                 source=source,
@@ -99,7 +100,8 @@ def handle_signal(kind: str, gateway: str, data: dict) -> None:
             incidents.add_event(
                 incident,
                 EventKind.HOLDER_REPLACED,
-                f"{data.get('request_id')} on {data.get('node')}: checkpoint held by {data.get('lost')} re-placed on {holders}"
+                f"{data.get('request_id')} on {data.get('node')}: "
+                f"checkpoint held by {data.get('lost')} re-placed on {holders}"
                 + (f", {data.get('blocks_resent')} blocks resent" if data.get("blocks_resent") else "")
                 + (f" ({data['error']})" if data.get("error") else ""),
                 at=data.get("at"),

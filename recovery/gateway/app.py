@@ -135,7 +135,8 @@ async def _serve(request: web.Request, path: str) -> web.StreamResponse:
         metrics.answered("rejected", "none", 401)
         return openai_error(
             401,
-            "Missing or unknown API key: send `Authorization: Bearer <key>` with a key from `python manage.py create_api_key`.",
+            "Missing or unknown API key: send `Authorization: Bearer <key>` "
+            "with a key from `python manage.py create_api_key`.",
             "authentication_error",
         )
     try:

@@ -137,7 +137,8 @@ class Coordinator:
         return route, decision
 
     def assign(self, flight: Flight, route: Route) -> tuple[Route, ...]:
-        """`flight` goes to `route` now: its checkpoint holders by the cluster's policy, and the node's local account."""
+        """`flight` goes to `route` now: its checkpoint holders by the cluster's policy, and the node's local
+        account."""
         holders = self.place(flight, route)
         flight.node, flight.holders = route.name, tuple(h.name for h in holders)
         self.watcher.dispatched(route.name, flight.request_id, flight.context_tokens)

@@ -54,7 +54,7 @@ class FleetState:
             return
         self._signature = signature
         by_model: dict[str, list[Route]] = {}
-        for name, route in sorted(self.view.routes.items()):
+        for _, route in sorted(self.view.routes.items()):
             if route.weight > 0:  # cordoned or weight 0: neither routed to nor given checkpoints
                 by_model.setdefault(route.model, []).append(route)
         self._model_of = {r.name: model for model, routes in by_model.items() for r in routes}

@@ -391,7 +391,8 @@ class Relay:
         """Two nodes failed this request with server errors: the request's doing, not theirs. It stops here."""
         self.finish_reason = "error"
         message = (
-            f"{first.node} and {second.node} both failed this request ({first.status}, then {second.status}: {second.answer[:120]}). "
+            f"{first.node} and {second.node} both failed this request "
+            f"({first.status}, then {second.status}: {second.answer[:120]}). "
             f"A request that fails on two nodes is not tried on more and counts against no node; "
             f"if it should have worked, report it with request id {self.flight.request_id}."
         )
@@ -446,7 +447,8 @@ class Relay:
         if self.response is None and not self._sent_any:
             return openai_error(
                 503,
-                f"No node can take a request for `{self.flight.model}` right now ({reason}): try again in {RETRY_AFTER_S} s.",
+                f"No node can take a request for `{self.flight.model}` right now ({reason}): "
+                f"try again in {RETRY_AFTER_S} s.",
                 "service_unavailable",
                 headers={"Retry-After": str(RETRY_AFTER_S)},
             )

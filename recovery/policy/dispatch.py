@@ -162,7 +162,10 @@ def plan_recovery(
             h = alive_holders[0]
             load, prefix = loads.l_hat[h], r.checkpointed_tokens
             if load <= theta:
-                why = f"holder {h} not overloaded (L̂ {load:.1f} <= θ {theta:.1f}); restore {prefix} tokens from its host memory"
+                why = (
+                    f"holder {h} not overloaded (L̂ {load:.1f} <= θ {theta:.1f}); "
+                    f"restore {prefix} tokens from its host memory"
+                )
                 decision = Decision(r.request_id, h, "restore", h, note + why)
             elif prefix > tau:
                 why = (
@@ -187,7 +190,10 @@ def _to_least_loaded(r: Interrupted, loads: _Loads, holders: list[str], theta: f
         where = f"re-prefill {r.context_tokens} tokens on least-loaded {w} (L̂ {target.l_hat:.1f})"
         return Decision(r.request_id, w, "reprefill", None, f"{why}; {where}")
     h = holders[0]
-    over = f"{note}holder {h} overloaded (L̂ {loads.l_hat[h]:.1f} > θ {theta:.1f}) with a {r.checkpointed_tokens}-token prefix"
+    over = (
+        f"{note}holder {h} overloaded (L̂ {loads.l_hat[h]:.1f} > θ {theta:.1f}) "
+        f"with a {r.checkpointed_tokens}-token prefix"
+    )
     if w in holders:
         return Decision(
             r.request_id, w, "restore", w, f"{over}; least-loaded {w} holds a copy: restore from its host memory"

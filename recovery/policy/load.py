@@ -18,7 +18,8 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 
 from workers.catalog import DECODE_BANDWIDTH_EFFICIENCY, PREFILL_COMPUTE_EFFICIENCY, Deployment
-from workers.protocol import NodeStatus  # the node's status: one schema, which the gateway reads with from_event
+from workers.protocol import NodeStatus as NodeStatus  # the node's status, one schema; the gateway imports it here
+from workers.protocol import RoutingStatus  # a status as NodeStatus.from_event reads it: every figure a number
 
 INF = math.inf
 DEFAULT_CHUNK_TOKENS = 2048
@@ -48,14 +49,14 @@ class Pending:
 # --- forward prediction and cost ----------------------------------------------------
 
 
-def _step_s(status: NodeStatus, deployment: Deployment) -> float:
+def _step_s(status: RoutingStatus, deployment: Deployment) -> float:
     """The node's step time: as it reported, else the roofline's decode step for its batch."""
     if status.step_ms > 0:
         return status.step_ms / 1000
     return deployment.decode_step_s(max(status.decode_batch, 1), status.decode_context_tokens)
 
 
-def _advance(status: NodeStatus, now: float, step_s: float, chunk_tokens: int) -> tuple[int, int, int]:
+def _advance(status: RoutingStatus, now: float, step_s: float, chunk_tokens: int) -> tuple[int, int, int]:
     """(uncomputed prefill, decode context, decode batch) after the steps run since the status was taken."""
     uncomputed, context, batch = status.uncomputed_prefill_tokens, status.decode_context_tokens, status.decode_batch
     elapsed = now - status.at
@@ -70,8 +71,8 @@ def _advance(status: NodeStatus, now: float, step_s: float, chunk_tokens: int) -
 
 
 def predict(
-    status: NodeStatus, now: float, deployment: Deployment, chunk_tokens: int = DEFAULT_CHUNK_TOKENS
-) -> NodeStatus:
+    status: RoutingStatus, now: float, deployment: Deployment, chunk_tokens: int = DEFAULT_CHUNK_TOKENS
+) -> RoutingStatus:
     """Forward-predict a stale status to `now` (document 002, status forward-prediction).
 
     Each step computes up to `chunk_tokens` of pending prefill and grows every
@@ -88,12 +89,12 @@ def predict(
     )
 
 
-def prefill_load(status: NodeStatus) -> int:
+def prefill_load(status: RoutingStatus) -> int:
     """Prefill compute load: prompt tokens not yet computed (cached prefixes cost nothing)."""
     return status.uncomputed_prefill_tokens
 
 
-def decode_load(status: NodeStatus) -> int:
+def decode_load(status: RoutingStatus) -> int:
     """Decode compute load: batch size (weight and expert reads) plus tokens attended to."""
     return status.decode_batch + status.decode_context_tokens
 
@@ -112,7 +113,7 @@ def _cost(
     )
 
 
-def routing_cost(status: NodeStatus, pending: Pending, deployment: Deployment, prompt_tokens: int) -> float:
+def routing_cost(status: RoutingStatus, pending: Pending, deployment: Deployment, prompt_tokens: int) -> float:
     """Seconds a new request would wait for its prefill, plus one decode step after
     it, plus the decode load it joins as a share of the node's KV capacity:
 
@@ -298,8 +299,9 @@ class _Index:
         self.meta: dict[tuple, tuple[_Roofline, float, float]] = {}
         for i, entry in enumerate(values):
             self._measure(i, entry)
-            if self.where[i] is not None:
-                group, bound = self.where[i]
+            where = self.where[i]
+            if where is not None:
+                group, bound = where
                 self.groups[group].append((bound, names[i], i))
         for members in self.groups.values():
             members.sort()
@@ -339,11 +341,12 @@ class _Index:
         before = self.where[i]
         self.values[i] = entry
         self._measure(i, entry)
-        if before == self.where[i]:
+        after = self.where[i]
+        if before == after:
             return
         name = self.names[i]
-        if self.where[i] is not None:
-            group, bound = self.where[i]
+        if after is not None:
+            group, bound = after
             bisect.insort(self.groups[group], (bound, name, i))
         if before is not None:
             members = self.groups[before[0]]
@@ -432,7 +435,7 @@ def _index_for(candidates: Mapping, names: list, values: list) -> _Index:
 
 
 def choose_node(
-    candidates: Mapping[str, tuple[NodeStatus, Pending, Deployment, float]],
+    candidates: Mapping[str, tuple[RoutingStatus, Pending, Deployment, float]],
     prompt_tokens: int,
     now: float,
     exclude: Collection[str] = (),
@@ -469,7 +472,7 @@ class NodeIndex:
     Pending work is read live at each decision, as in `choose_node`.
     """
 
-    def __init__(self, candidates: Mapping[str, tuple[NodeStatus, Pending, Deployment, float]]):
+    def __init__(self, candidates: Mapping[str, tuple[RoutingStatus, Pending, Deployment, float]]):
         names = list(candidates)
         self._slot = {name: i for i, name in enumerate(names)}
         self._index = _Index(names, list(candidates.values()))
@@ -477,7 +480,7 @@ class NodeIndex:
     def __contains__(self, name: str) -> bool:
         return name in self._slot
 
-    def set(self, name: str, entry: tuple[NodeStatus, Pending, Deployment, float]) -> None:
+    def set(self, name: str, entry: tuple[RoutingStatus, Pending, Deployment, float]) -> None:
         self._index.replace(self._slot[name], entry)
 
     def choose(self, prompt_tokens: int, now: float, exclude: Collection[str] = ()) -> str | None:

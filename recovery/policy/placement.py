@@ -60,7 +60,7 @@ def _scan(items: list) -> Iterator[HolderCandidate]:
     sorted once.
     """
     loads = list(map(_L_HAT, items))
-    taken = set()
+    taken: set[int] = set()
     for _ in range(_QUICK_PICKS):
         if len(taken) == len(loads):
             return
@@ -121,16 +121,19 @@ class _Ranking:
         """Move entry `i` to where `new` ranks; False when the old entry cannot be found (NaN L̂, mutated)."""
         old = self.items[i]
         key = (old.l_hat, old.name, i)
-        at = bisect.bisect_left(self.order, key)
-        if at >= len(self.order) or self.order[at] != key:
+        order = self.order
+        assert order is not None, "update() sorts before it re-ranks; a HolderRanking is sorted from the start"
+        at = bisect.bisect_left(order, key)
+        if at >= len(order) or order[at] != key:
             return False
-        del self.order[at]
-        bisect.insort(self.order, (new.l_hat, new.name, i))
+        del order[at]
+        bisect.insort(order, (new.l_hat, new.name, i))
         return True
 
     def __iter__(self) -> Iterator[HolderCandidate]:
-        items = self.items
-        return (items[i] for _l, _name, i in self.order)
+        items, order = self.items, self.order
+        assert order is not None, "iterated only after update() kept an order, or as a HolderRanking"
+        return (items[i] for _l, _name, i in order)
 
 
 class HolderRanking(_Ranking):
@@ -162,7 +165,8 @@ _lock = threading.Lock()
 
 
 def _by_load(candidates: Sequence[HolderCandidate]) -> Iterator[HolderCandidate]:
-    """The candidates in order of (L̂, name): from the caller's HolderRanking, the ranking kept for this list, or a scan."""
+    """The candidates in order of (L̂, name): from the caller's HolderRanking, the ranking kept for this list, or a
+    scan."""
     if isinstance(candidates, HolderRanking):
         return iter(candidates)
     items = list(candidates)

@@ -5,6 +5,7 @@ loads behind it, proposes tokens for the most loaded survivor, which verifies
 k of them per step.
 """
 
+import math
 from collections.abc import Collection, Mapping
 
 
@@ -13,7 +14,8 @@ def pick_assisted(survivors: Mapping[str, float], exclude: Collection[str] = ())
 
     `survivors` maps names to L̂; ties go to the smallest name; None when none is left.
     """
-    best_name, best = None, None
+    best_name: str | None = None
+    best = -math.inf  # read only once best_name is set
     for name, load in survivors.items():
         if name in exclude:
             continue

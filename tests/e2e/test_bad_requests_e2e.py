@@ -141,7 +141,7 @@ def test_a_node_that_fails_every_request_still_has_its_breaker_opened(demo_stack
     try:
 
         def opened():
-            for i in range(6):
+            for _ in range(6):
                 status, answer = _call(
                     demo_stack,
                     raw_json(

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.e2e
 
 def test_demo_brings_up_live_nodes_and_writes_demo_json(demo_stack):
     for name in ("node-01", "node-02", "node-03"):  # another test may have restarted one
-        wait_for(lambda: demo_stack.node(name)["state"] == "serving", 30, 0.2, f"{name} serving")
+        wait_for(lambda name=name: demo_stack.node(name)["state"] == "serving", 30, 0.2, f"{name} serving")
     info = demo_stack.refresh()
     assert {login["role"] for login in info["logins"]} == {"operator", "oncall", "manager", "admin"}
     assert info["api_token"].startswith("llt_") and info["gateway_key"].startswith("llk_")

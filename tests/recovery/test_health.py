@@ -427,7 +427,7 @@ def test_capacity_counts_the_spare_a_pending_reaction_is_about_to_promote(commit
     assert set(after.nodes) == {"hc-cs-spare"} and after.capacity_rps == during.capacity_rps
 
 
-# --- degradation --------------------------------------------------------------------------------------------------------
+# --- degradation -------------------------------------------------------------------------------------------------
 def test_the_level_rises_as_capacity_falls_and_falls_after_the_hold(commit, tokens):
     names = [f"hc-cap-{i}" for i in range(4)]
     for name in names:
@@ -511,7 +511,7 @@ def test_capacity_sees_a_slow_gpu_and_not_a_prefill_chunk(pair, commit):
     assert figures["hc-a"]["rps"] < 0.6 * figures["hc-b"]["rps"], figures
 
 
-# --- notifications ------------------------------------------------------------------------------------------------------
+# --- notifications -----------------------------------------------------------------------------------------------
 class _Receiver(http.server.BaseHTTPRequestHandler):
     received: list = []
 
@@ -554,7 +554,7 @@ def test_on_call_is_told_by_webhook_and_e_mail(commit, tokens, cast):
         server.shutdown()
 
 
-# --- settings -------------------------------------------------------------------------------------------------------------
+# --- settings ----------------------------------------------------------------------------------------------------
 def test_settings_are_admin_only_validated_field_by_field_and_audited(client, cast, commit):
     client.force_login(cast["oncall"])
     assert client.get("/settings/").status_code == 403

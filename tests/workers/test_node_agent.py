@@ -429,7 +429,8 @@ def test_a_node_registers_what_it_offers_and_its_heartbeats_carry_its_status(nod
             "ignore_eos": True,
         }
         assert http_json(node.address + "/v1/completions", data=body)[0] == 200
-        # The heartbeat measures the token rate, and carries the whole status beside the figures the control plane keeps.
+        # The heartbeat measures the token rate, and carries the whole status beside the figures the control plane
+        # keeps.
         beat = plane.wait_for_heartbeat(lambda h: h.load.tokens_per_s > 0)
         assert beat.load.steps > 0 and beat.load.kv_blocks_total > 0 and beat.load.source == "engine"
     with FakeControlPlane() as plane:

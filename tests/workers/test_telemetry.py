@@ -204,8 +204,8 @@ def test_collector_uses_dcgm_exporter_labels_and_units():
     telemetry, _ = _emulated()
     text = _exposition(telemetry)
     assert (
-        'DCGM_FI_DEV_FB_USED{Hostname="node-01",UUID="GPU-emulated-0",gpu="0",modelName="NVIDIA H100 80GB HBM3",node="node-01",source="emulated"}'
-        in text
+        'DCGM_FI_DEV_FB_USED{Hostname="node-01",UUID="GPU-emulated-0",gpu="0",'
+        'modelName="NVIDIA H100 80GB HBM3",node="node-01",source="emulated"}' in text
     )
     samples = _samples(telemetry)
     [reading] = telemetry.read()

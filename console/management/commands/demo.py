@@ -366,7 +366,8 @@ class Command(BaseCommand):
             f"  Logins    {logins}",
             f"  API       {urls['api_cluster']}    Authorization: Bearer {self.info['api_token']}",
             f"  Gateway   {urls['gateway']}    Authorization: Bearer {self.info['gateway_key']}",
-            f"  Nodes     {self.opts['nodes']} emulated {self.opts['model']} nodes in {self.opts['racks']} racks, {self.opts['spares']} hot spare(s); traffic {traffic}",
+            f"  Nodes     {self.opts['nodes']} emulated {self.opts['model']} nodes in {self.opts['racks']} racks, "
+            f"{self.opts['spares']} hot spare(s); traffic {traffic}",
             f"  Details   {self.demo_file}    logs in {self.supervisor.log_dir}",
             "Press Ctrl-C to stop.",
             "",

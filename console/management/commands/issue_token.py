@@ -20,7 +20,8 @@ class Command(BaseCommand):
             )
         if roles.role_of(user) is None:
             raise CommandError(
-                f"user {username!r} has no Lifeline role, so a token would be refused: give them one of {', '.join(roles.ROLES)} first"
+                f"user {username!r} has no Lifeline role, so a token would be refused: "
+                f"give them one of {', '.join(roles.ROLES)} first"
             )
         _, token = ApiToken.issue(user, label)
         self.stdout.write(token)

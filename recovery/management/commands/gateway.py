@@ -29,7 +29,8 @@ class Command(BaseCommand):
         agent_token = os.environ.get("LIFELINE_AGENT_TOKEN")
         if not agent_token:
             self.stderr.write(
-                "LIFELINE_AGENT_TOKEN is not set: nodes will refuse checkpoint holders and resumes, so failures re-prefill."
+                "LIFELINE_AGENT_TOKEN is not set: nodes will refuse checkpoint holders and resumes, "
+                "so failures re-prefill."
             )
         config = GatewayConfig(
             redis_url=settings.REDIS_URL, namespace=settings.LIFELINE_NAMESPACE, name=name, agent_token=agent_token

@@ -163,7 +163,8 @@ def test_what_the_engine_cannot_honour_is_refused_never_dropped(body, param, say
 
 
 def test_what_the_api_allows_and_vllm_accepts_is_accepted():
-    # n null, and a multi-turn tool conversation: an assistant turn with tool_calls and no content, then the tool's answer.
+    # n null, and a multi-turn tool conversation: an assistant turn with tool_calls and no content, then the tool's
+    # answer.
     turns = [
         {"role": "system", "content": "You run a GPU fleet."},
         {"role": "user", "content": [{"type": "text", "text": "Which node is hot?"}]},
@@ -403,7 +404,8 @@ def test_a_request_that_failed_on_two_nodes_is_the_requests_fault():
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from("abcdef"), st.sampled_from("pqrs")), max_size=60))
 def test_one_request_never_counts_against_more_than_one_node(failures):
-    """Replay failures (node, request) through blame as the control plane does: a request counts at most once, on one node."""
+    """Replay failures (node, request) through blame as the control plane does: a request counts at most once, on one
+    node."""
     failed_on: dict[str, set[str]] = {}
     counted: dict[str, set[str]] = {}
     for node, request in failures:
@@ -616,7 +618,8 @@ async def test_a_node_that_fails_every_request_is_blamed_once_per_request(cluste
 
 
 async def test_a_slow_60_second_prefill_is_not_a_failure(cluster):
-    """A prompt whose prefill takes a minute on a slowed GPU: the node keeps stepping, the gateway waits, nothing is lost."""
+    """A prompt whose prefill takes a minute on a slowed GPU: the node keeps stepping, the gateway waits, nothing is
+    lost."""
     cluster.config["stall_timeout_s"] = 2.0
     cluster.start_nodes(
         "sl-a", "sl-b", extra=("--time-scale", "1"), gpu="H200-SXM"
@@ -656,7 +659,8 @@ FUZZ_EXAMPLES = 60  # per operation and mode; about a minute for both targets to
 
 
 def _flatten(schemas: dict, name: str) -> dict:
-    """One object schema from an allOf chain, closed to other properties, so positive cases use only the API's fields."""
+    """One object schema from an allOf chain, closed to other properties, so positive cases use only the API's
+    fields."""
     properties, required = {}, []
 
     def walk(schema):
@@ -703,38 +707,47 @@ def openai_spec() -> dict:
 
 
 def _fuzz(spec: dict, base_url: str, mode, headers: dict, after_each) -> dict:
-    """Run every operation in `mode` against `base_url`: no answer may be a server error, every refusal is OpenAI-shaped JSON,
-    and a 200 with JSON conforms to the document's response schema. Returns the status codes seen, by operation."""
+    """Run every operation in `mode` against `base_url`: no answer may be a server error, every refusal is
+    OpenAI-shaped JSON, and a 200 with JSON conforms to the document's response schema. Returns the status codes seen,
+    by operation."""
     import schemathesis
-    from schemathesis.checks import not_a_server_error, response_schema_conformance
 
     schema = schemathesis.openapi.from_dict(spec)
     seen: dict[str, list[int]] = {}
     for path, method in OPERATIONS.items():
-        operation = schema[path][method.upper()]
-
-        @settings(
-            max_examples=FUZZ_EXAMPLES,
-            deadline=None,
-            derandomize=True,
-            database=None,
-            suppress_health_check=list(HealthCheck),
-        )
-        @given(case=operation.as_strategy(mode))
-        def run(case):
-            response = case.call(base_url=base_url, headers=headers, timeout=60)
-            seen.setdefault(path, []).append(response.status_code)
-            body_type = (response.headers.get("content-type") or [""])[0]
-            case.validate_response(response, checks=[not_a_server_error])
-            if response.status_code != 200:
-                assert body_type.startswith("application/json"), (response.status_code, body_type, response.text[:200])
-                assert response.json()["error"]["message"], response.text[:200]
-            elif body_type.startswith("application/json"):
-                case.validate_response(response, checks=[response_schema_conformance])
-            after_each()
-
-        run()
+        _fuzz_operation(schema[path][method.upper()], path, mode, base_url, headers, after_each, seen)
     return seen
+
+
+def _fuzz_operation(operation, path: str, mode, base_url: str, headers: dict, after_each, seen: dict) -> None:
+    """`_fuzz` for one operation, recording the status codes it saw under `path` in `seen`.
+
+    A function of its own so that `run`, which hypothesis calls once per example, reads this operation's `path`
+    as a parameter, not as the variable of `_fuzz`'s loop.
+    """
+    from schemathesis.checks import not_a_server_error, response_schema_conformance
+
+    @settings(
+        max_examples=FUZZ_EXAMPLES,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(case=operation.as_strategy(mode))
+    def run(case):
+        response = case.call(base_url=base_url, headers=headers, timeout=60)
+        seen.setdefault(path, []).append(response.status_code)
+        body_type = (response.headers.get("content-type") or [""])[0]
+        case.validate_response(response, checks=[not_a_server_error])
+        if response.status_code != 200:
+            assert body_type.startswith("application/json"), (response.status_code, body_type, response.text[:200])
+            assert response.json()["error"]["message"], response.text[:200]
+        elif body_type.startswith("application/json"):
+            case.validate_response(response, checks=[response_schema_conformance])
+        after_each()
+
+    run()
 
 
 async def test_the_official_openai_document_fuzzed_finds_no_server_error_and_no_leaked_flight(cluster, openai_spec):
