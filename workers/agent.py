@@ -22,7 +22,7 @@ from workers import control_api, protocol
 from workers.checkpoint import fetch_checkpoint
 from workers.engine import EngineError, FinishEvent, Sequence, TokenEvent
 from workers.engine_api import CAPABILITIES, ResumeEngine, ServingEngine
-from workers.openai_api import ChunkWriter, error_response, read_json, sse
+from workers.openai_api import ChunkWriter, error_response, json_errors, read_json, sse
 from workers.openai_schema import ApiError, CompletionRequest, parse
 from workers.runtime import Identity, NodeRuntime, token_matches
 
@@ -458,34 +458,8 @@ async def events(request: web.Request) -> web.StreamResponse:
     return response
 
 
-@web.middleware
-async def error_middleware(request: web.Request, handler):
-    """Every refusal and every failure answers JSON in OpenAI's shape; a 405 keeps its Allow header."""
-    try:
-        return await handler(request)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
-        kind = "not_found_error" if exc.status == 404 else "invalid_request_error"
-        return error_response(
-            ApiError(exc.status, f"{exc.reason}: {request.method} {request.path}", kind=kind), headers
-        )
-    except (ConnectionResetError, asyncio.CancelledError):
-        raise
-    except Exception:
-        log.exception("%s %s failed", request.method, request.path)
-        return error_response(
-            ApiError(
-                500,
-                f"The node failed on {request.method} {request.path}; its log has the traceback.",
-                kind="server_error",
-            )
-        )
-
-
 def build_app(runtime: NodeRuntime, telemetry_collector=None) -> web.Application:
-    app = web.Application(middlewares=[error_middleware], client_max_size=64 * 1024 * 1024)
+    app = web.Application(middlewares=[json_errors("node", log)], client_max_size=64 * 1024 * 1024)
     registry = CollectorRegistry()
     registry.register(EngineCollector(runtime.engine, runtime.identity.name))
     if telemetry_collector is not None:

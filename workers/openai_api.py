@@ -6,7 +6,9 @@ shares; responses follow the OpenAI shapes closely enough that the official
 extension object, `lifeline`, that OpenAI clients send through `extra_body`.
 """
 
+import asyncio
 import json
+import logging
 import time
 
 from aiohttp import web
@@ -18,6 +20,32 @@ from workers.openai_schema import ApiError, CompletionRequest
 
 def error_response(error: ApiError, headers: dict | None = None) -> web.Response:
     return web.json_response(error.to_json(), status=error.status, headers=headers)
+
+
+def json_errors(server: str, log: logging.Logger):
+    """An aiohttp middleware for `server` (the node, the gateway): every refusal and every failure answers JSON in
+    OpenAI's shape, a 404, a 405 with its Allow header, a 500 whose traceback goes to `log`."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler):
+        try:
+            return await handler(request)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+            kind = "not_found_error" if exc.status == 404 else "invalid_request_error"
+            return error_response(
+                ApiError(exc.status, f"{exc.reason}: {request.method} {request.path}", kind=kind), headers
+            )
+        except (ConnectionResetError, asyncio.CancelledError):
+            raise
+        except Exception:
+            log.exception("%s %s failed", request.method, request.path)
+            message = f"The {server} failed on {request.method} {request.path}; its log has the traceback."
+            return error_response(ApiError(500, message, kind="server_error"))
+
+    return middleware
 
 
 async def read_json(request: web.Request) -> dict:

@@ -24,7 +24,7 @@ from recovery.gateway.signals import Signals
 from recovery.gateway.table import RoutingView, Tenant
 from workers import catalog
 from workers.aio import cancel
-from workers.openai_api import read_json
+from workers.openai_api import json_errors, read_json
 from workers.openai_schema import ApiError, CompletionRequest, parse
 
 log = logging.getLogger(__name__)
@@ -246,26 +246,6 @@ def _report(app: web.Application, flight: Flight, relay: Relay, status: str, cod
     )
 
 
-@web.middleware
-async def error_middleware(request: web.Request, handler):
-    """Every refusal and failure answers JSON in OpenAI's shape: a 404, a 405 (with its Allow), a 500."""
-    try:
-        return await handler(request)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
-        kind = "not_found_error" if exc.status == 404 else "invalid_request_error"
-        return openai_error(exc.status, f"{exc.reason}: {request.method} {request.path}", kind, headers=headers)
-    except (ConnectionResetError, asyncio.CancelledError):
-        raise
-    except Exception:
-        log.exception("%s %s failed", request.method, request.path)
-        return openai_error(
-            500, f"The gateway failed on {request.method} {request.path}; its log has the traceback.", "server_error"
-        )
-
-
 async def completions(request: web.Request) -> web.StreamResponse:
     return await _serve(request, "/v1/completions")
 
@@ -354,7 +334,7 @@ async def _follow_commands(app: web.Application) -> None:
 
 
 def build_app(config: GatewayConfig) -> web.Application:
-    app = web.Application(client_max_size=16 * 1024 * 1024, middlewares=[error_middleware])
+    app = web.Application(client_max_size=16 * 1024 * 1024, middlewares=[json_errors("gateway", log)])
     app[STARTED_KEY] = int(time.time())
     registry = CollectorRegistry()
     app[REGISTRY_KEY] = registry
