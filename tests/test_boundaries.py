@@ -19,12 +19,14 @@ def _python_files(relative: str) -> list[Path]:
 
 
 def _imports(path: Path) -> list[str]:
+    """Every module a file imports, function-local imports included; `from x import y` counts as x and x.y."""
     names = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             names += [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.append(node.module)
+            names += [f"{node.module}.{alias.name}" for alias in node.names]
     return names
 
 
@@ -65,18 +67,6 @@ def test_importing_the_node_side_loads_no_django():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def _imported_names(path: Path) -> list[str]:
-    """Every module a file imports, `from x import y` counted as both x and x.y, function-local imports included."""
-    names = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            names += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.append(node.module)
-            names += [f"{node.module}.{alias.name}" for alias in node.names]
-    return names
-
-
 @pytest.mark.parametrize(
     "path", _python_files("recovery") + _python_files("workers"), ids=lambda p: str(p.relative_to(BASE_DIR))
 )
@@ -97,7 +87,7 @@ def test_the_actions_import_only_downward():
     found = sorted(p.stem for p in (BASE_DIR / "recovery/actions").glob("*.py") if p.stem != "__init__")
     assert sorted(ORDER) == found, "recovery/actions/__init__.py's ORDER must list every actions module"
     for position, module in enumerate(ORDER):
-        imported = _imported_names(BASE_DIR / f"recovery/actions/{module}.py")
+        imported = _imports(BASE_DIR / f"recovery/actions/{module}.py")
         actions = {n.split(".")[2] for n in imported if n.startswith("recovery.actions.") and n.split(".")[2] in ORDER}
         above = sorted(a for a in actions if ORDER.index(a) >= position)
         assert not above, f"recovery/actions/{module}.py imports {above}, which are not below it in ORDER"
