@@ -99,6 +99,17 @@ class SettingsForm(forms.ModelForm):
             "auto_cordon_max_share": "Automatic cordons: most of the fleet",
             "auto_cordon_window_s": "Automatic cordons: window (s)",
             "canary_logprob_tolerance": "Top-logprob tolerance",
+            # Greek letters as the papers write them: Django would capitalise the first one (τ → Τ, α → Α).
+            "tau_tokens": "τ (tokens)",
+            "theta_factor": "θ factor",
+            "alpha": "α (pages)",
+            "beta": "β (queue)",
+            "stall_timeout_s": "Stall timeout (s)",
+            "incident_window_s": "Incident window (s)",
+        }
+        help_texts = {
+            "stall_timeout_s": "No byte from a node for this long, and its status stream silent or its engine "
+            "not stepping: the gateway moves the request (the first token gets the work in front of it on top).",
         }
 
     def clean(self):

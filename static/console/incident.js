@@ -64,7 +64,10 @@
     // `after`: the server sends every event written since the newest one this page shows, so nothing written
     // between the page's render (or a dropped connection) and this subscription is missed.
     const socket = new WebSocket(scheme + location.host + timeline.dataset.socket + "?after=" + lastEventId());
-    socket.onopen = () => { retry = 0; statusEl.dataset.state = "live"; statusEl.textContent = "live"; };
+    socket.onopen = () => {
+      retry = 0; statusEl.dataset.state = "live"; statusEl.textContent = "live";
+      refreshFacts();  // what changed between the render (or a dropped connection) and now
+    };
     socket.onmessage = (message) => {
       const frame = JSON.parse(message.data);
       if (frame.kind === "event" && !events.querySelector('[data-event="' + frame.id + '"]')) {

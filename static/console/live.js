@@ -6,7 +6,7 @@
   const target = document.querySelector("[data-socket]");
   if (!target) return;
   const statusEl = document.getElementById("live-status");
-  const body = document.querySelector(target.dataset.liveInto || "") || target;
+  const body = (target.dataset.liveInto && document.querySelector(target.dataset.liveInto)) || target;
   let pending = null;
   let retry = 0;
 

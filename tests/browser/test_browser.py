@@ -159,3 +159,15 @@ def test_a_live_refresh_keeps_the_reason_being_typed(browser, demo_stack):
     finally:
         for context in contexts.values():
             context.close()
+
+
+def test_the_checkpoint_page_goes_live(browser, demo_stack):
+    """It has no `data-live-into`: the live script used to look for an empty selector, throw, and freeze the page."""
+    page = browser.new_page()
+    errors = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    log_in(page, demo_stack, "operator")
+    page.goto(demo_stack.info["urls"]["console"] + "checkpoints/")
+    page.wait_for_selector("#live-status[data-state=live]", timeout=10_000)
+    assert errors == []
+    page.close()
