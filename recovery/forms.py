@@ -36,6 +36,7 @@ RANGES = {
     "beta": (0.0, 100.0, "weight of queue depth in L̂"),
     "stall_timeout_s": (0.5, 600, "seconds"),
     "incident_window_s": (1, 86400, "seconds"),
+    "startup_grace_s": (0, 3600, "seconds"),
 }
 
 SETTINGS_GROUPS = (
@@ -63,6 +64,7 @@ SETTINGS_GROUPS = (
             "slo_avg_output_tokens",
             "degradation_margin",
             "degradation_hold_s",
+            "startup_grace_s",
         ),
     ),
     (

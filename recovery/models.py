@@ -1,5 +1,6 @@
 import hashlib
 import secrets
+import time
 
 from django.conf import settings
 from django.db import models
@@ -118,6 +119,14 @@ class Cluster(models.Model):
     degradation_better_since = models.FloatField(
         null=True, blank=True, help_text="Hysteresis: since when a lower level has been justified."
     )
+    # A fleet that is starting is not a capacity loss (see recovery.actions.capacity).
+    startup_grace_s = models.FloatField(
+        "start-up grace (s)",
+        default=120.0,
+        help_text="After the control plane starts, nodes that have not served yet are joining, not lost: "
+        "the level is not raised for them until they serve or this long has passed.",
+    )
+    control_plane_started_at = models.DateTimeField(null=True, blank=True)
     # Who is told when on-call must act.
     oncall_webhook_url = models.URLField(
         "on-call webhook", blank=True, help_text="POSTed a JSON message for every drain request."
@@ -145,7 +154,15 @@ class Cluster(models.Model):
             "degradation_level": self.degradation_level,
             "shed_tiers": list(effects.shed_tiers),
             "accept_new": effects.accept_new,
+            "starting_until": self.starting_until(),
         }
+
+    def starting_until(self) -> float | None:
+        """When the start-up grace of the control plane ends (epoch seconds), or None when it has ended."""
+        if self.control_plane_started_at is None:
+            return None
+        until = self.control_plane_started_at.timestamp() + self.startup_grace_s
+        return until if until > time.time() else None
 
     @classmethod
     def default(cls) -> "Cluster":

@@ -22,7 +22,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from recovery import tasks
-from recovery.actions import drains, health, incidents
+from recovery.actions import drains, health, incidents, nodes
 from recovery.choices import DrainState, Health, HealthChange, NodeState
 from recovery.models import (
     Cluster,
@@ -42,6 +42,8 @@ BATCH = 500  # rows of one kind per pass; the next pass takes the rest
 
 def on_node_transition(row: NodeTransition) -> None:
     node = row.node
+    if row.actor == nodes.STARTUP:
+        return  # a node of the run before the control plane started, found gone: not a failure
     if row.new_state == NodeState.DOWN and not node.spare:
         health.promote_spare_for(node, f"{node.name} is DOWN: {row.cause}")
     if row.old_state:

@@ -28,6 +28,8 @@ class Cluster:
         self.nodes = {}
         self.racks = {}
         self.gpus = {}
+        self.models = {}  # node -> model, where not Qwen3-32B
+        self.capabilities = {}  # node -> what it offers, where not all an emulated node does
         self.servers = []
         self.config = {"placement_policy": "load_aware", "stall_timeout_s": 2.0}
 
@@ -39,6 +41,12 @@ class Cluster:
         self.publish()
         return [self.nodes[n] for n in names]
 
+    def add_node(self, name, node, *, model, capabilities, rack="rack-a", gpu="H100-SXM"):
+        """A node started by the test itself (an adapter in front of a real engine, say)."""
+        self.nodes[name], self.racks[name], self.gpus[name] = node, rack, gpu
+        self.models[name], self.capabilities[name] = model, list(capabilities)
+        self.publish()
+
     def publish(self, config=None, cordoned=()):
         self.config.update(config or {})
         self.client.delete(self.keys.routing)
@@ -46,12 +54,13 @@ class Cluster:
             name: json.dumps(
                 {
                     "address": n.address,
-                    "model": "Qwen3-32B",
+                    "model": self.models.get(name, "Qwen3-32B"),
                     "rack": self.racks[name],
                     "gpu": self.gpus[name],
                     "tp": 1,
                     "weight": 0.0 if name in cordoned else 1.0,
                     "session": str(n.pid),
+                    **({"capabilities": self.capabilities[name]} if name in self.capabilities else {}),
                 }
             )
             for name, n in self.nodes.items()
@@ -59,7 +68,8 @@ class Cluster:
         }
         if routes:
             self.client.hset(self.keys.routing, mapping=routes)
-        self.client.set(self.keys.deployed_models, json.dumps(["Qwen3-32B"]))  # as the control plane publishes it
+        models = sorted({"Qwen3-32B", *self.models.values()})
+        self.client.set(self.keys.deployed_models, json.dumps(models))  # as the control plane publishes it
         self.client.hset(
             self.keys.gateway_keys,
             hashlib.sha256(KEY.encode()).hexdigest(),

@@ -96,14 +96,10 @@ class DemoStack:
     info: dict = field(default_factory=dict)
 
     def start(self, timeout_s: float = 120) -> "DemoStack":
-        self.var_dir.mkdir(parents=True, exist_ok=True)
-        self.output = open(self.var_dir / "demo.out", "wb")
-        self.proc = subprocess.Popen(
-            self.argv, cwd=BASE_DIR, env=self.env, stdout=self.output, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        self.launch()
         info_file = self.var_dir / "demo.json"
         deadline = time.monotonic() + timeout_s
-        while not info_file.exists():
+        while not info_file.exists() or info_file.stat().st_mtime_ns == self._info_before:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"demo exited with {self.proc.returncode}:\n{self.log()}")
             if time.monotonic() > deadline:
@@ -111,6 +107,18 @@ class DemoStack:
             time.sleep(0.2)
         self.refresh()
         return self
+
+    def launch(self) -> subprocess.Popen:
+        """Start `manage.py demo` and return at once (start() waits for it to be up). A demo.json left by a
+        previous run in the same var dir is not taken for this one's."""
+        self.var_dir.mkdir(parents=True, exist_ok=True)
+        info_file = self.var_dir / "demo.json"
+        self._info_before = info_file.stat().st_mtime_ns if info_file.exists() else None
+        self.output = open(self.var_dir / "demo.out", "ab")
+        self.proc = subprocess.Popen(
+            self.argv, cwd=BASE_DIR, env=self.env, stdout=self.output, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        return self.proc
 
     def refresh(self) -> dict:
         self.info = json.loads((self.var_dir / "demo.json").read_text())

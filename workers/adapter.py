@@ -1,86 +1,496 @@
-"""Front a real engine (vLLM, SGLang, anything with the OpenAI API and vLLM-style metrics).
+"""Front a real engine: vLLM, SGLang or llama.cpp's server, through its own API.
 
-`python -m workers.node --engine-url http://127.0.0.1:8000 --model Qwen3-32B --gpu H100-SXM --tp 2`
+`python -m workers.node --engine-url http://127.0.0.1:8000 --engine-kind vllm --model Qwen3-32B --gpu H100-SXM --tp 2`
 
-`AdapterEngine` is a workers.engine_api.ServingEngine: the node agent serves
-it through the same HTTP face as the emulated engine. Each request goes to the
-engine's OpenAI API as a stream, and comes back as the token and finish events
-the emulated engine produces. The load status comes from the engine's
-Prometheus metrics, polled every quarter second and after each request starts
-and ends. What a stock engine cannot do through its API (stream KV pages to a
-holder, resume from them, hand a request over, verify a draft model's tokens,
+`AdapterEngine` is a workers.engine_api.ServingEngine: the node agent serves it
+through the same HTTP face as the emulated engine, so the gateway routes,
+watches, canaries and resumes a real engine's node like any other. What
+differs between engines is one `Dialect` each, saying how that engine's API
+gives what Lifeline needs:
+
+- Token ids. Every request goes to the engine as token ids: the prompt
+  rendered and tokenized by the engine itself (its chat template, its
+  tokenizer), then generated with the engine's token ids and log
+  probabilities in each chunk. So the gateway knows exactly which tokens the
+  client has, and a canary compares real tokens and log probabilities.
+- Resume by re-prefill (document 003). A request another node was serving
+  arrives with the ids the client already has; the engine gets the prompt's
+  ids followed by those, with the remaining max_tokens. At temperature 0 the
+  continuation is the text an undisturbed run gives. The KV of a stock
+  engine cannot be streamed or restored, so the "checkpoint" capability is
+  not offered and the gateway places no holders on such a node.
+- Load (document 002). The engine's own Prometheus series (its running and
+  waiting requests, its KV usage) are polled every quarter second and after
+  each arrival and finish; what an engine does not export is taken from the
+  adapter's account of the requests it forwarded: the prompt tokens not yet
+  prefilled (no first token yet), the decode batch and the context it
+  attends, and the step time measured between tokens. Each arrival and
+  finish is published as an event, as the emulated engine does, so the
+  gateway's dispatch ledger settles.
+
+What a stock engine cannot do through its API (stream KV pages to a holder,
+hand a request over at a token boundary, verify a draft model's tokens,
 change its batch limit, reset its GPUs, inject faults) is not among its
 capabilities: the agent answers 501 for it and lists it at
 `/agent/capabilities`, rather than pretend.
+
+Before the node registers, `probe` checks that the engine answers the way its
+dialect expects: the model it serves, the metric series, token ids in its
+stream. A node whose engine does not is refused with what is missing and what
+to set, never half-used.
 """
 
 import asyncio
+import codecs
 import json
 import logging
+import math
 import re
 import time
-from typing import cast
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import ClassVar, cast
 
 import aiohttp
 
-from workers.catalog import Deployment
-from workers.engine import EngineError, FinishEvent, Sequence, TokenEvent
-from workers.openai_schema import ApiError, CompletionRequest
+from workers.catalog import BLOCK_TOKENS, Deployment
+from workers.engine import EngineError, FinishEvent, ResumeInfo, Sequence, TokenEvent
+from workers.openai_schema import ApiError, CompletionRequest, parse
 from workers.protocol import NodeStatus
 
 log = logging.getLogger(__name__)
 
 _SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\s+(?P<value>[-+0-9.eEInfa]+)")
 _UNREACHABLE = (aiohttp.ClientError, TimeoutError, OSError)
+STEP_EWMA = 0.2  # weight of the newest inter-token gap in the measured step time
 
 
-def parse_vllm_metrics(text: str) -> dict:
-    """The load figures in a vLLM-style exposition, summed over label sets."""
-    wanted = {
+class EngineMismatch(Exception):
+    """The engine does not answer the way its adapter needs; the message says what is missing and what to set."""
+
+
+# --- one token, as any engine says it -------------------------------------------------------------
+@dataclass
+class Piece:
+    token_id: int | None
+    text: str
+    logprob: float | None = None
+    token: str | None = None  # as the engine spells it in its logprobs
+    top: tuple[tuple[int | str, float], ...] = ()
+
+
+@dataclass
+class Chunk:
+    """What one streamed message of the engine says: new tokens, and perhaps the end."""
+
+    pieces: list[Piece] = field(default_factory=list)
+    finish: str | None = None  # OpenAI's finish_reason: "stop", "length", ...
+    usage: dict | None = None  # the engine's own token counts, when it gives them
+    error: str | None = None
+
+
+def parse_metrics(text: str, series: dict[str, str]) -> dict[str, float]:
+    """The figures named in `series` (exposition name -> figure), summed over label sets."""
+    figures: dict[str, float] = {}
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match and match["name"] in series:
+            key = series[match["name"]]
+            figures[key] = figures.get(key, 0.0) + float(match["value"])
+    return figures
+
+
+class Dialect:
+    """How one engine's API gives what Lifeline needs. Subclasses say it for vLLM, SGLang and llama.cpp."""
+
+    kind: ClassVar[str]
+    title: ClassVar[str]
+    series: ClassVar[dict[str, str]]  # Prometheus name -> figure
+    required: ClassVar[dict[str, str]]  # figure -> what to do when the engine does not export it
+
+    def figures(self, text: str) -> dict[str, float]:
+        return parse_metrics(text, self.series)
+
+    async def served_models(self, session: aiohttp.ClientSession, url: str) -> list[str]:
+        async with session.get(url + "/v1/models", timeout=aiohttp.ClientTimeout(total=5)) as response:
+            data = await response.json(content_type=None)
+        return [str(m.get("id")) for m in data.get("data") or () if isinstance(m, dict)]
+
+    async def prompt_ids(
+        self, session: aiohttp.ClientSession, url: str, model: str, req: CompletionRequest
+    ) -> list[int]:
+        """The request's prompt as the engine's own tokens (its chat template applied for a chat)."""
+        raise NotImplementedError
+
+    def generation(self, model: str, ids: list[int], req: CompletionRequest, done: int) -> tuple[str, dict]:
+        """The path and body that generate from `ids`, `done` output tokens already sent."""
+        raise NotImplementedError
+
+    def read(self, data: dict, state: dict) -> Chunk:
+        """One streamed message of the engine; `state` is the request's own, kept between its messages."""
+        raise NotImplementedError
+
+
+def _post_json(session: aiohttp.ClientSession, url: str, body: dict):
+    return session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=30))
+
+
+async def _answer(response: aiohttp.ClientResponse, what: str) -> dict:
+    if response.status != 200:
+        raise EngineError(f"{what} answered {response.status}: {(await response.text())[:200]}", status=502)
+    data = await response.json(content_type=None)
+    if not isinstance(data, dict):
+        raise EngineError(f"{what} answered {type(data).__name__}, not an object", status=502)
+    return data
+
+
+def _ids(value, what: str) -> list[int]:
+    if not isinstance(value, list) or not all(isinstance(t, int) for t in value):
+        raise EngineError(f"{what} gave no token ids", status=502)
+    return value
+
+
+def _remaining(req: CompletionRequest, done: int) -> tuple[int, int]:
+    """max_tokens and min_tokens left once `done` output tokens are sent."""
+    return req.params.max_tokens - done, max(req.params.min_tokens - done, 0)
+
+
+def _given_prompt_ids(req: CompletionRequest) -> list[int] | None:
+    """A completion whose prompt the client gave as token ids: the engine's ids already."""
+    prompt = req.body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
+        prompt = prompt[0]
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        return list(prompt)
+    return None
+
+
+def _prompt_text(req: CompletionRequest) -> str:
+    prompt = req.body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    return prompt if isinstance(prompt, str) else "<|endoftext|>"  # OpenAI's default: a new document
+
+
+class Vllm(Dialect):
+    """vLLM's OpenAI server: /tokenize (with the chat template), /v1/completions with `return_token_ids`."""
+
+    kind = "vllm"
+    title = "vLLM"
+    series = {
         "vllm:num_requests_running": "running",
         "vllm:num_requests_waiting": "waiting",
         "vllm:kv_cache_usage_perc": "kv_usage",
         "vllm:gpu_cache_usage_perc": "kv_usage",  # vLLM before 0.10
         "vllm:generation_tokens_total": "generation_tokens",
         "vllm:prompt_tokens_total": "prompt_tokens",
+        "vllm:num_preemptions_total": "preemptions",
     }
-    figures: dict[str, float] = {}
-    for line in text.splitlines():
-        match = _SAMPLE.match(line)
-        if match and match["name"] in wanted:
-            key = wanted[match["name"]]
-            figures[key] = figures.get(key, 0.0) + float(match["value"])
-    return figures
+    required = {
+        "running": "vLLM exports vllm:num_requests_running at /metrics unless --disable-log-stats is set: remove it",
+        "waiting": "vLLM exports vllm:num_requests_waiting at /metrics unless --disable-log-stats is set: remove it",
+    }
+
+    async def prompt_ids(self, session, url, model, req):
+        given = _given_prompt_ids(req) if req.kind == "completion" else None
+        if given is not None:
+            return given
+        if req.kind == "chat":
+            body = {"model": model, "messages": req.body["messages"], "add_generation_prompt": True}
+        else:
+            body = {"model": model, "prompt": _prompt_text(req), "add_special_tokens": True}
+        async with _post_json(session, url + "/tokenize", body) as response:
+            return _ids((await _answer(response, "vLLM's /tokenize")).get("tokens"), "vLLM's /tokenize")
+
+    def generation(self, model, ids, req, done):
+        p = req.params
+        max_tokens, min_tokens = _remaining(req, done)
+        body: dict = {
+            "model": model,
+            "prompt": ids,
+            "max_tokens": max_tokens,
+            "min_tokens": min_tokens,
+            "temperature": p.temperature,
+            "top_p": p.top_p,
+            "top_k": p.top_k,
+            "min_p": p.min_p,
+            "seed": p.seed,
+            "ignore_eos": p.ignore_eos,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "return_token_ids": True,  # vLLM >= 0.10.2: each chunk carries its tokens' ids
+        }
+        if p.stop:
+            body["stop"] = list(p.stop)
+        if p.logprobs is not None:
+            body["logprobs"] = max(p.logprobs, 1)
+        return "/v1/completions", body
+
+    def read(self, data, state):
+        if "error" in data or data.get("object") == "error":
+            error = data.get("error", data)
+            return Chunk(error=str(error.get("message", "no message")) if isinstance(error, dict) else str(error))
+        chunk = Chunk(usage=data.get("usage") or None)
+        for choice in data.get("choices") or ():
+            ids = choice.get("token_ids") or []
+            logprobs = choice.get("logprobs") or {}
+            spelled, chosen = logprobs.get("tokens") or [], logprobs.get("token_logprobs") or []
+            tops = logprobs.get("top_logprobs") or []
+            text = choice.get("text") or ""
+            count = max(len(ids), len(chosen), 1 if text else 0)
+            for i in range(count):
+                chunk.pieces.append(
+                    Piece(
+                        ids[i] if i < len(ids) else None,
+                        text if i == 0 else "",  # a chunk's text is not split between its tokens: the first has it
+                        chosen[i] if i < len(chosen) else None,
+                        spelled[i] if i < len(spelled) else None,
+                        tuple((tops[i] or {}).items()) if i < len(tops) else (),
+                    )
+                )
+            chunk.finish = choice.get("finish_reason") or chunk.finish
+        return chunk
+
+
+class Sglang(Dialect):
+    """SGLang's server: /tokenize, then its native /generate with `input_ids` and token logprobs."""
+
+    kind = "sglang"
+    title = "SGLang"
+    series = {
+        "sglang:num_running_reqs": "running",
+        "sglang:num_queue_reqs": "waiting",
+        "sglang:token_usage": "kv_usage",
+        "sglang:generation_tokens_total": "generation_tokens",
+        "sglang:prompt_tokens_total": "prompt_tokens",
+    }
+    required = {
+        "running": "start SGLang with --enable-metrics so that /metrics exports sglang:num_running_reqs",
+        "waiting": "start SGLang with --enable-metrics so that /metrics exports sglang:num_queue_reqs",
+    }
+
+    async def prompt_ids(self, session, url, model, req):
+        given = _given_prompt_ids(req) if req.kind == "completion" else None
+        if given is not None:
+            return given
+        if req.kind == "chat":
+            body = {"model": model, "messages": req.body["messages"], "add_generation_prompt": True}
+        else:
+            body = {"model": model, "prompt": _prompt_text(req), "add_special_tokens": True}
+        async with _post_json(session, url + "/tokenize", body) as response:
+            return _ids((await _answer(response, "SGLang's /tokenize")).get("tokens"), "SGLang's /tokenize")
+
+    def generation(self, model, ids, req, done):
+        p = req.params
+        max_tokens, min_tokens = _remaining(req, done)
+        sampling = {
+            "max_new_tokens": max_tokens,
+            "min_new_tokens": min_tokens,
+            "temperature": p.temperature,
+            "top_p": p.top_p,
+            "top_k": p.top_k,
+            "min_p": p.min_p,
+            "ignore_eos": p.ignore_eos,
+            "sampling_seed": p.seed,
+        }
+        if p.stop:
+            sampling["stop"] = list(p.stop)
+        body = {
+            "input_ids": ids,
+            "sampling_params": sampling,
+            "stream": True,
+            # The token ids come with their logprobs: (logprob, id, text) per output token.
+            "return_logprob": True,
+            "logprob_start_len": -1,
+            "top_logprobs_num": p.logprobs or 0,
+            "return_text_in_logprobs": True,
+        }
+        return "/generate", body
+
+    def read(self, data, state):
+        if "error" in data:
+            error = data["error"]
+            return Chunk(error=str(error.get("message")) if isinstance(error, dict) else str(error))
+        meta = data.get("meta_info") or {}
+        # SGLang streams the output so far: the tokens beyond those already read are new.
+        entries = meta.get("output_token_logprobs") or []
+        tops = meta.get("output_top_logprobs") or []
+        count, text_before = state.get("seen", (0, ""))
+        text = data.get("text") or ""
+        new_text = text[len(text_before) :] if text.startswith(text_before) else text
+        chunk = Chunk()
+        for i, entry in enumerate(entries[count:], start=count):
+            logprob, token_id, spelled = (list(entry) + [None, None, None])[:3]
+            top = tuple((t[2] if t[2] is not None else t[1], t[0]) for t in (tops[i] or ())) if i < len(tops) else ()
+            chunk.pieces.append(Piece(token_id, new_text if i == count else "", logprob, spelled, top))
+        state["seen"] = (max(count, len(entries)), text)
+        finish = meta.get("finish_reason")
+        if isinstance(finish, dict):
+            chunk.finish = {"length": "length"}.get(str(finish.get("type")), "stop")
+            chunk.usage = {
+                "prompt_tokens": meta.get("prompt_tokens"),
+                "completion_tokens": meta.get("completion_tokens"),
+            }
+        return chunk
+
+
+class LlamaCpp(Dialect):
+    """llama.cpp's llama-server: /apply-template and /tokenize, then /completion with `return_tokens`."""
+
+    kind = "llamacpp"
+    title = "llama.cpp"
+    series = {
+        "llamacpp:requests_processing": "running",
+        "llamacpp:requests_deferred": "waiting",
+        "llamacpp:prompt_tokens_total": "prompt_tokens",
+        "llamacpp:tokens_predicted_total": "generation_tokens",
+    }
+    required = {
+        "running": "start llama-server with --metrics so that /metrics exports llamacpp:requests_processing",
+    }
+    STOPS = {"eos": "stop", "word": "stop", "limit": "length"}
+
+    async def prompt_ids(self, session, url, model, req):
+        given = _given_prompt_ids(req) if req.kind == "completion" else None
+        if given is not None:
+            return given
+        if req.kind == "chat":
+            body = {"messages": req.body["messages"]}
+            async with _post_json(session, url + "/apply-template", body) as response:
+                prompt = (await _answer(response, "llama-server's /apply-template")).get("prompt")
+            if not isinstance(prompt, str):
+                raise EngineError("llama-server's /apply-template gave no prompt", status=502)
+        else:
+            prompt = _prompt_text(req)
+        # As llama-server tokenizes a prompt it is sent as text: special tokens added and parsed.
+        body = {"content": prompt, "add_special": True, "parse_special": True}
+        async with _post_json(session, url + "/tokenize", body) as response:
+            return _ids((await _answer(response, "llama-server's /tokenize")).get("tokens"), "llama-server's /tokenize")
+
+    def generation(self, model, ids, req, done):
+        p = req.params
+        max_tokens, _ = _remaining(req, done)
+        body = {
+            "prompt": ids,
+            "n_predict": max_tokens,
+            "temperature": p.temperature,
+            # OpenAI's sampling, not llama.cpp's defaults (top_k 40, top_p 0.95, min_p 0.05).
+            "top_k": max(p.top_k, 0),
+            "top_p": p.top_p,
+            "min_p": p.min_p,
+            "seed": p.seed,
+            "ignore_eos": p.ignore_eos,
+            # At least one: each token's own bytes come with its probabilities, and the text is built from
+            # those. The stream's `content` may hold text back (a possible stop word) past the token it belongs
+            # to, and text held back when a node dies would be lost to the client.
+            "n_probs": max(p.logprobs or 0, 1),
+            "stream": True,
+            "return_tokens": True,  # prompt caching as the server was started (--no-cache-prompt turns it off)
+        }
+        if p.stop:
+            body["stop"] = list(p.stop)
+        return "/completion", body
+
+    def read(self, data, state):
+        if "error" in data:
+            error = data["error"]
+            return Chunk(error=str(error.get("message")) if isinstance(error, dict) else str(error))
+        ids = data.get("tokens") or []
+        probs = data.get("completion_probabilities") or []
+        wanted = state.get("logprobs")  # the client's: None for no logprobs, else how many top candidates
+        decoder = state.setdefault("utf8", codecs.getincrementaldecoder("utf-8")(errors="replace"))
+        chunk = Chunk()
+        for i in range(max(len(ids), len(probs))):
+            prob = probs[i] if i < len(probs) else {}
+            token_id = ids[i] if i < len(ids) else prob.get("id")
+            if "bytes" in prob:
+                text = decoder.decode(bytes(prob["bytes"]))
+            else:  # no probabilities: the stream's own text, the first token carrying it
+                text = (data.get("content") or "") if i == 0 else ""
+            if wanted is None:
+                chunk.pieces.append(Piece(token_id, text))
+                continue
+            top = tuple((t.get("token"), t.get("logprob")) for t in prob.get("top_logprobs") or ())[:wanted]
+            chunk.pieces.append(Piece(token_id, text, prob.get("logprob"), prob.get("token"), top))
+        if data.get("stop"):
+            chunk.finish = self.STOPS.get(str(data.get("stop_type")), "stop")
+            chunk.usage = {
+                "prompt_tokens": data.get("tokens_evaluated"),
+                "completion_tokens": data.get("tokens_predicted"),
+            }
+        return chunk
+
+
+DIALECTS: dict[str, type[Dialect]] = {d.kind: d for d in (Vllm, Sglang, LlamaCpp)}
+
+
+def detect(metrics_text: str) -> str | None:
+    """Which engine exported this /metrics page, by its series' prefix."""
+    for kind, prefix in (("vllm", "vllm:"), ("sglang", "sglang:"), ("llamacpp", "llamacpp:")):
+        if re.search(rf"^{re.escape(prefix)}", metrics_text, re.MULTILINE):
+            return kind
+    return None
+
+
+# --- the adapter's account of what it forwarded --------------------------------------------------
+@dataclass
+class Forwarded:
+    seq: Sequence
+    prompt_tokens: int  # the engine's own count
+    first_token_at: float | None = None
+    last_token_at: float | None = None
 
 
 class AdapterEngine:
-    """A real engine behind the node agent: requests go to its OpenAI API, load comes from its metrics."""
+    """A real engine behind the node agent: requests go to it as token ids, load comes from its metrics."""
 
-    # A stock engine's API offers none of the capabilities beyond serving (see the module docstring).
-    capabilities: frozenset[str] = frozenset()
+    # Resume by re-prefill only: a stock engine's KV can be neither streamed to a holder nor restored.
+    capabilities: frozenset[str] = frozenset({"resume"})
 
-    def __init__(self, engine_url: str, deployment: Deployment, name: str, poll_s: float = 0.25):
+    def __init__(
+        self,
+        engine_url: str,
+        deployment: Deployment,
+        name: str,
+        kind: str = "vllm",
+        engine_model: str | None = None,
+        poll_s: float = 0.25,
+    ):
+        if kind not in DIALECTS and kind != "auto":
+            raise ValueError(f"unknown engine kind {kind!r}: expected auto or one of {', '.join(DIALECTS)}")
         self.engine_url = engine_url.rstrip("/")
         self.deployment = deployment
         self.model = deployment.model
         self.name = name
+        self.kind = kind  # "auto" until `identify` reads the engine's metrics
+        self.dialect: Dialect = DIALECTS.get(kind, Vllm)()
+        self.engine_model_given = engine_model is not None
+        self.engine_model = engine_model or deployment.model.name  # the name the engine serves it under
         self.poll_s = poll_s
-        self.model_state = "loading_full"  # until the engine answers /health
+        self.model_state = "loading_full"  # until the engine answers /health and `probe` found it fit
+        self.engine_ready = False  # the engine answers /health
+        self.verified = False  # `probe` found nothing missing: until then the node takes no request
         self.figures: dict[str, float] = {}
         self.status_seq = 0
         self.busy_s = 0.0
         self.used_blocks = 0
+        self.tokens_relayed = 0  # every token the engine gave: it progressed (the status's `steps`)
+        self.step_s: float | None = None  # measured: the gap between one stream's tokens
         self.counters: dict[str, float] = {"requests_proxied": 0, "engine_errors": 0, "poll_failures": 0}
         self.last_poll_at: float | None = None
-        self.by_id: dict[str, Sequence] = {}  # requests this node has passed on and not seen end
-        self._relays: dict[str, tuple[asyncio.Task, aiohttp.ClientResponse]] = {}  # each one's task and stream
+        self.forwarded: dict[str, Forwarded] = {}  # requests passed on and not seen end
+        self._relays: dict[str, tuple[asyncio.Task, aiohttp.ClientResponse | None]] = {}
         self._subscribers: set[asyncio.Queue] = set()
         self._poke = asyncio.Event()
         self._task: asyncio.Task | None = None
         self.session: aiohttp.ClientSession | None = None
 
+    @property
+    def by_id(self) -> dict[str, Sequence]:
+        return {rid: f.seq for rid, f in self.forwarded.items()}
+
     def describe(self) -> dict:
-        return {"kind": "adapter", "url": self.engine_url}
+        return {"kind": self.kind, "engine": self.dialect.title, "url": self.engine_url, "model": self.engine_model}
 
     # --- lifecycle -------------------------------------------------------------
     def start(self) -> None:
@@ -89,7 +499,7 @@ class AdapterEngine:
 
     async def stop(self) -> None:
         tasks = [task for task, _ in self._relays.values()]
-        for request_id in list(self.by_id):
+        for request_id in list(self.forwarded):
             self.abort(request_id)
         if self._task is not None:
             tasks.append(self._task)
@@ -102,21 +512,132 @@ class AdapterEngine:
     def begin_load(self, cold: bool = True) -> None:
         pass  # the engine loads its own model; /health tells when it is ready
 
+    async def wait_ready(self, timeout_s: float) -> bool:
+        """Wait until the engine answers /health (it may be loading its model for minutes)."""
+        deadline = time.monotonic() + timeout_s
+        while not self.engine_ready:
+            if time.monotonic() > deadline:
+                return False
+            self.poke()
+            await asyncio.sleep(self.poll_s)
+        return True
+
+    async def identify(self) -> None:
+        """An engine of kind "auto": which one it is, told by its /metrics series."""
+        if self.kind != "auto":
+            return
+        assert self.session is not None, "start() opens the session first"
+        url = self.engine_url + "/metrics"
+        try:
+            async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=5)) as response:
+                kind = detect(await response.text())
+        except _UNREACHABLE as exc:
+            raise EngineMismatch(
+                f"cannot tell which engine is at {self.engine_url}: {url} did not answer ({exc})"
+            ) from None
+        if kind is None:
+            raise EngineMismatch(
+                f"cannot tell which engine is at {self.engine_url}: {url} has no vllm:, sglang: or llamacpp: series. "
+                f"Set --engine-kind (vllm, sglang or llamacpp), and start the engine with its metrics on "
+                f"(llama-server: --metrics; SGLang: --enable-metrics)"
+            )
+        self.kind, self.dialect = kind, DIALECTS[kind]()
+
+    async def probe(self) -> list[str]:
+        """What about the engine keeps this node from serving through it; empty when nothing does."""
+        assert self.session is not None, "start() opens the session first"
+        problems: list[str] = []
+        title, url = self.dialect.title, self.engine_url
+        try:
+            models = await self.dialect.served_models(self.session, url)
+        except (*_UNREACHABLE, ValueError) as exc:
+            models = []
+            problems.append(f"{title} at {url} did not list its models at /v1/models ({exc.__class__.__name__})")
+        if models and not self.engine_model_given and self.engine_model not in models and self.model.key in models:
+            self.engine_model = self.model.key  # served under the catalog's short name (--served-model-name)
+        if models and self.engine_model not in models:
+            problems.append(
+                f"{title} at {url} serves {', '.join(models)}, not {self.engine_model!r}: "
+                f"set --engine-model to the name it serves, or start it with the model this node registers"
+            )
+        try:
+            async with self.session.get(url + "/metrics", timeout=aiohttp.ClientTimeout(total=5)) as response:
+                figures = self.dialect.figures(await response.text()) if response.status == 200 else {}
+        except _UNREACHABLE:
+            figures = {}
+        for figure, advice in self.dialect.required.items():
+            if figure not in figures:
+                problems.append(f"{title}'s /metrics has no {figure} series: {advice}")
+        if not problems:
+            problems += await self._probe_token_ids()
+        if not problems:
+            self.verified = True
+            self.poke()  # it serves from the next poll on
+        return problems
+
+    async def _probe_token_ids(self) -> list[str]:
+        """One token generated: the stream must say its id, or the gateway could not resume anything."""
+        req = parse(
+            {"model": self.engine_model, "prompt": "Lifeline probe", "max_tokens": 1, "temperature": 0}, "completion"
+        )
+        try:
+            seq = await self._submit(req, [], None)
+            events = []
+            while True:
+                event = await asyncio.wait_for(seq.events.get(), timeout=60)
+                events.append(event)
+                if isinstance(event, FinishEvent):
+                    break
+        except (EngineError, ApiError, TimeoutError) as exc:
+            return [f"{self.dialect.title} failed a one-token probe request: {exc}"]
+        tokens = [e for e in events if isinstance(e, TokenEvent)]
+        finish = events[-1]
+        assert isinstance(finish, FinishEvent)
+        if finish.reason == "error":
+            return [f"{self.dialect.title} failed a one-token probe request: {(finish.detail or {}).get('reason')}"]
+        if not tokens or any(t.token_id is None for t in tokens):
+            need = {
+                "vllm": "vLLM 0.10.2 or newer (return_token_ids)",
+                "sglang": "SGLang with return_logprob in /generate",
+                "llamacpp": "a llama-server with return_tokens in /completion",
+            }[self.kind]
+            return [f"{self.dialect.title}'s stream did not say its tokens' ids: Lifeline needs {need}"]
+        return []
+
     # --- requests ----------------------------------------------------------------
     async def submit_request(self, req: CompletionRequest) -> Sequence:
-        """Send the request to the engine as a stream; its chunks become this sequence's events."""
-        if req.request_id in self.by_id:
-            raise EngineError(f"request id {req.request_id!r} is already running on this node")
-        body = {key: value for key, value in req.body.items() if key != "lifeline"}
-        # A stream always, whatever the client asked: the agent writes the answer, whole or
-        # streamed, from the events. The usage chunk has the engine's own token counts, and
-        # vLLM's return_token_ids extension puts the token ids in each chunk. The client's
-        # logprobs parameters go as they came, so the engine reports them when asked.
-        body.update(stream=True, stream_options={"include_usage": True}, return_token_ids=True)
-        path = "/v1/completions" if req.kind == "completion" else "/v1/chat/completions"
-        self.counters["requests_proxied"] += 1
+        """Tokenize the prompt with the engine, then generate from its ids as a stream of token events."""
+        return await self._submit(req, [], None)
+
+    async def resume(
+        self, req: CompletionRequest, generated: list[int], **_checkpoint_options
+    ) -> tuple[Sequence, ResumeInfo]:
+        """Continue a request another node was serving, by re-prefill: the prompt's ids, then the generated ones.
+
+        A stock engine has no checkpoint to restore from: the holders and sources
+        the gateway may name are not used (it names none for a node without the
+        "checkpoint" capability).
+        """
+        if len(generated) >= req.params.max_tokens:
+            raise EngineError(
+                f"nothing left to generate: {len(generated)} of max_tokens={req.params.max_tokens} already sent",
+                status=400,
+            )
+        started = time.monotonic()
+        info = ResumeInfo("re-prefill", 0, 0, 0.0, reason="a real engine's KV cannot be restored: re-prefilled")
+        seq = await self._submit(req, list(generated), info)
+        info.reprefill_tokens = len(seq.prompt_ids) + len(generated)
+        info.restore_ms = round((time.monotonic() - started) * 1000, 1)
+        return seq, info
+
+    async def _submit(self, req: CompletionRequest, generated: list[int], info: ResumeInfo | None) -> Sequence:
+        if req.request_id in self.forwarded:
+            raise EngineError(f"request id {req.request_id!r} is already running on this node", status=409)
         assert self.session is not None, "start() opens the session before the agent sends any request"
+        self.counters["requests_proxied"] += 1
         try:
+            prompt_ids = await self.dialect.prompt_ids(self.session, self.engine_url, self.engine_model, req)
+            path, body = self.dialect.generation(self.engine_model, prompt_ids + generated, req, len(generated))
             upstream = await self.session.post(
                 self.engine_url + path, json=body, headers={"X-Request-Id": req.request_id}
             )
@@ -128,10 +649,13 @@ class AdapterEngine:
         if upstream.status != 200:
             async with upstream:
                 raise await self._refusal(upstream)
-        seq = Sequence(req.request_id, list(req.prompt_ids), req.params, arrival=time.monotonic())
-        self.by_id[req.request_id] = seq
+        seq = Sequence(req.request_id, prompt_ids, req.params, arrival=time.monotonic())
+        seq.generated = list(generated)
+        seq.resumed_with = len(generated)
+        self.forwarded[req.request_id] = Forwarded(seq, len(prompt_ids) + len(generated))
         relay = asyncio.get_running_loop().create_task(self._relay(seq, req, upstream), name=f"relay-{req.request_id}")
         self._relays[req.request_id] = (relay, upstream)
+        self._publish("arrival", req.request_id)  # the gateway's dispatch ledger settles on it (document 002)
         self.poke()
         return seq
 
@@ -140,9 +664,7 @@ class AdapterEngine:
         text = await upstream.text()
         try:
             error = json.loads(text)
-            error = error.get(
-                "error", error
-            )  # OpenAI's {"error": {...}}, or vLLM's older flat {"object": "error", ...}
+            error = error.get("error", error)  # OpenAI's {"error": {...}}, or vLLM's older flat {"object": "error"}
             kind = str(error.get("type") or "engine_error")
             return ApiError(
                 upstream.status, str(error["message"]), param=error.get("param"), kind=kind, code=error.get("code")
@@ -156,32 +678,27 @@ class AdapterEngine:
         reason: str | None = None
         detail: dict | None = None
         usage: dict = {}
+        state: dict = {"logprobs": req.params.logprobs}
         try:
             async with upstream:
-                async for line in upstream.content:
-                    if not line.startswith(b"data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == b"[DONE]":
+                async for data in _events(upstream):
+                    if data is None:
                         break
-                    chunk = json.loads(data)
-                    if not isinstance(chunk, dict):
-                        raise ValueError(f"a chunk is {type(chunk).__name__}, not an object")
-                    if "error" in chunk or chunk.get("object") == "error":
-                        error = chunk.get("error", chunk)
-                        message = error.get("message", "no message")
-                        reason, detail = "error", {"reason": f"the engine at {self.engine_url} failed: {message}"}
+                    chunk = self.dialect.read(data, state)
+                    if chunk.error is not None:
+                        reason, detail = "error", {"reason": f"the engine at {self.engine_url} failed: {chunk.error}"}
                         break
-                    usage = chunk.get("usage") or usage
-                    for choice in chunk.get("choices") or ():
-                        self._tokens(seq, req.kind, choice)
-                        reason = choice.get("finish_reason") or reason
+                    self._tokens(seq, chunk.pieces)
+                    usage = {k: v for k, v in (chunk.usage or {}).items() if v is not None} or usage
+                    reason = chunk.finish or reason
         except _UNREACHABLE as exc:
             reason, detail = (
                 "error",
                 {"reason": f"the engine at {self.engine_url} broke off the stream: {exc.__class__.__name__}"},
             )
-        except (ValueError, KeyError, TypeError) as exc:
+            if seq.finished is None:  # not an abort of ours: the engine is likely gone
+                self._engine_lost()
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
             reason, detail = (
                 "error",
                 {"reason": f"the engine at {self.engine_url} sent a chunk this node cannot read: {exc!r}"},
@@ -190,62 +707,68 @@ class AdapterEngine:
             reason, detail = "error", {"reason": f"the engine at {self.engine_url} ended the stream without a finish"}
         self._finish(seq, reason, detail, usage)
 
-    def _tokens(self, seq: Sequence, kind: str, choice: dict) -> None:
-        """The token events of one chunk's choice: one per token id, else one per chunk that has text."""
-        text = (choice.get("text") if kind == "completion" else (choice.get("delta") or {}).get("content")) or ""
-        ids = choice.get("token_ids") or []
-        logprobs = _logprobs(choice.get("logprobs"), kind)
-        # Without token ids or logprobs a chunk's tokens cannot be counted: it counts as one.
-        # A chunk with nothing in it (a chat stream's first, with only the role) is no token.
-        count = max(len(ids), len(logprobs), 1 if text else 0)
-        now = time.time()
+    def _tokens(self, seq: Sequence, pieces: list[Piece]) -> None:
+        if not pieces:
+            return
+        now, wall = time.monotonic(), time.time()
+        forwarded = self.forwarded.get(seq.request_id)
+        if forwarded is not None:
+            if forwarded.last_token_at is not None:
+                gap = (now - forwarded.last_token_at) / len(pieces)
+                self.step_s = gap if self.step_s is None else (1 - STEP_EWMA) * self.step_s + STEP_EWMA * gap
+            first = forwarded.first_token_at is None
+            forwarded.first_token_at = forwarded.first_token_at or now
+            forwarded.last_token_at = now
+        else:
+            first = False
         # Sequence.generated is typed for the emulated engine's ids; here an id may be unknown (None).
         generated = cast("list[int | None]", seq.generated)
-        for i in range(count):
-            # An engine without return_token_ids does not say the id: it stays unknown (None),
-            # and a client asking for token ids gets none for it.
-            token_id = ids[i] if i < len(ids) else None
-            token, logprob, top = logprobs[i] if i < len(logprobs) else (None, None, ())
-            piece = text if i == 0 else ""  # a chunk's text is not split between its tokens: the first carries it
+        for piece in pieces:
             if seq.first_token_at is None:
-                seq.first_token_at = time.monotonic()
-            generated.append(token_id)
-            seq.text += piece
-            seq.events.put_nowait(TokenEvent(len(generated) - 1, token_id, piece, logprob, top, now, token))
+                seq.first_token_at = now
+            generated.append(piece.token_id)
+            seq.text += piece.text
+            self.tokens_relayed += 1
+            seq.events.put_nowait(
+                TokenEvent(len(generated) - 1, piece.token_id, piece.text, piece.logprob, piece.top, wall, piece.token)
+            )
+        if first:
+            self._publish("admitted", seq.request_id)  # prefilled: it decodes now
 
     def abort(self, request_id: str) -> None:
-        seq = self.by_id.get(request_id)
-        if seq is None:
+        forwarded = self.forwarded.get(request_id)
+        if forwarded is None:
             return
         relay = self._relays.pop(request_id, None)
-        if relay is not None:
+        if relay is not None and relay[1] is not None:
             relay[1].close()  # the engine sees its client gone and aborts the request; the relay then ends
-        self._finish(seq, "abort")
+        self._finish(forwarded.seq, "abort")
 
     def _finish(self, seq: Sequence, reason: str, detail: dict | None = None, usage: dict | None = None) -> None:
         if seq.finished is not None:
             return
         seq.finished = reason
-        self.by_id.pop(seq.request_id, None)
+        forwarded = self.forwarded.pop(seq.request_id, None)
         self._relays.pop(seq.request_id, None)
         if reason == "error":
             self.counters["engine_errors"] += 1
             log.warning("%s: request %s failed: %s", self.name, seq.request_id, (detail or {}).get("reason"))
-        # The engine's own counts where it gives them; else the prompt as this node tokenized it
-        # (a different tokenizer: an estimate) and the tokens relayed.
+        # The engine's own counts where it gives them; else the prompt's ids and the tokens relayed.
         usage = usage or {}
+        prompt = forwarded.prompt_tokens if forwarded else len(seq.prompt_ids)
         seq.events.put_nowait(
             FinishEvent(
                 reason,
-                int(usage.get("prompt_tokens", len(seq.prompt_ids))),
-                int(usage.get("completion_tokens", len(seq.generated))),
+                int(usage.get("prompt_tokens") or prompt),
+                len(seq.generated) if seq.resumed_with else int(usage.get("completion_tokens") or len(seq.generated)),
                 time.time(),
                 detail,
             )
         )
+        self._publish("finished", seq.request_id)
         self.poke()
 
-    # --- load, from the engine's metrics -----------------------------------------------
+    # --- load: the engine's metrics and the adapter's own account -------------------------------
     async def _poll_loop(self, session: aiohttp.ClientSession) -> None:
         while True:
             await self._poll(session)
@@ -258,27 +781,44 @@ class AdapterEngine:
     async def _poll(self, session: aiohttp.ClientSession) -> None:
         try:
             async with session.get(self.engine_url + "/health", timeout=aiohttp.ClientTimeout(total=2)) as health:
-                state = "serving" if health.status == 200 else "loading_full"
+                self.engine_ready = health.status == 200
+            state = "serving" if self.engine_ready and self.verified else "loading_full"
             async with session.get(self.engine_url + "/metrics", timeout=aiohttp.ClientTimeout(total=2)) as response:
-                figures = parse_vllm_metrics(await response.text())
+                figures = self.dialect.figures(await response.text())
         except _UNREACHABLE as exc:
             self.counters["poll_failures"] += 1
+            self.engine_ready = False
             if self.model_state == "serving":
                 log.warning("engine at %s stopped answering: %s", self.engine_url, exc)
             state, figures = "loading_full", {}
-        changed = (
-            state != self.model_state
-            or figures.get("running") != self.figures.get("running")
-            or figures.get("waiting") != self.figures.get("waiting")
+        changed = state != self.model_state or any(
+            figures.get(k) != self.figures.get(k) for k in ("running", "waiting", "kv_usage")
         )
         now = time.monotonic()
-        if self.last_poll_at is not None and figures.get("running"):
+        if self.last_poll_at is not None and (figures.get("running") or self.forwarded):
             self.busy_s += now - self.last_poll_at
         self.last_poll_at = now
         self.model_state, self.figures = state, figures
-        self.used_blocks = int(figures.get("kv_usage", 0.0) * self.deployment.kv_blocks)
-        if changed:
+        for key in ("generation_tokens", "prompt_tokens", "preemptions"):
+            if key in figures:
+                self.counters[key] = figures[key]
+        self.used_blocks = self._used_blocks()
+        if changed or self.forwarded:  # while requests run, the gateway sees their progress each poll
             self.publish("engine_metrics")
+
+    def _used_blocks(self) -> int:
+        if "kv_usage" in self.figures:
+            return int(self.figures["kv_usage"] * self.deployment.kv_blocks)
+        return sum(math.ceil((f.prompt_tokens + len(f.seq.generated)) / BLOCK_TOKENS) for f in self.forwarded.values())
+
+    def _engine_lost(self) -> None:
+        """A stream broke: until /health says otherwise, the engine serves nothing, and the gateway hears so now
+        (not at the next poll), before the requests it moves could be sent back here."""
+        if self.model_state == "serving":
+            self.engine_ready = False
+            self.model_state = "loading_full"
+            self.publish("engine_lost")
+        self.poke()
 
     def poke(self) -> None:
         """Read the engine's metrics now: a request started or ended."""
@@ -286,32 +826,38 @@ class AdapterEngine:
 
     def status(self) -> NodeStatus:
         f = self.figures
-        # What a stock engine does not export is None (n/a), never zero.
+        prefilling = [r for r in self.forwarded.values() if r.first_token_at is None]
+        decoding = [r for r in self.forwarded.values() if r.first_token_at is not None]
+        own = len(self.forwarded)
+        # The engine's counts where it exports them (they include requests from other clients);
+        # never fewer than the requests this node itself has in flight there.
+        running = max(int(f["running"]), own) if "running" in f else own
+        step_ms = None if self.step_s is None else round(self.step_s * 1000, 3)
         return NodeStatus(
             seq=self.status_seq,
             at=time.time(),
             model_state=self.model_state,
             load_progress=1.0 if self.model_state == "serving" else None,
             waiting=int(f["waiting"]) if "waiting" in f else None,
-            running=int(f["running"]) if "running" in f else None,
-            uncomputed_prefill_tokens=None,
-            decode_batch=None,
-            decode_context_tokens=None,
-            kv_blocks_used=self.used_blocks if "kv_usage" in f else None,
+            running=running,
+            uncomputed_prefill_tokens=sum(r.prompt_tokens for r in prefilling),
+            decode_batch=len(decoding),
+            decode_context_tokens=sum(r.prompt_tokens + len(r.seq.generated) - r.seq.resumed_with for r in decoding),
+            kv_blocks_used=self._used_blocks(),
             kv_blocks_total=self.deployment.kv_blocks,
             checkpoint_bytes_held=None,
             checkpoint_budget_bytes=None,
             checkpoint_requests=None,
-            step_ms=None,
-            steps=None,
+            step_ms=step_ms,
+            steps=self.tokens_relayed,
             time_scale=None,
-            decode_step_ms=None,
-            decode_step_batch=None,
+            decode_step_ms=step_ms,
+            decode_step_batch=len(decoding) if step_ms is not None else None,
             decode_step_context_tokens=None,
             batch_limit=None,
             batch_factor=None,
             assist=None,
-            in_flight=len(self.by_id),
+            in_flight=own,
             source="engine_metrics",
         )
 
@@ -324,29 +870,29 @@ class AdapterEngine:
         self._subscribers.discard(queue)
 
     def publish(self, reason: str) -> None:
+        self._publish(reason)
+
+    def _publish(self, reason: str, request_id: str | None = None) -> None:
         self.status_seq += 1
         status = {**self.status().to_json(), "reason": reason}
+        if request_id is not None:
+            status["request_id"] = request_id
         for queue in list(self._subscribers):
             if queue.full():
                 queue.get_nowait()
             queue.put_nowait(status)
 
 
-def _logprobs(logprobs: dict | None, kind: str) -> list[tuple[str, float | None, tuple[tuple[str, float], ...]]]:
-    """(token, logprob, top candidates) per token of a chunk, as the engine spells its tokens."""
-    if not logprobs:
-        return []
-    if kind == "completion":
-        spelled, chosen, tops = (
-            logprobs.get("tokens") or [],
-            logprobs.get("token_logprobs") or [],
-            logprobs.get("top_logprobs") or [],
-        )
-        return [
-            (spelled[i], chosen[i], tuple((tops[i] or {}).items()) if i < len(tops) else ())
-            for i in range(min(len(spelled), len(chosen)))
-        ]
-    return [
-        (item["token"], item.get("logprob"), tuple((c["token"], c["logprob"]) for c in item.get("top_logprobs") or ()))
-        for item in logprobs.get("content") or ()
-    ]
+async def _events(upstream: aiohttp.ClientResponse) -> AsyncIterator[dict | None]:
+    """The JSON objects of a server-sent event stream; None at `[DONE]`."""
+    async for line in upstream.content:
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            yield None
+            return
+        chunk = json.loads(data)
+        if not isinstance(chunk, dict):
+            raise ValueError(f"a chunk is {type(chunk).__name__}, not an object")
+        yield chunk

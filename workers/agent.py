@@ -205,9 +205,7 @@ async def _start(request: web.Request, runtime: NodeRuntime, req: CompletionRequ
         return await fetch_checkpoint(holder, request_id, runtime.peer_headers)
 
     return await cast(ResumeEngine, engine).resume(  # it offers "resume": required above
-        req.prompt_ids,
-        req.params,
-        req.request_id,
+        req,
         ext.resume.generated,
         sources=ext.resume.sources,
         fetch=fetch,
@@ -430,6 +428,23 @@ async def capabilities(request: web.Request) -> web.Response:
     return web.json_response({"engine": engine.describe(), "offers": offered_capabilities(runtime), "cannot": cannot})
 
 
+async def tokenize(request: web.Request) -> web.Response:
+    """vLLM's /tokenize, for the emulated engine's tokenizer: a prompt, or chat messages as the chat is templated.
+
+    An adapter in front of this node (as in front of vLLM) renders and tokenizes through it.
+    """
+    engine = request.app[RUNTIME_KEY].engine
+    body = await read_json(request)
+    if not isinstance(body, dict):
+        raise ApiError(400, "The body must be a JSON object with a `prompt` or `messages`.", param="body")
+    if "messages" in body:
+        ids = parse({"model": engine.model.key, "messages": body["messages"]}, "chat").prompt_ids
+    else:
+        ids = parse({"model": engine.model.key, "prompt": body.get("prompt")}, "completion").prompt_ids
+    max_len = engine.deployment.max_context_tokens
+    return web.json_response({"count": len(ids), "max_model_len": max_len, "tokens": ids})
+
+
 async def telemetry(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME_KEY]
     readings = await asyncio.get_running_loop().run_in_executor(None, runtime.telemetry.read)
@@ -476,5 +491,7 @@ def build_app(runtime: NodeRuntime, telemetry_collector=None) -> web.Application
     app.router.add_get(protocol.EVENTS_PATH, events)
     app.router.add_get("/agent/telemetry", telemetry)
     app.router.add_get("/agent/capabilities", capabilities)
+    if runtime.engine.describe()["kind"] == "emulated":
+        app.router.add_post("/tokenize", tokenize)
     control_api.add_routes(app)
     return app

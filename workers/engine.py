@@ -409,9 +409,7 @@ class Engine:
 
     async def resume(
         self,
-        prompt_ids: list[int],
-        params: SamplingParams,
-        request_id: str,
+        req: "CompletionRequest",
         generated: list[int],
         *,
         sources: tuple[Peer, ...] = (),
@@ -425,6 +423,7 @@ class Engine:
         host-to-GPU link), else fetch it from a holder (time: bytes over the
         link between the nodes), else re-prefill prompt plus generated tokens.
         """
+        prompt_ids, params, request_id = req.prompt_ids, req.params, req.request_id
         self._check_can_serve()
         if len(generated) >= params.max_tokens:
             raise EngineError(

@@ -15,7 +15,7 @@ from typing import NamedTuple, Protocol, runtime_checkable
 
 from workers.catalog import Deployment, Model
 from workers.checkpoint import Peer
-from workers.engine import Assist, EngineConfig, ResumeInfo, SamplingParams, Sequence
+from workers.engine import Assist, EngineConfig, ResumeInfo, Sequence
 from workers.kvstore import Page
 from workers.openai_schema import CompletionRequest
 from workers.protocol import NodeStatus
@@ -99,9 +99,7 @@ class CheckpointEngine(ServingEngine, Protocol):
 class ResumeEngine(ServingEngine, Protocol):
     async def resume(
         self,
-        prompt_ids: list[int],
-        params: SamplingParams,
-        request_id: str,
+        req: CompletionRequest,
         generated: list[int],
         *,
         sources: tuple[Peer, ...] = (),

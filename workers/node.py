@@ -29,7 +29,7 @@ import uuid
 from aiohttp import web
 
 from workers import catalog, protocol
-from workers.adapter import AdapterEngine
+from workers.adapter import DIALECTS, AdapterEngine, EngineMismatch
 from workers.agent import build_app, offered_capabilities
 from workers.checkpoint import CheckpointStreamer
 from workers.control import ControlPlaneLink
@@ -126,7 +126,24 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--engine-url",
         default=env("LIFELINE_ENGINE_URL"),
-        help="front a real engine (vLLM, SGLang, ...) at this URL instead of emulating one",
+        help="front a real engine (vLLM, SGLang or llama.cpp's llama-server) at this URL instead of emulating one",
+    )
+    parser.add_argument(
+        "--engine-kind",
+        choices=("auto", *DIALECTS),
+        default=env("LIFELINE_ENGINE_KIND", "auto"),
+        help="the engine at --engine-url; auto: told by its /metrics series (default)",
+    )
+    parser.add_argument(
+        "--engine-model",
+        default=env("LIFELINE_ENGINE_MODEL"),
+        help="the name the engine serves the model under (its /v1/models), when not the catalog's name",
+    )
+    parser.add_argument(
+        "--engine-wait",
+        type=float,
+        default=float(env("LIFELINE_ENGINE_WAIT_S", "900")),
+        help="seconds to wait for the engine to load its model before giving up (default 900)",
     )
     parser.add_argument("--log-level", default=env("LIFELINE_LOG_LEVEL", "INFO"))
     args = parser.parse_args(argv)
@@ -163,7 +180,7 @@ def build_engine(
 ) -> ServingEngine:
     """The emulated GPU engine, or an adapter in front of the real engine at --engine-url."""
     if args.engine_url:
-        return AdapterEngine(args.engine_url, deployment, args.name)
+        return AdapterEngine(args.engine_url, deployment, args.name, args.engine_kind, args.engine_model)
     return Engine(
         deployment,
         EngineConfig(time_scale=args.time_scale, max_num_seqs=args.max_num_seqs),
@@ -285,7 +302,21 @@ async def serve(args: argparse.Namespace) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
 
-    link = link_task = None
+    link = None
+    refused: list[EngineMismatch] = []
+
+    async def join() -> None:
+        """Register once the engine is known to answer as it must (a real engine's adapter checks it first)."""
+        if isinstance(engine, AdapterEngine):
+            try:
+                await _check_engine(engine, args.engine_wait)
+            except EngineMismatch as exc:
+                refused.append(exc)
+                stop.set()
+                return
+        if link is not None:
+            await link.run()
+
     if args.control_url:
         link = ControlPlaneLink(
             args.control_url,
@@ -295,19 +326,34 @@ async def serve(args: argparse.Namespace) -> None:
             args.heartbeat_interval,
             on_session_closed=new_session,
         )
-        link_task = asyncio.create_task(link.run(), name="control-plane-link")
     else:
         log.info("no --control-url: running stand-alone, without registration or heartbeats")
+    link_task = asyncio.create_task(join(), name="control-plane-link")
 
     await stop.wait()
     log.info("%s stopping", args.name)
-    if link is not None and link_task is not None:
-        link_task.cancel()
+    link_task.cancel()
+    if link is not None and not refused:
         await link.leave("node stopped (signal)")
     await engine.stop()
     await runtime.streamer.close()
     telemetry.close()
     await runner.cleanup()
+    if refused:
+        raise refused[0]
+
+
+async def _check_engine(engine: AdapterEngine, wait_s: float) -> None:
+    """Before registering: the real engine answers as its adapter needs, or the node stops saying why."""
+    if not await engine.wait_ready(wait_s):
+        raise EngineMismatch(f"the engine at {engine.engine_url} did not answer /health with 200 within {wait_s:.0f} s")
+    await engine.identify()
+    problems = await engine.probe()
+    if problems:
+        raise EngineMismatch(
+            f"refusing to register in front of the engine at {engine.engine_url}:\n  - " + "\n  - ".join(problems)
+        )
+    log.info("%s: the engine at %s answers as %s needs", engine.name, engine.engine_url, engine.dialect.title)
 
 
 class TokenRate:
@@ -337,6 +383,9 @@ def main(argv=None) -> None:
     except catalog.CatalogError as exc:
         sys.stderr.write(f"workers.node: {exc}\n")
         sys.exit(2)
+    except EngineMismatch as exc:
+        sys.stderr.write(f"workers.node: {exc}\n")
+        sys.exit(3)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
 """The degradation banner on every page, and the level's history."""
 
+import time
+
 import redis
 
 from recovery import hot
@@ -15,6 +17,7 @@ def degradation(cluster: Cluster | None = None) -> dict:
     cluster = cluster or Cluster.default()
     level = cluster.degradation_level
     effects = EFFECTS[level]
+    latest = _latest_capacity()
     return {
         "level": level,
         "badge": LEVEL_BADGE[level],
@@ -29,7 +32,8 @@ def degradation(cluster: Cluster | None = None) -> dict:
             "tpot_ms": cluster.slo_tpot_ms * effects.latency_slo_factor,
             "required_rps": cluster.slo_required_rps,
         },
-        "capacity": _latest_capacity(),
+        "capacity": latest,
+        "starting": _starting(latest),
         "cluster_breaker_open": cluster.auto_cordon_breaker_open,
         "cluster_breaker_reason": cluster.auto_cordon_breaker_reason,
     }
@@ -40,6 +44,21 @@ def _latest_capacity() -> dict:
         return capacity.latest()
     except (redis.RedisError, hot.RedisNotConfigured):
         return {}
+
+
+def _starting(latest: dict) -> dict | None:
+    """The fleet is starting: the nodes joining since the control plane started, counted as serving for now."""
+    until = latest.get("starting_until")
+    joining = latest.get("starting") or []
+    if not joining or until is None or until <= time.time():
+        return None
+    return {
+        "nodes": joining,
+        "until": until,
+        "ratio_once_started": latest.get("ratio_once_started"),
+        "reason": f"the control plane started and {len(joining)} node{'s have' if len(joining) != 1 else ' has'} "
+        "not served since: joining, not lost, so the level is not raised for them",
+    }
 
 
 def degradation_history(limit: int = 100) -> list[dict]:

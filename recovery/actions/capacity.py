@@ -7,12 +7,19 @@ throughput, and moves the level with hysteresis. A change is written once
 (DegradationChange, an outbox row), published to every gateway (which sheds
 or rejects by it) and shown on every page; recovery.reactions then sends the
 level's batch limit to the nodes and notes it on active incidents.
+
+A fleet that is starting is not a capacity loss. For `startup_grace_s` after
+the control plane starts, and until the fleet is back to its usual size, a
+node that has not served since the start is joining: its capacity is counted
+as if it served, so the level does not rise for it, and a level left over
+from before the start falls without its hold. A node that served since the
+start and then went away is a loss at once, as ever.
 """
 
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from django.db import transaction
 from django.utils import timezone
@@ -47,13 +54,27 @@ class Report:
     required_rps: float
     nodes: dict  # name -> {rps, batch, limited_by, slowdown}
     in_service: int
+    starting: list[str] = field(default_factory=list)  # joining after a start of the control plane: not a loss
+    starting_rps: float = 0.0  # what they will carry once they serve, by the catalog
+    starting_until: float | None = None  # the end of the start-up grace (epoch seconds)
 
     @property
     def ratio(self) -> float:
         return self.capacity_rps / self.required_rps if self.required_rps > 0 else float("inf")
 
+    @property
+    def ratio_once_started(self) -> float:
+        """The ratio the level follows while the fleet is starting: the joining nodes counted as serving."""
+        return (self.capacity_rps + self.starting_rps) / self.required_rps if self.required_rps > 0 else float("inf")
+
     def to_json(self) -> dict:
-        return {**asdict(self), "ratio": None if self.required_rps <= 0 else round(self.ratio, 4)}
+        return {
+            **asdict(self),
+            "ratio": None if self.required_rps <= 0 else round(self.ratio, 4),
+            "ratio_once_started": None
+            if self.required_rps <= 0 or not self.starting
+            else round(self.ratio_once_started, 4),
+        }
 
 
 def _in_service(node: Node, live: hot.NodeEntry, promoted: tuple[str, ...] = ()) -> bool:
@@ -87,7 +108,39 @@ def report(cluster: Cluster | None = None, exclude: tuple[str, ...] = (), promot
             "slowdown": round(slow, 3),
         }
         total += figure.rps
-    return Report(round(total, 3), slo.required_rps, figures, len(figures))
+    starting, until = _starting(cluster, set(figures))
+    starting_rps = sum(
+        policy.node_capacity(catalog.Deployment.of(n.model_key, n.gpu_key, n.tp), slo, MAX_NUM_SEQS, 1.0).rps
+        for n in starting
+    )
+    return Report(
+        round(total, 3),
+        slo.required_rps,
+        figures,
+        len(figures),
+        [n.name for n in starting],
+        round(starting_rps, 3),
+        until,
+    )
+
+
+def _starting(cluster: Cluster, in_service: set[str]) -> tuple[list[Node], float | None]:
+    """The nodes joining since the control plane started (not a loss), and when the start-up grace ends.
+
+    None once the grace has passed or the fleet is back to its usual size (every node that has not left, the
+    hot spares aside, in service). A node that served since the start and is gone is not joining: it is lost.
+    """
+    until = cluster.starting_until()
+    if until is None:
+        return [], None
+    started = cluster.control_plane_started_at
+    fleet = list(Node.objects.exclude(state=NodeState.LEFT).filter(spare=False))
+    if all(n.name in in_service for n in fleet):
+        return [], None
+    served = set(
+        NodeTransition.objects.filter(new_state=NodeState.SERVING, at__gte=started).values_list("node__name", flat=True)
+    )
+    return [n for n in fleet if n.name not in in_service and n.name not in served], until
 
 
 def _spares_on_their_way(nodes: list[Node]) -> tuple[str, ...]:
@@ -115,11 +168,27 @@ def _spares_on_their_way(nodes: list[Node]) -> tuple[str, ...]:
     return tuple(chosen)
 
 
-def evaluate(now: float | None = None) -> int:
-    """Recompute the capacity and move the degradation level; returns the level."""
+def control_plane_started() -> int:
+    """The control plane (re)started: nodes that have not served since are joining, not lost, for the start-up
+    grace; and the level persisted from before is not trusted but evaluated afresh, without the hold that kept it.
+    Returns the level."""
+    Cluster.objects.filter(pk=Cluster.default().pk).update(
+        control_plane_started_at=timezone.now(), degradation_better_since=None
+    )
+    level = evaluate(fresh=True)
+    routing.publish_cluster_config()  # gateways learn the grace: a request no node takes yet waits for one
+    return level
+
+
+def evaluate(now: float | None = None, *, fresh: bool = False) -> int:
+    """Recompute the capacity and move the degradation level; returns the level.
+
+    While the fleet is starting (and on a `fresh` evaluation at a start), the joining nodes count as serving
+    and a better level is taken at once: a start is not an emergency to be held for."""
     now = time.time() if now is None else now
     cluster = Cluster.default()
     figures = report(cluster)
+    starting = bool(figures.starting)
     hot.client().set(
         hot.keys().capacity, json.dumps({**figures.to_json(), "at": now, "level": cluster.degradation_level})
     )
@@ -128,11 +197,11 @@ def evaluate(now: float | None = None) -> int:
     else:
         decision = policy.next_level(
             cluster.degradation_level,
-            figures.ratio,
+            figures.ratio_once_started if starting else figures.ratio,
             now,
             cluster.degradation_better_since,
             cluster.degradation_margin,
-            cluster.degradation_hold_s,
+            0.0 if starting or fresh else cluster.degradation_hold_s,
         )
     if not decision.changed:
         if decision.better_since != cluster.degradation_better_since:
@@ -145,6 +214,13 @@ def evaluate(now: float | None = None) -> int:
             f"capacity {figures.capacity_rps:.1f} req/s from {figures.in_service} nodes in service is "
             f"{figures.ratio:.0%} of the required {figures.required_rps:.1f} req/s"
         )
+        if starting:
+            cause += (
+                f"; starting: {len(figures.starting)} joining nodes counted as serving "
+                f"({figures.ratio_once_started:.0%} with them)"
+            )
+        elif fresh:
+            cause += "; evaluated afresh as the control plane started"
     set_level(cluster, decision.level, cause, figures)
     return decision.level
 

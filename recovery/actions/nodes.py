@@ -27,6 +27,11 @@ from workers.protocol import Heartbeat, ProtocolError, Registration
 log = logging.getLogger(__name__)
 
 
+# The actor of lifecycle steps that only tidy up after a start of the control plane (a node of the previous
+# run found gone): no incident, no spare promoted (recovery.reactions).
+STARTUP = "start-up"
+
+
 class UnknownNode(LookupError):
     def __init__(self, name: str):
         super().__init__(f"unknown node {name!r}: it must register first (POST /api/nodes/register)")
@@ -247,6 +252,7 @@ def mark_silent_nodes_down() -> list[str]:
     miss = settings.LIFELINE_HEARTBEAT_MISS_S
     now = time.time()
     downed = []
+    started = Cluster.default().control_plane_started_at
     for name, _ in hot.silent_nodes(now - miss):
         seen = hot.last_seen(name)  # re-read: a beat may have landed since the scan
         if seen is None or not lifecycle.is_silent(seen, now, miss):
@@ -255,13 +261,33 @@ def mark_silent_nodes_down() -> list[str]:
         if node is None or node.state not in lifecycle.ALIVE:
             hot.unwatch(name)
             continue
-        cause = (
-            f"no heartbeat for {now - seen:.1f} s (allowed {miss:g} s); last at {_epoch(seen):%H:%M:%S.%f}"[:-3]
-            + " UTC"
-        )
-        if transition_node(node, NodeState.DOWN, cause, last_seen_at=_epoch(seen)):
+        entry = hot.node(name)
+        if _of_a_previous_run(node, entry.last_seen if entry else None, started):
+            # Its session ended while the control plane was down (a restart of the stack): gone, not failed.
+            cause = (
+                f"session {node.session[:8]} not heard since the control plane started at {started:%H:%M:%S} UTC: "
+                "it ended before"
+            )
+            actor = STARTUP
+        else:
+            cause = (
+                f"no heartbeat for {now - seen:.1f} s (allowed {miss:g} s); last at {_epoch(seen):%H:%M:%S.%f}"[:-3]
+                + " UTC"
+            )
+            actor = "system"
+        if transition_node(node, NodeState.DOWN, cause, actor=actor, last_seen_at=_epoch(seen)):
             downed.append(name)
     return downed
+
+
+def _of_a_previous_run(node: Node, heard: float | None, started: dt.datetime | None) -> bool:
+    """A session that began before the control plane started and has not sent a heartbeat since."""
+    return (
+        started is not None
+        and node.session_started_at is not None
+        and node.session_started_at < started
+        and (heard is None or heard < started.timestamp())
+    )
 
 
 def mark_long_down_nodes_left() -> list[str]:

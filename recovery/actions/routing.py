@@ -22,6 +22,8 @@ def routing_entries() -> dict[str, dict]:
             "tp": n.tp,
             "weight": n.weight,
             "session": n.session,
+            # What the node's engine can do beyond serving: a real engine's node holds no checkpoints.
+            "capabilities": sorted(n.capabilities),
         }
         for n in rows
     }

@@ -27,6 +27,10 @@ from workers.catalog import BLOCK_TOKENS
 log = logging.getLogger(__name__)
 
 FIRST_TOKEN_MARGIN = 2.0
+# A request that no node can take while the fleet is starting waits this long for one to answer, then gets a 503
+# that says the fleet is starting (issue 18: a start is not an emergency).
+JOIN_WAIT_S = 10.0
+JOIN_POLL_S = 0.05
 
 
 @dataclass
@@ -47,6 +51,10 @@ class Flight:
     first_token_at: float | None = None
     last_token_at: float | None = None
     migrations: list[dict] = field(default_factory=list)
+    # The node's stream now, and whether this gateway is ending it to move the request (a node that cannot
+    # hand a request over itself, a real engine's: the gateway stops reading it and re-prefills elsewhere).
+    upstream: aiohttp.ClientResponse | None = field(default=None, repr=False)
+    handing_over: bool = False
 
     @property
     def context_tokens(self) -> int:
@@ -125,6 +133,8 @@ class Coordinator:
                 return route, decision
             # The planned target left routing meanwhile: whoever is least loaded re-prefills it.
             exclude.add(decision.target)
+        if decision is not None:  # only a node that can resume continues a request
+            exclude = exclude | {r.name for r in self.view.candidates(flight.model) if not r.resumes}
         route = self.choose(flight.model, flight.context_tokens, exclude)
         if route is not None and decision is not None:
             decision = dispatch.Decision(
@@ -242,6 +252,39 @@ class Coordinator:
         """Recovery load (eq. 4) of `name` as this gateway sees it (`FleetState.l_hat`)."""
         return self.fleet.l_hat(name)
 
+    def joining(self, model: str) -> list[str]:
+        """Routed nodes of `model` that have not answered this gateway yet (it has just started, or they have):
+        they may take requests in a moment."""
+        return [
+            r.name for r in self.view.candidates(model) if r.name in self.watcher.silent and r.name not in self.failed
+        ]
+
+    def starting(self) -> bool:
+        """The control plane started a moment ago: nodes are joining (its start-up grace, from the cluster config)."""
+        until = self.view.config.starting_until
+        return until is not None and time.time() < until
+
+    async def wait_for_a_node(self, flight: Flight, exclude: set[str]) -> Route | None:
+        """No node can take `flight` now; while nodes of its model are joining (or the fleet is starting) it
+        waits up to JOIN_WAIT_S for one. None when none came."""
+        deadline = time.monotonic() + JOIN_WAIT_S
+        while (self.joining(flight.model) or self.starting()) and time.monotonic() < deadline:
+            await asyncio.sleep(JOIN_POLL_S)
+            route, _ = self.route_for(flight, None, exclude)
+            if route is not None:
+                return route
+        return None
+
+    def why_no_node(self, model: str) -> str:
+        """The reason a request for `model` found no node, for its 503."""
+        joining = self.joining(model)
+        if joining:
+            shown = ", ".join(sorted(joining)[:5]) + (" …" if len(joining) > 5 else "")
+            return f"the fleet is starting: {len(joining)} node(s) of it have not answered this gateway yet ({shown})"
+        if self.starting():
+            return "the fleet is starting: no node of it has finished loading its model yet"
+        return "no node can take it"
+
     def choose(self, model: str, prompt_tokens: int, exclude: set[str] = frozenset()) -> Route | None:
         """The least-loaded node for a new request (document 002), by its predicted status and pending work."""
         name = self.fleet.choose(model, prompt_tokens, exclude)
@@ -297,7 +340,8 @@ class Coordinator:
         model = stranded[0].model
         survivors = {}
         for name, route in self.routable(model, exclude).items():
-            survivors[name] = self.survivor(route)
+            if route.resumes:  # a node that cannot continue a request is no survivor for it
+                survivors[name] = self.survivor(route)
         interrupted = [
             dispatch.Interrupted(
                 request_id=f.request_id,
@@ -446,6 +490,17 @@ class Coordinator:
             method, transfer_s, reprefill_s = dispatch.migration_method(
                 flight.context_tokens, flight.context_tokens, source.rack, self.survivor(target)
             )
+            if not source.migrates:
+                # Its engine cannot stop a request at a token boundary: this gateway ends the node's stream
+                # between two tokens (the node aborts it) and continues the request on the target by re-prefill.
+                if flight.upstream is None or not flight.generated:
+                    results["failed"] += 1  # not streaming yet: it finishes where it is, or fails over as usual
+                    continue
+                self._planned[flight.request_id] = {"target": target.name, "method": "reprefill", "command": command}
+                flight.handing_over = True
+                flight.upstream.close()
+                results["reprefill"] += 1
+                continue
             self._planned[flight.request_id] = {
                 "target": target.name,
                 "method": method,

@@ -121,14 +121,16 @@ class FleetState:
         pool = self.pools.get(model)
         if pool is None:
             return None
-        excluded = self.failed if not exclude else set(exclude) | set(self.failed)
-        return pool.nodes.choose(prompt_tokens, self.clock(), excluded)
+        silent = self.watcher.silent  # no open status stream here (yet): nothing is sent there
+        if not exclude and not silent:
+            return pool.nodes.choose(prompt_tokens, self.clock(), self.failed)
+        return pool.nodes.choose(prompt_tokens, self.clock(), set(exclude) | set(self.failed) | silent)
 
     def place(self, model: str, serving: str, request_tokens: int, prefix_tokens: int) -> tuple[str, ...]:
         pool = self.pools.get(model)
         route = self.view.routes.get(serving)
-        if pool is None or route is None:
-            return ()
+        if pool is None or route is None or not route.holds_checkpoints:
+            return ()  # a node that cannot stream its KV pages (a real engine's) gets no holders
         self.expire(self.clock())
         config = self.view.config
         return placement.place(
@@ -158,8 +160,9 @@ class FleetState:
             rack=route.rack,
             l_hat=self.l_hat(route.name),
             bytes_held=status.checkpoint_bytes_held,
-            budget_bytes=status.checkpoint_budget_bytes or UNLIMITED,
-            alive=route.name not in self.failed,
+            # A node that cannot hold checkpoints (a real engine's) has no room for any.
+            budget_bytes=(status.checkpoint_budget_bytes or UNLIMITED) if route.holds_checkpoints else 0,
+            alive=route.name not in self.failed and route.name not in self.watcher.silent,
         )
 
     def _refresh_holder(self, name: str) -> None:

@@ -106,10 +106,13 @@ class Relay:
         broke_at: float | None = None
         reason = ""
         for _ in range(64):  # a bound, far above any real chain of failures
+            flight.upstream, flight.handing_over = None, False  # no node's stream is being read now
             route, decision = co.route_for(flight, decision, exclude)
+            if route is None and decision is None and not self._sent_any:
+                route = await co.wait_for_a_node(flight, exclude)  # the fleet may be starting: nodes are joining
             if route is None:
-                return await self._give_up("no node can take it")
-            payload = self._payload(co.assign(flight, route), decision)
+                return await self._give_up(co.why_no_node(flight.model))
+            payload = self._payload(route, co.assign(flight, route), decision)
             self.nodes.append(route.name)
             try:
                 upstream = await co.send(route, self.path, payload)
@@ -146,6 +149,7 @@ class Relay:
                         headers={"X-Lifeline-Node": route.name, "X-Request-Id": flight.request_id},
                     )
                 self._served_by(route.name)
+                flight.upstream = upstream
                 try:
                     await self._pump(upstream, route, decision, broke_at, reason)
                 except UpstreamBroken as exc:
@@ -189,13 +193,13 @@ class Relay:
         return await self.co.recover(self.flight, node, reason, lost=lost), broke_at or time.monotonic()
 
     # --- talking to the node ------------------------------------------------------------------
-    def _payload(self, holders, decision: Decision | None) -> dict:
+    def _payload(self, route: Route, holders, decision: Decision | None) -> dict:
         flight, config = self.flight, self.co.config
         lifeline = {
             "request_id": flight.request_id,
             "return_token_ids": True,
             "holders": [h.peer() for h in holders],
-            "checkpoint_prefill_chunks": config.placement_policy == "lifeline",
+            "checkpoint_prefill_chunks": config.placement_policy == "lifeline" and route.holds_checkpoints,
         }
         if decision is not None:
             lifeline["resume"] = {
@@ -238,9 +242,11 @@ class Relay:
                     f"no byte for {waited:.1f} s while its engine made no progress", lost=False
                 ) from None
             except BROKEN as exc:
+                if self._handed_over():
+                    return
                 raise UpstreamBroken(f"stream broke ({exc.__class__.__name__})") from None
             if not raw:
-                if self.finish_reason is not None or self._migrated:
+                if self.finish_reason is not None or self._migrated or self._handed_over():
                     return
                 raise UpstreamBroken("stream ended before the request finished")
             if not raw.startswith(b"data: "):
@@ -283,6 +289,14 @@ class Relay:
                 await self._write(raw)
             elif chunk is not None:
                 self.chunks.append(chunk)
+
+    def _handed_over(self) -> bool:
+        """This gateway ended the node's stream to move the request (coordinator.migrate_node): a planned move."""
+        if not self.flight.handing_over:
+            return False
+        self.flight.handing_over = False
+        self._migrated = True
+        return True
 
     async def _announce(
         self, node: str, decision: Decision, broke_at: float | None, now: float, chunk: dict | None, reason: str

@@ -31,6 +31,21 @@ class Route:
     gpu: str = "H100-SXM"
     tp: int = 1
     session: str = ""
+    # What the node offers beyond serving (workers.engine_api.CAPABILITIES): a node without
+    # "checkpoint" neither streams KV pages nor holds them; one without "resume" continues no request.
+    capabilities: frozenset[str] = frozenset(("checkpoint", "resume", "migrate"))
+
+    @property
+    def holds_checkpoints(self) -> bool:
+        return "checkpoint" in self.capabilities
+
+    @property
+    def resumes(self) -> bool:
+        return "resume" in self.capabilities
+
+    @property
+    def migrates(self) -> bool:
+        return "migrate" in self.capabilities
 
     @property
     def deployment(self) -> catalog.Deployment:
@@ -72,6 +87,7 @@ class ClusterConfig:
     degradation_level: int = 0
     shed_tiers: tuple[str, ...] = ()  # tiers answered 429 at this level
     accept_new: bool = True  # False at level 4: new requests get 503, those in flight finish
+    starting_until: float | None = None  # the control plane's start-up grace ends (epoch s): nodes are joining
 
     @classmethod
     def parse(cls, raw: str | None) -> "ClusterConfig":
@@ -133,6 +149,7 @@ class RoutingView:
                     entry.get("gpu", "H100-SXM"),
                     int(entry.get("tp", 1)),
                     entry.get("session", ""),
+                    frozenset(entry["capabilities"]) if "capabilities" in entry else Route.capabilities,
                 )
                 routes[name].deployment  # noqa: B018 - refuse a route the catalog cannot time
             except (KeyError, ValueError, catalog.CatalogError) as exc:

@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 # Nodes send a status or a keep-alive at least every second (workers.agent.KEEPALIVE_S); a stream
 # silent this long belongs to a node that is frozen or gone.
 SILENT_S = 3.0
+UNREACHABLE_RETRY_S = 0.5  # a node that has not answered yet (still starting) is dialled again this often
 
 
 class NodeWatcher:
@@ -52,6 +53,10 @@ class NodeWatcher:
         self._heard_at: dict[str, float] = {}  # node -> monotonic time of its stream's last line (a keep-alive counts)
         self._progress_at: dict[str, float] = {}  # node -> monotonic time its engine's step count last moved
         self._step_gap: dict[str, float] = {}  # node -> seconds between the last two moves while it was busy
+        # Sessions whose stream this gateway has been connected to: only one of those can be lost. A session that
+        # never answered (a node still starting, an address left from a previous run) is unreachable, not failed.
+        self._answered: set[tuple[str, str]] = set()
+        self.silent: set[str] = set()  # routed nodes without an open status stream here: not routed to
         self._session: aiohttp.ClientSession | None = None
 
     def start(self) -> None:
@@ -75,6 +80,8 @@ class NodeWatcher:
                 if current is not None:
                     current[1].cancel()
                 self.lost.pop(name, None)
+                if name not in self._heard or current is None or current[0] != route.session:
+                    self.silent.add(name)
                 task = asyncio.get_running_loop().create_task(self._follow(route), name=f"watch-{name}")
                 self._tasks[name] = (route.session, task)
         for name in list(self._tasks):
@@ -82,31 +89,41 @@ class NodeWatcher:
                 self._tasks.pop(name)[1].cancel()
                 self.statuses.pop(name, None)
                 self._heard.discard(name)
+                self.silent.discard(name)
 
     async def _follow(self, route: Route) -> None:
-        connected = False
-        try:
-            async with self._session.get(route.address + "/agent/events") as response:
-                response.raise_for_status()
-                connected = True
-                data = None
-                async for raw in response.content:
-                    self._heard_at[route.name] = time.monotonic()
-                    line = raw.decode().rstrip("\n")
-                    if line.startswith("data: "):
-                        data = line[6:]
-                    elif line == "" and data is not None:
-                        self._update(route.name, json.loads(data))
-                        data = None
-            reason = "status stream ended"
-        except asyncio.CancelledError:
-            raise
-        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
-            reason = f"status stream {'broke' if connected else 'unreachable'}: {exc.__class__.__name__}"
-        self._heard.discard(route.name)
-        if route.name in self.view.routes and self.view.routes[route.name].session == route.session:
-            self.lost[route.name] = time.time()
-            self.on_lost(route.name, reason, time.time())
+        while True:
+            connected = False
+            try:
+                async with self._session.get(route.address + "/agent/events") as response:
+                    response.raise_for_status()
+                    connected = True
+                    self._answered.add((route.name, route.session))
+                    data = None
+                    async for raw in response.content:
+                        self._heard_at[route.name] = time.monotonic()
+                        line = raw.decode().rstrip("\n")
+                        if line.startswith("data: "):
+                            data = line[6:]
+                        elif line == "" and data is not None:
+                            self._update(route.name, json.loads(data))
+                            data = None
+                reason = "status stream ended"
+            except asyncio.CancelledError:
+                raise
+            except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+                reason = f"status stream {'broke' if connected else 'unreachable'}: {exc.__class__.__name__}"
+            self._heard.discard(route.name)
+            self.silent.add(route.name)
+            current = self.view.routes.get(route.name)
+            if current is None or current.session != route.session:
+                return
+            if (route.name, route.session) in self._answered:
+                self.lost[route.name] = time.time()
+                self.on_lost(route.name, reason, time.time())
+                return
+            # It never answered this gateway: not routed to, not reported; asked again in a moment.
+            await asyncio.sleep(UNREACHABLE_RETRY_S)
 
     def _update(self, name: str, data: dict) -> None:
         status = NodeStatus.from_event(data)
@@ -119,6 +136,7 @@ class NodeWatcher:
         self.statuses[name] = status
         if name not in self._heard:
             self._heard.add(name)
+            self.silent.discard(name)
             self.on_back(name)
         request_id = data.get("request_id")
         if data.get("reason") == "arrival" and request_id:

@@ -9,6 +9,15 @@
   const body = (target.dataset.liveInto && document.querySelector(target.dataset.liveInto)) || target;
   let pending = null;
   let retry = 0;
+  // A click in progress (pointer down, not yet up) or a form on its way to the server: the fragment is not
+  // swapped under it, or the click lands on a button that is no longer there and the decision is lost.
+  let pressed = false;
+  let submitting = false;
+  body.addEventListener("pointerdown", () => { pressed = true; });
+  document.addEventListener("pointerup", () => { setTimeout(() => { pressed = false; }, 0); });
+  document.addEventListener("pointercancel", () => { pressed = false; });
+  body.addEventListener("submit", () => { submitting = true; });
+  window.addEventListener("pageshow", () => { submitting = false; });  // back again (from the history)
 
   function fieldKey(el) {
     return (el.form && el.form.id ? el.form.id : "") + "|" + el.name;
@@ -49,9 +58,12 @@
     if (pending) return;
     pending = setTimeout(async () => {
       pending = null;
+      if (submitting) return;  // the page is leaving for the form's answer
+      if (pressed) { refresh(); return; }  // after the click
       const response = await fetch(target.dataset.livePartial, { credentials: "same-origin" });
       if (!response.ok) return;
       const html = await response.text();
+      if (submitting || pressed) { if (!submitting) refresh(); return; }  // a click began while fetching
       const typed = typedFields();  // read just before the swap: nothing typed while fetching is lost
       body.innerHTML = html;
       restore(typed);

@@ -134,6 +134,11 @@ def test_a_live_refresh_keeps_the_reason_being_typed(browser, demo_stack):
         page = pages["admin"]
         errors = []
         page.on("pageerror", lambda exc: errors.append(str(exc)))
+        # The page's sockets, so the test can deliver a frame exactly when it wants one.
+        page.add_init_script(
+            "window.__sockets = []; const Native = window.WebSocket; window.WebSocket = class extends Native {"
+            " constructor(...a) { super(...a); window.__sockets.push(this); } };"
+        )
         page.goto(console + f"drains/{second['id']}/")
         page.wait_for_selector("#live-status[data-state=live]")
         page.evaluate("window.__noReload = 'drain'")
@@ -149,8 +154,18 @@ def test_a_live_refresh_keeps_the_reason_being_typed(browser, demo_stack):
             "[document.activeElement.name, document.activeElement.selectionStart, document.activeElement.selectionEnd]"
         ) == ["reason", 9, 13]
         assert page.locator("#reject-form input[name=reason]").input_value() == ""  # what was not typed in stays empty
+        # A frame arrives while the approver is pressing the button: the fragment is not swapped under the press
+        # (the click would land on a button that is gone, and the decision be lost); it completes and submits.
+        button = page.locator("#approve-form button")
+        button.evaluate("b => { b.dataset.pressed = 'before the frame'; }")
+        box = button.bounding_box()
+        page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        page.mouse.down()
+        page.evaluate("window.__sockets.forEach((s) => s.onmessage({ data: '{}' }))")
+        page.wait_for_timeout(1000)  # past the refresh's 300 ms delay and its fetch
+        assert page.evaluate("document.querySelector('#approve-form button').dataset.pressed") == "before the frame"
         # The reason typed before the refresh is the one submitted.
-        page.click("#approve-form button")
+        page.mouse.up()
         page.wait_for_selector("#drain-state:not([data-state=proposed])", timeout=10_000)
         decisions = demo_stack.api(f"/api/drains/{second['id']}")[1]["decisions"]
         assert [d["reason"] for d in decisions] == ["first of two", "the node's ECC count doubled in an hour"]

@@ -24,20 +24,12 @@ from recovery.models import (
     XidEvent,
 )
 from tests.helpers import http_json, wait_for
+from tests.recovery.conftest import AGENT, FAULT
 from workers.protocol import Heartbeat, Load, Registration
 
 pytestmark = pytest.mark.django_db
 
-AGENT = "agent-token-for-tests"
-FAULT = "fault-token-for-tests"
 ENV = {"LIFELINE_AGENT_TOKEN": AGENT, "LIFELINE_FAULT_TOKEN": FAULT}
-
-
-@pytest.fixture
-def tokens(settings):
-    settings.LIFELINE_AGENT_TOKEN = AGENT
-    settings.LIFELINE_FAULT_TOKEN = FAULT
-    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
 
 
 def register(name, address="http://127.0.0.1:9", rack="rack-a", gpu="H100-SXM", serving=True, spare=False):

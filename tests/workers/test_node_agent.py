@@ -4,6 +4,7 @@ the batch limit, GPU reset, and registering as a hot spare."""
 import asyncio
 import json
 import os
+import time
 
 import aiohttp
 import pytest
@@ -444,10 +445,17 @@ def test_a_node_registers_what_it_offers_and_its_heartbeats_carry_its_status(nod
         )
         assert plane.wait_for_registration().capabilities[-2:] == ("telemetry", "faults")
     with FakeControlPlane() as plane:
+        # A node in front of a real engine registers only once the engine answers as its adapter needs.
         node_factory("offers-c", "--engine-url", "http://127.0.0.1:9", "--control-url", plane.url)
+        time.sleep(2)
+        assert plane.registrations == []
+    with FakeControlPlane() as plane:
+        engine = node_factory("offers-engine", *FAST)  # an emulated node serves vLLM's API: the engine here
+        node_factory("offers-d", "--engine-url", engine.address, "--control-url", plane.url)
         registration = plane.wait_for_registration()
-        assert registration.engine == "adapter" and registration.capabilities == ("openai", "events", "telemetry")
+        assert registration.engine == "vllm"
+        assert registration.capabilities == ("openai", "events", "resume", "telemetry")
         beat = plane.wait_for_heartbeat(lambda h: True)
         assert (
-            beat.load.running == 0 and beat.load.step_ms == 0.0 and beat.load.decode_batch is None
+            beat.load.running == 0 and beat.load.step_ms == 0.0 and beat.load.decode_batch == 0
         )  # the heartbeat's own figures are numbers

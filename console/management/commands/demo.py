@@ -139,6 +139,9 @@ class Command(BaseCommand):
         fault_token = os.environ.get("LIFELINE_FAULT_TOKEN") or previous.get("fault_token") or secrets.token_urlsafe(24)
         # The demo is a rehearsal cluster: operators may inject faults from the console.
         Cluster.objects.filter(pk=Cluster.default().pk).update(fault_injection_enabled=True)
+        # A start is not an emergency: the fleet that joins is not a capacity loss, and the level left from the
+        # last run is evaluated afresh, before the gateway reads it.
+        capacity.control_plane_started()
         routing.sync_hot_state()
 
         web_url = f"http://{host}:{opts['port']}"

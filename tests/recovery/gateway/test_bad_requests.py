@@ -338,6 +338,8 @@ def test_sampling_params_take_the_fast_path_when_nothing_filters():
 
 # --- bookkeeping that cannot go negative or leak ----------------------------------------------------
 class _Watcher:
+    silent: set[str] = set()
+
     def status(self, name):
         from recovery.policy.load import NodeStatus
 

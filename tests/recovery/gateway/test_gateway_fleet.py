@@ -152,3 +152,30 @@ class _Signals:
 
     def emit(self, kind, **data):
         self.emitted.append((kind, data))
+
+
+async def test_a_real_engines_node_neither_holds_checkpoints_nor_gets_holders_and_only_resumers_continue(gateway):
+    co, _ = gateway
+    real = Route("v", "http://v", "Qwen3-32B", "rack-b", 1.0, "H100-SXM", 2, "s1", frozenset({"resume"}))
+    stock = Route("s", "http://s", "Qwen3-32B", "rack-b", 1.0, "H100-SXM", 2, "s1", frozenset())
+    co.view.routes = {**co.view.routes, "v": real, "s": stock}
+    for name in ("v", "s"):
+        status(co, name, checkpoint_budget_bytes=None)
+    co.fleet.rebuild()
+    # A request served by the real engine's node gets no holders: it cannot stream its KV pages.
+    assert co.place(flight(1), real) == ()
+    # Nor is that node, or one offering nothing, ever a holder, however idle it is.
+    for i in range(2, 12):
+        holders = co.place(flight(i, prompt=2000), co.view.routes["a"])
+        assert {h.name for h in holders}.isdisjoint({"v", "s"})
+    # A request that must continue elsewhere goes only to a node that can resume it.
+    moving = flight(20)
+    moving.generated = [1, 2, 3]
+    co.flights[moving.request_id] = moving
+    for name in ("a", "b", "c"):
+        status(co, name, decode_batch=200, decode_context_tokens=400_000)  # the emulated nodes are busy
+    targets = set()
+    for _ in range(5):
+        target, _ = co.route_for(moving, co.redirect(moving, "a"), {"a"})
+        targets.add(target.name)
+    assert "s" not in targets and targets <= {"b", "c", "v"}

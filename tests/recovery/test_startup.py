@@ -1,0 +1,151 @@
+"""A start of the control plane is not an emergency (issue 18), against the real database and Redis: nodes that
+join after a start are not a capacity loss, the level left from the previous run is evaluated afresh, a node of the
+previous run found gone opens no incident and promotes no spare; a node that served since the start and dies is a
+loss at once."""
+
+import datetime as dt
+import time
+
+import pytest
+from django.utils import timezone
+
+from console.readmodels.degradation import degradation
+from recovery import hot
+from recovery.actions import capacity, incidents, nodes
+from recovery.choices import NodeState
+from recovery.models import Cluster, Incident, Node, NodeTransition
+from recovery.policy.capacity import node_capacity
+from tests.recovery.test_health import configure, register
+from workers.catalog import Deployment
+
+pytestmark = pytest.mark.django_db
+
+
+def _one_node_rps() -> float:
+    return node_capacity(Deployment.of("Qwen3-32B", "H100-SXM", 1), capacity.slo_of(Cluster.default())).rps
+
+
+def _previous_run(commit, names, level):
+    """A fleet that served before the stop, and the level it was left at."""
+    for name in names:
+        commit(register, name)
+    configure(
+        slo_required_rps=(len(names) - 0.2) * _one_node_rps(),
+        degradation_hold_s=30,
+        degradation_margin=0.05,
+        degradation_level=level,
+        degradation_better_since=None,
+        startup_grace_s=120,
+    )
+
+
+def _restart(commit, names):
+    """The stack starts again: the control plane first, then the nodes register with new sessions (JOIN)."""
+    level = commit(capacity.control_plane_started)
+    for name in names:
+        commit(register, name, serving=False)
+    return level
+
+
+def test_a_level_left_from_the_previous_run_is_evaluated_afresh_and_joining_nodes_do_not_raise_it(commit, tokens):
+    names = [f"su-a-{i}" for i in range(4)]
+    _previous_run(commit, names, level=4)
+
+    assert _restart(commit, names) == 0  # at once: the level 4 of the last run is not held for 30 s
+    assert commit(capacity.evaluate) == 0  # four nodes joining, none serving: not a loss
+    figures = capacity.report()
+    assert figures.in_service == 0 and sorted(figures.starting) == names
+    assert figures.ratio == 0 and figures.ratio_once_started > 1
+    change = Cluster.default().degradation_changes.latest("at")
+    assert (change.old_level, change.new_level) == (4, 0) and "afresh" in change.cause
+
+    banner = degradation()
+    assert banner["level"] == 0 and banner["starting"]["nodes"] == names
+    assert "not served since" in banner["starting"]["reason"]
+    config = hot.client().get(hot.keys().cluster_config)
+    assert '"starting_until"' in config and Cluster.default().starting_until() > time.time()
+
+
+def test_a_node_that_served_since_the_start_and_dies_is_a_loss_at_once(commit, tokens):
+    names = [f"su-b-{i}" for i in range(4)]
+    _previous_run(commit, names, level=0)
+    _restart(commit, names)
+    for node in Node.objects.filter(name__in=names[:2]):
+        commit(nodes.transition_node, node, NodeState.SERVING, "model loaded")
+    assert commit(capacity.evaluate) == 0  # two serving, two joining
+
+    commit(nodes.transition_node, Node.objects.get(name=names[0]), NodeState.DOWN, "killed")
+    assert commit(capacity.evaluate) == 1  # three of 3.8: it served, so it is lost, grace or not
+    figures = capacity.report()
+    assert names[0] not in figures.starting and sorted(figures.starting) == names[2:]
+
+
+def test_the_grace_ends_when_the_fleet_is_whole(commit, tokens):
+    names = [f"su-c-{i}" for i in range(4)]
+    _previous_run(commit, names, level=0)
+    _restart(commit, names)
+    assert capacity.report().starting
+    for node in Node.objects.filter(name__in=names):
+        commit(nodes.transition_node, node, NodeState.SERVING, "model loaded")
+    assert capacity.report().starting == []  # the usual size: nothing joins any more
+    commit(capacity.evaluate)
+    assert degradation()["starting"] is None
+
+
+def test_the_grace_ends_with_its_time_and_nodes_that_never_came_are_a_loss(commit, tokens):
+    names = [f"su-g-{i}" for i in range(4)]
+    _previous_run(commit, names, level=0)
+    _restart(commit, names)
+    for node in Node.objects.filter(name__in=names[2:]):
+        commit(nodes.transition_node, node, NodeState.SERVING, "model loaded")
+    assert commit(capacity.evaluate) == 0  # two serving, two still loading: not a loss yet
+    configure(control_plane_started_at=timezone.now() - dt.timedelta(seconds=121))
+    assert capacity.report().starting == []
+    assert commit(capacity.evaluate) == 2  # two of 3.8 nodes: 53%
+    assert degradation()["starting"] is None
+    assert "starting" not in Cluster.default().degradation_changes.latest("at").cause
+
+
+def test_a_node_of_the_previous_run_found_gone_opens_no_incident_and_promotes_no_spare(commit, tokens, react, settings):
+    settings.LIFELINE_HEARTBEAT_MISS_S = 0.5
+    gone, _ = commit(register, "su-d-gone")
+    spare, _ = commit(register, "su-d-spare", spare=True)
+    Node.objects.filter(pk=gone.pk).update(session_started_at=timezone.now() - dt.timedelta(minutes=5))
+    time.sleep(0.05)
+    commit(capacity.control_plane_started)
+    time.sleep(0.6)
+    hot.heartbeat("su-d-spare", time.time(), "serving", {})  # the spare came back; the other did not
+    assert commit(nodes.mark_silent_nodes_down) == ["su-d-gone"]
+    react()
+    down = NodeTransition.objects.filter(node__name="su-d-gone", new_state=NodeState.DOWN).get()
+    assert down.actor == nodes.STARTUP and "not heard since the control plane started" in down.cause
+    spare.refresh_from_db()
+    assert spare.spare and incidents.open_incident_for(gone) is None
+    assert not Incident.objects.exists()
+
+
+def test_a_node_heard_since_the_start_that_goes_silent_is_a_failure(commit, tokens, react, settings):
+    settings.LIFELINE_HEARTBEAT_MISS_S = 0.5
+    commit(capacity.control_plane_started)
+    node, _ = commit(register, "su-e-node")  # registered and heard after the start
+    spare, _ = commit(register, "su-e-spare", spare=True)
+    time.sleep(0.6)
+    hot.heartbeat("su-e-spare", time.time(), "serving", {})
+    assert commit(nodes.mark_silent_nodes_down) == ["su-e-node"]
+    react()
+    down = NodeTransition.objects.filter(node=node, new_state=NodeState.DOWN).get()
+    assert down.actor == "system" and "no heartbeat" in down.cause
+    spare.refresh_from_db()
+    assert not spare.spare and incidents.open_incident_for(node) is not None
+
+
+def test_celery_beat_starting_is_the_control_plane_starting(commit, tokens):
+    """In production the control plane starts with beat (exactly one runs): its start is where the grace begins."""
+    from celery.signals import beat_init
+
+    import console.celery  # noqa: F401 (connects the receiver, as the beat process does)
+
+    before = timezone.now()
+    commit(beat_init.send, sender=None)
+    started = Cluster.default().control_plane_started_at
+    assert started is not None and started >= before
