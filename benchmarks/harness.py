@@ -125,6 +125,7 @@ class Harness:
         self.rack_of: dict[str, str] = {}
         self.assisting: dict[str, str] = {}  # restarting node -> survivor it assists
         self.gateway_url = ""
+        self.capabilities: list[str] | None = None  # what the nodes offer, where not all an emulated node does
         self._server = None
         self._tasks: list[asyncio.Task] = []
 
@@ -175,6 +176,7 @@ class Harness:
                     "tp": self.tp,
                     "weight": 1.0,
                     "session": str(node.proc.pid),
+                    **({"capabilities": self.capabilities} if self.capabilities is not None else {}),
                 }
             )
         pipe = self.redis.pipeline()

@@ -15,8 +15,12 @@ def set_user_role(username: str, role: str, *, email: str = "", password: str | 
     user, created = get_user_model().objects.get_or_create(username=username, defaults={"email": email})
     if password is not None:
         user.set_password(password)
-    user.is_staff = role == roles.ADMIN  # admins may use Django's admin site
-    user.save(update_fields=["password", "is_staff"])
+    if email:
+        user.email = email
+    # The admin role may do everything (recovery.roles), Django's admin site included: without the superuser flag
+    # it would let them in and then show "You don't have permission to view or edit anything".
+    user.is_staff = user.is_superuser = role == roles.ADMIN
+    user.save(update_fields=["password", "email", "is_staff", "is_superuser"])
     groups = Group.objects.filter(name__in=roles.ROLES)
     user.groups.remove(*groups)
     user.groups.add(Group.objects.get_or_create(name=role)[0])

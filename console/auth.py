@@ -22,6 +22,7 @@ CLOSE_INCIDENTS = (roles.ONCALL,)
 REQUEST_DRAINS = drains.REQUEST
 DECIDE_DRAINS = drains.DECIDE
 MANAGE_SPARES = (roles.ONCALL,)
+READ_AUDIT = (roles.ONCALL, roles.MANAGER)  # who did what: on-call while on duty, managers after
 
 
 def api_view(*allowed_roles: str):

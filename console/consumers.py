@@ -164,16 +164,20 @@ class CheckpointsConsumer(RoleConsumer):
 
 
 class StatusConsumer(RoleConsumer):
-    """Every page: the degradation banner and on-call notifications."""
+    """Every page: the degradation banner, on-call notifications and the drains waiting for on-call (the nav's count
+    and the page title follow every drain's change, approvals and cancellations included)."""
 
     def groups_for(self):
-        return [STATUS_GROUP]
+        return [STATUS_GROUP, DRAINS_GROUP]
 
     async def status_changed(self, event):
         await self.send_json({"kind": "status", "level": event["level"]})
 
     async def status_notification(self, event):
         await self.send_json({"kind": "notification", "id": event["id"]})
+
+    async def drain_changed(self, event):
+        await self.send_json({"kind": "drain", "id": event["id"]})
 
 
 class DrainsConsumer(RoleConsumer):

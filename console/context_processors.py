@@ -1,5 +1,7 @@
-"""What every page's template gets: the user's role, the degradation banner, the drains waiting for on-call."""
+"""What every page's template gets: the user's role and what it may open, the degradation banner, the drains waiting
+for on-call."""
 
+from console.auth import READ_AUDIT
 from console.readmodels import degradation, drains
 from recovery import roles
 
@@ -8,6 +10,9 @@ def lifeline(request):
     user = getattr(request, "user", None)
     context = {"lifeline_role": roles.role_of(user)}
     if user is not None and user.is_authenticated:
+        context["can_read_audit"] = roles.has_role(user, *READ_AUDIT)
         context["degradation"] = degradation.degradation()
-        context["drains_waiting"] = drains.waiting_drains()
+        waiting = drains.waiting_drains()
+        context["drains_waiting"] = len(waiting)
+        context["drain_waiting_first"] = waiting[0] if waiting else None
     return context

@@ -3,6 +3,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
 from console.views import (
+    audit,
     checkpoints,
     cluster,
     degradation,
@@ -27,6 +28,7 @@ urlpatterns = [
     path("drains/<int:drain_id>/<str:action>", drains.drain_action, name="drain-action"),
     path("settings/", settings.settings_page, name="settings"),
     path("degradation/", degradation.degradation_page, name="degradation"),
+    path("audit/", audit.audit_log, name="audit"),
     path("nodes/<str:name>/drain", nodes.node_drain, name="node-drain"),
     path("nodes/<str:name>/spare/<str:spare>", nodes.node_spare, name="node-spare"),
     path("nodes/<str:name>/golden", nodes.node_golden, name="node-golden"),

@@ -506,10 +506,13 @@ class LlamaServer:
             *self.extra_args,
         ]
 
-    def start(self, timeout: float = 60.0) -> LlamaServer:
-        """Start the server and return once /health answers 200; raise RuntimeError with the log's end if not."""
-        for _attempt in range(3):
-            self.port = _free_port()
+    def start(self, timeout: float = 60.0, port: int | None = None) -> LlamaServer:
+        """Start the server and return once /health answers 200; raise RuntimeError with the log's end if not.
+
+        `port`: this one (a restart where its clients expect it), else a free one.
+        """
+        for _attempt in range(1 if port else 3):
+            self.port = port or _free_port()
             with open(self.log_path, "ab") as log:
                 self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT)
             if self._wait_healthy(timeout):

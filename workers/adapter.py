@@ -490,7 +490,8 @@ class AdapterEngine:
         return {rid: f.seq for rid, f in self.forwarded.items()}
 
     def describe(self) -> dict:
-        return {"kind": self.kind, "engine": self.dialect.title, "url": self.engine_url, "model": self.engine_model}
+        title = self.dialect.title if self.kind != "auto" else "not identified yet"
+        return {"kind": self.kind, "engine": title, "url": self.engine_url, "model": self.engine_model}
 
     # --- lifecycle -------------------------------------------------------------
     def start(self) -> None:
@@ -773,7 +774,10 @@ class AdapterEngine:
         while True:
             await self._poll(session)
             try:
-                await asyncio.wait_for(self._poke.wait(), timeout=self.poll_s)
+                # asyncio.timeout, not wait_for: wait_for swallows a cancellation that comes as the event is set
+                # (Python 3.11), and stop() sets it (each abort pokes) just before it cancels this loop.
+                async with asyncio.timeout(self.poll_s):
+                    await self._poke.wait()
             except TimeoutError:
                 pass
             self._poke.clear()

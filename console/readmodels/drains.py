@@ -96,5 +96,8 @@ def notifications(limit: int = 20) -> list[dict]:
     ]
 
 
-def waiting_drains() -> int:
-    return Drain.objects.filter(state=DrainState.PROPOSED).count()
+def waiting_drains() -> list[int]:
+    """The drains waiting for on-call, oldest first (the one to decide next leads)."""
+    return list(
+        Drain.objects.filter(state=DrainState.PROPOSED).order_by("created_at", "pk").values_list("pk", flat=True)
+    )

@@ -61,8 +61,10 @@ def node_health(node: Node) -> dict:
 
 
 def canary_series(node: Node) -> dict:
-    """The canary chart: latency of each check, passed or not, and the moving baseline."""
-    rows = list(CanaryResult.objects.filter(node=node).order_by("-at")[:300])[::-1]
+    """The canary chart: latency of each check, passed or not, and the moving baseline, for the node's current run
+    (since its process registered): an earlier run's latencies belong to another process and another baseline."""
+    current = CanaryResult.objects.filter(node=node, at__gte=node.session_started_at)
+    rows = list(current.order_by("-at")[:300])[::-1]
     return {
         "t": [r.at.timestamp() for r in rows],
         "latency_ms": [r.latency_ms for r in rows],

@@ -2,6 +2,8 @@ import time
 
 from django import template
 
+from workers import telemetry
+
 register = template.Library()
 
 
@@ -68,3 +70,38 @@ def get(mapping, key):
 @register.filter
 def percent(value):
     return "n/a" if value is None else f"{100 * float(value):.0f}%"
+
+
+THROTTLE_LABELS = (
+    (telemetry.THROTTLE_IDLE, "idle"),
+    (telemetry.THROTTLE_SW_POWER_CAP, "power cap"),
+    (telemetry.THROTTLE_HW_SLOWDOWN, "hardware slowdown"),
+    (telemetry.THROTTLE_SW_THERMAL, "thermal (software)"),
+    (telemetry.THROTTLE_HW_THERMAL, "thermal (hardware)"),
+    (telemetry.THROTTLE_POWER_BRAKE, "power brake"),
+)
+
+
+@register.filter
+def throttle(mask):
+    """NVML's clock-event bitmask in words: 'none', 'idle', 'thermal (software), thermal (hardware)'; n/a if unknown."""
+    if mask in (None, ""):
+        return "n/a"
+    mask = int(mask)
+    if mask == 0:
+        return "none"
+    named = [label for bit, label in THROTTLE_LABELS if mask & bit]
+    rest = mask & ~sum(bit for bit, _ in THROTTLE_LABELS)
+    if rest:
+        named.append(f"other (0x{rest:x})")
+    return ", ".join(named)
+
+
+@register.filter
+def utc_datetime(epoch):
+    """YYYY-MM-DD HH:MM:SS (UTC) for an epoch timestamp: the audit log spans days."""
+    if epoch in (None, ""):
+        return "—"
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(float(epoch), tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S")

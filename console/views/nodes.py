@@ -17,7 +17,7 @@ from console.auth import (
     api_view,
     page_view,
 )
-from console.forms import DrainRequestForm
+from console.forms import DrainRequestForm, FaultForm
 from console.readmodels import checkpoints as checkpoint_model
 from console.readmodels import cluster as cluster_model
 from console.readmodels import incidents as incident_model
@@ -27,9 +27,6 @@ from recovery.actions import drains, faults, health, live_migration
 from recovery.choices import DrainMode, Remediation
 from recovery.http import json_error
 from recovery.models import Cluster, Node, NodeTransition
-from workers import faults as fault_kinds
-
-FAULT_NUMBERS = ("factor", "rate", "code", "seconds", "target_c")
 
 
 def _node(name: str) -> Node:
@@ -46,13 +43,18 @@ def node_page(request, name: str):
         return JsonResponse(
             {"canaries": node_model.canary_series(node), "telemetry": node_model.telemetry_series(node)}
         )
+    return _render_node_page(request, node)
+
+
+def _render_node_page(request, node: Node, fault_form: FaultForm | None = None, status: int = 200):
+    """The node page; with a fault form that did not validate, its errors shown at the form (status 400)."""
     card = cluster_model.node_card_by_id(node.pk)
     snapshot = checkpoint_model.checkpoint_snapshot()
-    flights = [f for f in hot.gateway_flights() if f.get("node") == name]
+    flights = [f for f in hot.gateway_flights() if f.get("node") == node.name]
     telemetry = None
     try:
-        status, telemetry = nodeclient.call(node.address, "GET", "/agent/telemetry", timeout=0.5)
-        telemetry = telemetry if status == 200 else None
+        answer_status, telemetry = nodeclient.call(node.address, "GET", "/agent/telemetry", timeout=0.5)
+        telemetry = telemetry if answer_status == 200 else None
     except nodeclient.NodeUnreachable:
         pass
     cluster = Cluster.default()
@@ -64,13 +66,13 @@ def node_page(request, name: str):
             "node_obj": node,
             "transitions": NodeTransition.objects.filter(node=node)[:50],
             "flights": flights,
-            "held": snapshot["matrix"].get(name, {}),
+            "held": snapshot["matrix"].get(node.name, {}),
             "telemetry": telemetry,
             "incidents": [incident_model.incident_row(i) for i in node.incidents.all()[:10]],
             "can_act": roles.has_role(request.user, *ACT_ON_NODES),
             "can_inject": cluster.fault_injection_enabled and roles.has_role(request.user, *INJECT_FAULTS),
             "fault_injection_enabled": cluster.fault_injection_enabled,
-            "fault_kinds": fault_kinds.KINDS,
+            "fault_form": fault_form or FaultForm(),
             "health": node_model.node_health(node),
             "charts": json.dumps(
                 {"canaries": node_model.canary_series(node), "telemetry": node_model.telemetry_series(node)}
@@ -81,23 +83,8 @@ def node_page(request, name: str):
             "drain_modes": DrainMode.choices,
             "remediations": Remediation.choices,
         },
+        status=status,
     )
-
-
-def _fault_params(post) -> tuple[dict, str | None]:
-    """The fault form's figures, each a number; the error names a field that is not one."""
-    params = {}
-    for key in FAULT_NUMBERS:
-        raw = post.get(key, "").strip()
-        if not raw:
-            continue
-        try:
-            params[key] = int(raw) if key == "code" else float(raw)
-        except ValueError:
-            return {}, f"{key}: {raw!r} is not a number"
-    if post.get("kind") == "poison":
-        params["match"] = post.get("match", "")  # "" fails every request: a broken engine
-    return params, None
 
 
 @require_POST
@@ -110,13 +97,13 @@ def node_action(request, name: str, action: str):
         if not roles.has_role(request.user, *INJECT_FAULTS):
             messages.error(request, "Injecting faults needs the operator or admin role.")
             return redirect("node", name=name)
-        params, problem = _fault_params(request.POST)
-        if problem:
-            messages.error(request, problem)
-            return redirect("node", name=name)
-        status, answer = faults.inject(node, request.POST.get("kind", ""), params, user, reason)
+        form = FaultForm(request.POST)
+        if not form.is_valid():
+            return _render_node_page(request, node, fault_form=form, status=400)
+        kind = form.cleaned_data["kind"]
+        status, answer = faults.inject(node, kind, form.params(), user, form.cleaned_data["reason"])
         (messages.success if status < 300 else messages.error)(
-            request, f"{request.POST.get('kind')}: {answer.get('error', {}).get('message') or 'injected'}"
+            request, f"{kind}: {answer.get('error', {}).get('message') or 'injected'}"
         )
     elif action in ("cordon", "uncordon"):
         if not reason:

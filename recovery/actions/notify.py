@@ -3,11 +3,12 @@
 A Notification row is written with the state change that calls for it; it is
 an outbox row: once committed, recovery.reactions sends the webhook and the
 e-mail from Celery, with retries, and each records how its delivery went on
-the row.
+the row in words on-call reads at a glance: "not configured", "sent, 200", "sent to …", "failed: <why>".
 """
 
 import json
 import logging
+import smtplib
 import urllib.error
 import urllib.request
 
@@ -71,7 +72,9 @@ def deliver(notification: Notification, channel: str) -> str:
     link = settings.LIFELINE_CONSOLE_URL + notification.url if notification.url else settings.LIFELINE_CONSOLE_URL
     if channel == "webhook":
         if not cluster.oncall_webhook_url:
-            return "no webhook configured"
+            outcome = "not configured"
+            _record(notification, channel, outcome)
+            return outcome
         payload = {
             "kind": notification.kind,
             "title": notification.title,
@@ -86,14 +89,20 @@ def deliver(notification: Notification, channel: str) -> str:
         except DeliveryFailed as exc:
             _record(notification, channel, f"failed: {exc}")
             raise
-        outcome = f"delivered ({status})"
+        outcome = f"sent, {status}"
     elif channel == "email":
         to = recipients(cluster)
         if not to:
-            return "no on-call e-mail address"
-        send_mail(
-            f"[Lifeline] {notification.title}", f"{notification.body}\n\n{link}\n", settings.DEFAULT_FROM_EMAIL, to
-        )
+            outcome = "not configured"
+            _record(notification, channel, outcome)
+            return outcome
+        try:
+            send_mail(
+                f"[Lifeline] {notification.title}", f"{notification.body}\n\n{link}\n", settings.DEFAULT_FROM_EMAIL, to
+            )
+        except (OSError, smtplib.SMTPException) as exc:  # the mail server refused or is unreachable: retried
+            _record(notification, channel, f"failed: {exc}")
+            raise DeliveryFailed(str(exc)) from None
         outcome = f"sent to {', '.join(to)}"
     else:
         raise ValueError(f"unknown channel {channel!r}")

@@ -8,22 +8,36 @@
   const base = { paper_bgcolor: "#161b22", plot_bgcolor: "#161b22", font: { color: "#e6edf3", size: 11 },
                  margin: { l: 50, r: 50, t: 10, b: 40 }, height: 260, showlegend: true, legend: { orientation: "h" } };
   const dates = (xs) => xs.map((s) => new Date(s * 1000));
+  // Fixed axis ranges, widened only by a figure outside them: a change of 0.1 °C or of a millisecond is drawn
+  // as the small change it is, never as a full-height spike of an axis fitted to the data.
+  const TEMPERATURE_C = [20, 100];
+  const MIN_LATENCY_SPAN_MS = 50;
+  function span(values, [low, high]) {
+    const known = values.filter((v) => v !== null && v !== undefined);
+    return [Math.min(low, ...known), Math.max(high, ...known)];
+  }
 
   function draw(data) {
     if (!window.Plotly) return;
     const c = data.canaries;
+    const headroom = [...c.latency_ms, ...c.baseline_ms].map((v) => (v === null ? null : v * 1.1));
     Plotly.react(canaryEl, [
       { x: dates(c.t), y: c.latency_ms, name: "latency (ms)", mode: "markers",
         marker: { size: 7, color: c.passed.map((p) => (p ? "#3fb950" : "#f85149")) }, text: c.kind },
       { x: dates(c.t), y: c.baseline_ms, name: "moving baseline", mode: "lines", line: { color: "#8b949e", dash: "dot" } },
-    ], { ...base, xaxis: { gridcolor: "#2a323d" }, yaxis: { title: "ms", gridcolor: "#2a323d" } }, { displayModeBar: false, responsive: true });
+    ], { ...base, xaxis: { gridcolor: "#2a323d" },
+      yaxis: { title: "ms", gridcolor: "#2a323d", range: span(headroom, [0, MIN_LATENCY_SPAN_MS]) } },
+    { displayModeBar: false, responsive: true });
     const traces = [];
+    const temperatures = [];
     for (const [gpu, s] of Object.entries(data.telemetry.gpus)) {
+      temperatures.push(...s.temperature_c);
       traces.push({ x: dates(s.t), y: s.utilization_pct, name: "GPU " + gpu + " util %", mode: "lines" });
       traces.push({ x: dates(s.t), y: s.temperature_c, name: "GPU " + gpu + " °C", mode: "lines", yaxis: "y2", line: { dash: "dot" } });
     }
     Plotly.react(telemetryEl, traces, { ...base, xaxis: { gridcolor: "#2a323d" }, yaxis: { title: "util %", range: [0, 100], gridcolor: "#2a323d" },
-      yaxis2: { title: "°C", overlaying: "y", side: "right", showgrid: false } }, { displayModeBar: false, responsive: true });
+      yaxis2: { title: "°C", overlaying: "y", side: "right", showgrid: false, range: span(temperatures, TEMPERATURE_C) } },
+    { displayModeBar: false, responsive: true });
   }
 
   async function refresh() {

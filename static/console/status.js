@@ -1,17 +1,33 @@
-// Every page: the degradation banner and the drains-waiting count follow the control plane live.
+// Every page: the degradation banner, the drains-waiting count in the nav and the page title's "(n) " prefix
+// follow the control plane live. The banner's fragment carries the count (data-drains-waiting).
 (function () {
   "use strict";
   const banner = document.getElementById("banner");
   if (!banner) return;
+  const count = document.getElementById("drains-waiting");
   let retry = 0;
   let pending = null;
+
+  function showWaiting() {
+    const shown = banner.querySelector("[data-drains-waiting]");
+    if (!shown) return;
+    const waiting = Number(shown.dataset.drainsWaiting) || 0;
+    if (count) {
+      count.textContent = String(waiting);
+      count.hidden = waiting === 0;
+    }
+    const title = document.title.replace(/^\(\d+\) /, "");
+    document.title = waiting ? "(" + waiting + ") " + title : title;
+  }
 
   function refresh() {
     if (pending) return;
     pending = setTimeout(async () => {
       pending = null;
       const response = await fetch(banner.dataset.bannerUrl, { credentials: "same-origin" });
-      if (response.ok) banner.innerHTML = await response.text();
+      if (!response.ok) return;
+      banner.innerHTML = await response.text();
+      showWaiting();
     }, 200);
   }
 

@@ -186,3 +186,106 @@ def test_the_checkpoint_page_goes_live(browser, demo_stack):
     page.wait_for_selector("#live-status[data-state=live]", timeout=10_000)
     assert errors == []
     page.close()
+
+
+def test_drains_waiting_show_live_in_the_nav_the_title_and_the_banner(browser, demo_stack):
+    """On-call sees a drain arrive on whatever page is open: the nav's count, "(1) " in the tab's title, and a
+    banner pill that opens the drain; all without a reload, and gone again when the drain is withdrawn."""
+    from tests.helpers import wait_for
+
+    console = demo_stack.info["urls"]["console"]
+    contexts = {role: browser.new_context(viewport={"width": 1400, "height": 900}) for role in ("operator", "oncall")}
+    pages = {role: context.new_page() for role, context in contexts.items()}
+    try:
+        for role, page in pages.items():
+            log_in(page, demo_stack, role)
+        page = pages["oncall"]
+        errors = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.add_init_script(
+            "window.__sockets = []; const Native = window.WebSocket; window.WebSocket = class extends Native {"
+            " constructor(...a) { super(...a); window.__sockets.push(this); } };"
+        )
+        page.goto(console + "cluster/")
+        page.wait_for_function("window.__sockets.some((s) => s.url.endsWith('/ws/status/') && s.readyState === 1)")
+        page.evaluate("window.__noReload = 'cluster'")
+        assert not page.title().startswith("(") and page.locator("#drains-waiting").is_hidden()
+
+        operator = pages["operator"]
+        csrf = next(c["value"] for c in operator.context.cookies() if c["name"] == "csrftoken")
+        headers = {"X-CSRFToken": csrf, "Referer": console}
+        form = {"reason": "fan noise", "mode": "allow_completion", "remediation": "restart"}
+        assert operator.request.post(console + "nodes/node-01/drain", form=form, headers=headers).ok
+        drain = wait_for(
+            lambda: next((d for d in demo_stack.api("/api/drains")[1]["drains"] if d["waiting"]), None), 5, 0.1, "drain"
+        )
+        page.wait_for_function("document.title.startsWith('(1) Cluster')", timeout=10_000)
+        assert page.locator("#drains-waiting").inner_text() == "1" and page.locator("#drains-waiting").is_visible()
+        assert page.locator("#drains-waiting-pill").get_attribute("href") == f"/drains/{drain['id']}/"
+        assert page.evaluate("window.__noReload") == "cluster", "the page reloaded"
+
+        # On-call is told by e-mail, written to var/mail/ by the demo; the drains page says how each channel went.
+        wait_for(lambda: list((demo_stack.var_dir / "mail").glob("*")), 20, 0.2, "an e-mail in var/mail/")
+        drains_page = pages["operator"]
+
+        def webhook_delivery():
+            drains_page.goto(console + "drains/")
+            return drains_page.locator("td[data-channel=webhook]").first.inner_text() == "not configured"
+
+        wait_for(webhook_delivery, 10, 0.5, "the webhook's delivery on the drains page")
+
+        page.locator("#drains-waiting-pill").click()
+        page.wait_for_url(f"**/drains/{drain['id']}/")
+        page.evaluate("window.__noReload = 'drain'")
+        assert operator.request.post(
+            console + f"drains/{drain['id']}/cancel", form={"reason": "the fans were fine"}, headers=headers
+        ).ok
+        page.wait_for_function("!document.title.startsWith('(')", timeout=10_000)
+        assert page.locator("#drains-waiting").is_hidden() and page.evaluate("window.__noReload") == "drain"
+        assert errors == []
+    finally:
+        for context in contexts.values():
+            context.close()
+
+
+def test_the_node_page_at_1000_px(browser, demo_stack):
+    """The drain form fits on the screen; the charts keep fixed scales; throttling reads in words; a bad figure in
+    the fault form is named at the form."""
+    import re
+
+    from tests.helpers import wait_for
+
+    wait_for(
+        lambda: (
+            next(n for n in demo_stack.api("/api/cluster")[1]["nodes"] if n["name"] == "node-01")["state"] == "serving"
+        ),
+        40,
+        0.2,
+        "node-01 serving",
+    )
+    page = browser.new_page(viewport={"width": 1000, "height": 800})
+    errors = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    log_in(page, demo_stack, "operator")
+    page.goto(demo_stack.info["urls"]["console"] + "nodes/node-01/")
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1000
+    box = page.locator("#request-drain button[type=submit]").bounding_box()
+    assert box["x"] >= 0 and box["x"] + box["width"] <= 1000
+
+    page.wait_for_function("document.getElementById('telemetry-chart')._fullLayout", timeout=10_000)
+    low, high = page.evaluate("document.getElementById('telemetry-chart')._fullLayout.yaxis2.range")
+    assert low <= 20 and high >= 100  # degrees: 45.0 → 45.1 °C is a hair, not the chart's full height
+    low, high = page.evaluate("document.getElementById('canary-chart')._fullLayout.yaxis.range")
+    assert low == 0 and high >= 50
+    throttle = page.locator("[data-field=throttle]").first.inner_text()
+    assert not re.fullmatch(r"\d+", throttle), throttle  # "idle", "none", "thermal (hardware)": never a raw bitmask
+
+    page.select_option("#fault-form select[name=kind]", "slow")
+    page.fill("#fault-form input[name=factor]", "twice")
+    page.fill("#fault-form input[name=reason]", "rehearsal")
+    with page.expect_response(lambda r: r.url.endswith("/nodes/node-01/fault")) as answer:
+        page.click("#fault-form button[type=submit]")
+    assert answer.value.status == 400
+    assert "factor: not a number" in page.locator("#fault-errors").inner_text()
+    assert errors == []
+    page.close()

@@ -131,3 +131,21 @@ async def test_an_incident_page_gets_what_was_written_before_it_subscribed():
     assert [f["id"] for f in frames] == [e.pk for e in later] and all(f["kind"] == "event" for f in frames)
     assert await ws.receive_nothing(timeout=0.2)  # the page already had the first: not sent again
     await ws.disconnect()
+
+
+async def test_every_page_hears_of_each_drain_change():
+    """The nav's drains-waiting count and the page title follow a drain that is proposed, approved or cancelled."""
+    from asgiref.sync import sync_to_async
+
+    from recovery import events
+
+    ws = WebsocketCommunicator(
+        application, "/ws/status/", headers=[(b"origin", b"http://127.0.0.1:8000"), (b"host", b"127.0.0.1:8000")]
+    )
+    ws.scope["user"] = await make_user("operator")
+    connected, _ = await ws.connect()
+    assert connected
+    assert (await ws.receive_json_from())["kind"] == "hello"
+    await sync_to_async(events.drain_changed)(42)
+    assert await ws.receive_json_from(timeout=5) == {"kind": "drain", "id": 42}
+    await ws.disconnect()

@@ -117,3 +117,34 @@ def test_bad_number_in_settings_names_the_variable():
     result = _manage("check", LIFELINE_HEARTBEAT_MISS_S="soon")
     assert result.returncode == 2
     assert "LIFELINE_HEARTBEAT_MISS_S='soon' is not a number" in result.stderr
+
+
+def test_switching_between_run_and_test_installs_once_each(tmp_path):
+    """`./lifeline run` then `./lifeline test` then `run` again: the test extras serve both, nothing is reinstalled."""
+    import shutil
+
+    shutil.copy(BASE_DIR / "lifeline", tmp_path / "lifeline")
+    shutil.copy(BASE_DIR / "pyproject.toml", tmp_path / "pyproject.toml")
+    fake = tmp_path / ".venv" / "bin" / "python"
+    fake.parent.mkdir(parents=True)
+    fake.write_text('#!/bin/sh\necho "$*" >> "$(dirname "$0")/../../calls"\n')  # records what it was asked to do
+    fake.chmod(0o755)
+    environ = {**os.environ, "LIFELINE_CHROMIUM": "/bin/true"}  # never install a browser from a test
+
+    def lifeline(command):
+        result = subprocess.run(
+            ["./lifeline", command], cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=60
+        )
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    for command in ("run", "test", "run", "test", "run"):
+        lifeline(command)
+    installs = [line for line in (tmp_path / "calls").read_text().splitlines() if "pip install" in line]
+    assert installs == [
+        "-m pip install --quiet --disable-pip-version-check -e .",
+        "-m pip install --quiet --disable-pip-version-check -e .[test]",
+    ]
+    (tmp_path / "pyproject.toml").write_text((BASE_DIR / "pyproject.toml").read_text() + "\n# changed\n")
+    assert "installing dependencies" in lifeline("run")  # a changed project is installed again, with the extras kept
+    assert (tmp_path / "calls").read_text().splitlines()[-2].endswith("-e .[test]")

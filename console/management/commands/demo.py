@@ -372,6 +372,7 @@ class Command(BaseCommand):
             f"  Nodes     {self.opts['nodes']} emulated {self.opts['model']} nodes in {self.opts['racks']} racks, "
             f"{self.opts['spares']} hot spare(s); traffic {traffic}",
             f"  Details   {self.demo_file}    logs in {self.supervisor.log_dir}",
+            f"  E-mail    {_mail_destination()}",
             "Press Ctrl-C to stop.",
             "",
         ]
@@ -384,7 +385,10 @@ class Command(BaseCommand):
         logins = []
         for role in roles.ROLES:
             password = known.get(role) or f"{role}-{secrets.token_urlsafe(6)}"
-            console_actions.set_user_role(role, role, password=password, actor="demo")
+            # An address each, so on-call e-mail is written to var/mail/ (the file backend) for the demo to show.
+            console_actions.set_user_role(
+                role, role, email=f"{role}@lifeline.localhost", password=password, actor="demo"
+            )
             logins.append({"role": role, "username": role, "password": password})
         return logins
 
@@ -427,6 +431,13 @@ def _read_json(path: Path) -> dict:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
+
+
+def _mail_destination() -> str:
+    """Where on-call e-mail goes: files in var/mail/ unless LIFELINE_EMAIL_BACKEND names another backend."""
+    if settings.EMAIL_BACKEND.endswith("filebased.EmailBackend"):
+        return f"on-call mail is written to {settings.EMAIL_FILE_PATH}/"
+    return f"on-call mail is sent by {settings.EMAIL_BACKEND}"
 
 
 def _describe_db() -> str:
