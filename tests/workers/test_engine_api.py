@@ -33,10 +33,12 @@ def test_both_engines_are_serving_engines_with_the_members_of_what_they_offer():
             missing = [m for m in CAPABILITIES[name].members if not hasattr(engine, m)]
             assert not missing, f"{type(engine).__name__} offers {name} without {missing}"
     assert emulated.capabilities == set(CAPABILITIES)
-    assert adapter.capabilities == set()  # a stock engine's API offers none of them
+    assert adapter.capabilities == {"resume"}  # by re-prefill: a stock engine's API offers none of the others
     assert emulated.describe() == {"kind": "emulated"} and adapter.describe() == {
-        "kind": "adapter",
+        "kind": "vllm",
+        "engine": "vLLM",
         "url": "http://127.0.0.1:9",
+        "model": "Qwen/Qwen3-32B",
     }
     assert isinstance(emulated.status(), NodeStatus) and isinstance(adapter.status(), NodeStatus)
     assert not isinstance(object(), ServingEngine)

@@ -190,7 +190,9 @@ def test_what_an_adapter_cannot_report_stays_null_and_a_figure_left_out_is_null_
     engine = AdapterEngine("http://127.0.0.1:9", catalog.Deployment.of("Qwen3-32B", "H100-SXM", 1), "adapter")
     status = engine.status()
     wire = json.loads(json.dumps(status.to_json()))
-    assert wire["step_ms"] is None and wire["running"] is None and wire["source"] == "engine_metrics"
+    # No step measured yet and no engine series read: n/a. What the adapter counts itself is a number.
+    assert wire["step_ms"] is None and wire["waiting"] is None and wire["source"] == "engine_metrics"
+    assert wire["running"] == 0 and wire["decode_batch"] == 0 and wire["checkpoint_bytes_held"] is None
     assert NodeStatus.parse(wire) == status
     older = NodeStatus.parse({"seq": 1, "at": 1.5, "model_state": "serving", "running": 2})
     assert older.running == 2 and older.checkpoint_requests is None and older.waiting is None
@@ -236,7 +238,7 @@ def test_a_heartbeat_carries_the_status_with_its_heartbeat_figures_as_numbers():
     assert (
         wire["step_ms"] == 0.0 and wire["running"] == 0 and wire["tokens_per_s"] == 12.5
     )  # an older control plane refuses null
-    assert wire["uncomputed_prefill_tokens"] is None  # the rest of the status keeps its n/a
+    assert wire["checkpoint_budget_bytes"] is None  # the rest of the status keeps its n/a
     assert Heartbeat.parse(heartbeat(load=wire)).load == load
     status = emulated_status()
     assert {k: v for k, v in vars(Load.of(status, 0.0)).items() if k != "tokens_per_s"} == vars(status)
