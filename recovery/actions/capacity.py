@@ -189,9 +189,12 @@ def evaluate(now: float | None = None, *, fresh: bool = False) -> int:
     cluster = Cluster.default()
     figures = report(cluster)
     starting = bool(figures.starting)
-    hot.client().set(
-        hot.keys().capacity, json.dumps({**figures.to_json(), "at": now, "level": cluster.degradation_level})
-    )
+    client = hot.client()
+    previous = client.get(hot.keys().capacity)
+    client.set(hot.keys().capacity, json.dumps({**figures.to_json(), "at": now, "level": cluster.degradation_level}))
+    if _banner_moves(json.loads(previous) if previous else None, figures):
+        # The banner shows the figures, not only the level: every page refreshes it when they move.
+        transaction.on_commit(lambda: events.degradation_changed(cluster.degradation_level))
     if figures.required_rps <= 0:
         decision = policy.LevelDecision(0, None, cluster.degradation_level != 0)
     else:
@@ -223,6 +226,21 @@ def evaluate(now: float | None = None, *, fresh: bool = False) -> int:
             cause += "; evaluated afresh as the control plane started"
     set_level(cluster, decision.level, cause, figures)
     return decision.level
+
+
+def _banner_moves(shown: dict | None, figures: Report) -> bool:
+    """The banner's figures moved since the last evaluation: nodes in service, capacity or required by 1 % or more."""
+    if shown is None:
+        return True
+
+    def moved(before, now) -> bool:
+        return abs((now or 0) - (before or 0)) >= 0.01 * max(abs(before or 0), 1e-9)
+
+    return (
+        shown.get("in_service") != figures.in_service
+        or moved(shown.get("capacity_rps"), figures.capacity_rps)
+        or moved(shown.get("required_rps"), figures.required_rps)
+    )
 
 
 def set_level(cluster: Cluster, level: int, cause: str, figures: Report | None = None) -> bool:

@@ -209,12 +209,13 @@ def _run_prompts(node: Node, timeout: float) -> list[dict]:
     return prompts
 
 
-def record_golden(nodes: list[Node], by: str, reason: str = "") -> CanaryGolden:
+def record_golden(nodes: list[Node], by: str, reason: str = "", *, unless_recorded: bool = False) -> CanaryGolden:
     """Record the golden run of the nodes' deployment: each canary prompt on each node, which must agree.
 
     An admin records from one node they know to be good; the control plane
-    records by itself from two nodes that agree. Raises ValueError when they
-    disagree or a node gives no answer.
+    records by itself from two nodes that agree, `unless_recorded` meanwhile
+    (two canary tasks find none at once: one records, the other takes it).
+    Raises ValueError when they disagree or a node gives no answer.
     """
     first = nodes[0]
     if any((n.model_key, n.gpu_key, n.tp) != (first.model_key, first.gpu_key, first.tp) for n in nodes):
@@ -233,6 +234,9 @@ def record_golden(nodes: list[Node], by: str, reason: str = "") -> CanaryGolden:
             ):
                 raise ValueError(f"{first.name} and {node.name} disagree on {a['key']!r}: no golden run recorded")
     with transaction.atomic():
+        Cluster.objects.select_for_update().filter(pk=Cluster.default().pk).first()  # one recorder at a time
+        if unless_recorded and (existing := golden_for(first)) is not None:
+            return existing
         CanaryGolden.objects.filter(model_key=first.model_key, gpu_key=first.gpu_key, tp=first.tp, active=True).update(
             active=False
         )
@@ -266,7 +270,7 @@ def _auto_golden(node: Node) -> CanaryGolden | None:
     if len(peers) < 2:
         return None
     try:
-        return record_golden(peers, "system (two nodes agreed)")
+        return record_golden(peers, "system (two nodes agreed)", unless_recorded=True)
     except ValueError as exc:
         log.warning("no golden canary run for %s on %s: %s", node.model_key, node.gpu_key, exc)
         return None

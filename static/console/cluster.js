@@ -72,6 +72,21 @@
     if (report) report.dataset.reportedAt = frame.at;
   }
 
+  // The summary's Running and Waiting are the tiles' sums: load frames move the tiles many times a second,
+  // and the summary must never disagree with what is drawn below it.
+  function sumTiles() {
+    for (const field of ["running", "waiting"]) {
+      const card = document.querySelector('#summary [data-count="' + field + '"]');
+      if (!card) continue;
+      let total = 0;
+      for (const el of document.querySelectorAll('.tile [data-field="' + field + '"]')) {
+        const value = parseInt(el.textContent, 10);
+        if (!Number.isNaN(value)) total += value;
+      }
+      card.textContent = total;
+    }
+  }
+
   function connect() {
     const scheme = location.protocol === "https:" ? "wss://" : "ws://";
     const socket = new WebSocket(scheme + location.host + "/ws/cluster/");
@@ -83,8 +98,10 @@
       } else if (frame.kind === "node") {
         placeTile(frame);
         if (frame.summary) document.getElementById("summary").innerHTML = frame.summary;
+        sumTiles();
       } else if (frame.kind === "load") {
         applyLoad(frame);
+        sumTiles();
       }
     };
     socket.onclose = (event) => {

@@ -94,6 +94,18 @@ def test_the_golden_run_comes_from_two_nodes_that_agree_and_a_healthy_node_passe
     assert node.health == Health.HEALTHY and node.canary_baseline_ms == pytest.approx(result.latency_ms)
 
 
+def test_a_golden_run_recorded_meanwhile_is_taken_not_recorded_again(pair, commit):
+    """Two canary tasks find no golden run at once: the second to record takes the first's (one audit line)."""
+    nodes = list(Node.objects.filter(name__in=("hc-a", "hc-b")).order_by("name"))
+    first = commit(health.record_golden, nodes, "system (two nodes agreed)", unless_recorded=True)
+    second = commit(health.record_golden, nodes, "system (two nodes agreed)", unless_recorded=True)
+    assert second.pk == first.pk and CanaryGolden.objects.count() == 1
+    assert AuditEntry.objects.filter(action="record_golden").count() == 1
+    # An admin recording on purpose replaces it.
+    again = commit(health.record_golden, nodes[:1], "admin", "new weights")
+    assert again.pk != first.pk and CanaryGolden.objects.get(active=True).pk == again.pk
+
+
 def test_silent_corruption_makes_a_node_suspicious_then_unhealthy_and_proposes_a_drain(pair, commit, react):
     a, _ = pair
     node = Node.objects.get(name="hc-a")
@@ -441,6 +453,22 @@ def test_the_level_rises_as_capacity_falls_and_falls_after_the_hold(commit, toke
     assert commit(capacity.evaluate, 1009.0) == 0
     changes = list(Cluster.default().degradation_changes.order_by("at").values_list("old_level", "new_level"))
     assert changes == [(0, 1), (1, 2), (2, 0)]
+
+
+def test_every_page_hears_when_the_banners_figures_move_not_only_its_level(commit, tokens, monkeypatch):
+    sent: list[int] = []
+    monkeypatch.setattr(capacity.events, "degradation_changed", sent.append)
+    names = [f"hc-fig-{i}" for i in range(9)]
+    for name in names:
+        commit(register, name)
+    configure(slo_required_rps=0.01, degradation_hold_s=30)  # far below: the level stays 0 however many leave
+    commit(capacity.evaluate, 2000.0)
+    sent.clear()
+    commit(capacity.evaluate, 2001.0)
+    assert sent == []  # nothing moved: no event
+    Node.objects.filter(name__in=names[:3]).update(state=NodeState.DOWN)
+    assert commit(capacity.evaluate, 2002.0) == 0
+    assert sent == [0]  # 6 of 9 in service: the banner's capacity is refreshed though the level did not change
 
 
 def _beat_from(node, name):
