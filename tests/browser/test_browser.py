@@ -49,38 +49,6 @@ def test_figures_update_and_age_ticks(browser, demo_stack):
         timeout=5_000,
     )
     assert report.inner_text().endswith("s ago")
-    # The summary's Running and Waiting are what the tiles below it show, as their load changes.
-    sums = """() => {
-        const total = (f) => Array.from(document.querySelectorAll('.tile [data-field="' + f + '"]'))
-            .map((el) => parseInt(el.textContent, 10)).filter((v) => !Number.isNaN(v)).reduce((a, b) => a + b, 0);
-        const card = (f) => parseInt(document.querySelector('#summary [data-count="' + f + '"]').textContent, 10);
-        return [total("running"), card("running"), total("waiting"), card("waiting")];
-    }"""
-    info = demo_stack.info
-    stop = threading.Event()
-
-    def send():  # load, so the tiles' figures move between node state changes
-        while not stop.is_set():
-            http_json(
-                info["urls"]["gateway"] + "/chat/completions",
-                data={"model": "Qwen3-32B", "messages": [{"role": "user", "content": "load"}], "max_tokens": 400},
-                headers={"Authorization": f"Bearer {info['gateway_key']}"},
-                timeout=30,
-            )
-
-    senders = [threading.Thread(target=send, daemon=True) for _ in range(4)]
-    for sender in senders:
-        sender.start()
-    try:
-        page.wait_for_function(f"() => ({sums})()[0] > 0", timeout=10_000)
-        for _ in range(5):
-            tiles_running, card_running, tiles_waiting, card_waiting = page.evaluate(sums)
-            assert (card_running, card_waiting) == (tiles_running, tiles_waiting)
-            page.wait_for_timeout(300)
-    finally:
-        stop.set()
-        for sender in senders:
-            sender.join(timeout=30)
 
 
 def test_incident_timeline_grows_live_while_a_node_is_killed(browser, demo_stack):
@@ -322,3 +290,41 @@ def test_the_node_page_at_1000_px(browser, demo_stack):
     assert "factor: not a number" in page.locator("#fault-errors").inner_text()
     assert errors == []
     page.close()
+
+
+def test_the_summary_counts_what_the_tiles_show_under_load(browser, demo_stack):
+    """Last in this module: its traffic would become the latency baseline of the incident test's kill."""
+    page = browser.new_page()
+    log_in(page, demo_stack, "manager")
+    # The summary's Running and Waiting are what the tiles below it show, as their load changes.
+    sums = """() => {
+        const total = (f) => Array.from(document.querySelectorAll('.tile [data-field="' + f + '"]'))
+            .map((el) => parseInt(el.textContent, 10)).filter((v) => !Number.isNaN(v)).reduce((a, b) => a + b, 0);
+        const card = (f) => parseInt(document.querySelector('#summary [data-count="' + f + '"]').textContent, 10);
+        return [total("running"), card("running"), total("waiting"), card("waiting")];
+    }"""
+    info = demo_stack.info
+    stop = threading.Event()
+
+    def send():  # load, so the tiles' figures move between node state changes
+        while not stop.is_set():
+            http_json(
+                info["urls"]["gateway"] + "/chat/completions",
+                data={"model": "Qwen3-32B", "messages": [{"role": "user", "content": "load"}], "max_tokens": 400},
+                headers={"Authorization": f"Bearer {info['gateway_key']}"},
+                timeout=30,
+            )
+
+    senders = [threading.Thread(target=send, daemon=True) for _ in range(4)]
+    for sender in senders:
+        sender.start()
+    try:
+        page.wait_for_function(f"() => ({sums})()[0] > 0", timeout=10_000)
+        for _ in range(5):
+            tiles_running, card_running, tiles_waiting, card_waiting = page.evaluate(sums)
+            assert (card_running, card_waiting) == (tiles_running, tiles_waiting)
+            page.wait_for_timeout(300)
+    finally:
+        stop.set()
+        for sender in senders:
+            sender.join(timeout=30)
