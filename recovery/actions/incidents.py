@@ -333,7 +333,14 @@ def check_recovery(now: dt.datetime | None = None) -> list[int]:
         ttfts = [o.ttft_ms for o in window if o.ttft_ms is not None]
         tpots = [o.tpot_ms for o in window if o.tpot_ms is not None]
         figures = {"window_s": RECOVERY_WINDOW_S, "requests": len(ttfts)}
-        if incident.baseline_ttft_ms and incident.baseline_tpot_ms:
+        quiet = not window.exists() and (now - incident.opened_at).total_seconds() >= RECOVERY_WINDOW_S
+        if incident.baseline_ttft_ms and incident.baseline_tpot_ms and quiet:
+            # Traffic before the failure, none since (a quiet hour): no latency to compare; recovered once every
+            # node involved serves again, or the incident would stay Active until the next request.
+            if incident.nodes.exclude(state=NodeState.SERVING).exists():
+                continue
+            why = "no request since the failure to measure latency with; every node involved serves again"
+        elif incident.baseline_ttft_ms and incident.baseline_tpot_ms:
             if len(ttfts) < RECOVERY_MIN_REQUESTS or not tpots:
                 continue
             ttft, tpot = statistics.mean(ttfts), statistics.mean(tpots)

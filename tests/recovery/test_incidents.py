@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from recovery import hot
 from recovery.actions import incidents, live_migration, nodes, streams
-from recovery.choices import EventKind, IncidentStatus
+from recovery.choices import EventKind, IncidentStatus, NodeState
 from recovery.models import AuditEntry, Cluster, Incident, Node, RequestOutcome
 from workers.protocol import Heartbeat, Load, Registration
 
@@ -165,6 +165,24 @@ def test_outcomes_are_stored_and_recovery_is_judged_against_the_baseline(commit)
     recovered = incident.events.get(kind=EventKind.RECOVERED)
     assert "within 10% of the baseline" in recovered.description
     assert "checkpoints_after" in incident.details
+
+
+def test_an_incident_with_no_request_since_the_failure_recovers_when_its_nodes_serve_again(commit):
+    node, _ = commit(register, "quiet-1")
+    start = time.time() - 30
+    for _ in range(10):  # traffic before the failure: a baseline
+        outcome(100.0, 20.0, start - 30)
+    commit(streams.process)
+    signal("symptom", node="quiet-1", at=start)
+    commit(streams.process)
+    incident = Incident.objects.get()
+    assert incident.baseline_ttft_ms == pytest.approx(100.0)
+    Node.objects.filter(name="quiet-1").update(state=NodeState.DOWN)
+    assert commit(incidents.check_recovery) == []  # no traffic, and its node is still down
+    Node.objects.filter(name="quiet-1").update(state=NodeState.SERVING)
+    assert commit(incidents.check_recovery) == [incident.pk]  # before: Active until the next request came
+    recovered = Incident.objects.get().events.get(kind=EventKind.RECOVERED)
+    assert "no request since the failure" in recovered.description
 
 
 def test_people_acknowledge_command_note_and_close(commit, cast, client):
