@@ -119,8 +119,20 @@ class Dialect:
     async def prompt_ids(
         self, session: aiohttp.ClientSession, url: str, model: str, req: CompletionRequest
     ) -> list[int]:
-        """The request's prompt as the engine's own tokens (its chat template applied for a chat)."""
-        raise NotImplementedError
+        """The request's prompt as the engine's own tokens (its chat template applied for a chat).
+
+        vLLM's /tokenize, which SGLang serves too: a prompt, or chat messages with the generation prompt added.
+        """
+        given = _given_prompt_ids(req) if req.kind == "completion" else None
+        if given is not None:
+            return given
+        if req.kind == "chat":
+            body = {"model": model, "messages": req.body["messages"], "add_generation_prompt": True}
+        else:
+            body = {"model": model, "prompt": _prompt_text(req), "add_special_tokens": True}
+        what = f"{self.title}'s /tokenize"
+        async with _post_json(session, url + "/tokenize", body) as response:
+            return _ids((await _answer(response, what)).get("tokens"), what)
 
     def generation(self, model: str, ids: list[int], req: CompletionRequest, done: int) -> tuple[str, dict]:
         """The path and body that generate from `ids`, `done` output tokens already sent."""
@@ -191,17 +203,6 @@ class Vllm(Dialect):
         "waiting": "vLLM exports vllm:num_requests_waiting at /metrics unless --disable-log-stats is set: remove it",
     }
 
-    async def prompt_ids(self, session, url, model, req):
-        given = _given_prompt_ids(req) if req.kind == "completion" else None
-        if given is not None:
-            return given
-        if req.kind == "chat":
-            body = {"model": model, "messages": req.body["messages"], "add_generation_prompt": True}
-        else:
-            body = {"model": model, "prompt": _prompt_text(req), "add_special_tokens": True}
-        async with _post_json(session, url + "/tokenize", body) as response:
-            return _ids((await _answer(response, "vLLM's /tokenize")).get("tokens"), "vLLM's /tokenize")
-
     def generation(self, model, ids, req, done):
         p = req.params
         max_tokens, min_tokens = _remaining(req, done)
@@ -268,17 +269,6 @@ class Sglang(Dialect):
         "running": "start SGLang with --enable-metrics so that /metrics exports sglang:num_running_reqs",
         "waiting": "start SGLang with --enable-metrics so that /metrics exports sglang:num_queue_reqs",
     }
-
-    async def prompt_ids(self, session, url, model, req):
-        given = _given_prompt_ids(req) if req.kind == "completion" else None
-        if given is not None:
-            return given
-        if req.kind == "chat":
-            body = {"model": model, "messages": req.body["messages"], "add_generation_prompt": True}
-        else:
-            body = {"model": model, "prompt": _prompt_text(req), "add_special_tokens": True}
-        async with _post_json(session, url + "/tokenize", body) as response:
-            return _ids((await _answer(response, "SGLang's /tokenize")).get("tokens"), "SGLang's /tokenize")
 
     def generation(self, model, ids, req, done):
         p = req.params
@@ -484,10 +474,6 @@ class AdapterEngine:
         self._poke = asyncio.Event()
         self._task: asyncio.Task | None = None
         self.session: aiohttp.ClientSession | None = None
-
-    @property
-    def by_id(self) -> dict[str, Sequence]:
-        return {rid: f.seq for rid, f in self.forwarded.items()}
 
     def describe(self) -> dict:
         title = self.dialect.title if self.kind != "auto" else "not identified yet"

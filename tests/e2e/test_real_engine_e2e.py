@@ -4,48 +4,16 @@ must; the control plane canaries it against a golden run recorded from it, route
 to it beside the emulated nodes, and tells a silent corruption (the engine restarted on other weights) from a
 healthy engine."""
 
-import signal
-
 import openai
 import pytest
 
-from tests.conftest import demo_argv, demo_env, stack_database
-from tests.helpers import DemoStack, NodeProcess, wait_for
+from tests.helpers import NodeProcess, wait_for
 from tests.real_engine import LlamaServer, tiny_model
 
 pytestmark = pytest.mark.e2e
 
 MODEL = "Tiny-Llama"
 SERVED_AS = "lifeline/tiny-llama"
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    from console.stack import free_port
-
-    with stack_database(tmp_path_factory) as database_url:
-        var_dir = tmp_path_factory.mktemp("real-engine-stack")
-        argv = demo_argv(
-            "--nodes",
-            "2",
-            "--spares",
-            "0",
-            "--no-traffic",
-            "--port",
-            str(free_port()),
-            "--gateway-port",
-            str(free_port()),
-            "--worker-concurrency",
-            "1",
-            "--time-scale",
-            "0.1",
-        )
-        stack = DemoStack(var_dir, demo_env(var_dir, database_url, "realengine"), argv)
-        stack.start()
-        try:
-            yield stack
-        finally:
-            stack.stop(signum=signal.SIGTERM)
 
 
 def row(stack, name: str) -> dict:
@@ -61,7 +29,8 @@ def canaries(stack, name: str) -> list[dict]:
     return body["canaries"]
 
 
-def test_real_engines_register_are_canaried_and_serve_beside_emulated_nodes(stack, tmp_path):
+def test_real_engines_register_are_canaried_and_serve_beside_emulated_nodes(demo_stack, tmp_path):
+    stack = demo_stack  # the whole system with 3 emulated nodes (tests/conftest.py)
     info = stack.info
     env = {"LIFELINE_NODE_TOKEN": info["node_token"], "LIFELINE_AGENT_TOKEN": info["agent_token"]}
     control = info["urls"]["console"].rstrip("/")
