@@ -13,6 +13,8 @@ import asyncio
 import functools
 import json
 import logging
+from collections import Counter
+from collections.abc import Mapping
 from typing import cast
 
 import aiohttp
@@ -315,15 +317,24 @@ async def assist_start(request: web.Request, runtime: NodeRuntime) -> web.Respon
 
 @agent_control
 async def assist_stop(request: web.Request, runtime: NodeRuntime) -> web.Response:
+    """End the pairing, with its own figures. `?draft=NAME` ends it only if NAME is the draft being verified:
+    a draft node that finished loading must not end the pairing another draft node started since."""
     engine = cast(AssistEngine, runtime.engine)
+    current = engine.assist
+    wanted = request.query.get("draft")
+    if current is None:
+        return web.json_response({"stopped": False, "draft": None, **assist_report({})})
+    if wanted and current.draft.name != wanted:
+        return error(409, f"this node verifies {current.draft.name}'s drafts, not {wanted}'s", "draft")
     assist = engine.stop_assist()
     if assist is not None:
         await assist.aclose()
-    return web.json_response({"stopped": assist is not None, **assist_report(engine.counters)})
+    return web.json_response({"stopped": True, "draft": current.draft.name, **assist_report(current.counters)})
 
 
-def assist_report(counters: dict) -> dict:
-    """Measured acceptance (alpha: accepted over tested drafts) and tokens per assisted step."""
+def assist_report(counters: Mapping[str, int]) -> dict:
+    """One pairing's measured acceptance (alpha: accepted over tested drafts) and tokens per assisted step."""
+    counters = Counter(counters)
     tested, steps = counters["draft_tested"], counters["assist_steps"]
     return {
         "assist_steps": steps,

@@ -21,7 +21,7 @@ import logging
 import math
 import time
 import uuid
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -180,6 +180,9 @@ class Assist:
     close: Callable[[], Awaitable[None]] | None = None
     since: float = field(default_factory=time.time)
     failures: int = 0
+    # This pairing's own figures (steps, drafts proposed/accepted/tested, tokens): its report is about it, not
+    # about every pairing since the engine started.
+    counters: Counter = field(default_factory=Counter)
 
     async def aclose(self) -> None:
         if self.close is not None:
@@ -791,7 +794,7 @@ class Engine:
         emitted = False
         prefill_done = False
         if drafts:
-            self.counters["assist_steps"] += 1
+            self._count_assist(assist_steps=1)
         for position, (seq, count) in enumerate(plan.work):
             if position and position % APPLY_SLICE == 0:
                 await asyncio.sleep(0)
@@ -834,20 +837,28 @@ class Engine:
                 break
             accepted += 1
             state = tokens.advance(state, target)
-        self.counters["draft_proposed"] += len(proposal)
-        self.counters["draft_accepted"] += accepted
         # Drafts after the first mismatch are never tested: alpha is accepted over tested.
-        self.counters["draft_tested"] += accepted + (1 if accepted < len(proposal) else 0)
+        self._count_assist(
+            draft_proposed=len(proposal),
+            draft_accepted=accepted,
+            draft_tested=accepted + (1 if accepted < len(proposal) else 0),
+        )
         before = len(seq.generated)
         for _ in range(accepted + 1):
             self._emit_next(seq, now)
             if seq.finished is not None:
                 break
         made = len(seq.generated) - before
-        self.counters["assisted_tokens"] += made
-        self.counters["assisted_sequence_steps"] += 1
+        self._count_assist(assisted_tokens=made, assisted_sequence_steps=1)
         # The accepted drafts went through the model in the verification pass.
         seq.computed += made - 1
+
+    def _count_assist(self, **figures: int) -> None:
+        """Count assist figures for the engine's lifetime and for the pairing now running."""
+        for key, value in figures.items():
+            self.counters[key] += value
+            if self.assist is not None:
+                self.assist.counters[key] += value
 
     def _emit_next(self, seq: Sequence, now: float) -> None:
         params = seq.params

@@ -116,6 +116,8 @@ class MigrateEngine(ServingEngine, Protocol):
 
 
 class AssistEngine(ServingEngine, Protocol):
+    assist: Assist | None  # the pairing now running, if any
+
     def start_assist(self, assist: Assist) -> None: ...
 
     def stop_assist(self) -> Assist | None: ...

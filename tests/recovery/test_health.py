@@ -32,7 +32,7 @@ pytestmark = pytest.mark.django_db
 ENV = {"LIFELINE_AGENT_TOKEN": AGENT, "LIFELINE_FAULT_TOKEN": FAULT}
 
 
-def register(name, address="http://127.0.0.1:9", rack="rack-a", gpu="H100-SXM", serving=True, spare=False):
+def register(name, address="http://127.0.0.1:9", rack="rack-a", gpu="H100-SXM", serving=True, spare=False, tp=1):
     reg = Registration.parse(
         {
             "name": name,
@@ -41,7 +41,7 @@ def register(name, address="http://127.0.0.1:9", rack="rack-a", gpu="H100-SXM", 
             "rack": rack,
             "model": "Qwen3-32B",
             "gpu": gpu,
-            "tp": 1,
+            "tp": tp,
             "pid": 1,
             "host": "h",
             "spare": spare,

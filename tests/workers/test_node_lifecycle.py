@@ -79,7 +79,10 @@ async def test_a_draft_ready_node_makes_a_survivor_decode_faster_with_the_same_t
     assert status == 200 and answer["expected_tokens_per_step"] == round((1 - 0.6**5) / 0.4, 3)
     assisted, assisted_s = await timed_tokens(survivor, prompt, 80)
     assert model_state(restarting) == "draft_ready"  # still loading its full model throughout
-    status, stats = http_json(survivor.address + "/agent/assist", method="DELETE", headers=HEAD)
+    # Only the draft being verified may end its pairing (another draft node finishing must not end it).
+    status, answer = http_json(survivor.address + "/agent/assist?draft=someone-else", method="DELETE", headers=HEAD)
+    assert status == 409 and "assist-r" in answer["error"]["message"]
+    status, stats = http_json(survivor.address + "/agent/assist?draft=assist-r", method="DELETE", headers=HEAD)
 
     assert assisted == plain  # speculative decoding never changes the text
     assert stats["stopped"] and stats["assist_steps"] > 0
@@ -89,3 +92,16 @@ async def test_a_draft_ready_node_makes_a_survivor_decode_faster_with_the_same_t
     assert speedup > 1.2, f"assisted {assisted_s:.2f} s vs plain {plain_s:.2f} s"
     served = http_json(restarting.address + "/agent/status")[1]["counters"]["drafts_served"]
     assert served >= stats["assist_steps"]
+
+    # A second pairing reports its own figures, not the engine's lifetime ones (two pairings read alike before).
+    http_json(
+        survivor.address + "/agent/assist",
+        headers=HEAD,
+        data={"draft": {"name": "assist-r", "address": restarting.address}, "k": 4, "alpha": 0.6},
+    )
+    await timed_tokens(survivor, "A shorter second request", 20)
+    status, second = http_json(survivor.address + "/agent/assist", method="DELETE", headers=HEAD)
+    assert status == 200 and second["draft"] == "assist-r"
+    assert 0 < second["assist_steps"] < stats["assist_steps"], (second, stats)
+    lifetime = http_json(survivor.address + "/agent/status")[1]["counters"]
+    assert lifetime["assist_steps"] == stats["assist_steps"] + second["assist_steps"]
