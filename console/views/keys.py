@@ -16,7 +16,7 @@ from recovery.models import ApiKey
 @page_view(roles.ADMIN)
 def api_keys(request):
     """Gateway keys: a tenant and a priority tier each."""
-    created = None
+    created, status = None, 200
     if request.method == "POST":
         try:
             _, created = keys.create_api_key(
@@ -28,8 +28,10 @@ def api_keys(request):
             )
         except keys.KeyRefused as exc:
             messages.error(request, f"{exc}.")
+            status = 400  # the form is shown again with what was wrong, as every console form answers bad input
     rows = ApiKey.objects.select_related("created_by").order_by("revoked_at", "tenant", "-created_at")
-    return render(request, "console/keys.html", {"keys": rows, "created": created, "tiers": Tier.choices})
+    context = {"keys": rows, "created": created, "tiers": Tier.choices}
+    return render(request, "console/keys.html", context, status=status)
 
 
 @require_POST

@@ -46,8 +46,11 @@ def node_page(request, name: str):
     return _render_node_page(request, node)
 
 
-def _render_node_page(request, node: Node, fault_form: FaultForm | None = None, status: int = 200):
-    """The node page; with a fault form that did not validate, its errors shown at the form (status 400)."""
+def _render_node_page(
+    request, node: Node, fault_form: FaultForm | None = None, status: int = 200, drain_errors: list[str] = ()
+):
+    """The node page; with a fault form that did not validate or a drain request refused, the errors shown at
+    their form (status 400)."""
     card = cluster_model.node_card_by_id(node.pk)
     snapshot = checkpoint_model.checkpoint_snapshot()
     flights = [f for f in hot.gateway_flights() if f.get("node") == node.name]
@@ -73,6 +76,7 @@ def _render_node_page(request, node: Node, fault_form: FaultForm | None = None, 
             "can_inject": cluster.fault_injection_enabled and roles.has_role(request.user, *INJECT_FAULTS),
             "fault_injection_enabled": cluster.fault_injection_enabled,
             "fault_form": fault_form or FaultForm(),
+            "drain_errors": list(drain_errors),
             "health": node_model.node_health(node),
             "charts": json.dumps(
                 {"canaries": node_model.canary_series(node), "telemetry": node_model.telemetry_series(node)}
@@ -126,14 +130,12 @@ def node_drain(request, name: str):
     node = get_object_or_404(Node, name=name)
     form = DrainRequestForm(request.POST)
     if not form.is_valid():
-        for field, errors in form.errors.items():
-            messages.error(request, f"{field}: {' '.join(errors)}")
-        return redirect("node", name=name)
+        errors = [f"{field}: {' '.join(errors)}" for field, errors in form.errors.items()]
+        return _render_node_page(request, node, status=400, drain_errors=errors)
     try:
         drain = drains.propose(node, source=request.user.get_username(), requested_by=request.user, **form.cleaned_data)
     except drains.DrainRefused as exc:
-        messages.error(request, str(exc))
-        return redirect("node", name=name)
+        return _render_node_page(request, node, status=400, drain_errors=[str(exc)])
     messages.success(request, f"Drain #{drain.pk} requested: on-call has been told.")
     return redirect("drain", drain_id=drain.pk)
 

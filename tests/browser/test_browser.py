@@ -328,3 +328,74 @@ def test_the_summary_counts_what_the_tiles_show_under_load(browser, demo_stack):
         stop.set()
         for sender in senders:
             sender.join(timeout=30)
+
+
+CONSOLE_PAGES = ("cluster/", "checkpoints/", "degradation/", "drains/", "incidents/", "audit/", "settings/", "keys/")
+
+
+@pytest.mark.parametrize("width", [1400, 1000])
+def test_every_page_fits_and_its_banner_says_what_the_api_says(browser, demo_stack, width):
+    """The operator's and on-call's pages at a desktop and a small laptop width: nothing runs off the right edge, no
+    script error, and the banner's level and capacity are /api/degradation's, on every page."""
+    from tests.helpers import wait_for
+
+    console = demo_stack.info["urls"]["console"]
+    page = browser.new_page(viewport={"width": width, "height": 900})
+    errors = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    log_in(page, demo_stack, "admin")
+    for path in CONSOLE_PAGES + ("nodes/node-01/",):
+        response = page.goto(console + path)
+        assert response.status == 200, path
+        if page.locator("#live-status").count():
+            page.wait_for_selector("#live-status[data-state=live]", timeout=10_000)
+        overflow = page.evaluate("document.documentElement.scrollWidth")
+        assert overflow <= width, f"{path} is {overflow} px wide at {width} px"
+
+        def banner_matches():
+            api = demo_stack.api("/api/degradation")[1]
+            banner = page.locator("#banner")
+            if banner.locator("[data-level]").get_attribute("data-level") != str(api["level"]):
+                return False
+            capacity = api["capacity"]
+            if not capacity.get("ratio"):
+                return True
+            text = banner.inner_text()
+            return f"capacity {capacity['capacity_rps']:.1f} of {capacity['required_rps']:.1f}" in text
+
+        wait_for(banner_matches, 10, 0.3, f"the banner on {path} to say what /api/degradation says")
+    assert errors == []
+    page.close()
+
+
+def test_no_bad_input_anywhere_gets_a_server_error(browser, demo_stack):
+    """Every form and filter a person can reach, given what a person mistypes: a 4xx that names what was wrong,
+    never a 500."""
+    console = demo_stack.info["urls"]["console"]
+    page = browser.new_page()
+    log_in(page, demo_stack, "admin")
+    csrf = next(c["value"] for c in page.context.cookies() if c["name"] == "csrftoken")
+    headers = {"X-CSRFToken": csrf, "Referer": console}
+    tried = [
+        ("post", "settings/", {"canary_interval_s": "often", "reason": "x"}, 400, "canary"),
+        ("post", "keys/", {"tenant": "acme", "tier": "gold", "label": "x"}, 400, "tier"),
+        ("post", "nodes/node-01/drain", {"reason": "x", "mode": "sideways", "remediation": "restart"}, 400, "mode"),
+        ("post", "nodes/node-01/fault", {"kind": "slow", "factor": "twice", "reason": "x"}, 400, "factor"),
+        ("post", "nodes/node-01/fault", {"kind": "meteor", "reason": "x"}, 400, "kind"),
+        ("post", "nodes/no-such-node/cordon", {"reason": "x"}, 404, "no-such-node"),
+        ("post", "incidents/999999/note", {"text": "x"}, 404, "999999"),
+        ("post", "drains/999999/approve", {"reason": "x"}, 404, "999999"),
+        ("get", "audit/?since=yesterday", None, 400, "since"),
+        ("get", "nodes/no-such-node/", None, 404, "no-such-node"),
+    ]
+    seen = []
+    for method, path, form, expected, named in tried:
+        if method == "post":
+            answer = page.request.post(console + path, form=form, headers=headers, max_redirects=0)
+        else:
+            answer = page.request.get(console + path)
+        seen.append((path, answer.status))
+        assert answer.status == expected, (path, form, answer.status, answer.text()[:300])
+        assert named in answer.text(), (path, "the answer does not name what was wrong")
+    assert all(status < 500 for _, status in seen), seen
+    page.close()
