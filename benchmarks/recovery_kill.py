@@ -67,7 +67,9 @@ async def run(kills: int, streams: int, policy: str) -> dict:
     methods = {}
     for line in metrics.splitlines():
         if line.startswith("lifeline_migrations_total{"):
-            methods[line.split("{")[1].split("}")[0]] = float(line.split()[-1])
+            labels = line.split("{")[1].split("}")[0].split(",")
+            key = ",".join(x for x in labels if not x.startswith(("source=", "target=")))  # by kind, method
+            methods[key] = methods.get(key, 0.0) + float(line.split()[-1])
     return {
         "policy": policy,
         "kills": len(killed),

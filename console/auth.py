@@ -23,6 +23,7 @@ REQUEST_DRAINS = drains.REQUEST
 DECIDE_DRAINS = drains.DECIDE
 MANAGE_SPARES = (roles.ONCALL,)
 READ_AUDIT = (roles.ONCALL, roles.MANAGER)  # who did what: on-call while on duty, managers after
+READ_SLO = (roles.MANAGER, roles.ONCALL, roles.OPERATOR)  # objectives and budgets; only admins edit them
 
 
 def api_view(*allowed_roles: str):

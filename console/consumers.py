@@ -28,8 +28,11 @@ def _role(user):
     return roles.role_of(user)
 
 
+NODE_FRAGMENTS = {"tiles": "console/_node_tile.html", "table": "console/_node_row.html"}
+
+
 @database_sync_to_async
-def _node_frame(node_id: int) -> dict | None:
+def _node_frame(node_id: int, view: str = "tiles") -> dict | None:
     card = cluster_model.node_card_by_id(node_id)
     if card is None:
         return None
@@ -38,7 +41,7 @@ def _node_frame(node_id: int) -> dict | None:
         "name": card["name"],
         "rack": card["rack"],
         "state": card["state"],
-        "html": render_to_string("console/_node_tile.html", {"node": card}),
+        "html": render_to_string(NODE_FRAGMENTS[view], {"node": card}),
         "summary": render_to_string("console/_summary.html", {"summary": cluster_model.cluster_summary()}),
     }
 
@@ -51,6 +54,9 @@ class ClusterConsumer(AsyncJsonWebsocketConsumer):
         if user is None or not user.is_authenticated or await _role(user) is None:
             await self.close(code=4403)
             return
+        # The page shows nodes as tiles or as table rows (`?view=`): each node change comes rendered as it shows them.
+        view = parse_qs(self.scope.get("query_string", b"").decode()).get("view", ["tiles"])[0]
+        self.view = view if view in NODE_FRAGMENTS else "tiles"
         await self.channel_layer.group_add(CLUSTER_GROUP, self.channel_name)
         await self.accept()
         await self.send_json({"kind": "hello", "now": time.time()})
@@ -59,7 +65,7 @@ class ClusterConsumer(AsyncJsonWebsocketConsumer):
         await self.channel_layer.group_discard(CLUSTER_GROUP, self.channel_name)
 
     async def node_changed(self, event):
-        frame = await _node_frame(event["id"])
+        frame = await _node_frame(event["id"], self.view)
         if frame is not None:
             await self.send_json(frame)
 
@@ -175,6 +181,9 @@ class StatusConsumer(RoleConsumer):
 
     async def status_notification(self, event):
         await self.send_json({"kind": "notification", "id": event["id"]})
+
+    async def status_service(self, event):
+        await self.send_json({"kind": "service"})
 
     async def drain_changed(self, event):
         await self.send_json({"kind": "drain", "id": event["id"]})

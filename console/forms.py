@@ -2,7 +2,8 @@
 
 from django import forms
 
-from recovery.choices import DrainMode, Remediation
+from recovery.choices import DrainMode, IncidentSeverity, IncidentStatus, Remediation
+from recovery.models import Node
 from workers import faults as fault_kinds
 
 
@@ -59,6 +60,48 @@ class AuditFilterForm(forms.Form):
     def __init__(self, data, actions: list[str]):
         super().__init__(data)
         self.fields["action"].choices = [("", "any action")] + [(action, action) for action in actions]
+
+    def clean(self):
+        data = super().clean()
+        if data.get("since") and data.get("until") and data["since"] > data["until"]:
+            self.add_error("until", "until: must be after since")
+        return data
+
+
+UTC_INPUTS = ["%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M", "%Y-%m-%d"]
+
+
+def _utc_field(name: str) -> forms.DateTimeField:
+    return forms.DateTimeField(
+        required=False,
+        input_formats=UTC_INPUTS,
+        error_messages={"invalid": f"{name}: not a time in UTC (YYYY-MM-DD, or YYYY-MM-DDTHH:MM)"},
+    )
+
+
+def _choice_field(name: str, choices) -> forms.ChoiceField:
+    known = ", ".join(value for value, _ in choices)
+    return forms.ChoiceField(
+        required=False,
+        choices=[("", f"any {name}"), *choices],
+        error_messages={"invalid_choice": f"{name}: %(value)s is not one of {known}"},
+    )
+
+
+class IncidentFilterForm(forms.Form):
+    """The incidents list's filters, each optional: status, severity, a node involved, first symptom from/to (UTC)."""
+
+    status = _choice_field("status", IncidentStatus.choices)
+    severity = _choice_field("severity", IncidentSeverity.choices)
+    node = forms.CharField(required=False, max_length=63)
+    since = _utc_field("since")
+    until = _utc_field("until")
+
+    def clean_node(self):
+        node = self.cleaned_data["node"].strip()
+        if node and not Node.objects.filter(name=node).exists():
+            raise forms.ValidationError(f"node: there is no node named {node}")
+        return node
 
     def clean(self):
         data = super().clean()

@@ -153,6 +153,12 @@ EMAIL_HOST_PASSWORD = env.secret("EMAIL_HOST_PASSWORD") or ""
 EMAIL_USE_TLS = env.boolean("EMAIL_USE_TLS", False)
 DEFAULT_FROM_EMAIL = env.string("LIFELINE_FROM_EMAIL", "lifeline@localhost")
 
+# --- Service-level objectives (recovery.actions.slo) -----------------------------
+# Raw request outcomes are kept this long, then pruned (once rolled up); the per-minute rollups 13 months.
+LIFELINE_OUTCOME_RETENTION_DAYS = env.integer("LIFELINE_OUTCOME_RETENTION_DAYS", 30, minimum=1)
+# A page-severity burn-rate alert needs at least this many valid requests in its long window.
+LIFELINE_SLO_MIN_VALID_FOR_PAGE = env.integer("LIFELINE_SLO_MIN_VALID_FOR_PAGE", 100, minimum=0)
+
 CELERY_BEAT_SCHEDULE = {
     # What follows every committed change (spares, drains proposed, incident timelines, assist): recovery.reactions.
     "react": {
@@ -200,6 +206,23 @@ CELERY_BEAT_SCHEDULE = {
         "task": "recovery.tasks.advance_drains",
         "schedule": 1.0,
         "options": {"expires": 2.0},
+    },
+    # A node left out of service after its drain was cancelled or rejected: the drain again, after the hold-off.
+    "propose-drains-again": {
+        "task": "recovery.tasks.propose_drains_again",
+        "schedule": 5.0,
+        "options": {"expires": 5.0},
+    },
+    # Request outcomes into per-minute SLO rollups; incremental and idempotent (recovery.actions.slo).
+    "roll-up-outcomes": {
+        "task": "recovery.tasks.roll_up_outcomes",
+        "schedule": 5.0,
+        "options": {"expires": 10.0},
+    },
+    "prune-outcomes": {
+        "task": "recovery.tasks.prune_outcomes",
+        "schedule": 3600.0,
+        "options": {"expires": 600.0},
     },
 }
 

@@ -9,9 +9,21 @@ same action as the settings page, audited.
 
 from django.contrib import admin
 
-from recovery.actions import cluster_settings
-from recovery.forms import SettingsForm
-from recovery.models import ApiKey, AuditEntry, Cluster, Gpu, Node, NodeTransition, Rack
+from recovery import roles
+from recovery.actions import cluster_settings, slo
+from recovery.forms import SettingsForm, SloCorrectionForm, SloObjectiveForm
+from recovery.models import (
+    ApiKey,
+    AuditEntry,
+    Cluster,
+    Gpu,
+    Node,
+    NodeTransition,
+    Rack,
+    SloCorrection,
+    SloObjective,
+    SloRollup,
+)
 
 
 class GpuInline(admin.TabularInline):
@@ -110,6 +122,79 @@ class ClusterAdmin(admin.ModelAdmin):
     def save_model(self, request, obj, form, change):
         values = {name: form.cleaned_data[name] for name in form.changed_data if name in cluster_settings.FIELDS}
         cluster_settings.update(Cluster.objects.get(pk=obj.pk), values, request.user.get_username(), "Django admin")
+
+
+class SloAdmin(admin.ModelAdmin):
+    """Objectives and corrections: saved through recovery.actions.slo (validated, audited); admins only."""
+
+    def has_change_permission(self, request, obj=None):
+        return roles.has_role(request.user, roles.ADMIN)
+
+    def has_add_permission(self, request):
+        return roles.has_role(request.user, roles.ADMIN)
+
+    def has_delete_permission(self, request, obj=None):
+        return roles.has_role(request.user, roles.ADMIN)
+
+
+@admin.register(SloObjective)
+class SloObjectiveAdmin(SloAdmin):
+    form = SloObjectiveForm
+    list_display = (
+        "model_key",
+        "tier",
+        "tenant",
+        "ttft_threshold_ms",
+        "ttft_percentile",
+        "tpot_threshold_ms",
+        "tpot_percentile",
+        "availability_target",
+        "window",
+        "updated_by",
+    )
+    list_filter = ("tier", "window", "model_key")
+
+    def save_model(self, request, obj, form, change):
+        values = {name: form.cleaned_data[name] for name in slo.OBJECTIVE_FIELDS}
+        if change:
+            slo.update_objective(
+                SloObjective.objects.get(pk=obj.pk), values, request.user.get_username(), "Django admin"
+            )
+        else:
+            obj.pk = slo.create_objective(values, request.user.get_username(), "Django admin").pk
+
+    def delete_model(self, request, obj):
+        slo.delete_objective(obj, request.user.get_username(), "Django admin")
+
+    def delete_queryset(self, request, queryset):
+        for obj in queryset:
+            self.delete_model(request, obj)
+
+
+@admin.register(SloCorrection)
+class SloCorrectionAdmin(SloAdmin):
+    form = SloCorrectionForm
+    list_display = ("start", "end", "model_key", "tier", "reason", "created_by")
+
+    def has_change_permission(self, request, obj=None):
+        return False  # add one, or withdraw it: a correction is never quietly moved
+
+    def save_model(self, request, obj, form, change):
+        values = {name: form.cleaned_data[name] for name in SloCorrectionForm.Meta.fields}
+        obj.pk = slo.add_correction(values, request.user.get_username()).pk
+
+    def delete_model(self, request, obj):
+        slo.withdraw_correction(obj, request.user.get_username(), "Django admin")
+
+    def delete_queryset(self, request, queryset):
+        for obj in queryset:
+            self.delete_model(request, obj)
+
+
+@admin.register(SloRollup)
+class SloRollupAdmin(ReadOnlyAdmin):
+    list_display = ("minute", "model_key", "tier", "tenant", "valid", "good", "ttft_good", "tpot_good", "shed")
+    list_filter = ("tier", "model_key")
 
 
 admin.site.register(Rack)

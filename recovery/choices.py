@@ -28,6 +28,14 @@ class Tier(models.TextChoices):
     BEST_EFFORT = "best_effort", "Best effort"
 
 
+class SloWindow(models.TextChoices):
+    """The period an objective's error budget covers (recovery.policy.slo)."""
+
+    ROLLING_28D = "rolling_28d", "Rolling 28 days"
+    ROLLING_30D = "rolling_30d", "Rolling 30 days"
+    CALENDAR_MONTH = "calendar_month", "Calendar month"
+
+
 class PlacementPolicy(models.TextChoices):
     """Checkpoint placement (source document 000 and our extension); see recovery.policy.placement."""
 
@@ -52,6 +60,21 @@ INCIDENT_STATUS_BADGE = {
 }
 
 
+class IncidentSeverity(models.TextChoices):
+    """How bad an incident is, from what it did to users (recovery.policy.severity has the rule)."""
+
+    SEV1 = "sev1", "SEV1"
+    SEV2 = "sev2", "SEV2"
+    SEV3 = "sev3", "SEV3"
+
+
+INCIDENT_SEVERITY_BADGE = {
+    IncidentSeverity.SEV1: "red",
+    IncidentSeverity.SEV2: "amber",
+    IncidentSeverity.SEV3: "blue",
+}
+
+
 class EventKind(models.TextChoices):
     SYMPTOM = "symptom", "First symptom"
     DETECTED = "detected", "Failure confirmed"
@@ -65,7 +88,8 @@ class EventKind(models.TextChoices):
     ASSIST_ENDED = "assist_ended", "Speculative assist ended"
     FULL_MODEL_READY = "full_model_ready", "Full model ready"
     BACK_IN_ROUTING = "back_in_routing", "Back in routing"
-    RECOVERED = "recovered", "Recovered"
+    RECOVERED = "recovered", "Latency recovered"
+    CAPACITY_RESTORED = "capacity_restored", "Capacity restored"
     STATUS = "status", "Status changed"
     ACKNOWLEDGED = "acknowledged", "Acknowledged"
     COMMANDER = "commander", "Commander assigned"

@@ -72,6 +72,11 @@ def degradation_changed(level: int) -> None:
     send(STATUS_GROUP, {"type": "status.changed", "level": level})
 
 
+def service_changed() -> None:
+    """A node's health, breaker, cordon or spare status changed: the banner names nodes left out of service."""
+    send(STATUS_GROUP, {"type": "status.service"})
+
+
 def notification(notification_id: int) -> None:
     send(STATUS_GROUP, {"type": "status.notification", "id": notification_id})
 

@@ -7,7 +7,8 @@ Every bad value names its field and the range it must be in.
 from django import forms
 from django.core.exceptions import ValidationError
 
-from recovery.models import Cluster
+from recovery.models import Cluster, SloCorrection, SloObjective
+from recovery.policy import slo as slo_policy
 
 # field -> (least, most, what it is)
 RANGES = {
@@ -37,6 +38,7 @@ RANGES = {
     "stall_timeout_s": (0.5, 600, "seconds"),
     "incident_window_s": (1, 86400, "seconds"),
     "startup_grace_s": (0, 3600, "seconds"),
+    "drain_propose_again_s": (10, 86400 * 7, "seconds after a drain was cancelled or rejected"),
 }
 
 SETTINGS_GROUPS = (
@@ -80,7 +82,7 @@ SETTINGS_GROUPS = (
             "incident_window_s",
         ),
     ),
-    ("On-call", ("oncall_webhook_url", "oncall_emails")),
+    ("On-call", ("oncall_webhook_url", "oncall_emails", "drain_propose_again_s")),
     ("Staging", ("fault_injection_enabled",)),
 )
 
@@ -139,3 +141,53 @@ class SettingsForm(forms.ModelForm):
 
     def groups(self):
         return [(title, [self[name] for name in names]) for title, names in SETTINGS_GROUPS]
+
+
+class SloObjectiveForm(forms.ModelForm):
+    """An objective's figures: thresholds that are histogram bucket bounds, percentiles and availability in
+    (0, 100), a model the catalog knows."""
+
+    class Meta:
+        model = SloObjective
+        fields = [
+            "model_key",
+            "tier",
+            "tenant",
+            "ttft_threshold_ms",
+            "ttft_percentile",
+            "tpot_threshold_ms",
+            "tpot_percentile",
+            "availability_target",
+            "window",
+        ]
+
+    def clean(self):
+        data = super().clean()
+        for kind in ("ttft", "tpot"):
+            value = data.get(f"{kind}_threshold_ms")
+            if value is not None:
+                try:
+                    slo_policy.check_threshold(kind, value)
+                except slo_policy.NotABucketBound as exc:
+                    self.add_error(f"{kind}_threshold_ms", str(exc))
+        for name in ("ttft_percentile", "tpot_percentile", "availability_target"):
+            value = data.get(name)
+            if value is not None and not 0 < value < 100:
+                self.add_error(name, f"{name} must be above 0 and below 100 (a percentage); got {value:g}")
+        return data
+
+
+class SloCorrectionForm(forms.ModelForm):
+    """A period excluded from the objectives: it must end after it starts, and say why."""
+
+    class Meta:
+        model = SloCorrection
+        fields = ["start", "end", "reason", "model_key", "tier"]
+
+    def clean(self):
+        data = super().clean()
+        if data.get("start") and data.get("end") and data["end"] <= data["start"]:
+            self.add_error("end", "end must be after start")
+        if not (data.get("reason") or "").strip():
+            self.add_error("reason", "reason: say why this period is excluded (it is listed in every report)")
+        return data

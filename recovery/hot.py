@@ -145,6 +145,7 @@ def nodes(names: list[str]) -> dict[str, NodeEntry]:
 
 
 TELEMETRY_KEPT = 600  # readings per node: ten minutes at one heartbeat a second
+CHECKPOINTS_KEPT = 120  # checkpoint holdings per node: two minutes at one heartbeat a second
 
 
 def heartbeat(
@@ -158,12 +159,33 @@ def heartbeat(
     if gpus:
         pipe.lpush(keys().telemetry(name), json.dumps({"at": now, "gpus": gpus}))
         pipe.ltrim(keys().telemetry(name), 0, TELEMETRY_KEPT - 1)
+    pipe.lpush(keys().checkpoint_history(name), json.dumps({"at": now, "checkpoints": checkpoints or {}}))
+    pipe.ltrim(keys().checkpoint_history(name), 0, CHECKPOINTS_KEPT - 1)
     pipe.execute()
 
 
 def telemetry(name: str, count: int = TELEMETRY_KEPT) -> list[dict]:
     """A node's latest GPU readings, newest first: {"at", "gpus": [...]}."""
     return [json.loads(raw) for raw in client().lrange(keys().telemetry(name), 0, count - 1)]
+
+
+def checkpoints_as_of(names: list[str], at: float, fresh_s: float = 5.0) -> dict[str, dict]:
+    """What each node held at `at` (epoch seconds), by its last heartbeat at or before then and at most `fresh_s`
+    older: {holder: {serving node: {bytes, requests}}}, holders that held nothing left out."""
+    if not names:
+        return {}
+    pipe = client().pipeline()
+    for name in names:
+        pipe.lrange(keys().checkpoint_history(name), 0, CHECKPOINTS_KEPT - 1)
+    held = {}
+    for name, history in zip(names, pipe.execute()):
+        for raw in history:  # newest first
+            entry = json.loads(raw)
+            if entry["at"] <= at:
+                if entry["at"] >= at - fresh_s and entry["checkpoints"]:
+                    held[name] = entry["checkpoints"]
+                break
+    return held
 
 
 def checkpoints_held(name: str) -> dict:

@@ -87,6 +87,11 @@ class Keys:
         """List, newest first: a node's GPU readings from its heartbeats (the node page's charts)."""
         return self._k("telemetry", node)
 
+    def checkpoint_history(self, node: str) -> str:
+        """List, newest first: the checkpoints a node held, {"at", "checkpoints"}, one per heartbeat (an incident's
+        "checkpoints before" is read from it as they were at the failure, not as they are when it is processed)."""
+        return self._k("checkpoints", node)
+
     def request_failures(self, fingerprint: str) -> str:
         """Set, expiring: the nodes a request (by its content's fingerprint) failed on, as gateways reported."""
         return self._k("failures", "request", fingerprint)

@@ -10,6 +10,7 @@ from recovery.choices import (
     BREAKER_BADGE,
     DRAIN_BADGE,
     HEALTH_BADGE,
+    INCIDENT_SEVERITY_BADGE,
     INCIDENT_STATUS_BADGE,
     NODE_STATE_BADGE,
     OPEN_DRAIN_STATES,
@@ -20,14 +21,18 @@ from recovery.choices import (
     EventKind,
     Health,
     HealthChange,
+    IncidentSeverity,
     IncidentStatus,
     NodeState,
     PlacementPolicy,
     Remediation,
+    SloWindow,
     Tier,
 )
 from recovery.policy import capacity as capacity_policy
 from recovery.policy import health as health_policy
+from recovery.policy import severity as severity_policy
+from recovery.policy import slo as slo_policy
 
 
 class Cluster(models.Model):
@@ -136,6 +141,12 @@ class Cluster(models.Model):
         max_length=500,
         blank=True,
         help_text="Comma-separated; on-call users' own addresses are added.",
+    )
+    drain_propose_again_s = models.PositiveIntegerField(
+        "propose a drain again after (s)",
+        default=600,
+        help_text="A drain cancelled or rejected while its node stays out of service is proposed again this long "
+        "after.",
     )
 
     def __str__(self):
@@ -339,7 +350,19 @@ class Incident(models.Model):
     opened_at = models.DateTimeField(default=timezone.now, help_text="The first symptom.")
     detected_at = models.DateTimeField(null=True, blank=True, help_text="The control plane confirmed the failure.")
     recovered_at = models.DateTimeField(
-        null=True, blank=True, help_text="Cluster TTFT and TPOT back within 10% of the baseline."
+        "latency recovered at",
+        null=True,
+        blank=True,
+        help_text="Latency recovered: cluster TTFT and TPOT back within 10% of the baseline.",
+    )
+    capacity_restored_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="Capacity restored: every node involved back in routing, or replaced by a hot spare in service. "
+        "The incident is Stable once latency recovered and capacity restored both hold.",
+    )
+    severity = models.CharField(
+        max_length=8, choices=IncidentSeverity.choices, default=IncidentSeverity.SEV3, help_text=severity_policy.RULE
     )
     closed_at = models.DateTimeField(null=True, blank=True)
     acknowledged_at = models.DateTimeField(null=True, blank=True)
@@ -353,7 +376,9 @@ class Incident(models.Model):
     nodes = models.ManyToManyField(Node, related_name="incidents", blank=True)
     baseline_ttft_ms = models.FloatField(null=True, blank=True)
     baseline_tpot_ms = models.FloatField(null=True, blank=True)
-    recovery_time_s = models.FloatField(null=True, blank=True)
+    recovery_time_s = models.FloatField(
+        null=True, blank=True, help_text="Seconds from the first symptom until latency recovered."
+    )
     details = models.JSONField(default=dict, blank=True, help_text="Checkpoint distribution before and after, counts.")
 
     class Meta:
@@ -366,6 +391,10 @@ class Incident(models.Model):
     @property
     def badge(self) -> str:
         return INCIDENT_STATUS_BADGE[IncidentStatus(self.status)]
+
+    @property
+    def severity_badge(self) -> str:
+        return INCIDENT_SEVERITY_BADGE[IncidentSeverity(self.severity)]
 
 
 class IncidentEvent(models.Model):
@@ -409,9 +438,17 @@ class RequestOutcome(models.Model):
     finished_at = models.DateTimeField(db_index=True)
     migrations = models.JSONField(default=list, blank=True)
     incident = models.ForeignKey(Incident, null=True, blank=True, on_delete=models.SET_NULL, related_name="outcomes")
+    # For the SLO rollups (recovery.actions.slo): the HTTP status answered, the degradation level in force, tokens
+    # the client never got, whether the row is generated history, and whether it is counted in its minute's rollup.
+    http_status = models.PositiveSmallIntegerField(null=True, blank=True)
+    degradation_level = models.PositiveSmallIntegerField(null=True, blank=True)
+    tokens_lost = models.PositiveIntegerField(default=0)
+    simulated = models.BooleanField(default=False)
+    rolled_up = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["-finished_at"]
+        indexes = [models.Index(fields=["id"], condition=models.Q(rolled_up=False), name="outcome_not_rolled_up")]
 
     def __str__(self):
         return f"{self.request_id} ({self.status})"
@@ -557,6 +594,22 @@ class Drain(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     migration_command = models.CharField(max_length=32, blank=True)
     outcome = models.TextField(blank=True)
+    incident = models.ForeignKey(
+        Incident,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="drains",
+        help_text="The incident of the fault that raised it (silent corruption, a CRITICAL Xid).",
+    )
+    proposed_again_of = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="The cancelled or rejected drain this one proposes again, its node still out of service.",
+    )
 
     class Meta:
         ordering = ["-created_at"]
@@ -638,3 +691,109 @@ class Notification(Outbox):
 
     def __str__(self):
         return self.title
+
+
+# --- Service-level objectives (recovery.policy.slo has the arithmetic, recovery.actions.slo the changes) -----------
+class SloObjective(models.Model):
+    """What a model's tier (optionally one tenant of it) is promised: TTFT, TPOT and availability over a window.
+
+    Changed only through recovery.actions.slo (the console form, the JSON API and the Django admin alike): the
+    thresholds must be histogram bucket bounds, and every change is audited."""
+
+    model_key = models.CharField("model", max_length=64)
+    tier = models.CharField(max_length=16, choices=Tier.choices)
+    tenant = models.CharField(max_length=63, blank=True, help_text="Blank: every tenant of the tier.")
+    ttft_threshold_ms = models.PositiveIntegerField("TTFT threshold (ms)")
+    ttft_percentile = models.FloatField("TTFT percentile", help_text="e.g. 99: 99% of requests within the threshold.")
+    tpot_threshold_ms = models.PositiveIntegerField("TPOT threshold (ms)")
+    tpot_percentile = models.FloatField("TPOT percentile")
+    availability_target = models.FloatField(
+        "availability (%)", help_text="Share of valid requests answered without a server-side failure."
+    )
+    window = models.CharField(max_length=16, choices=SloWindow.choices, default=SloWindow.ROLLING_30D)
+    source = models.CharField(max_length=200, blank=True, help_text="Where the figures come from.")
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+    updated_by = models.CharField(max_length=150, default="system")
+
+    class Meta:
+        ordering = ["model_key", "tier", "tenant"]
+        constraints = [models.UniqueConstraint(fields=["model_key", "tier", "tenant"], name="one_objective_per_scope")]
+        verbose_name = "service-level objective"
+
+    def __str__(self):
+        return f"{self.model_key} · {self.get_tier_display()}" + (f" · {self.tenant}" if self.tenant else "")
+
+    @property
+    def targets(self) -> slo_policy.Targets:
+        return slo_policy.Targets(float(self.ttft_threshold_ms), float(self.tpot_threshold_ms))
+
+
+class SloCorrection(models.Model):
+    """A period an admin excludes from the objectives (planned maintenance, a misfiring probe), with why."""
+
+    start = models.DateTimeField()
+    end = models.DateTimeField()
+    reason = models.TextField()
+    model_key = models.CharField("model", max_length=64, blank=True, help_text="Blank: every model.")
+    tier = models.CharField(max_length=16, choices=Tier.choices, blank=True, help_text="Blank: every tier.")
+    created_by = models.CharField(max_length=150)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-start"]
+
+    def __str__(self):
+        return f"{self.start:%Y-%m-%d %H:%M}–{self.end:%Y-%m-%d %H:%M}: {self.reason[:60]}"
+
+
+class SloRollup(models.Model):
+    """One minute of one model, tier and tenant's request outcomes as additive counts (recovery.policy.slo's
+    MinuteRollup): every SLO figure is summed from these rows, never from the raw outcomes."""
+
+    minute = models.DateTimeField(help_text="The minute's start (UTC) in which the requests finished.")
+    model_key = models.CharField("model", max_length=64)
+    tier = models.CharField(max_length=16, choices=Tier.choices)
+    tenant = models.CharField(max_length=63)
+    valid = models.PositiveIntegerField(default=0)
+    good = models.PositiveIntegerField(default=0, help_text="Valid and answered without a server-side failure.")
+    server_errors = models.PositiveIntegerField(default=0)
+    shed = models.PositiveIntegerField(default=0)
+    shed_by_level = models.JSONField(default=dict, help_text="{degradation level: requests shed}")
+    client_errors = models.PositiveIntegerField(default=0, help_text="A client's 4xx: not counted against us.")
+    client_gone = models.PositiveIntegerField(default=0)
+    ttft_valid = models.PositiveIntegerField(default=0)
+    ttft_good = models.PositiveIntegerField(default=0)
+    tpot_valid = models.PositiveIntegerField(default=0)
+    tpot_good = models.PositiveIntegerField(default=0)
+    joint_good = models.PositiveIntegerField(default=0, help_text="Answered, and within every latency objective.")
+    ttft_hist = models.JSONField(default=list, help_text="Counts per TTFT bucket (recovery.policy.slo bounds).")
+    tpot_hist = models.JSONField(default=list, help_text="Counts per TPOT bucket.")
+    migrated = models.PositiveIntegerField(default=0)
+    tokens_lost = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveBigIntegerField(default=0)
+    simulated = models.PositiveIntegerField(default=0, help_text="Requests of generated history among them.")
+
+    class Meta:
+        ordering = ["minute"]
+        constraints = [
+            models.UniqueConstraint(fields=["model_key", "tier", "tenant", "minute"], name="one_rollup_per_minute")
+        ]
+        indexes = [models.Index(fields=["minute"], name="rollup_minute")]
+
+    def __str__(self):
+        return f"{self.minute:%Y-%m-%d %H:%M} {self.model_key} {self.tier} {self.tenant}: {self.good}/{self.valid}"
+
+
+class SloRollupState(models.Model):
+    """The roll-up's progress, one row: locked by each run, so two workers never count an outcome twice."""
+
+    rolled_through_id = models.BigIntegerField(default=0, help_text="The highest outcome id counted so far.")
+    outcomes_rolled = models.PositiveBigIntegerField(default=0)
+    last_run_at = models.DateTimeField(null=True, blank=True)
+    last_batch = models.PositiveIntegerField(default=0)
+    pruned_outcomes = models.PositiveBigIntegerField(default=0)
+    last_pruned_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self):
+        return f"rolled {self.outcomes_rolled} outcomes through id {self.rolled_through_id}"

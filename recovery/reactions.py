@@ -22,7 +22,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from recovery import tasks
-from recovery.actions import drains, health, incidents, nodes
+from recovery.actions import drains, health, incidents, live_migration, nodes
 from recovery.choices import DrainState, Health, HealthChange, NodeState
 from recovery.models import (
     Cluster,
@@ -66,11 +66,21 @@ def on_health_transition(row: HealthTransition) -> None:
         # its place, and a drain for on-call with the evidence and the remediation it calls for.
         if row.new == Health.UNHEALTHY:
             health.promote_spare_for(node, f"{node.name} became UNHEALTHY")
-        if drains.open_drain(node) is None:
+        drain = drains.open_drain(node)
+        if drain is None:
             try:
-                drains.propose(node, source="health machine", reason=row.cause, remediation=row.details["drain"])
+                drain = drains.propose(
+                    node, source="health machine", reason=row.cause, remediation=row.details["drain"]
+                )
             except drains.DrainRefused as exc:
                 log.info("no drain proposed for %s: %s", node.name, exc)
+        if row.details.get("corrupt") or row.details.get("xid_event"):
+            # Silent corruption or a CRITICAL Xid: an incident, linked to the drain. A corrupt node out of routing
+            # also sends its requests in flight elsewhere now; those it served may carry corrupt tokens.
+            moved = None
+            if row.details.get("corrupt") and row.new == Health.UNHEALTHY:
+                moved = live_migration.move_off_corrupt(node, row.cause, row.at)
+            incidents.open_for_fault(node, row.cause, at=row.at, drain=drain, moved=moved)
     elif row.kind == HealthChange.SPARE and row.new == "False" and row.details.get("in_place_of"):
         incidents.on_spare_promoted(node, row.details["in_place_of"])
     elif row.kind == HealthChange.MODEL and row.new == "draft_ready":

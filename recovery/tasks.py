@@ -15,6 +15,7 @@ from recovery.actions import (
     nodes,
     notify,
     routing,
+    slo,
     streams,
 )
 from recovery.models import Drain, Node, Notification
@@ -93,6 +94,12 @@ def advance_drains() -> list[str]:
 
 
 @shared_task(ignore_result=True)
+def propose_drains_again() -> list[int]:
+    """Drains cancelled or rejected while their node stays out of service, proposed again after the hold-off."""
+    return [drain.pk for drain in drains.propose_again()]
+
+
+@shared_task(ignore_result=True)
 def advance_drain(drain_id: int) -> bool:
     drain = Drain.objects.select_related("node").filter(pk=drain_id).first()
     return drains.advance(drain) if drain else False
@@ -107,3 +114,16 @@ def deliver_notification(self, notification_id: int, channel: str) -> str:
         return notify.deliver(notification, channel)
     except notify.DeliveryFailed as exc:
         raise self.retry(exc=exc, countdown=min(2**self.request.retries * 5, 300)) from None
+
+
+# --- service-level objectives ----------------------------------------------------------------------------------
+@shared_task(ignore_result=True)
+def roll_up_outcomes() -> int:
+    """Request outcomes into their minutes' SLO rollups: what the last run did not count, once."""
+    return slo.roll_up()
+
+
+@shared_task(ignore_result=True)
+def prune_outcomes() -> dict:
+    """Raw outcomes past their retention, rollups past 13 months."""
+    return slo.prune()

@@ -4,12 +4,13 @@ One function per shape, used by the page, the JSON API and the WebSocket
 push alike, so all three always agree.
 """
 
+import datetime as dt
 import logging
 import time
 
 import redis
 from django.conf import settings
-from django.db.models import OuterRef, Subquery
+from django.db.models import Count, OuterRef, Subquery
 
 from recovery import hot
 from recovery.choices import (
@@ -20,8 +21,9 @@ from recovery.choices import (
     Health,
     NodeState,
 )
-from recovery.models import Node, NodeTransition
-from recovery.policy import lifecycle
+from recovery.models import Cluster, Node, NodeTransition, RequestOutcome, XidEvent
+from recovery.policy import health as health_policy
+from recovery.policy import lifecycle, load
 from workers import catalog
 
 log = logging.getLogger(__name__)
@@ -32,6 +34,17 @@ MODEL_STATE_LABELS = {
     "loading_full": "loading model",
     "serving": "serving",
 }
+
+
+# An Xid event this recent marks its GPU on the tile and in the table: the telemetry window the node page charts.
+XID_FRESH_S = 600
+# Above this many nodes the cluster page opens on the table, below it on the tiles (`?view=` overrides).
+TABLE_VIEW_ABOVE = 48
+VIEWS = ("tiles", "table")
+
+
+def default_view(node_count: int) -> str:
+    return "table" if node_count > TABLE_VIEW_ABOVE else "tiles"
 
 
 def _round(value: float | None, digits: int = 1) -> float | None:
@@ -46,8 +59,57 @@ def _hot_nodes(names: list[str]) -> tuple[dict[str, hot.NodeEntry], bool]:
         return {}, False
 
 
-def node_card(node: Node, live: hot.NodeEntry | None) -> dict:
+def _fresh_xids(node_ids: list[int]) -> dict[int, dict[int, dict]]:
+    """The newest Xid event of the last XID_FRESH_S on each GPU, by node id and GPU index (-1: GPU unknown)."""
+    since = dt.datetime.now(tz=dt.UTC) - dt.timedelta(seconds=XID_FRESH_S)
+    fresh: dict[int, dict[int, dict]] = {}
+    rows = XidEvent.objects.filter(node_id__in=node_ids, last_at__gte=since).order_by("last_at")
+    for x in rows.only("node_id", "gpu_index", "code", "severity", "meaning", "last_at"):
+        fresh.setdefault(x.node_id, {})[x.gpu_index] = {
+            "code": x.code,
+            "severity": x.severity,
+            "meaning": x.meaning,
+            "at": x.last_at.timestamp(),
+        }
+    return fresh
+
+
+def attention(node: Node, xids: dict[int, dict]) -> tuple[str, list[str]]:
+    """How a live node's tile is coloured, and why. "ok" (green) only for a node that is healthy, in routing at full
+    weight with its breaker closed and no fresh Xid; "bad" (red) for one that is broken (UNHEALTHY, breaker open, a
+    CRITICAL Xid) or out of routing for no planned reason; "warn" (amber) for the rest; "spare" for a healthy hot
+    spare, out of routing on purpose. A tile never looks healthy while any of these says otherwise."""
+    bad, warn = [], []
+    if node.health == Health.UNHEALTHY:
+        bad.append("unhealthy")
+    elif node.health == Health.SUSPICIOUS:
+        warn.append("suspicious")
+    elif node.health == Health.DRAINING:
+        warn.append("draining")
+    if node.breaker == BreakerState.OPEN:
+        bad.append("breaker open")
+    elif node.breaker == BreakerState.HALF_OPEN:
+        warn.append("breaker half-open")
+    if node.cordoned:
+        warn.append("cordoned")
+    for gpu, x in sorted(xids.items()):
+        where = f"GPU {gpu}" if gpu >= 0 else "an unknown GPU"
+        (bad if x["severity"] == health_policy.CRITICAL else warn).append(f"Xid {x['code']} on {where}")
+    if node.state == NodeState.SERVING:
+        weight = node.weight
+        if weight <= 0:
+            if node.spare and not bad and not warn:
+                return "spare", ["hot spare: out of routing until it is needed"]
+            (warn if warn and not bad else bad).append("weight 0: takes no traffic")
+        elif weight < 1:
+            warn.append(f"weight {weight:g}: gets less traffic")
+    tone = "bad" if bad else "warn" if warn else "ok"
+    return tone, bad + warn
+
+
+def node_card(node: Node, live: hot.NodeEntry | None, xids: dict[int, dict] | None = None) -> dict:
     """Everything a node tile shows. Figures a node does not report are None ("n/a")."""
+    xids = xids or {}
     gpu = catalog.GPUS.get(node.gpu_key)
     alive = node.state in lifecycle.ALIVE
     live = live or hot.NodeEntry()
@@ -66,15 +128,29 @@ def node_card(node: Node, live: hot.NodeEntry | None) -> dict:
             "step_ms": _round(live.step_ms),
         }
     gpus = [
-        {"index": g.index, "uuid": g.uuid, "name": g.name, "memory_gb": round(g.memory_bytes / 1e9)}
+        {
+            "index": g.index,
+            "uuid": g.uuid,
+            "name": g.name,
+            "memory_gb": round(g.memory_bytes / 1e9),
+            "xid": xids.get(g.index),
+        }
         for g in node.gpus.all()
     ]
+    tone, problems = attention(node, xids) if alive else (None, [])
+    badge = NODE_STATE_BADGE[NodeState(node.state)]
+    if tone in ("bad", "warn", "spare"):
+        # A SERVING badge is green only when nothing below it says otherwise.
+        badge = {"bad": "red", "warn": "amber", "spare": "blue"}[tone]
     return {
         "id": node.pk,
         "name": node.name,
         "state": node.state,
         "state_label": NodeState(node.state).label,
-        "badge": NODE_STATE_BADGE[NodeState(node.state)],
+        "badge": badge,
+        "tone": tone,
+        "problems": problems,
+        "alive": alive,
         "state_changed_at": node.state_changed_at.timestamp(),
         "state_cause": getattr(node, "state_cause", None),
         "rack": node.rack.name,
@@ -90,6 +166,7 @@ def node_card(node: Node, live: hot.NodeEntry | None) -> dict:
         "tp": node.tp,
         "engine": node.engine,
         "gpus": gpus,
+        "xid_unknown_gpu": xids.get(-1),
         "load": load,
         "last_report_at": last_seen,
         "health": node.health,
@@ -130,10 +207,15 @@ def summary(cards: list[dict]) -> dict:
     }
 
 
+def _cards(nodes: list[Node]) -> tuple[list[dict], dict[str, hot.NodeEntry], bool]:
+    live, live_ok = _hot_nodes([n.name for n in nodes])
+    xids = _fresh_xids([n.pk for n in nodes])
+    return [node_card(n, live.get(n.name), xids.get(n.pk)) for n in nodes], live, live_ok
+
+
 def cluster_snapshot() -> dict:
     nodes = list(_nodes())
-    live, live_ok = _hot_nodes([n.name for n in nodes])
-    cards = [node_card(n, live.get(n.name)) for n in nodes]
+    cards, _, live_ok = _cards(nodes)
     racks: dict[str, list[dict]] = {}
     for card in cards:
         racks.setdefault(card["rack"], []).append(card)
@@ -152,11 +234,275 @@ def node_card_by_id(node_id: int) -> dict | None:
     node = _nodes().filter(pk=node_id).first()
     if node is None:
         return None
-    live, _ = _hot_nodes([node.name])
-    return node_card(node, live.get(node.name))
+    cards, _, _ = _cards([node])
+    return cards[0]
 
 
 def cluster_summary() -> dict:
-    nodes = list(_nodes())
+    """`summary` of every node's card, without building the cards: each node change pushes it to every open cluster
+    page, so at hundreds of nodes it reads only the columns the summary counts."""
+    rows = list(
+        Node.objects.annotate(gpu_count=Count("gpus")).values_list(
+            "name", "state", "health", "cordoned", "spare", "breaker", "gpu_count"
+        )
+    )
+    live, _ = _hot_nodes([row[0] for row in rows])
+    counts = {state.value: 0 for state in NodeState}
+    result = {"nodes": len(rows), "by_state": counts, "spares": 0, "in_service": 0, "gpus": 0, "running": 0}
+    result["waiting"] = 0
+    for name, state, health, cordoned, spare, breaker, gpu_count in rows:
+        counts[state] += 1
+        alive = state in lifecycle.ALIVE
+        serving = state == NodeState.SERVING
+        result["spares"] += spare and serving
+        weight = health_policy.routing_weight(health, cordoned=cordoned, spare=spare, breaker=breaker) if serving else 0
+        result["in_service"] += weight > 0
+        if alive:
+            result["gpus"] += gpu_count
+            entry = live.get(name)
+            if entry is not None and entry.running is not None:
+                result["running"] += entry.running or 0
+                result["waiting"] += entry.waiting or 0
+    return result
+
+
+# --- why traffic goes where it goes ---------------------------------------------------------------------------
+MAX_QUEUE_SEARCHED = 4096
+
+
+def _live_status(entry: hot.NodeEntry | None, now: float) -> load.NodeStatus:
+    """A node's load as its last heartbeat told it, in the shape the routing policy reads. The gateway routes on
+    every status event, so its figures are fresher than these; the arithmetic is the same."""
+    entry = entry or hot.NodeEntry()
+    running = entry.running or 0
+    return load.NodeStatus(
+        at=now,
+        model_state=entry.model_state or "serving",
+        running=running,
+        waiting=entry.waiting or 0,
+        decode_batch=entry.decode_step_batch or running,
+        decode_context_tokens=entry.decode_step_context_tokens or 0,
+        step_ms=entry.step_ms or 0.0,
+    )
+
+
+def _queue_to_reach(deployment: catalog.Deployment, weight: float, cost_s: float, prompt: int, per_request: int):
+    """How many requests a node must have running before its routing cost passes `cost_s`: until then every request
+    goes to it rather than to a node that costs `cost_s` idle. None if not within MAX_QUEUE_SEARCHED."""
+    low, high = 0, MAX_QUEUE_SEARCHED
+    if _cost_with(deployment, high, prompt, per_request) / weight <= cost_s:
+        return None
+    while low < high:  # the cost grows with the queue: the first queue length whose cost passes cost_s
+        middle = (low + high) // 2
+        if _cost_with(deployment, middle, prompt, per_request) / weight > cost_s:
+            high = middle
+        else:
+            low = middle + 1
+    return low
+
+
+def _cost_with(deployment: catalog.Deployment, queued: int, prompt: int, per_request: int) -> float:
+    status = load.NodeStatus(running=queued, decode_batch=queued, decode_context_tokens=queued * per_request)
+    return load.routing_cost(status, load.Pending(), deployment, prompt)
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None or seconds == load.INF else round(seconds * 1000, 2)
+
+
+def routing_view() -> dict:
+    """Why the gateways send traffic where they do, per model: each node's routing weight and its routing cost now
+    (the seconds a new request of the average prompt would wait for its prefill and one decode step, over the weight:
+    the figure every gateway minimises), its share of the pool's recovery load L̂ (where checkpoints go), and a
+    sentence derived from the same arithmetic (recovery.policy.load.routing_cost)."""
+    cluster = Cluster.default()
+    prompt = cluster.slo_avg_prompt_tokens
+    per_request = prompt + cluster.slo_avg_output_tokens // 2  # tokens a running request attends to, on average
+    now = time.time()
+    nodes = list(Node.objects.filter(state=NodeState.SERVING).order_by("name"))
     live, _ = _hot_nodes([n.name for n in nodes])
-    return summary([node_card(n, live.get(n.name)) for n in nodes])
+    models = []
+    for model_key in sorted({n.model_key for n in nodes}):
+        rows, out = [], []
+        for node in (n for n in nodes if n.model_key == model_key):
+            weight = node.weight
+            if weight <= 0:
+                out.append(node.name)
+                continue
+            try:
+                deployment = catalog.Deployment.of(node.model_key, node.gpu_key, node.tp)
+            except catalog.CatalogError:
+                continue  # the gateway cannot time it either (tables refuse such a route)
+            entry = live.get(node.name) or hot.NodeEntry()
+            rows.append(
+                {
+                    "name": node.name,
+                    "gpu": node.gpu_key,
+                    "tp": node.tp,
+                    "weight": weight,
+                    "running": entry.running,
+                    "waiting": entry.waiting,
+                    "deployment": deployment,
+                    "idle_s": load.routing_cost(load.NodeStatus(), load.Pending(), deployment, prompt) / weight,
+                    "cost_s": load.routing_cost(_live_status(entry, now), load.Pending(), deployment, prompt) / weight,
+                    "l_hat": load.holder_load(
+                        entry.checkpoint_bytes_held,
+                        deployment.model.kv_bytes_per_block,
+                        entry.queue_depth,
+                        cluster.alpha,
+                        cluster.beta,
+                    ),
+                }
+            )
+        models.append(_model_routing(model_key, rows, out, prompt, per_request))
+    return {"at": now, "prompt_tokens": prompt, "models": models}
+
+
+def _model_routing(model_key: str, rows: list[dict], out: list[str], prompt: int, per_request: int) -> dict:
+    groups: dict[tuple[str, int, float], list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["gpu"], row["tp"], row["weight"]), []).append(row)
+    ranked = sorted(groups.items(), key=lambda item: (min(r["idle_s"] for r in item[1]), item[0]))
+    running_total = sum(r["running"] or 0 for r in rows)
+    l_hat_total = sum(r["l_hat"] for r in rows)
+    summary = []
+    for (gpu, tp, weight), members in ranked:
+        running = sum(r["running"] or 0 for r in members)
+        summary.append(
+            {
+                "label": f"{gpu} ×{tp}" + (f" at weight {weight:g}" if weight != 1 else ""),
+                "nodes": len(members),
+                "idle_ms": _ms(min(r["idle_s"] for r in members)),
+                "cost_ms": _ms(min(r["cost_s"] for r in members)),
+                "running": running,
+                "running_pct": round(100 * running / running_total, 1) if running_total else None,
+            }
+        )
+    sentences = []
+    if not rows:
+        sentences.append(f"No {model_key} node takes traffic now.")
+    elif len(ranked) == 1:
+        sentences.append(
+            f"Every {model_key} node in routing is {summary[0]['label']}: each request goes to the one that costs "
+            f"least now (the shortest queue), so the load spreads evenly."
+        )
+    else:
+        fast, second = summary[0], summary[1]
+        fast_members = ranked[0][1]
+        queue = _queue_to_reach(
+            fast_members[0]["deployment"], ranked[0][0][2], min(r["idle_s"] for r in ranked[1][1]), prompt, per_request
+        )
+        sentences.append(
+            f"At low load every {model_key} request goes to the {fast['label']} nodes: idle, one costs "
+            f"{fast['idle_ms']:g} ms for a {prompt}-token prompt (its prefill and one decode step), against "
+            f"{second['idle_ms']:g} ms on {second['label']}."
+        )
+        if queue is not None:
+            sentences.append(
+                f"The {second['label']} nodes take traffic once a {fast['label']} node runs about {queue} requests "
+                f"(its cost then passes {second['idle_ms']:g} ms); others follow as their queues grow."
+            )
+        if running_total:
+            sentences.append(
+                f"Now the {fast['label']} nodes run {fast['running']} of the {running_total} requests "
+                f"({fast['running_pct']:g} %)."
+            )
+    if out:
+        sentences.append(
+            f"{len(out)} {model_key} node{'s' if len(out) != 1 else ''} at weight 0 take{'s' if len(out) == 1 else ''} "
+            f"no traffic: {', '.join(out[:8])}{' …' if len(out) > 8 else ''}."
+        )
+    return {
+        "model": model_key,
+        "sentences": sentences,
+        "groups": summary,
+        "nodes": [
+            {
+                "name": r["name"],
+                "gpu": f"{r['gpu']} ×{r['tp']}",
+                "weight": r["weight"],
+                "running": r["running"],
+                "waiting": r["waiting"],
+                "cost_ms": _ms(r["cost_s"]),
+                "l_hat": round(r["l_hat"], 1),
+                "l_hat_pct": round(100 * r["l_hat"] / l_hat_total, 1) if l_hat_total else None,
+            }
+            for r in sorted(rows, key=lambda r: (r["cost_s"], r["name"]))
+        ],
+        "out_of_routing": out,
+    }
+
+
+# --- the cluster's traffic over time ------------------------------------------------------------------------------
+SERIES_MINUTES = (5, 15, 60, 180)
+SERIES_POINTS = 90  # buckets per chart, whatever the window
+SERIES_MAX_ROWS = 200_000  # newest outcomes read; the SLA reports' rollups are the place for long windows
+
+
+def _percentile(ordered: list[float], q: float) -> float | None:
+    """Nearest rank, as benchmarks.common.percentile; `ordered` sorted."""
+    if not ordered:
+        return None
+    return round(ordered[min(int(q * len(ordered)), len(ordered) - 1)], 1)
+
+
+def traffic_series(minutes: int = 15, now: float | None = None) -> dict:
+    """TTFT and TPOT p50/p99, tokens per second, error and shed shares per time bucket, per model and tier, from the
+    outcomes the gateways reported (RequestOutcome). A bucket without requests is None (n/a), never a zero."""
+    now = time.time() if now is None else now
+    bucket_s = max(1, round(minutes * 60 / SERIES_POINTS))
+    start = now - minutes * 60
+    first = int(start // bucket_s)
+    count = int(now // bucket_s) - first + 1
+    rows = list(
+        RequestOutcome.objects.filter(finished_at__gte=dt.datetime.fromtimestamp(start, tz=dt.UTC))
+        .order_by("-finished_at")
+        .values_list("model_key", "tier", "status", "ttft_ms", "tpot_ms", "completion_tokens", "finished_at")[
+            :SERIES_MAX_ROWS
+        ]
+    )
+    buckets: dict[tuple[str, str], list[dict]] = {}
+    for model_key, tier, status, ttft, tpot, tokens, finished in rows:
+        index = int(finished.timestamp() // bucket_s) - first
+        if not 0 <= index < count:
+            continue
+        series = buckets.setdefault((model_key, tier), [None] * count)
+        b = series[index]
+        if b is None:
+            b = series[index] = {"n": 0, "ttft": [], "tpot": [], "tokens": 0, "error": 0, "shed": 0}
+        b["n"] += 1
+        b["tokens"] += tokens or 0
+        b["error"] += status == "error"
+        b["shed"] += status == "shed"
+        if ttft is not None:
+            b["ttft"].append(ttft)
+        if tpot is not None:
+            b["tpot"].append(tpot)
+    out = []
+    for (model_key, tier), series in sorted(buckets.items()):
+        figures = {key: [] for key in ("requests", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99")}
+        figures.update({"tokens_per_s": [], "error_pct": [], "shed_pct": []})
+        for b in series:
+            if b is None:
+                for values in figures.values():
+                    values.append(None)
+                continue
+            ttft, tpot = sorted(b["ttft"]), sorted(b["tpot"])
+            figures["requests"].append(b["n"])
+            figures["ttft_p50"].append(_percentile(ttft, 0.5))
+            figures["ttft_p99"].append(_percentile(ttft, 0.99))
+            figures["tpot_p50"].append(_percentile(tpot, 0.5))
+            figures["tpot_p99"].append(_percentile(tpot, 0.99))
+            figures["tokens_per_s"].append(round(b["tokens"] / bucket_s, 1))
+            figures["error_pct"].append(round(100 * b["error"] / b["n"], 2))
+            figures["shed_pct"].append(round(100 * b["shed"] / b["n"], 2))
+        out.append({"model": model_key, "tier": tier, "label": f"{model_key} · {tier}", **figures})
+    return {
+        "generated_at": now,
+        "minutes": minutes,
+        "bucket_s": bucket_s,
+        "t": [(first + i) * bucket_s for i in range(count)],
+        "series": out,
+        "requests": len(rows),
+        "truncated": len(rows) == SERIES_MAX_ROWS,
+    }

@@ -5,7 +5,8 @@ import time
 import redis
 
 from recovery import hot
-from recovery.actions import capacity
+from recovery.actions import capacity, drains
+from recovery.choices import DrainState
 from recovery.models import Cluster, DegradationChange
 from recovery.policy.capacity import EFFECTS, LEVEL_DOCS
 
@@ -36,7 +37,29 @@ def degradation(cluster: Cluster | None = None) -> dict:
         "starting": _starting(latest),
         "cluster_breaker_open": cluster.auto_cordon_breaker_open,
         "cluster_breaker_reason": cluster.auto_cordon_breaker_reason,
+        "left_out_of_service": left_out_of_service(cluster),
     }
+
+
+def left_out_of_service(cluster: Cluster) -> list[dict]:
+    """Nodes out of service with no drain open, which nobody is deciding on: each with why, its last drain, and when
+    that drain is proposed again (a cancelled or rejected one, after the cluster's hold-off)."""
+    rows = []
+    for entry in drains.left_out_of_service():
+        last = entry["last_drain"]
+        again_at = None
+        if last is not None and last.state in (DrainState.CANCELLED, DrainState.REJECTED):
+            again_at = (last.finished_at or last.state_changed_at).timestamp() + cluster.drain_propose_again_s
+        rows.append(
+            {
+                "name": entry["node"].name,
+                "why": ", ".join(entry["why"]),
+                "last_drain": last.pk if last else None,
+                "last_drain_state": last.get_state_display().lower() if last else None,
+                "proposed_again_at": again_at,
+            }
+        )
+    return rows
 
 
 def _latest_capacity() -> dict:

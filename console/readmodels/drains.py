@@ -35,6 +35,8 @@ def drain_row(drain: Drain) -> dict:
         "state_changed_at": drain.state_changed_at.timestamp(),
         "finished_at": drain.finished_at.timestamp() if drain.finished_at else None,
         "outcome": drain.outcome,
+        "incident": drain.incident_id,
+        "proposed_again_of": drain.proposed_again_of_id,
     }
 
 

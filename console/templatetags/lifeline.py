@@ -1,3 +1,4 @@
+import datetime as dt
 import time
 
 from django import template
@@ -31,14 +32,24 @@ def na(value, suffix=""):
 
 
 @register.filter
-def clock(epoch):
-    """HH:MM:SS.mmm (UTC) for an epoch timestamp: incident timelines read to the millisecond."""
-    if epoch in (None, ""):
-        return "—"
-    import datetime as dt
+def utc(moment, precision="ms"):
+    """The console's one way to write a time: UTC, with the date and the zone's name.
 
-    moment = dt.datetime.fromtimestamp(float(epoch), tz=dt.UTC)
-    return moment.strftime("%H:%M:%S.") + f"{moment.microsecond // 1000:03d}"
+    `moment` is epoch seconds or an aware datetime. Timelines read to the millisecond
+    ("2026-11-23 22:50:20.123 UTC", the default); lists to the minute (`|utc:"min"`,
+    "2026-11-23 22:50 UTC"); `|utc:"s"` to the second. The charts' axes follow the
+    same rule (static/console/time.js).
+    """
+    if moment in (None, ""):
+        return "—"
+    if not isinstance(moment, dt.datetime):
+        moment = dt.datetime.fromtimestamp(float(moment), tz=dt.UTC)
+    moment = moment.astimezone(dt.UTC)
+    if precision == "min":
+        return moment.strftime("%Y-%m-%d %H:%M UTC")
+    if precision == "s":
+        return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
+    return moment.strftime("%Y-%m-%d %H:%M:%S.") + f"{moment.microsecond // 1000:03d} UTC"
 
 
 @register.filter
@@ -95,13 +106,3 @@ def throttle(mask):
     if rest:
         named.append(f"other (0x{rest:x})")
     return ", ".join(named)
-
-
-@register.filter
-def utc_datetime(epoch):
-    """YYYY-MM-DD HH:MM:SS (UTC) for an epoch timestamp: the audit log spans days."""
-    if epoch in (None, ""):
-        return "—"
-    import datetime as dt
-
-    return dt.datetime.fromtimestamp(float(epoch), tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S")

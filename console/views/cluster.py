@@ -10,6 +10,7 @@ from console import metrics as control_plane_metrics
 from console.auth import api_view, page_view
 from console.readmodels import cluster as cluster_model
 from recovery import hot
+from recovery.http import json_error
 
 
 def home(request):
@@ -19,15 +20,51 @@ def home(request):
 @never_cache
 @page_view()
 def cluster(request):
+    """The cluster page: nodes as tiles (small fleets) or a table (`?view=table`, the default above
+    TABLE_VIEW_ABOVE nodes), the routing explanation and the traffic charts."""
+    partial = request.GET.get("partial")
+    if partial == "routing":
+        return render(request, "console/_routing.html", {"routing": cluster_model.routing_view()})
     snapshot = cluster_model.cluster_snapshot()
-    if request.GET.get("partial") == "racks":
+    view = request.GET.get("view") or cluster_model.default_view(len(snapshot["nodes"]))
+    if view not in cluster_model.VIEWS:
+        return render(
+            request,
+            "console/cluster.html",
+            {
+                "snapshot": snapshot,
+                "view": cluster_model.default_view(len(snapshot["nodes"])),
+                "view_error": f"view: {view!r} is not a view of the cluster; use tiles or table.",
+                "routing": cluster_model.routing_view(),
+            },
+            status=400,
+        )
+    if partial == "racks":
         return render(request, "console/_racks.html", {"snapshot": snapshot})
-    return render(request, "console/cluster.html", {"snapshot": snapshot})
+    if partial == "table":
+        return render(request, "console/_node_table.html", {"snapshot": snapshot})
+    context = {"snapshot": snapshot, "view": view, "routing": cluster_model.routing_view()}
+    return render(request, "console/cluster.html", context)
 
 
 @api_view()
 def api_cluster(request):
     return JsonResponse(cluster_model.cluster_snapshot())
+
+
+@api_view()
+def api_cluster_series(request):
+    """The cluster page's charts: per model and tier, TTFT and TPOT p50/p99, tokens/s, error and shed shares."""
+    raw = request.GET.get("minutes", "15")
+    try:
+        minutes = int(raw)
+    except ValueError:
+        minutes = None
+    if minutes not in cluster_model.SERIES_MINUTES:
+        choices = ", ".join(str(m) for m in cluster_model.SERIES_MINUTES)
+        message = f"minutes: {raw!r} is not a window of the charts; use one of {choices}."
+        return json_error(400, message, field="minutes")
+    return JsonResponse(cluster_model.traffic_series(minutes))
 
 
 @never_cache

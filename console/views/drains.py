@@ -38,18 +38,22 @@ def drain_list(request):
 @page_view()
 def drain_page(request, drain_id: int):
     drain = _drain(drain_id)
-    context = {
+    if request.GET.get("partial") == "body":
+        return render(request, "console/_drain_body.html", _drain_context(request, drain))
+    return render(request, "console/drain.html", _drain_context(request, drain))
+
+
+def _drain_context(request, drain: Drain) -> dict:
+    return {
         "drain": drain_model.drain_detail(drain),
         "can_decide": roles.has_role(request.user, *DECIDE_DRAINS),
         "can_cancel": roles.has_role(
             request.user, *(DECIDE_DRAINS if drain.requested_by_id is None else REQUEST_DRAINS)
         ),
+        "may_request": roles.has_role(request.user, *REQUEST_DRAINS),
         "decided": drain.decisions.filter(user=request.user).exists(),
         "is_requester": drain.requested_by_id == request.user.pk,
     }
-    if request.GET.get("partial") == "body":
-        return render(request, "console/_drain_body.html", context)
-    return render(request, "console/drain.html", context)
 
 
 @require_POST
@@ -67,7 +71,9 @@ def drain_action(request, drain_id: int, action: str):
         else:
             raise Http404(action)
     except drains.NotAllowed as exc:
-        return render(request, "console/forbidden.html", {"reason": str(exc)}, status=403)
+        # Refused where it was asked, the drain as it stands beneath (the refusal is in the audit log).
+        messages.error(request, str(exc))
+        return render(request, "console/drain.html", _drain_context(request, drain), status=403)
     except drains.DrainRefused as exc:
         messages.error(request, str(exc))
     return redirect("drain", drain_id=drain.pk)

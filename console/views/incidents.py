@@ -10,6 +10,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
 from console.auth import ACT_ON_NODES, CLOSE_INCIDENTS, api_view, page_view
+from console.forms import IncidentFilterForm
 from console.readmodels import incidents as incident_model
 from recovery import roles
 from recovery.actions import incidents
@@ -26,10 +27,25 @@ def _incident(incident_id: int) -> Incident:
 @never_cache
 @page_view()
 def incident_list(request):
-    rows = incident_model.incident_list()
+    """The incidents, newest first, filtered by status, severity, node and time (GET), with their totals; a bad
+    filter is a 400 that names it."""
+    form = IncidentFilterForm(request.GET or None)
+    valid = form.is_valid() if form.is_bound else True
+    filters = {k: v for k, v in form.cleaned_data.items() if v} if form.is_bound and valid else {}
+    query = request.GET.copy()
+    query["partial"] = "rows"  # the live refresh keeps the filters
+    context = {
+        "form": form,
+        "incidents": incident_model.incident_list(**filters) if valid else [],
+        "totals": incident_model.totals(**filters) if valid else None,
+        "filtered": bool(filters),
+        "partial_url": f"{request.path}?{query.urlencode()}",
+        "limit": 100,
+    }
+    status = 200 if valid else 400
     if request.GET.get("partial") == "rows":
-        return render(request, "console/_incident_rows.html", {"incidents": rows})
-    return render(request, "console/incidents.html", {"incidents": rows})
+        return render(request, "console/_incident_list.html", context, status=status)
+    return render(request, "console/incidents.html", context, status=status)
 
 
 @never_cache
@@ -39,7 +55,7 @@ def incident_page(request, incident_id: int):
     if request.GET.get("partial") == "chart":
         return JsonResponse(incident_model.latency_series(incident))
     if request.GET.get("partial") == "facts":
-        return render(request, "console/_incident_facts.html", {"incident": incident_model.incident_row(incident)})
+        return render(request, "console/_incident_facts.html", {"incident": incident_model.incident_facts(incident)})
     detail = incident_model.incident_detail(incident)
     users = (
         get_user_model().objects.filter(groups__name__in=(roles.ONCALL, roles.ADMIN)).distinct().order_by("username")
@@ -85,7 +101,19 @@ def incident_action(request, incident_id: int, action: str):
 
 @api_view()
 def api_incidents(request):
-    return JsonResponse({"incidents": incident_model.incident_list(int(request.GET.get("limit", 100)))})
+    """The incidents list as JSON, with the page's filters (status, severity, node, since, until) and totals."""
+    try:
+        limit = int(request.GET.get("limit", 100))
+    except ValueError:
+        return json_error(400, "limit: not a whole number of incidents, e.g. 100", param="limit")
+    form = IncidentFilterForm(request.GET)
+    if not form.is_valid():
+        field, errors = next(iter(form.errors.items()))
+        return json_error(400, errors[0], param=field)
+    filters = {k: v for k, v in form.cleaned_data.items() if v}
+    return JsonResponse(
+        {"incidents": incident_model.incident_list(limit, **filters), "totals": incident_model.totals(**filters)}
+    )
 
 
 @api_view()

@@ -17,6 +17,7 @@ incidents: incidents and their timelines, speculative assist.
 capacity: capacity against the SLOs, and the degradation level.
 drains: drains approved by on-call, and their run.
 streams: what the gateways report (signals and request outcomes).
+slo: service-level objectives, corrections, and request outcomes rolled up per minute.
 """
 
 ORDER = (
@@ -33,4 +34,5 @@ ORDER = (
     "capacity",
     "drains",
     "streams",
+    "slo",
 )

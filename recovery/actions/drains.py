@@ -19,7 +19,8 @@ the trial canary are its reactions).
 import datetime as dt
 import logging
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from recovery import events, hot, nodeclient, roles
@@ -32,6 +33,7 @@ from recovery.choices import (
     DrainState,
     EventKind,
     Health,
+    IncidentStatus,
     NodeState,
     Remediation,
 )
@@ -169,8 +171,11 @@ def propose(
     mode: str = DrainMode.IMMEDIATE,
     deadline_s: int | None = None,
     remediation: str = Remediation.RESTART,
+    proposed_again_of: Drain | None = None,
 ) -> Drain:
-    """Raise a drain request for on-call. Refused, with the node's state, for a node already draining or down."""
+    """Raise a drain request for on-call. Refused, with the node's state, for a node already draining or down.
+
+    A drain proposed again (`proposed_again_of`) keeps the incident of the one before it."""
     node.refresh_from_db()
     if node.state != NodeState.SERVING:
         raise DrainRefused(
@@ -207,6 +212,8 @@ def propose(
             blast_radius=radius,
             approvals_required=required,
             approvals_why=why,
+            proposed_again_of=proposed_again_of,
+            incident=proposed_again_of.incident if proposed_again_of else None,
         )
         _step(drain, "", DrainState.PROPOSED, f"requested by {source}: {reason.strip()}", actor=source)
         audit.record(
@@ -260,9 +267,69 @@ def _move(drain: Drain, new: str, cause: str, *, actor: str = "system", details:
 
 
 def _note_on_incident(drain: Drain, text: str) -> None:
-    incident = incidents.open_incident_for(drain.node)
+    incident = drain.incident if drain.incident_id else None
+    if incident is None or incident.status == IncidentStatus.CLOSED:
+        incident = incidents.open_incident_for(drain.node)
     if incident is not None:
         incidents.add_event(incident, EventKind.DRAIN, text, node=drain.node, details={"drain": drain.pk})
+
+
+# --- nodes left out of service ------------------------------------------------------------------------------------
+def left_out_of_service() -> list[dict]:
+    """Serving nodes that take no traffic (UNHEALTHY, breaker open, cordoned) with no drain open for them: nobody
+    is deciding what happens to them. Not a node handed to hardware repair, which stays out until a person returns
+    it. Each with why, and its last drain."""
+    left = []
+    candidates = Node.objects.filter(state=NodeState.SERVING, spare=False).exclude(drains__state__in=OPEN_DRAIN_STATES)
+    for node in candidates.filter(
+        Q(health__in=(Health.UNHEALTHY, Health.DRAINING)) | ~Q(breaker=BreakerState.CLOSED) | Q(cordoned=True)
+    ).order_by("name"):
+        last = node.drains.order_by("-created_at", "-pk").first()
+        if last is not None and last.state == DrainState.HANDED_OFF:
+            continue
+        left.append({"node": node, "why": health.out_of_service_why(node), "last_drain": last})
+    return left
+
+
+def propose_again(now: dt.datetime | None = None) -> list[Drain]:
+    """A drain cancelled or rejected while its node stays out of service is proposed again once the cluster's
+    hold-off has passed (from Celery beat): a node must not be left out of service with nobody deciding."""
+    now = now or timezone.now()
+    hold_off_s = Cluster.default().drain_propose_again_s
+    proposed = []
+    for entry in left_out_of_service():
+        node, last = entry["node"], entry["last_drain"]
+        if last is None or last.state not in (DrainState.CANCELLED, DrainState.REJECTED):
+            continue
+        ended = last.finished_at or last.state_changed_at
+        if (now - ended).total_seconds() < hold_off_s:
+            continue
+        first = last
+        while first.proposed_again_of_id is not None:
+            first = first.proposed_again_of
+        how = last.steps.filter(new_state=last.state).order_by("-at").first()
+        waited = (now - ended).total_seconds()
+        after = f"{waited / 60:.0f} min" if waited >= 120 else f"{waited:.0f} s"
+        reason = (
+            f"Proposed again: {node.name} is still out of service ({', '.join(entry['why'])}) {after} after "
+            f"drain #{last.pk} was {how.cause if how else last.get_state_display().lower()}. "
+            f"First raised: {first.reason}"
+        )
+        try:
+            drain = propose(
+                node,
+                source="health machine",
+                reason=reason,
+                mode=last.mode,
+                deadline_s=last.deadline_s,
+                remediation=last.remediation,
+                proposed_again_of=last,
+            )
+        except (DrainRefused, IntegrityError) as exc:  # another beat proposed it meanwhile, or the node changed
+            log.info("drain #%d of %s not proposed again: %s", last.pk, node.name, exc)
+            continue
+        proposed.append(drain)
+    return proposed
 
 
 # --- deciding -------------------------------------------------------------------------------------------------

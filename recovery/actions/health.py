@@ -33,6 +33,7 @@ from recovery.models import (
     Cluster,
     HealthTransition,
     Node,
+    RequestOutcome,
     XidEvent,
 )
 from recovery.policy import breaker as breakers
@@ -68,6 +69,7 @@ def _change(
 def _published(node_id: int) -> None:
     routing.publish_routing()
     events.node_changed(node_id)
+    events.service_changed()  # the banner names the nodes left out of service with no drain
 
 
 def set_health(node: Node, new: str, cause: str, *, actor: str = "system", details: dict | None = None, **also) -> bool:
@@ -373,6 +375,9 @@ def record_canary(
         why = f"{step.failures} canary failures in a row; last: {verdict.kind} ({verdict.detail})"
         # Wrong answers point at the GPU (silent corruption): reset it. A slow or silent node: restart the engine.
         wrong = verdict.kind in (CanaryKind.TOKEN_MISMATCH, CanaryKind.LOGPROB)
+        if wrong:
+            # Found corrupt: its requests in flight leave at once and those it served are named (a reaction).
+            evidence["corrupt"] = True
         # UNHEALTHY, or only SUSPICIOUS when the cluster breaker stops automatic cordons; a drain is proposed either
         # way.
         _take_out(node, cluster, why, evidence, Remediation.RESET if wrong else Remediation.RESTART)
@@ -380,6 +385,51 @@ def record_canary(
         set_health(node, step.state, cause, details=evidence)
     transaction.on_commit(lambda: events.node_canary(node.pk, result.pk))
     return result
+
+
+def served_since_last_good_canary(node: Node, until: dt.datetime) -> dict:
+    """The requests `node` served since its last passing canary, up to `until` (when it was found corrupt): each
+    may have received corrupt tokens. Finished ones from the gateways' outcomes, the rest from what they hold in
+    flight now."""
+    last_good = CanaryResult.objects.filter(node=node, passed=True, at__lte=until).order_by("-at").first()
+    since = last_good.at if last_good else node.session_started_at
+    first_failure = (
+        CanaryResult.objects.filter(node=node, passed=False, at__gt=since, at__lte=until).order_by("at").first()
+    )
+    finished = [
+        request_id
+        for request_id, served_by, moved_through in RequestOutcome.objects.filter(
+            finished_at__gte=since, started_at__lte=until
+        )
+        .order_by("started_at")
+        .values_list("request_id", "node", "nodes")
+        if served_by == node.name or node.name in (moved_through or [])
+    ]
+    in_flight = sorted(f["request_id"] for f in hot.gateway_flights() if f.get("node") == node.name)
+    return {
+        "node": node.name,
+        "since": since.isoformat(),
+        "last_good_canary": last_good.pk if last_good else None,
+        "first_failure_at": first_failure.at.isoformat() if first_failure else None,
+        "until": until.isoformat(),
+        "finished": finished,
+        "in_flight": [r for r in in_flight if r not in finished],
+    }
+
+
+def out_of_service_why(node: Node) -> list[str]:
+    """Why a serving node takes no traffic (routing weight 0), in words; empty while it takes some. A hot spare
+    waiting for its turn is not out of service."""
+    if node.state != NodeState.SERVING or node.spare:
+        return []
+    why = []
+    if node.health in (Health.UNHEALTHY, Health.DRAINING):
+        why.append(node.get_health_display().upper())
+    if node.breaker != BreakerState.CLOSED:
+        why.append(f"breaker {node.get_breaker_display().lower()}")
+    if node.cordoned:
+        why.append("cordoned")
+    return why
 
 
 def record_node_failure(node: Node, cause: str, request_key: str | None = None) -> str:

@@ -6,9 +6,13 @@ cluster's incident window. The control plane confirms it, takes the node out
 of routing, and from then on every step is an event with its millisecond
 timestamp and cause: each interrupted request's fate, checkpoint
 re-placements, the restart, the draft model ready, speculative assist, the
-full model ready, back in routing, and recovered (cluster TTFT and TPOT
-back within 10% of the pre-failure baseline, source document 000). People
-acknowledge, take command, write notes and close.
+full model ready, back in routing. Recovery is two facts, each with its
+time: latency recovered (cluster TTFT and TPOT back within 10% of the
+pre-failure baseline, source document 000) and capacity restored (every node
+involved back in routing, or replaced by a hot spare in service); the
+incident is Stable once both hold. Its severity (recovery.policy.severity)
+rises with the capacity it took, the degradation level it reached and the
+requests that failed. People acknowledge, take command, write notes and close.
 """
 
 import datetime as dt
@@ -21,10 +25,11 @@ from django.utils import timezone
 
 from recovery import events, hot, nodeclient, roles
 from recovery.actions import audit, health, nodes
-from recovery.choices import EventKind, IncidentStatus, NodeState
-from recovery.models import Cluster, Incident, IncidentEvent, Node, RequestOutcome
+from recovery.choices import EventKind, Health, IncidentStatus, NodeState
+from recovery.models import Cluster, Drain, Incident, IncidentEvent, Node, RequestOutcome
 from recovery.policy import capacity as capacity_policy
 from recovery.policy import load, progressive
+from recovery.policy import severity as severity_policy
 from workers import catalog
 
 log = logging.getLogger(__name__)
@@ -77,14 +82,50 @@ def open_incident_for(node: Node) -> Incident | None:
     return node.incidents.exclude(status=IncidentStatus.CLOSED).order_by("-opened_at").first()
 
 
-def checkpoint_distribution() -> dict:
-    """Who holds whose checkpoints now: {holder: {serving node: {bytes, requests}}}, from the heartbeats."""
-    names = list(Node.objects.filter(state__in=(NodeState.JOIN, NodeState.SERVING)).values_list("name", flat=True))
+def checkpoint_distribution(at: dt.datetime | None = None) -> dict:
+    """Who holds whose checkpoints: {holder: {serving node: {bytes, requests}}}, from the heartbeats.
+
+    Now, or as they were at `at`: each node's last heartbeat at or before then. A failure is processed a moment
+    after it happened, when its requests may already have been restored and their pages dropped; the "before"
+    of an incident is read as of the failure, not as of its processing."""
     try:
+        if at is not None:
+            return hot.checkpoints_as_of(list(Node.objects.values_list("name", flat=True)), at.timestamp())
+        names = list(Node.objects.filter(state__in=(NodeState.JOIN, NodeState.SERVING)).values_list("name", flat=True))
         live = hot.nodes(names)
     except Exception:  # noqa: BLE001 - a snapshot is a nice-to-have on the timeline
         return {}
     return {name: entry.checkpoints for name, entry in live.items() if entry.checkpoints}
+
+
+def _in_service(node: Node) -> bool:
+    """In routing: serving, not cordoned, not a spare held back, not taken out by the health machine."""
+    return (
+        node.state == NodeState.SERVING
+        and not node.cordoned
+        and not node.spare
+        and node.health in (Health.HEALTHY, Health.SUSPICIOUS)
+    )
+
+
+def out_of_service(incident: Incident) -> list[str]:
+    """The nodes of `incident` neither back in routing nor replaced by a hot spare now in service."""
+    replaced = {
+        event.details.get("in_place_of")
+        for event in incident.events.filter(kind=EventKind.SPARE_PROMOTED).select_related("node")
+        if event.node is not None and _in_service(event.node)
+    }
+    return sorted(n.name for n in incident.nodes.all() if not _in_service(n) and n.name not in replaced)
+
+
+def _at_failure(node: Node, at: dt.datetime) -> dt.datetime:
+    """The moment `node` failed, as near as the heartbeats tell: its last one, if that came before `at` (a node
+    found silent by the heartbeat check failed when it fell silent, not when it was found)."""
+    try:
+        last = hot.last_seen(node.name)
+    except Exception:  # noqa: BLE001 - the symptom's own time will do
+        return at
+    return min(at, _at(last)) if last else at
 
 
 def _baseline(before: dt.datetime) -> tuple[float | None, float | None]:
@@ -108,6 +149,7 @@ def note_failure(node: Node, at, source: str, reason: str) -> Incident:
     )
     if incident is None:
         ttft, tpot = _baseline(at)
+        serving = Node.objects.filter(cluster=cluster, state=NodeState.SERVING, spare=False, cordoned=False)
         incident = Incident.objects.create(
             cluster=cluster,
             title=f"{node.name} failed",
@@ -115,14 +157,25 @@ def note_failure(node: Node, at, source: str, reason: str) -> Incident:
             status_changed_at=at,
             baseline_ttft_ms=ttft,
             baseline_tpot_ms=tpot,
-            details={"checkpoints_before": checkpoint_distribution()},
+            # The share of capacity an incident takes is of the nodes in service when it began (its severity).
+            details={"nodes_in_service": serving.count() + (0 if serving.filter(pk=node.pk).exists() else 1)},
         )
         transaction.on_commit(lambda: events.incident_changed(incident.pk))
     if not incident.nodes.filter(pk=node.pk).exists():
         incident.nodes.add(node)
         names = sorted(incident.nodes.values_list("name", flat=True))
         incident.title = f"{', '.join(names)} failed"
-        incident.save(update_fields=["title"])
+        # The checkpoints as this node failed (one table per failed node), and a recovery to be judged again.
+        failed_at = _at_failure(node, at)
+        snapshot = checkpoint_distribution(at=failed_at)
+        failures = {
+            **incident.details.get("failures", {}),
+            node.name: {"at": failed_at.timestamp(), "checkpoints": snapshot},
+        }
+        incident.details = {**incident.details, "failures": failures}
+        incident.details.setdefault("checkpoints_before", snapshot)
+        incident.recovered_at = incident.capacity_restored_at = incident.recovery_time_s = None
+        incident.save(update_fields=["title", "details", "recovered_at", "capacity_restored_at", "recovery_time_s"])
     if not incident.events.filter(kind=EventKind.SYMPTOM, node=node).exists():
         add_event(
             incident,
@@ -174,6 +227,7 @@ def on_node_transition(node_id: int, old: str, new: str, cause: str, at: dt.date
             )
             if incident.detected_at is None:
                 Incident.objects.filter(pk=incident.pk).update(detected_at=at)
+            update_severity(incident, at)
             return
         incident = open_incident_for(node)
         if incident is None or incident.opened_at > at:
@@ -183,6 +237,7 @@ def on_node_transition(node_id: int, old: str, new: str, cause: str, at: dt.date
         elif new == NodeState.SERVING and old == NodeState.JOIN:
             add_event(incident, EventKind.FULL_MODEL_READY, f"{node.name} has its full model loaded", at=at, node=node)
             add_event(incident, EventKind.BACK_IN_ROUTING, f"{node.name} is back in routing", at=at, node=node)
+            note_capacity(incident, timezone.now())
 
 
 def on_draft_ready(node: Node) -> bool:
@@ -212,13 +267,83 @@ def on_spare_promoted(spare: Node, in_place_of: str) -> None:
                 EventKind.SPARE_PROMOTED,
                 f"hot spare {spare.name} promoted in place of {in_place_of}",
                 node=spare,
+                details={"in_place_of": in_place_of},
             )
+            note_capacity(incident, timezone.now())
+
+
+@transaction.atomic
+def open_for_fault(
+    node: Node, cause: str, *, at=None, drain: Drain | None = None, moved: dict | None = None
+) -> Incident:
+    """A fault that takes a node out of service while it stays up (silent corruption, a CRITICAL Xid): the incident
+    it belongs to, opened or joined as for any failure, and linked both ways to the node's drain.
+
+    For a node found corrupt, `moved` (live_migration.move_off_corrupt) names the requests it served since its last
+    good canary, which may have received corrupt tokens: on the timeline and in the incident's details; the
+    finished ones join the incident's requests (those in flight join it when they finish, moved off the node)."""
+    at = _at(at)
+    first_failure = (moved or {}).get("first_failure_at")
+    symptom_at = dt.datetime.fromisoformat(first_failure) if first_failure else at
+    incident = note_failure(node, symptom_at, "control-plane", cause)
+    incident = Incident.objects.select_for_update().get(pk=incident.pk)
+    if incident.detected_at is None:
+        incident.detected_at = at
+        incident.save(update_fields=["detected_at"])
+    text, details = f"{node.name}: {cause}", {}
+    if moved is not None:
+        served = moved["finished"] + moved["in_flight"]
+        listed = ", ".join(served[:20]) + (f" and {len(served) - 20} more" if len(served) > 20 else "")
+        since = dt.datetime.fromisoformat(moved["since"]).strftime("%H:%M:%S.%f")[:-3]
+        text += (
+            f"; out of routing (weight 0) while it stays up. {len(served)} requests it served since its last good "
+            f"canary ({since} UTC) may have received corrupt tokens" + (f": {listed}" if served else "")
+        )
+        RequestOutcome.objects.filter(request_id__in=moved["finished"], incident__isnull=True).update(incident=incident)
+        suspects = {**incident.details.get("suspect_requests", {}), node.name: moved}
+        incident.details = {**incident.details, "suspect_requests": suspects}
+        incident.save(update_fields=["details"])
+        details = {"possibly_corrupt_requests": len(served)}  # listed in the incident's details
+    add_event(incident, EventKind.DETECTED, text, at=at, node=node, details=details)
+    if moved is not None:
+        add_event(
+            incident,
+            EventKind.MIGRATION,
+            f"every gateway asked to move the {len(moved['in_flight'])} requests in flight on {node.name} to healthy "
+            "nodes at once, live: it is out of routing, and they do not wait for the drain's approval",
+            at=at,
+            node=node,
+            details={"command": moved.get("command"), "requests": moved["in_flight"]},
+        )
+    if drain is not None:
+        Drain.objects.filter(pk=drain.pk).update(incident=incident)
+        drain.incident = incident
+        add_event(
+            incident,
+            EventKind.DRAIN,
+            f"drain #{drain.pk} of {node.name} ({drain.get_remediation_display().lower()}): "
+            f"{drain.get_state_display().lower()}",
+            at=at,
+            node=node,
+            details={"drain": drain.pk},
+        )
+    transaction.on_commit(lambda: events.incident_changed(incident.pk))
+    return incident
+
+
+def _degradation_pending(incident: Incident) -> bool:
+    """The incident saw the level rise and not yet fall back to 0: its fall belongs on its timeline too."""
+    last = incident.events.filter(kind=EventKind.DEGRADATION).order_by("-at", "-pk").first()
+    return last is not None and (last.details or {}).get("new", 0) > 0
 
 
 def on_degradation(old: int, new: int, cause: str, at: dt.datetime) -> None:
-    """The cluster's degradation level moved (a reaction): on every active incident's timeline."""
+    """The cluster's degradation level moved (a reaction): on the timeline of every active incident, and of every
+    incident not closed whose raised level has yet to fall (it may be Stable before the hysteresis lets it fall)."""
     with transaction.atomic():
-        for incident in Incident.objects.filter(status=IncidentStatus.ACTIVE):
+        for incident in Incident.objects.exclude(status=IncidentStatus.CLOSED):
+            if incident.status != IncidentStatus.ACTIVE and not _degradation_pending(incident):
+                continue
             add_event(
                 incident,
                 EventKind.DEGRADATION,
@@ -226,6 +351,8 @@ def on_degradation(old: int, new: int, cause: str, at: dt.datetime) -> None:
                 at=at,
                 details={"old": old, "new": new},
             )
+            if new > old:
+                update_severity(incident, at)
 
 
 def start_assist(node_id: int) -> str:
@@ -245,14 +372,20 @@ def start_assist(node_id: int) -> str:
             cluster.alpha,
             cluster.beta,
         )
-    chosen = progressive.pick_assisted(loads)
+    # Speculation only helps a node that is decoding, and a survivor verifies one draft node's drafts at a time:
+    # an idle survivor (however many checkpoints it holds) and one already assisted are not candidates.
+    idle = {name for name in loads if not (live.get(name) or hot.NodeEntry()).running}
+    assisted = set(_assisted_survivors())
+    chosen = progressive.pick_assisted(loads, exclude=idle | assisted)
     if chosen is None:
         if incident:
+            why = "no survivor is decoding" if not assisted else "every survivor decoding is already assisted"
             add_event(
                 incident,
                 EventKind.ASSIST_STARTED,
-                f"no survivor to assist: {draft.name} waits for its full model",
+                f"no survivor to assist ({why}): {draft.name} waits for its full model",
                 node=draft,
+                details={"idle": sorted(idle), "assisted": sorted(assisted)},
             )
         return "no survivor"
     survivor = next(s for s in survivors if s.name == chosen)
@@ -273,8 +406,8 @@ def start_assist(node_id: int) -> str:
             add_event(
                 incident,
                 EventKind.ASSIST_STARTED,
-                f"{draft.name}'s draft model assists {survivor.name}, "
-                f"the most loaded survivor (L̂ {loads[chosen]:.1f}): "
+                f"{draft.name}'s draft model assists {survivor.name}, the most loaded survivor decoding "
+                f"(L̂ {loads[chosen]:.1f}, {live[chosen].running} running): "
                 f"k={ASSIST_K}, expected {answer.get('expected_tokens_per_step')} tokens per step",
                 node=draft,
                 details={"survivor": survivor.name, "l_hat": loads, **answer},
@@ -290,6 +423,13 @@ def start_assist(node_id: int) -> str:
     return chosen
 
 
+def _assisted_survivors() -> list[str]:
+    """The survivors verifying some draft node's drafts now."""
+    client = hot.client()
+    keys = list(client.scan_iter(hot.keys().assist("*")))
+    return [name for name in client.mget(keys) if name] if keys else []
+
+
 def end_assist(node_id: int) -> str:
     """The full model is ready: the draft node stops assisting and serves on its own."""
     draft = Node.objects.get(pk=node_id)
@@ -297,86 +437,219 @@ def end_assist(node_id: int) -> str:
     if not survivor_name:
         return "no assist"
     survivor = Node.objects.filter(name=survivor_name).first()
-    answer = {}
+    status, answer = 0, {"error": {"message": f"{survivor_name} is no longer registered"}}
     if survivor is not None:
         try:
-            _, answer = nodeclient.call(survivor.address, "DELETE", "/agent/assist")
+            status, answer = nodeclient.call(survivor.address, "DELETE", f"/agent/assist?draft={draft.name}")
         except nodeclient.NodeUnreachable as exc:
-            answer = {"error": str(exc)}
+            answer = {"error": {"message": str(exc)}}
     incident = open_incident_for(draft)
     if incident is not None:
-        with transaction.atomic():
+        if status == 200 and answer.get("stopped"):
             acceptance = answer.get("acceptance")
-            add_event(
-                incident,
-                EventKind.ASSIST_ENDED,
-                f"{draft.name} stops assisting {survivor_name}: {answer.get('assist_steps', 0)} assisted steps, "
+            text = (
+                f"{draft.name} stops assisting {survivor_name}: {answer['assist_steps']} assisted steps, "
                 f"measured acceptance {acceptance if acceptance is not None else 'n/a'}, "
-                f"{answer.get('tokens_per_sequence_step') or 'n/a'} tokens per step",
-                node=draft,
-                details=answer,
+                f"{answer.get('tokens_per_sequence_step') or 'n/a'} tokens per step"
             )
+        else:  # its figures are gone with the pairing: say so rather than print another pairing's or zeros
+            reason = (answer.get("error") or {}).get("message") or "it was no longer paired"
+            text = f"{draft.name} stops assisting {survivor_name}; no figures for this pairing ({reason})"
+        with transaction.atomic():
+            add_event(incident, EventKind.ASSIST_ENDED, text, node=draft, details=answer)
     return survivor_name
 
 
-def check_recovery(now: dt.datetime | None = None) -> list[int]:
-    """Active incidents whose cluster TTFT and TPOT are back within 10% of the baseline become Stable."""
-    now = now or timezone.now()
-    recovered = []
-    for incident in Incident.objects.filter(status=IncidentStatus.ACTIVE):
-        window = RequestOutcome.objects.filter(
-            status="ok",
-            started_at__gte=incident.opened_at,
-            finished_at__gte=now - dt.timedelta(seconds=RECOVERY_WINDOW_S),
-            finished_at__lte=now,
+def _latency_recovered(incident: Incident, now: dt.datetime) -> tuple[str, dict] | None:
+    """(why, figures) when the cluster's latency is back within 10% of the incident's baseline; None if not yet."""
+    window = RequestOutcome.objects.filter(
+        status="ok",
+        started_at__gte=incident.opened_at,
+        finished_at__gte=now - dt.timedelta(seconds=RECOVERY_WINDOW_S),
+        finished_at__lte=now,
+    )
+    ttfts = [o.ttft_ms for o in window if o.ttft_ms is not None]
+    tpots = [o.tpot_ms for o in window if o.tpot_ms is not None]
+    figures = {"window_s": RECOVERY_WINDOW_S, "requests": len(ttfts)}
+    quiet = not window.exists() and (now - incident.opened_at).total_seconds() >= RECOVERY_WINDOW_S
+    if incident.baseline_ttft_ms and incident.baseline_tpot_ms and quiet:
+        # Traffic before the failure, none since (a quiet hour): no latency to compare; recovered once every
+        # node involved serves again, or the incident would stay Active until the next request.
+        if out_of_service(incident):
+            return None
+        return "no request since the failure to measure latency with; every node involved serves again", figures
+    if incident.baseline_ttft_ms and incident.baseline_tpot_ms:
+        if len(ttfts) < RECOVERY_MIN_REQUESTS or not tpots:
+            return None
+        ttft, tpot = statistics.mean(ttfts), statistics.mean(tpots)
+        figures.update(
+            ttft_ms=round(ttft, 1),
+            tpot_ms=round(tpot, 2),
+            baseline_ttft_ms=round(incident.baseline_ttft_ms, 1),
+            baseline_tpot_ms=round(incident.baseline_tpot_ms, 2),
         )
-        ttfts = [o.ttft_ms for o in window if o.ttft_ms is not None]
-        tpots = [o.tpot_ms for o in window if o.tpot_ms is not None]
-        figures = {"window_s": RECOVERY_WINDOW_S, "requests": len(ttfts)}
-        quiet = not window.exists() and (now - incident.opened_at).total_seconds() >= RECOVERY_WINDOW_S
-        if incident.baseline_ttft_ms and incident.baseline_tpot_ms and quiet:
-            # Traffic before the failure, none since (a quiet hour): no latency to compare; recovered once every
-            # node involved serves again, or the incident would stay Active until the next request.
-            if incident.nodes.exclude(state=NodeState.SERVING).exists():
-                continue
-            why = "no request since the failure to measure latency with; every node involved serves again"
-        elif incident.baseline_ttft_ms and incident.baseline_tpot_ms:
-            if len(ttfts) < RECOVERY_MIN_REQUESTS or not tpots:
-                continue
-            ttft, tpot = statistics.mean(ttfts), statistics.mean(tpots)
-            figures.update(
-                ttft_ms=round(ttft, 1),
-                tpot_ms=round(tpot, 2),
-                baseline_ttft_ms=round(incident.baseline_ttft_ms, 1),
-                baseline_tpot_ms=round(incident.baseline_tpot_ms, 2),
-            )
-            if ttft > incident.baseline_ttft_ms * (1 + RECOVERY_TOLERANCE) or tpot > incident.baseline_tpot_ms * (
-                1 + RECOVERY_TOLERANCE
-            ):
-                continue
-            why = (
-                f"cluster TTFT {ttft:.0f} ms and TPOT {tpot:.1f} ms are back within 10% of the baseline "
-                f"({incident.baseline_ttft_ms:.0f} ms, {incident.baseline_tpot_ms:.1f} ms)"
-            )
-        else:
-            # No traffic before the failure to compare with: recovered once every node involved serves again.
-            if incident.nodes.exclude(state=NodeState.SERVING).exists():
-                continue
-            why = "no traffic before the failure to compare with; every node involved serves again"
+        if ttft > incident.baseline_ttft_ms * (1 + RECOVERY_TOLERANCE) or tpot > incident.baseline_tpot_ms * (
+            1 + RECOVERY_TOLERANCE
+        ):
+            return None
+        why = (
+            f"cluster TTFT {ttft:.0f} ms and TPOT {tpot:.1f} ms are back within 10% of the baseline "
+            f"({incident.baseline_ttft_ms:.0f} ms, {incident.baseline_tpot_ms:.1f} ms)"
+        )
+        return why, figures
+    # No traffic before the failure to compare with: recovered once every node involved serves again.
+    if out_of_service(incident):
+        return None
+    return "no traffic before the failure to compare with; every node involved serves again", figures
+
+
+def _merge_details(incident: Incident, **changes) -> None:
+    """Add to an incident's details as they are in the database now: another reaction may have added its own
+    since `incident` was read. Inside a transaction."""
+    current = Incident.objects.select_for_update().filter(pk=incident.pk).values_list("details", flat=True).first()
+    incident.details = {**(current or {}), **changes}
+    Incident.objects.filter(pk=incident.pk).update(details=incident.details)
+
+
+def _note_latency(incident: Incident, now: dt.datetime) -> None:
+    if incident.recovered_at is not None:
+        return
+    judged = _latency_recovered(incident, now)
+    if judged is None:
+        return
+    why, figures = judged
+    seconds = (now - incident.opened_at).total_seconds()
+    claimed = Incident.objects.filter(pk=incident.pk, status=IncidentStatus.ACTIVE, recovered_at__isnull=True).update(
+        recovered_at=now, recovery_time_s=seconds
+    )
+    if not claimed:
+        return
+    incident.recovered_at, incident.recovery_time_s = now, seconds
+    _merge_details(incident, recovery=figures)
+    add_event(
+        incident,
+        EventKind.RECOVERED,
+        f"Recovered to the baseline {seconds:.1f} s after the first symptom: {why}",
+        at=now,
+        details=figures,
+    )
+    transaction.on_commit(lambda pk=incident.pk: events.incident_changed(pk))
+
+
+def note_capacity(incident: Incident, at: dt.datetime) -> None:
+    """Capacity restored (every node involved back in routing, or replaced by a spare in service): its time, once,
+    and Stable if latency has recovered too. Called as each node returns, and by the periodic check, at `at`
+    (now)."""
+    if incident.status != IncidentStatus.ACTIVE or incident.capacity_restored_at is not None:
+        return
+    if not incident.nodes.exists() or out_of_service(incident):
+        return
+    spare_events = [
+        e
+        for e in incident.events.filter(kind=EventKind.SPARE_PROMOTED).select_related("node")
+        if e.node is not None and _in_service(e.node)
+    ]
+    spares = {e.details.get("in_place_of"): e.node.name for e in spare_events}
+    # Dated by the nodes themselves, not by when this runs (a reaction can run late, or for an earlier step): the
+    # last node to return, each by the time it entered its current state, or its spare by its promotion.
+    promoted = {e.details.get("in_place_of"): e.at for e in spare_events}
+    returned = [node.state_changed_at if _in_service(node) else promoted[node.name] for node in incident.nodes.all()]
+    at = min(max([*returned, incident.opened_at]), at)
+    claimed = Incident.objects.filter(
+        pk=incident.pk, status=IncidentStatus.ACTIVE, capacity_restored_at__isnull=True
+    ).update(capacity_restored_at=at)
+    if not claimed:
+        return
+    incident.capacity_restored_at = at
+    how = ", ".join(
+        f"{node.name} in routing"
+        if _in_service(node)
+        else f"hot spare {spares[node.name]} serves in place of {node.name}"
+        for node in incident.nodes.order_by("name")
+    )
+    seconds = (at - incident.opened_at).total_seconds()
+    add_event(
+        incident,
+        EventKind.CAPACITY_RESTORED,
+        f"Capacity restored {seconds:.1f} s after the first symptom: {how}",
+        at=at,
+        details={"seconds": round(seconds, 3), "spares": spares},
+    )
+    transaction.on_commit(lambda pk=incident.pk: events.incident_changed(pk))
+    _stabilize(incident, at)
+
+
+def _stabilize(incident: Incident, now: dt.datetime) -> bool:
+    """Active → Stable once latency recovered and capacity restored both hold."""
+    if incident.recovered_at is None or incident.capacity_restored_at is None:
+        return False
+    claimed = Incident.objects.filter(
+        pk=incident.pk,
+        status=IncidentStatus.ACTIVE,
+        recovered_at__isnull=False,
+        capacity_restored_at__isnull=False,
+    ).update(status=IncidentStatus.STABLE, status_changed_at=now)
+    if not claimed:
+        return False
+    incident.status = IncidentStatus.STABLE
+    _merge_details(incident, checkpoints_after=checkpoint_distribution())
+    add_event(
+        incident,
+        EventKind.STATUS,
+        f"Active → Stable: latency recovered {(incident.recovered_at - incident.opened_at).total_seconds():.1f} s "
+        f"and capacity restored {(incident.capacity_restored_at - incident.opened_at).total_seconds():.1f} s "
+        "after the first symptom",
+        at=now,
+    )
+    transaction.on_commit(lambda pk=incident.pk: events.incident_changed(pk))
+    return True
+
+
+def severity_inputs(incident: Incident) -> dict:
+    """What an incident's severity is judged on: the share of the nodes in service it took, the highest
+    degradation level it saw, the requests that failed in it."""
+    lost = set(
+        incident.events.filter(kind=EventKind.DETECTED, node__isnull=False).values_list("node__name", flat=True)
+    ) | set(out_of_service(incident))
+    levels = [
+        (e.get("new") or 0)
+        for e in incident.events.filter(kind=EventKind.DEGRADATION).values_list("details", flat=True)
+    ]
+    in_service = max(incident.details.get("nodes_in_service") or 0, len(lost), 1)
+    return {
+        "capacity_lost": len(lost) / in_service,
+        "peak_level": max(levels, default=0),
+        "failed": incident.outcomes.filter(status="error").count(),
+    }
+
+
+def update_severity(incident: Incident, at: dt.datetime | None = None) -> str:
+    """Raise the incident's severity to what it did (recovery.policy.severity), with why; never lowered."""
+    judged, why = severity_policy.severity(**severity_inputs(incident))
+    current = Incident.objects.filter(pk=incident.pk).values_list("severity", flat=True).first() or incident.severity
+    if severity_policy.worse(judged, current) == current:
+        return current
+    if not Incident.objects.filter(pk=incident.pk, severity=current).update(severity=judged):
+        return current  # raised meanwhile by another reaction
+    incident.severity = judged
+    _merge_details(incident, severity={"from": current, "to": judged, "why": why, "at": _at(at).timestamp()})
+    transaction.on_commit(lambda pk=incident.pk: events.incident_changed(pk))
+    return judged
+
+
+def check_recovery(now: dt.datetime | None = None) -> list[int]:
+    """For every active incident: latency recovered? capacity restored? severity? Returns the incidents that
+    became Stable (both hold)."""
+    now = now or timezone.now()
+    stable = []
+    for incident in Incident.objects.filter(status=IncidentStatus.ACTIVE):
         with transaction.atomic():
-            seconds = (now - incident.opened_at).total_seconds()
-            claimed = Incident.objects.filter(pk=incident.pk, status=IncidentStatus.ACTIVE).update(
-                status=IncidentStatus.STABLE, status_changed_at=now, recovered_at=now, recovery_time_s=seconds
-            )
-            if not claimed:
-                continue
-            incident.details = {**incident.details, "checkpoints_after": checkpoint_distribution(), "recovery": figures}
-            incident.save(update_fields=["details"])
-            add_event(incident, EventKind.RECOVERED, f"Recovered after {seconds:.1f} s: {why}", at=now, details=figures)
-            add_event(incident, EventKind.STATUS, "Active → Stable", at=now)
-            transaction.on_commit(lambda pk=incident.pk: events.incident_changed(pk))
-        recovered.append(incident.pk)
-    return recovered
+            update_severity(incident, now)
+            _note_latency(incident, now)
+            note_capacity(incident, now)
+            if _stabilize(incident, now) or incident.status == IncidentStatus.STABLE:
+                stable.append(incident.pk)
+    return stable
 
 
 # --- what people do -------------------------------------------------------------------------------
@@ -388,7 +661,7 @@ class IncidentActionError(ValueError):
 def acknowledge(incident: Incident, user) -> None:
     if incident.acknowledged_at is not None:
         raise IncidentActionError(
-            f"already acknowledged by {incident.acknowledged_by} at {incident.acknowledged_at:%H:%M:%S}"
+            f"already acknowledged by {incident.acknowledged_by} at {incident.acknowledged_at:%Y-%m-%d %H:%M:%S} UTC"
         )
     now = timezone.now()
     Incident.objects.filter(pk=incident.pk).update(acknowledged_at=now, acknowledged_by=user)

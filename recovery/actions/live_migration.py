@@ -33,6 +33,17 @@ def start(node: Node, actor: str, reason: str, *, cordon: bool = True) -> str:
     return command
 
 
+def move_off_corrupt(node: Node, cause: str, found_at) -> dict:
+    """`node` was found corrupt (silent data corruption) and is out of routing at weight 0: its requests in flight
+    leave it now, live, without waiting for a drain's approval (this is not a drain: nothing new reaches it).
+
+    Returns the requests it served since its last good canary, which may have received corrupt tokens
+    (health.served_since_last_good_canary), and the migration command that moves those still in flight."""
+    suspects = health.served_since_last_good_canary(node, found_at)
+    command = start(node, "health machine", f"{node.name} found corrupt: {cause}", cordon=False)
+    return {**suspects, "command": command}
+
+
 def record_gateway_result(gateway: str, data: dict) -> None:
     command = data.get("command")
     if command:

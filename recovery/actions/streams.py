@@ -71,19 +71,11 @@ def handle_signal(kind: str, gateway: str, data: dict) -> None:
         incident = incidents.open_incident_for(node) if node else None
         if incident is None:
             return
-        method = data.get("method") or data.get("planned_method")
-        kv = {
-            "checkpoint-local": "restored from checkpoint",
-            "checkpoint-fetched": "KV fetched from a holder",
-            "re-prefill": "re-prefilled",
-        }.get(method, method)
         with transaction.atomic():
             incidents.add_event(
                 incident,
                 EventKind.REQUEST_MOVED,
-                f"{data.get('request_id')}: {data.get('from')} → {data.get('to')} "
-                f"at token {data.get('at_token')}, {kv}, "
-                f"stalled {data.get('stall_ms')} ms ({data.get('reason')})",
+                describe_move(data),
                 at=data.get("at"),
                 source=source,
                 node=node,
@@ -95,15 +87,11 @@ def handle_signal(kind: str, gateway: str, data: dict) -> None:
         incident = incidents.open_incident_for(lost) if lost else None
         if incident is None:
             return
-        holders = ", ".join(data.get("holders") or []) or "none (no checkpoint)"
         with transaction.atomic():
             incidents.add_event(
                 incident,
                 EventKind.HOLDER_REPLACED,
-                f"{data.get('request_id')} on {data.get('node')}: "
-                f"checkpoint held by {data.get('lost')} re-placed on {holders}"
-                + (f", {data.get('blocks_resent')} blocks resent" if data.get("blocks_resent") else "")
-                + (f" ({data['error']})" if data.get("error") else ""),
+                describe_replacement(data),
                 at=data.get("at"),
                 source=source,
                 node=lost,
@@ -132,6 +120,55 @@ def handle_signal(kind: str, gateway: str, data: dict) -> None:
         )
 
 
+# How a node resumed a moved request (workers.engine.ResumeInfo.method), as the dispatch plan names it.
+RESUMED_AS = {"checkpoint-local": "restore", "checkpoint-fetched": "fetch", "re-prefill": "reprefill"}
+
+
+def describe_move(data: dict) -> str:
+    """One timeline line for a moved request that says what happened: the nodes it left and reached (and any that
+    could not take it between), how the new node actually resumed it, and the plan's reason only where the plan
+    is what happened; where it is not, what was planned and why it did not hold."""
+    source, target = data.get("from"), data.get("to")
+    line = f"{data.get('request_id')}: {source} → {target} at token {data.get('at_token')}"
+    tried = [n for n in data.get("tried") or [] if n not in (source, target)]
+    if tried:
+        line += f" (after {', '.join(tried)} could not take it)"
+    method, planned = data.get("method"), data.get("planned_method")
+    restored, reprefilled = data.get("restored_tokens") or 0, data.get("reprefill_tokens") or 0
+    caught_up = f", {reprefilled} re-prefilled" if reprefilled else ""
+    if method == "checkpoint-local":
+        what = "restored from checkpoint" + (f" ({restored} tokens{caught_up})" if restored else "")
+    elif method == "checkpoint-fetched":
+        what = f"KV fetched from {data.get('source') or 'a holder'}" + (
+            f" ({restored} tokens{caught_up})" if restored else ""
+        )
+    elif method == "re-prefill":
+        what = "re-prefilled" + (f" {reprefilled} tokens" if reprefilled else "")
+    else:
+        what = f"{planned or 'moved'} (the node did not say how it resumed)"
+    if method in RESUMED_AS and planned and RESUMED_AS[method] != planned:
+        plan = {
+            "restore": f"restore it from {target}'s host memory",
+            "fetch": "fetch its KV from a holder",
+            "reprefill": "re-prefill it",
+        }.get(planned, planned)
+        why = f"the plan was to {plan}" + (f"; {data['resume_reason']}" if data.get("resume_reason") else "")
+    else:
+        why = data.get("reason") or "no reason given"
+    return f"{line}, {what}, stalled {data.get('stall_ms')} ms ({why})"
+
+
+def describe_replacement(data: dict) -> str:
+    """One timeline line for a checkpoint whose holder was lost: where it went, or plainly that it went nowhere."""
+    line = f"{data.get('request_id')} on {data.get('node')}: checkpoint held by {data.get('lost')}"
+    holders = data.get("holders") or []
+    if holders:
+        resent = f", {data['blocks_resent']} blocks resent" if data.get("blocks_resent") else ""
+        return f"{line} re-placed on {', '.join(holders)}{resent}"
+    why = f"could not re-place it ({data['error']})" if data.get("error") else "no other node had room for it"
+    return f"{line} lost; {why}: the request runs on without a checkpoint"
+
+
 def store_outcomes(items: list[tuple[str, dict]]) -> int:
     rows = []
     for gateway, data in items:
@@ -155,21 +192,32 @@ def store_outcomes(items: list[tuple[str, dict]]) -> int:
                 started_at=started,
                 finished_at=started + dt.timedelta(milliseconds=data.get("e2e_ms") or 0),
                 migrations=data.get("migrations") or [],
+                http_status=data.get("http_status"),
+                degradation_level=data.get("degradation_level"),
+                tokens_lost=data.get("tokens_lost") or 0,
             )
         )
     if not rows:
         return 0
-    # Requests that moved during an incident belong to it.
+    # Requests that moved during an incident belong to it, and so do those that failed on one of its nodes while
+    # it was active (the incident's failed requests, its severity).
     moved = {move.get("from") for row in rows for move in row.migrations}
-    if moved:
-        open_by_node = {}
+    failed = any(row.status == "error" for row in rows)
+    if moved or failed:
+        open_by_node, active_by_node = {}, {}
         for incident in Incident.objects.exclude(status=IncidentStatus.CLOSED).prefetch_related("nodes"):
             for node in incident.nodes.all():
                 open_by_node.setdefault(node.name, incident)
+                if incident.status == IncidentStatus.ACTIVE:
+                    active_by_node.setdefault(node.name, incident)
         for row in rows:
             for move in row.migrations:
                 if move.get("from") in open_by_node:
                     row.incident = open_by_node[move["from"]]
                     break
+            if row.incident is None and row.status == "error":
+                touched = [name for name in [*row.nodes, row.node] if name in active_by_node]
+                if touched:
+                    row.incident = active_by_node[touched[0]]
     RequestOutcome.objects.bulk_create(rows)
     return len(rows)

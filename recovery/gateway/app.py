@@ -15,13 +15,14 @@ import time
 from dataclasses import dataclass
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from redis.exceptions import RedisError
 
 from recovery.gateway.coordinator import Coordinator, Flight
 from recovery.gateway.relay import ClientGone, Relay, openai_error
 from recovery.gateway.signals import Signals
 from recovery.gateway.table import RoutingView, Tenant
+from recovery.policy import slo
 from workers import catalog
 from workers.aio import cancel
 from workers.openai_api import json_errors, read_json
@@ -55,16 +56,36 @@ SHED_RETRY_AFTER_S = 30  # document 003's shedding answer
 LARGE_BODY_BYTES = 64 * 1024  # validated in a worker thread above this
 
 
+NO_MODEL = "none"  # the model label of an answer given before the request named a model this cluster serves
+
+
 class GatewayMetrics:
+    """The gateway's /metrics; the rules in prometheus/ use these names. The latency histograms' buckets are the SLO
+    rollups' bounds (recovery.policy.slo), so every objective's threshold is a bucket bound there too."""
+
     def __init__(self, registry: CollectorRegistry):
         self.requests = Counter(
             "lifeline_gateway_requests",
-            "Every answer the gateway gave, by outcome, tier and HTTP status.",
-            ["status", "tier", "code"],
+            "Every answer the gateway gave, by outcome (ok, error, shed, rejected, client_gone), tier, HTTP status "
+            "and model.",
+            ["status", "tier", "code", "model"],
             registry=registry,
         )
         self.migrations = Counter(
-            "lifeline_migrations", "Requests moved to another node, by method.", ["kind", "method"], registry=registry
+            "lifeline_migrations",
+            "Requests moved to another node, by kind (failure, planned), method, source node and target node.",
+            ["kind", "method", "source", "target"],
+            registry=registry,
+        )
+        self.tokens_lost = Counter(
+            "lifeline_tokens_lost",
+            "Tokens a client had received of a stream that then ended in an error: its answer was cut short and "
+            "must be asked for again. Lifeline's promise is zero.",
+            ["tier", "model"],
+            registry=registry,
+        )
+        self.in_flight = Gauge(
+            "lifeline_gateway_in_flight", "Requests this gateway is relaying now.", registry=registry
         )
         self.stall = Histogram(
             "lifeline_recovery_stall_seconds",
@@ -77,14 +98,21 @@ class GatewayMetrics:
         )
         self.ttft = Histogram(
             "lifeline_gateway_ttft_seconds",
-            "Time to first token, as the client sees it.",
-            ["tier"],
+            "Time to first token, as the client sees it, by tier and model.",
+            ["tier", "model"],
             registry=registry,
-            buckets=(0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            buckets=tuple(b / 1000 for b in slo.TTFT_BOUNDS_MS),
+        )
+        self.tpot = Histogram(
+            "lifeline_gateway_tpot_seconds",
+            "Time per output token after the first, as the client sees it, by tier and model.",
+            ["tier", "model"],
+            registry=registry,
+            buckets=tuple(b / 1000 for b in slo.TPOT_BOUNDS_MS),
         )
 
-    def answered(self, outcome: str, tier: str, code: int) -> None:
-        self.requests.labels(outcome, tier, str(code)).inc()
+    def answered(self, outcome: str, tier: str, code: int, model: str = NO_MODEL) -> None:
+        self.requests.labels(outcome, tier, str(code), model).inc()
 
 
 def _authenticate(request: web.Request) -> Tenant | None:
@@ -152,7 +180,8 @@ async def _serve(request: web.Request, path: str) -> web.StreamResponse:
         return _refusal(exc)
     config = view.config
     if not config.accept_new:
-        metrics.answered("shed", tenant.tier, 503)
+        metrics.answered("shed", tenant.tier, 503, req.model)
+        _report_shed(coordinator, tenant, req, 503, config.degradation_level)
         return openai_error(
             503,
             f"The cluster is at degradation level {config.degradation_level}: it takes no new requests while the ones "
@@ -162,7 +191,8 @@ async def _serve(request: web.Request, path: str) -> web.StreamResponse:
         )
     if tenant.tier in config.shed_tiers:
         metrics.shed.labels(tenant.tier).inc()
-        metrics.answered("shed", tenant.tier, 429)
+        metrics.answered("shed", tenant.tier, 429, req.model)
+        _report_shed(coordinator, tenant, req, 429, config.degradation_level)
         return openai_error(
             429,
             f"The cluster is at degradation level {config.degradation_level} and sheds {tenant.tier} traffic to keep "
@@ -173,7 +203,7 @@ async def _serve(request: web.Request, path: str) -> web.StreamResponse:
     request_id = req.extension.request_id or f"gw-{os.urandom(8).hex()}"
     flight = Flight(request_id, tenant.tenant, tenant.tier, req.model, req.prompt_tokens, req.params.max_tokens)
     if not coordinator.admit(flight):
-        metrics.answered("rejected", tenant.tier, 409)
+        metrics.answered("rejected", tenant.tier, 409, req.model)
         return openai_error(
             409,
             f"lifeline.request_id {request_id!r} is already in flight.",
@@ -216,16 +246,38 @@ async def _serve(request: web.Request, path: str) -> web.StreamResponse:
         _report(request.app, flight, relay, status, code)
 
 
+def _report_shed(coordinator: Coordinator, tenant: Tenant, req: CompletionRequest, code: int, level: int) -> None:
+    """A request the degradation level turned away (429 or 503) is an outcome too: the incident and the cluster's
+    shed rate count it, and the SLO rollups count it against its tier at the level it happened."""
+    coordinator.signals.outcome(
+        request_id=f"shed-{os.urandom(8).hex()}",
+        tenant=tenant.tenant,
+        tier=tenant.tier,
+        model=req.model,
+        status="shed",
+        http_status=code,
+        degradation_level=level,
+        prompt_tokens=req.prompt_tokens,
+        e2e_ms=0.0,
+        started_at=time.time(),
+    )
+
+
 def _report(app: web.Application, flight: Flight, relay: Relay, status: str, code: int) -> None:
     metrics: GatewayMetrics = app[METRICS_KEY]
-    metrics.answered(status, flight.tier, code)
+    metrics.answered(status, flight.tier, code, flight.model)
     ttft = (flight.first_token_at - flight.started) if flight.first_token_at else None
     n = len(flight.generated)
     tpot = ((flight.last_token_at - flight.first_token_at) / (n - 1)) if n > 1 and flight.first_token_at else None
     if ttft is not None:
-        metrics.ttft.labels(flight.tier).observe(ttft)
+        metrics.ttft.labels(flight.tier, flight.model).observe(ttft)
+    if tpot is not None:
+        metrics.tpot.labels(flight.tier, flight.model).observe(tpot)
+    if status == "error" and n:
+        metrics.tokens_lost.labels(flight.tier, flight.model).inc(n)
     for move in flight.migrations:
-        metrics.migrations.labels(move["kind"], move.get("method") or move["planned_method"]).inc()
+        method = move.get("method") or move["planned_method"]
+        metrics.migrations.labels(move["kind"], method, move["from"], move["to"]).inc()
         metrics.stall.observe(move["stall_ms"] / 1000)
     app[COORDINATOR_KEY].signals.outcome(
         request_id=flight.request_id,
@@ -233,6 +285,8 @@ def _report(app: web.Application, flight: Flight, relay: Relay, status: str, cod
         tier=flight.tier,
         model=flight.model,
         status=status,
+        http_status=code,
+        degradation_level=app[VIEW_KEY].config.degradation_level,
         node=flight.node,
         nodes=relay.nodes,
         prompt_tokens=flight.prompt_tokens,
@@ -295,6 +349,8 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
+    gateway_metrics: GatewayMetrics = request.app[METRICS_KEY]
+    gateway_metrics.in_flight.set(len(request.app[COORDINATOR_KEY].flights))
     return web.Response(
         body=generate_latest(request.app[REGISTRY_KEY]), headers={"Content-Type": "text/plain; version=0.0.4"}
     )

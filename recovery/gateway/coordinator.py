@@ -441,14 +441,19 @@ class Coordinator:
         except Exception as exc:  # noqa: BLE001 - the request goes on without a checkpoint; say so
             log.warning("could not re-place the checkpoint of %s: %s", flight.request_id, exc)
             self.signals.emit(
-                "holder_replaced", request_id=flight.request_id, node=flight.node, lost=lost, holders=[], error=str(exc)
+                "holder_replaced",
+                request_id=flight.request_id,
+                node=serving.name,
+                lost=lost,
+                holders=[],
+                error=str(exc),
             )
             return
         flight.holders = tuple(h.name for h in holders)
         self.signals.emit(
             "holder_replaced",
             request_id=flight.request_id,
-            node=flight.node,
+            node=serving.name,  # the node told about its holders: the request may have moved on since the call
             lost=lost,
             holders=list(flight.holders),
             blocks_resent=answer.get("blocks_sent", 0),

@@ -94,7 +94,8 @@ class Relay:
         self.finish_reason: str | None = None
         self.usage: dict | None = None
         self.chunks: list[dict] = []  # for a non-streaming client
-        self.nodes: list[str] = []
+        self.nodes: list[str] = []  # every node tried, in order, including those that never took it
+        self.streamed_on = ""  # the node whose stream last delivered tokens: where a move starts from
         self._migrated = False
         self._failure: Failure | None = None  # the first node that answered it with a server error
 
@@ -273,6 +274,7 @@ class Relay:
                 if resumed:
                     await self._announce(node, decision, broke_at, now, chunk, reason)
                     resumed = False
+                self.streamed_on = node
                 for token in ids.group(1).split(b","):
                     flight.generated.append(int(token))
                 flight.first_token_at = flight.first_token_at or now
@@ -304,11 +306,16 @@ class Relay:
         """The first token after a move: tell the client (a comment line) and the control plane."""
         flight = self.flight
         actual = ((chunk or {}).get("lifeline") or {}).get("resume", {})
-        previous = self.nodes[-2] if len(self.nodes) > 1 else "?"
+        # From the node that last streamed its tokens, not the last one tried: nodes that refused it or could not
+        # be reached in between are named apart, so the timeline never says it moved from a node it never ran on.
+        earlier = self.nodes[:-1]  # `node` is the last one tried
+        previous = self.streamed_on or (earlier[-1] if earlier else "?")
+        since = len(earlier) - earlier[::-1].index(previous) if previous in earlier else len(earlier)
         stall_ms = round((now - (flight.last_token_at or broke_at or now)) * 1000, 1)
         move = {
             "from": previous,
             "to": node,
+            "tried": earlier[since:],  # between the two: refused it, or could not be reached
             "at_token": len(flight.generated),
             "kind": "planned" if reason == "planned migration" else "failure",
             "planned_method": decision.method,
@@ -316,6 +323,7 @@ class Relay:
             "restored_tokens": actual.get("restored_tokens"),
             "reprefill_tokens": actual.get("reprefill_tokens"),
             "source": actual.get("source"),
+            "resume_reason": actual.get("reason"),
             "stall_ms": stall_ms,
             "reason": decision.reason,
             "cause": reason,

@@ -16,23 +16,24 @@
 
   function draw(data) {
     if (!window.Plotly) return;
-    const t = data.t.map((s) => new Date(s * 1000));
+    const t = LifelineTime.plotXs(data.t);  // UTC, as the timeline below it
     const traces = [
       { x: t, y: data.ttft_ms, name: "TTFT (ms)", mode: "markers", marker: { size: 5, color: "#58a6ff" } },
       { x: t, y: data.tpot_ms, name: "TPOT (ms)", mode: "markers", yaxis: "y2", marker: { size: 5, color: "#d29922" } },
     ];
     const shapes = [];
-    const marks = { opened: "#f85149", detected: "#f0883e", recovered: "#3fb950" };
+    const marks = { opened: "#f85149", detected: "#f0883e", recovered: "#3fb950", capacity_restored: "#a371f7" };
     for (const [name, color] of Object.entries(marks)) {
       if (data.marks[name]) {
-        const at = new Date(data.marks[name] * 1000);
+        const at = LifelineTime.plotX(data.marks[name]);
         shapes.push({ type: "line", x0: at, x1: at, yref: "paper", y0: 0, y1: 1, line: { color, width: 1.5, dash: "dot" } });
       }
     }
     const layout = {
       paper_bgcolor: "#161b22", plot_bgcolor: "#161b22", font: { color: "#e6edf3", size: 11 },
-      margin: { l: 50, r: 50, t: 10, b: 40 }, height: 280, showlegend: true, legend: { orientation: "h" },
-      xaxis: { gridcolor: "#2a323d" }, yaxis: { title: "TTFT ms", gridcolor: "#2a323d" },
+      margin: { l: 50, r: 50, t: 30, b: 40 }, height: 300, showlegend: true,
+      legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom" },  // above: the x axis below carries dates and "UTC"
+      xaxis: LifelineTime.axis({ gridcolor: "#2a323d" }), yaxis: { title: "TTFT ms", gridcolor: "#2a323d" },
       yaxis2: { title: "TPOT ms", overlaying: "y", side: "right", showgrid: false }, shapes,
     };
     Plotly.react(chartEl, traces, layout, { displayModeBar: false, responsive: true });

@@ -1,12 +1,12 @@
 """Health and operations end to end: the whole system as `manage.py demo` starts it, with a real Celery
 worker and beat, real node processes, a real gateway and headless Chromium.
 
-Silent corruption injected on a node → SUSPICIOUS → UNHEALTHY → a drain proposed → refused for the
-operator and the manager, approved in the browser by the on-call engineer → its in-flight requests
-migrated live with text identical to an undisturbed run → the node out of routing → reset, canary
-passes → back in service. A CRITICAL Xid makes a node UNHEALTHY at once; a hot spare is promoted when
-a node fails; the degradation level rises as nodes are killed (best-effort shed with 429 while premium
-is served) and falls as they return.
+Silent corruption injected on a node → SUSPICIOUS → UNHEALTHY → its in-flight requests migrated live at
+once, with text identical to an undisturbed run, and named on the incident as possibly corrupt → a drain
+proposed → refused for the operator and the manager, approved in the browser by the on-call engineer →
+the node out of routing → reset, canary passes → back in service. A CRITICAL Xid makes a node UNHEALTHY
+at once; a hot spare is promoted when a node fails; the degradation level rises as nodes are killed
+(best-effort shed with 429 while premium is served) and falls as they return.
 
 The tests share one stack and run in file order, each leaving the cluster serving.
 """
@@ -145,7 +145,13 @@ def test_silent_corruption_is_drained_with_on_calls_approval_and_no_token_lost(b
             extra_body={"ignore_eos": True},
         ) as response:
             text, ids, comments = [], [], []
-            results[i] = {"node": response.headers["x-lifeline-node"], "text": text, "ids": ids, "comments": comments}
+            results[i] = {
+                "node": response.headers["x-lifeline-node"],
+                "request_id": response.headers["x-request-id"],
+                "text": text,
+                "ids": ids,
+                "comments": comments,
+            }
             for line in response.iter_lines():
                 if line.startswith(":"):
                     comments.append(line)  # OpenAI clients skip SSE comments; the move is announced in one
@@ -182,6 +188,12 @@ def test_silent_corruption_is_drained_with_on_calls_approval_and_no_token_lost(b
     )
     assert drain["source"] == "health machine" and "logprob_out_of_range" in drain["reason"]
     url = stack.info["urls"]["console"] + f"drains/{drain['id']}/"
+    # Found corrupt: its streams leave it at once, while the drain still waits for on-call; the incident linked to
+    # the drain names them as requests that may have received corrupt tokens.
+    wait_for(lambda: all(results[i]["comments"] for i in on_sick), 15, 0.1, f"the streams on {sick} moved off")
+    assert call(stack, "GET", f"/api/drains/{drain['id']}")[1]["waiting"]
+    suspects = call(stack, "GET", f"/api/incidents/{drain['incident']}")[1]["details"]["suspect_requests"][sick]
+    assert {results[i]["request_id"] for i in on_sick} <= set(suspects["in_flight"] + suspects["finished"])
 
     # The operator and the manager see why, but may not decide: refused, and logged.
     for role in ("operator", "manager"):

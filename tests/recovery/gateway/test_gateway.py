@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import threading
+import urllib.request
 
 import aiohttp
 import openai
@@ -88,15 +89,20 @@ def killer(cluster, at_token=40, also=()):
     return on_token, killed
 
 
-async def moves(base):
+async def moves(base, labels=("kind", "method")):
+    """The gateway's migration counter summed over all but `labels`, keyed 'kind="…",method="…"'."""
     import urllib.request
 
+    from prometheus_client.parser import text_string_to_metric_families
+
     text = await asyncio.to_thread(lambda: urllib.request.urlopen(base + "/metrics").read().decode())
-    return {
-        line.split("{")[1].split("}")[0]: float(line.split()[-1])
-        for line in text.splitlines()
-        if line.startswith("lifeline_migrations_total{")
-    }
+    counted: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "lifeline_migrations_total":
+                key = ",".join(f'{k}="{sample.labels[k]}"' for k in labels)
+                counted[key] = counted.get(key, 0.0) + sample.value
+    return counted
 
 
 async def test_keys_unknown_models_and_no_nodes(cluster):
@@ -139,6 +145,18 @@ async def test_a_checkpointed_request_survives_its_node_and_resumes_on_the_holde
     assert text == expected  # no token lost, none repeated
     assert len(comments) == 1 and f"from {first} to" in comments[0] and "checkpoint-local" in comments[0]
     assert await moves(base) == {'kind="failure",method="checkpoint-local"': 1.0}
+    target = comments[0].split(" to ")[1].split(" ")[0]
+    assert await moves(base, ("source", "target")) == {f'source="{first}",target="{target}"': 1.0}
+    text = await asyncio.to_thread(
+        lambda: __import__("urllib.request").request.urlopen(base + "/metrics").read().decode()
+    )
+    per_model = [
+        line
+        for line in text.splitlines()
+        if line.startswith(("lifeline_gateway_tpot_seconds_count{", "lifeline_gateway_ttft_seconds_count{"))
+    ]
+    assert len(per_model) >= 2 and all('model="Qwen3-32B"' in line for line in per_model)  # TPOT and TTFT, by model
+    assert "lifeline_tokens_lost_total{" not in text  # the stream moved whole: nothing lost
 
 
 async def test_an_overloaded_holders_pages_are_fetched_by_the_least_loaded_node(cluster):
@@ -155,6 +173,21 @@ async def test_an_overloaded_holders_pages_are_fetched_by_the_least_loaded_node(
     assert text == expected
     assert "checkpoint-fetched" in comments[0] and "re-prefill" in comments[0]  # the reason gives both costs
     assert await moves(base) == {'kind="failure",method="checkpoint-fetched"': 1.0}
+
+
+async def test_a_stream_cut_short_with_no_node_left_counts_its_tokens_as_lost(cluster):
+    cluster.start_nodes("tl-a")  # no other node to move it to
+    base = await cluster.gateway()
+    on_token, killed = killer(cluster, at_token=20)
+    _, _, node = await asyncio.to_thread(stream_with_the_openai_client, base, on_token)
+    assert killed == [node]
+
+    def lost() -> float:
+        text = urllib.request.urlopen(base + "/metrics").read().decode()
+        return sum(float(x.split()[-1]) for x in text.splitlines() if x.startswith("lifeline_tokens_lost_total{"))
+
+    await asyncio.to_thread(wait_for, lambda: lost() > 0, 10, 0.1, "the lost tokens counted")
+    assert await asyncio.to_thread(lost) >= 20  # the tokens the client had when its stream ended in an error
 
 
 async def test_without_checkpoints_the_request_is_re_prefilled_losslessly(cluster):
