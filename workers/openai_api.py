@@ -96,7 +96,8 @@ def _chat_logprobs(event: TokenEvent) -> dict:
                     {"token": _spelling(t), "logprob": lp, "bytes": list(_spelling(t).encode())} for t, lp in event.top
                 ],
             }
-        ]
+        ],
+        "refusal": None,  # OpenAI's schema requires both lists; this engine never refuses
     }
 
 
@@ -202,7 +203,11 @@ class ChunkWriter:
             choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish.reason}
             body = self._envelope(choice, "text_completion")
         else:
-            logprobs = {"content": [c for e in events for c in _chat_logprobs(e)["content"]]} if want_logprobs else None
+            logprobs = (
+                {"content": [c for e in events for c in _chat_logprobs(e)["content"]], "refusal": None}
+                if want_logprobs
+                else None
+            )
             message = {"role": "assistant", "content": text, "refusal": None}
             choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish.reason}
             body = self._envelope(choice, "chat.completion")

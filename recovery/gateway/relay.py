@@ -386,6 +386,8 @@ class Relay:
                         )
                     for key in logprobs:
                         logprobs[key].extend(part.get(key) or [])
+        if chat and logprobs is not None:
+            logprobs["refusal"] = None  # OpenAI's schema requires both: the tokens of the content and of a refusal
         body = "".join(text)
         choice = {"index": 0, "logprobs": logprobs, "finish_reason": self.finish_reason}
         if chat:

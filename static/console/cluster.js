@@ -305,7 +305,8 @@
   const palette = ["#58a6ff", "#3fb950", "#d29922", "#bc8cff", "#2dd4bf", "#f778ba", "#f85149", "#8b949e"];
   const layout = (title, extra) => ({
     paper_bgcolor: "#161b22", plot_bgcolor: "#161b22", font: { color: "#e6edf3", size: 11 },
-    margin: { l: 55, r: 15, t: 30, b: 45 }, height: 240, showlegend: true, legend: { orientation: "h", y: -0.3 },
+    margin: { l: 55, r: 15, t: 30, b: 45 }, height: 260, showlegend: true,
+    legend: { orientation: "h", y: -0.45, yanchor: "top" },  // below the axis title, not over it
     title: { text: title, font: { size: 12 }, x: 0.01 },
     xaxis: time.axis({ gridcolor: "#2a323d" }),
     yaxis: { gridcolor: "#2a323d", rangemode: "tozero", ...extra },

@@ -3,6 +3,7 @@ objectives and corrections changed only through the audited actions."""
 
 import datetime as dt
 import random
+import sys
 import threading
 
 import pytest
@@ -19,6 +20,13 @@ pytestmark = pytest.mark.django_db
 
 MODEL = "Qwen3-32B"
 NOW = timezone.now().replace(microsecond=0)
+
+
+@pytest.fixture(autouse=True)
+def _now(monkeypatch):
+    """NOW as each test starts: the figures read the windows back from the real clock, and this module may run many
+    minutes after it was imported (a 5-minute window would have slid past the outcomes written "2 minutes ago")."""
+    monkeypatch.setattr(sys.modules[__name__], "NOW", timezone.now().replace(microsecond=0))
 
 
 def report(at: dt.datetime, *, status="ok", ttft=300.0, tpot=30.0, tier="premium", tenant="acme", **extra) -> tuple:
