@@ -10,6 +10,7 @@ import asyncio
 import json
 import logging
 import time
+from typing import Any
 
 from aiohttp import web
 
@@ -84,7 +85,7 @@ def _completion_logprobs(event: TokenEvent, offset: int) -> dict:
     }
 
 
-def _chat_logprobs(event: TokenEvent) -> dict:
+def _chat_logprobs(event: TokenEvent) -> dict[str, Any]:
     word = _spelling(event.token if event.token is not None else event.token_id)
     return {
         "content": [

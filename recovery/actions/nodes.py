@@ -254,6 +254,7 @@ def mark_silent_nodes_down() -> list[str]:
     downed = []
     started = Cluster.default().control_plane_started_at
     for name, _ in hot.silent_nodes(now - miss):
+        entry = hot.node(name)  # the session whose silence this is
         seen = hot.last_seen(name)  # re-read: a beat may have landed since the scan
         if seen is None or not lifecycle.is_silent(seen, now, miss):
             continue
@@ -261,7 +262,8 @@ def mark_silent_nodes_down() -> list[str]:
         if node is None or node.state not in lifecycle.ALIVE:
             hot.unwatch(name)
             continue
-        entry = hot.node(name)
+        if entry and entry.session and node.session != entry.session:
+            continue  # a new session registered since the silent one was read: it has not had time to beat
         if _of_a_previous_run(node, entry.last_seen if entry else None, started):
             # Its session ended while the control plane was down (a restart of the stack): gone, not failed.
             cause = (

@@ -11,7 +11,6 @@ the replaced entry at once, so a request waiting for its decision only
 searches. A route or setting change rebuilds them.
 """
 
-import math
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -22,6 +21,8 @@ from recovery.policy import load, placement
 # Pages placed on a holder count in its L̂ at once, until its own status reports them (a
 # status event comes within a few steps) or this long has passed.
 RECENT_S = 2.0
+# No request has this many KV pages (a 1M-token context is 65,536 blocks of 16): a figure above it is nonsense.
+MAX_REQUEST_PAGES = 1e9
 UNLIMITED = 1 << 62
 
 
@@ -76,10 +77,11 @@ class FleetState:
     def placed(self, holders: tuple[Route, ...], pages: float) -> None:
         """Checkpoints of a new request go to `holders`: their L̂ counts the pages from now.
 
-        Pages are a count: one that is not a positive finite number books nothing, so
-        the bookkeeping cannot go negative nor keep a load that never expires.
+        Pages are a count: one that is not a positive number below MAX_REQUEST_PAGES books
+        nothing, so the bookkeeping cannot go negative, overflow to infinity when two huge
+        figures add up, nor keep a load that never expires.
         """
-        if not (isinstance(pages, (int, float)) and 0 < pages < math.inf):
+        if not (isinstance(pages, (int, float)) and 0 < pages < MAX_REQUEST_PAGES):
             return
         now = self.clock()
         for route in holders:

@@ -142,6 +142,32 @@ def test_node_endpoints_need_the_node_token(client):
     assert response.status_code == 400
 
 
+def test_a_session_registered_while_the_sweep_runs_is_not_marked_down_for_its_predecessors_silence(
+    node_api, django_capture_on_commit_callbacks, monkeypatch
+):
+    """The sweep read the old session's silence from Redis; the node registered a new session before the sweep
+    reached the database. Seen in a restart of the stack: the new session was marked DOWN 100 ms after it
+    registered, for the 8.6 s its predecessor had been silent."""
+    old = registration()
+    with django_capture_on_commit_callbacks(execute=True):
+        node_api("/api/nodes/register", old)
+    with django_capture_on_commit_callbacks(execute=True):
+        beat(node_api, "node-x", old["session"])
+    hot.client().zadd(hot.keys().heartbeats, {"node-x": time.time() - 8.6})
+    stale = time.time() - 8.6
+    real_last_seen = hot.last_seen
+
+    def read_then_register(name):  # the sweep's last read from Redis, then the node's new registration lands
+        with django_capture_on_commit_callbacks(execute=True):
+            node_api("/api/nodes/register", registration())
+        monkeypatch.setattr(hot, "last_seen", real_last_seen)
+        return stale
+
+    monkeypatch.setattr(hot, "last_seen", read_then_register)
+    assert nodes.mark_silent_nodes_down() == []
+    assert Node.objects.get(name="node-x").state == "join"
+
+
 def test_silent_node_goes_down_then_left_and_a_new_session_rejoins(
     node_api, django_capture_on_commit_callbacks, settings
 ):

@@ -16,7 +16,7 @@ import urllib.request
 
 import openai
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from recovery.gateway.fleet import FleetState
@@ -365,6 +365,7 @@ PAGES = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-(
         max_size=40,
     )
 )
+@example(ops=[("place", "a", 1.9309754994748414e295, 0.0), ("place", "a", 1.7976931348621227e308, 0.0)])  # sum: inf
 def test_fleet_bookkeeping_never_goes_negative_and_always_drains(ops):
     """Arbitrary bookings and expiries, refused requests' nonsense included: never below zero, and nothing stays."""
     now = [1000.0]
