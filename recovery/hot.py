@@ -52,14 +52,16 @@ LOAD_FIELDS = (
 
 
 # --- nodes -------------------------------------------------------------------
-def record_node(name: str, session: str, state: str, address: str, watch: bool) -> None:
-    """Mirror a node's identity and state; `watch` puts it under heartbeat watch."""
+def record_node(name: str, session: str, state: str, address: str, watch: bool, seen_now: bool = False) -> None:
+    """Mirror a node's identity and state; `watch` puts it under heartbeat watch. `seen_now`: a new session has
+    just registered, so its clock starts now (not at its predecessor's last beat)."""
     r = client()
     pipe = r.pipeline()
     pipe.hset(keys().node(name), mapping={"session": session, "state": state, "address": address})
     if watch:
-        # A node just registered counts as seen now, so it has the full miss window to send its first beat.
-        pipe.zadd(keys().heartbeats, {name: time.time()}, nx=True)
+        # A node just registered counts as seen now, so it has the full miss window to send its first beat; a
+        # mirror of a node already watched (a resync) keeps its last beat, so a silence is not hidden.
+        pipe.zadd(keys().heartbeats, {name: time.time()}, nx=not seen_now)
     else:
         pipe.zrem(keys().heartbeats, name)
     pipe.execute()

@@ -192,7 +192,7 @@ class ChunkWriter:
         text = "".join(e.text for e in events)
         want_logprobs = self.req.params.logprobs is not None
         if self.req.kind == "completion":
-            logprobs: dict[str, list] | None = None
+            logprobs: dict[str, Any] | None = None
             if want_logprobs:
                 logprobs = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
                 offset = 0

@@ -88,7 +88,14 @@ def transition_node(
 
 def _published(node: Node) -> None:
     """After a lifecycle step commits: Redis, every gateway's routing table, the browser."""
-    hot.record_node(node.name, node.session, node.state, node.address, watch=node.state in lifecycle.ALIVE)
+    hot.record_node(
+        node.name,
+        node.session,
+        node.state,
+        node.address,
+        watch=node.state in lifecycle.ALIVE,
+        seen_now=node.state == NodeState.JOIN,  # only a registration (a new session) enters JOIN
+    )
     routing.publish_routing()
     events.node_changed(node.pk)
 
