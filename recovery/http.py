@@ -1,5 +1,7 @@
 """Small helpers shared by the JSON endpoints of the control plane and the console."""
 
+import json
+
 from django.http import JsonResponse
 
 
@@ -13,3 +15,15 @@ def bearer_token(request) -> str | None:
 def json_error(status: int, message: str, **extra) -> JsonResponse:
     """An error body that says what was wrong and what to do."""
     return JsonResponse({"error": {"status": status, "message": message, **extra}}, status=status)
+
+
+def patch_body(request) -> tuple[dict, str] | JsonResponse:
+    """A PATCH body `{field: value, ..., "reason": ...}`: the fields and the reason, or the 400 that says what was
+    wrong with it."""
+    try:
+        body = json.loads(request.body or b"{}")
+    except json.JSONDecodeError:
+        return json_error(400, "The body is not valid JSON.", field="body")
+    if not isinstance(body, dict):
+        return json_error(400, 'The body must be a JSON object: {field: value, ..., "reason": ...}.', field="body")
+    return body, str(body.pop("reason", ""))

@@ -1,7 +1,5 @@
 """The cluster's operating settings (admin): the page and `GET`/`PATCH /api/settings`, both through one action."""
 
-import json
-
 from django.contrib import messages
 from django.http import JsonResponse
 from django.shortcuts import redirect, render
@@ -11,7 +9,7 @@ from console.auth import api_view, page_view
 from recovery import roles
 from recovery.actions import cluster_settings, health
 from recovery.forms import SettingsForm
-from recovery.http import json_error
+from recovery.http import json_error, patch_body
 from recovery.models import Cluster
 
 
@@ -53,13 +51,10 @@ def api_settings(request):
         return JsonResponse(cluster_settings.current(cluster))
     if request.method != "PATCH":
         return json_error(405, 'GET the settings, or PATCH {field: value, ..., "reason": ...}.')
-    try:
-        body = json.loads(request.body or b"{}")
-    except json.JSONDecodeError:
-        return json_error(400, "The body is not valid JSON.", field="body")
-    if not isinstance(body, dict):
-        return json_error(400, 'The body must be a JSON object: {field: value, ..., "reason": ...}.', field="body")
-    reason = str(body.pop("reason", ""))
+    parsed = patch_body(request)
+    if isinstance(parsed, JsonResponse):
+        return parsed
+    body, reason = parsed
     try:
         changed = cluster_settings.update(cluster, body, request.user.get_username(), reason)
     except cluster_settings.SettingsRefused as exc:

@@ -1,8 +1,6 @@
 """Service-level objectives: the /slo/ page (managers, on-call, operators, admins read), the admin's forms for
 objectives and corrections, and `GET /api/slo`, `GET`/`PATCH /api/slo/<id>`, all through recovery.actions.slo."""
 
-import json
-
 from django.contrib import messages
 from django.http import JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -13,7 +11,7 @@ from console.readmodels import slo as slo_model
 from recovery import roles
 from recovery.actions import slo
 from recovery.forms import SloCorrectionForm, SloObjectiveForm
-from recovery.http import json_error
+from recovery.http import json_error, patch_body
 from recovery.models import SloCorrection, SloObjective
 
 
@@ -119,13 +117,10 @@ def api_slo_one(request, objective_id: int):
     if not roles.has_role(request.user, roles.ADMIN):
         slo.refuse_edit(request.user.get_username(), roles.role_of(request.user), f"slo:{objective.pk}", "edit")
         return json_error(403, f"Role {roles.role_of(request.user)!r} may not edit objectives: only admins do.")
-    try:
-        body = json.loads(request.body or b"{}")
-    except json.JSONDecodeError:
-        return json_error(400, "The body is not valid JSON.", field="body")
-    if not isinstance(body, dict):
-        return json_error(400, 'The body must be a JSON object: {field: value, ..., "reason": ...}.', field="body")
-    reason = str(body.pop("reason", ""))
+    parsed = patch_body(request)
+    if isinstance(parsed, JsonResponse):
+        return parsed
+    body, reason = parsed
     try:
         changed = slo.update_objective(objective, body, request.user.get_username(), reason)
     except slo.SloRefused as exc:
