@@ -131,6 +131,11 @@ def test_an_admin_edits_an_objective_on_the_form_and_through_the_api(client, cas
         HTTP_AUTHORIZATION=f"Bearer {token}",
     )
     assert bad.status_code == 400 and bad.json()["error"]["field"] == "tpot_threshold_ms"
+    for body, says in (("{not json", "not valid JSON"), ("[1, 2]", "must be a JSON object")):
+        for url in (f"/api/slo/{objective.pk}", "/api/settings"):  # one parser for both PATCH bodies
+            answer = client.patch(url, body, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}")
+            assert answer.status_code == 400 and answer.json()["error"]["field"] == "body", (url, body)
+            assert says in answer.json()["error"]["message"]
     assert AuditEntry.objects.filter(action="slo_objective_changed").count() == 2
 
 
