@@ -140,18 +140,7 @@ class SloAdmin(admin.ModelAdmin):
 @admin.register(SloObjective)
 class SloObjectiveAdmin(SloAdmin):
     form = SloObjectiveForm
-    list_display = (
-        "model_key",
-        "tier",
-        "tenant",
-        "ttft_threshold_ms",
-        "ttft_percentile",
-        "tpot_threshold_ms",
-        "tpot_percentile",
-        "availability_target",
-        "window",
-        "updated_by",
-    )
+    list_display = (*SloObjectiveForm.Meta.fields, "updated_by")
     list_filter = ("tier", "window", "model_key")
 
     def save_model(self, request, obj, form, change):

@@ -16,7 +16,7 @@ from recovery.choices import DrainState, EventKind, Health
 from recovery.models import CanaryResult, Cluster, Drain, Node, Notification, RequestOutcome
 from recovery.policy import health as policy
 from tests.helpers import wait_for
-from tests.recovery.test_health import configure, register
+from tests.recovery.test_health import configure, hand_to_repair, register
 
 pytestmark = pytest.mark.django_db
 
@@ -72,19 +72,7 @@ def test_a_node_back_in_service_or_handed_to_repair_is_not_proposed_again(commit
     commit(health.set_health, node, Health.HEALTHY, "canary passed")
     # A node handed to hardware repair stays out of service on purpose, until a person returns it.
     repaired, _ = commit(register, "nb-repair")
-    drain = commit(
-        drains.propose,
-        repaired,
-        source="operator",
-        requested_by=cast["operator"],
-        reason="fell off the bus",
-        remediation="hardware_repair",
-        mode="allow_completion",
-    )
-    commit(drains.decide, drain, cast["oncall"], "approve", "go")
-    for _ in range(4):
-        commit(drains.advance, Drain.objects.get(pk=drain.pk))
-    assert Drain.objects.get(pk=drain.pk).state == DrainState.HANDED_OFF
+    assert hand_to_repair(commit, cast, repaired).state == DrainState.HANDED_OFF
     assert Node.objects.get(pk=repaired.pk).weight == 0.0
     assert drains.left_out_of_service() == []
     assert commit(drains.propose_again, later(3600)) == []

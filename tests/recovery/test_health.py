@@ -381,8 +381,8 @@ def test_an_approved_drain_runs_to_the_end_against_a_real_node(pair, commit, cas
     ]
 
 
-def test_hardware_repair_hands_the_node_off(commit, tokens, cast):
-    node, _ = commit(register, "hc-hw")
+def hand_to_repair(commit, cast, node):
+    """An operator's drain for hardware repair, approved and run to its hand-off."""
     drain = commit(
         drains.propose,
         node,
@@ -396,6 +396,12 @@ def test_hardware_repair_hands_the_node_off(commit, tokens, cast):
     for _ in range(4):
         commit(drains.advance, Drain.objects.get(pk=drain.pk))
     drain.refresh_from_db()
+    return drain
+
+
+def test_hardware_repair_hands_the_node_off(commit, tokens, cast):
+    node, _ = commit(register, "hc-hw")
+    drain = hand_to_repair(commit, cast, node)
     node.refresh_from_db()
     assert drain.state == DrainState.HANDED_OFF and node.cordoned and weight("hc-hw") == 0.0
 
