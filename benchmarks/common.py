@@ -118,3 +118,29 @@ def save(name: str, result: dict) -> Path:
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     return path
+
+
+def scratch_database(prefix: str, postgres_only: str = "") -> tuple[str, callable]:
+    """A database of the benchmark's own next to DATABASE_URL's PostgreSQL one (or a SQLite file without one; or exit
+    with `postgres_only` as the reason), and the function that drops it."""
+    import secrets
+    import tempfile
+
+    url = os.environ.get("DATABASE_URL", "")
+    if not url.startswith(("postgres://", "postgresql://")):
+        if postgres_only:
+            sys.exit(postgres_only)
+        return f"sqlite:///{os.path.join(tempfile.mkdtemp(prefix=prefix), 'bench.sqlite3')}", lambda: None
+    import psycopg
+    from psycopg import sql
+
+    base, name = url.rsplit("/", 1)[0], f"lifeline_bench_{prefix}_{secrets.token_hex(4)}"
+    admin = base + "/postgres"
+    with psycopg.connect(admin, autocommit=True) as connection:
+        connection.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+
+    def drop():
+        with psycopg.connect(admin, autocommit=True) as connection:
+            connection.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+    return f"{base}/{name}", drop

@@ -68,6 +68,7 @@ class FakeFleet:
         self.interval_s = interval_s
         self.sessions: dict[str, str] = {}
         self.beating: set[str] = set()
+        self.in_flight: dict[str, int] = {}  # beats sent and not yet answered, by node
         self.beats = 0
         self.beat_s = 0.0  # summed time of the heartbeats' round trips
         self.errors: list[str] = []
@@ -114,8 +115,11 @@ class FakeFleet:
         return answer
 
     def hold(self, name: str) -> None:
-        """Stop the node's own beats (until the next `beat`), so that a figure sent now is not replaced at once."""
+        """Stop the node's own beats (until the next `beat`), so that a figure sent now is not replaced at once;
+        returns once none of its own is on its way (the browser is sent the latest figures of each quarter second,
+        so a beat of its own answered after the figure would hide it)."""
         self.beating.discard(name)
+        self._run(self._answered(name))
 
     def resume(self, name: str) -> None:
         self.beating.add(name)
@@ -168,6 +172,10 @@ class FakeFleet:
             f"/api/nodes/{name}/deregister", {"session": self.sessions[name], "reason": "fake fleet: stopping"}
         )
 
+    async def _answered(self, name: str) -> None:
+        while self.in_flight.get(name):
+            await asyncio.sleep(0.005)
+
     async def _beat(self, name: str, model_state: str, xids: list | None = None, **load) -> dict:
         running = random.randint(0, 12)
         figures = {
@@ -182,10 +190,14 @@ class FakeFleet:
             **load,
         }
         started = time.monotonic()
-        answer = await self._post(
-            f"/api/nodes/{name}/heartbeat",
-            {"session": self.sessions[name], "model_state": model_state, "load": figures, "xids": xids or []},
-        )
+        self.in_flight[name] = self.in_flight.get(name, 0) + 1
+        try:
+            answer = await self._post(
+                f"/api/nodes/{name}/heartbeat",
+                {"session": self.sessions[name], "model_state": model_state, "load": figures, "xids": xids or []},
+            )
+        finally:
+            self.in_flight[name] -= 1
         self.beats += 1
         self.beat_s += time.monotonic() - started
         return answer
@@ -358,9 +370,11 @@ def main(argv=None) -> dict:
     result = {
         "nodes": args.nodes,
         "runs": runs,
-        "path": "node HTTP request -> control plane action -> Redis channel layer -> Channels consumer -> "
-        "WebSocket -> cluster.js (batched per animation frame) -> DOM; one web process (daphne), "
-        "embedded Redis, SQLite; no gateway, no Celery (not on this path)",
+        "path": "node HTTP request (a heartbeat straight to its view: console.asgi.NodeHeartbeats) -> control plane "
+        "action -> Redis channel layer (a state change at once; every node's latest load figures in one message "
+        "per 250 ms: recovery.events.LoadPublisher) -> Channels consumer -> WebSocket -> cluster.js (batched per "
+        "animation frame) -> DOM; one web process (daphne), embedded Redis, SQLite; no gateway, no Celery (not on "
+        "this path)",
         "load_average_at_end": os.getloadavg(),
     }
     save("console_scale", result)
@@ -406,11 +420,13 @@ def measure(nodes: int, interval_s: float, changes_wanted: int, loads_wanted: in
             for i in range(loads_wanted):
                 name = rng.choice([n for n in fleet.names if n in fleet.beating])
                 marker = 1000 + i  # four digits: told apart from the fleet's own figures (0 to 12)
-                fleet.hold(name)
-                time.sleep(0.1)  # a beat of its own already on its way lands first
+                fleet.hold(name)  # and a beat of its own already on its way has landed
                 sent = time.time() * 1000
-                fleet.beat(name, "serving", running=marker)
+                # Held until shown: the browser is sent each node's latest figures four times a second, so a beat of
+                # its own in the same quarter second would replace the marked figure before it is drawn.
+                fleet.beat(name, "serving", resume=False, running=marker)
                 figures.append(shown_after(page, name, f"running:{marker}", sent))
+                fleet.resume(name)
                 time.sleep(rng.uniform(0.02, 0.2))
             context.close()
             browser.close()

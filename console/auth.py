@@ -24,6 +24,9 @@ DECIDE_DRAINS = drains.DECIDE
 MANAGE_SPARES = (roles.ONCALL,)
 READ_AUDIT = (roles.ONCALL, roles.MANAGER)  # who did what: on-call while on duty, managers after
 READ_SLO = (roles.MANAGER, roles.ONCALL, roles.OPERATOR)  # objectives and budgets; only admins edit them
+# Experiments: operators rehearse failures, managers plan capacity; on-call reads them (its hands are on the fleet).
+RUN_EXPERIMENTS = (roles.OPERATOR, roles.MANAGER)
+READ_EXPERIMENTS = (roles.OPERATOR, roles.MANAGER, roles.ONCALL)
 
 
 def api_view(*allowed_roles: str):

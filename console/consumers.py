@@ -47,7 +47,7 @@ def _node_frame(node_id: int, view: str = "tiles") -> dict | None:
 
 
 class ClusterConsumer(AsyncJsonWebsocketConsumer):
-    """Live cluster page: node tiles on state changes, figures on every heartbeat."""
+    """Live cluster page: node tiles on state changes, the figures of the latest heartbeats a few times a second."""
 
     async def connect(self):
         user = self.scope.get("user")
@@ -69,10 +69,9 @@ class ClusterConsumer(AsyncJsonWebsocketConsumer):
         if frame is not None:
             await self.send_json(frame)
 
-    async def node_load(self, event):
-        frame = {key: value for key, value in event.items() if key != "type"}
-        frame["kind"] = "load"
-        await self.send_json(frame)
+    async def node_loads(self, event):
+        # Every node's latest figures, a few times a second (recovery.events.LoadPublisher): one frame for all.
+        await self.send_json({"kind": "loads", "nodes": event["nodes"]})
 
 
 class RoleConsumer(AsyncJsonWebsocketConsumer):

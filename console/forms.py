@@ -2,8 +2,10 @@
 
 from django import forms
 
-from recovery.choices import DrainMode, IncidentSeverity, IncidentStatus, Remediation
+from recovery.choices import DrainMode, IncidentSeverity, IncidentStatus, PlacementPolicy, Remediation
 from recovery.models import Node
+from recovery.policy.placement import POLICIES
+from recovery.sim import workload as sim_workload
 from workers import faults as fault_kinds
 
 
@@ -108,3 +110,91 @@ class IncidentFilterForm(forms.Form):
         if data.get("since") and data.get("until") and data["since"] > data["until"]:
             self.add_error("until", "until: must be after since")
         return data
+
+
+EXAMPLE_FLEET = """[
+  {"name": "a", "count": 4, "model": "Qwen3-32B", "gpu": "H100-SXM", "tp": 2, "rack": "rack-a"},
+  {"name": "b", "count": 4, "model": "Qwen3-32B", "gpu": "H200-SXM", "tp": 2, "rack": "rack-b", "spares": 1}
+]"""
+# Faults the simulator plays out; silent corruption (sdc) is drawn but not simulated yet (recovery.sim.fleet).
+EXPERIMENT_FAULTS = [
+    ("", "no failure"),
+    ("crash", "crash"),
+    ("hang", "hang"),
+    ("gpu_lost", "GPU lost"),
+    ("rack", "rack"),
+]
+
+
+def _number(field_class, name: str, what: str, **kwargs):
+    return field_class(
+        error_messages={"invalid": f"{name}: not a number ({what})", "required": f"{name}: required ({what})"}, **kwargs
+    )
+
+
+class ExperimentForm(forms.Form):
+    """What the Experiments page asks for; the scenario it makes is checked whole by recovery.actions.experiments."""
+
+    name = forms.CharField(required=False, max_length=200)
+    fleet_source = forms.ChoiceField(
+        choices=[("described", "described below"), ("live", "the live fleet (the registry's nodes)")],
+        initial="described",
+        widget=forms.RadioSelect,
+    )
+    fleet_json = forms.CharField(
+        required=False,
+        strip=False,
+        initial=EXAMPLE_FLEET,
+        widget=forms.Textarea(attrs={"rows": 6, "spellcheck": "false"}),
+    )
+    duration_s = _number(forms.FloatField, "duration_s", "seconds of simulated time", initial=60)
+    arrival = forms.ChoiceField(choices=[(a, a) for a in sim_workload.ARRIVALS], initial="poisson")
+    rate_rps = _number(forms.FloatField, "rate_rps", "requests per second", initial=24)
+    cv = _number(forms.FloatField, "cv", "gamma arrivals' coefficient of variation", required=False)
+    lengths = forms.ChoiceField(choices=[(k, k) for k in sim_workload.LENGTHS], initial="splitwise-conversation")
+    fault_kind = forms.ChoiceField(choices=EXPERIMENT_FAULTS, required=False, initial="crash")
+    fault_target = forms.CharField(required=False, max_length=200, initial="b-1")
+    fault_at_s = _number(forms.FloatField, "fault_at_s", "seconds after the start", required=False, initial=20)
+    fault_repair_s = _number(
+        forms.FloatField, "fault_repair_s", "seconds until repaired; empty: never", required=False, initial=30
+    )
+    policies = forms.MultipleChoiceField(
+        choices=PlacementPolicy.choices,
+        initial=list(POLICIES),
+        widget=forms.CheckboxSelectMultiple,
+        error_messages={"required": "policies: pick at least one"},
+    )
+    seeds = forms.CharField(initial="1", max_length=200, error_messages={"required": "seeds: at least one, e.g. 1, 2"})
+
+    def clean_seeds(self) -> list[int]:
+        text = self.cleaned_data["seeds"]
+        try:
+            return [int(part) for part in text.replace(",", " ").split()]
+        except ValueError:
+            raise forms.ValidationError(f"seeds: {text!r} is not a list of whole numbers (e.g. 1, 2, 3)") from None
+
+    def clean(self):
+        data = super().clean()
+        if data.get("fault_kind") and not data.get("fault_target"):
+            self.add_error("fault_target", "fault_target: the node (or, for a rack failure, the rack) that fails")
+        if data.get("fault_kind") and data.get("fault_at_s") is None:
+            self.add_error("fault_at_s", "fault_at_s: when it fails, in seconds after the start")
+        return data
+
+    def workload(self) -> dict:
+        data = self.cleaned_data
+        workload = {"arrival": data["arrival"], "rate_rps": data["rate_rps"], "lengths": data["lengths"]}
+        if data["arrival"] == "gamma" and data["cv"] is not None:
+            workload["cv"] = data["cv"]
+        return workload
+
+    def fault(self, names: dict[str, str]) -> dict | None:
+        """The failure, its target in the simulation's names (a live node's name is translated through `names`)."""
+        data = self.cleaned_data
+        if not data["fault_kind"]:
+            return None
+        target = names.get(data["fault_target"], data["fault_target"])
+        fault = {"at_s": data["fault_at_s"], "kind": data["fault_kind"], "target": target}
+        if data["fault_repair_s"] is not None:
+            fault["repair_s"] = data["fault_repair_s"]
+        return fault

@@ -1,7 +1,7 @@
 """The control plane's own Prometheus metrics, in the spirit of source document 003.
 
 Worker status per node (0 healthy … 4 dead), circuit breaker state, hot spares, nodes serving each
-model, the degradation level and capacity ratio, canary results by check and outcome with a
+model, each model's degradation level and capacity ratio, canary results by check and outcome with a
 counter of mismatches of their own and a latency histogram, GPU Xid events by class, checkpoint
 coverage and holder balance, drains by state with the age of the oldest. Read at scrape time from
 the database and Redis into a fresh registry, so several web processes answer alike. What only
@@ -22,7 +22,7 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, M
 from console.readmodels import checkpoints as checkpoint_model
 from recovery.actions import capacity
 from recovery.choices import OPEN_DRAIN_STATES, CanaryKind, NodeState
-from recovery.models import CanaryResult, Cluster, Drain, Node, XidEvent
+from recovery.models import CanaryResult, Cluster, Drain, ModelCapacity, Node, XidEvent
 from recovery.policy import breaker, health
 
 # Document 003's four canary checks, in its order; a result says which one failed, and the ones before it passed.
@@ -164,23 +164,30 @@ def render() -> bytes:
         breaker_state.labels(node.name).set(breaker.STATE_CODE[node.breaker])
         spare.labels(node.name).set(1 if node.spare else 0)
 
-    cluster = Cluster.default()
-    Gauge("lifeline_degradation_level", "The cluster's degradation level, 0 to 4.", registry=registry).set(
-        cluster.degradation_level
+    level = Gauge(
+        "lifeline_degradation_level", "A served model's degradation level, 0 to 4.", ["model"], registry=registry
     )
-    latest = capacity.latest()
-    if latest.get("ratio") is not None:
-        Gauge(
-            "lifeline_capacity_ratio",
-            "Capacity of the nodes in service over the required throughput.",
-            registry=registry,
-        ).set(latest["ratio"])
-    if latest:
-        Gauge(
-            "lifeline_capacity_rps",
-            "Requests per second the nodes in service carry within the SLOs.",
-            registry=registry,
-        ).set(latest["capacity_rps"])
+    cluster = Cluster.default()
+    levels = dict(ModelCapacity.objects.filter(cluster=cluster).values_list("model_key", "degradation_level"))
+    for model in capacity.served_models(cluster):
+        level.labels(model).set(levels.get(model, 0))
+    models = capacity.latest().get("models") or {}
+    ratio = Gauge(
+        "lifeline_capacity_ratio",
+        "Capacity of a model's nodes in service over its required throughput.",
+        ["model"],
+        registry=registry,
+    )
+    rps = Gauge(
+        "lifeline_capacity_rps",
+        "Requests per second a model's nodes in service carry within its SLOs.",
+        ["model"],
+        registry=registry,
+    )
+    for model, figures in models.items():
+        if figures.get("ratio") is not None:
+            ratio.labels(model).set(figures["ratio"])
+        rps.labels(model).set(figures["capacity_rps"])
 
     registry.register(DatabaseCounters())
 

@@ -6,6 +6,8 @@ off). DATABASE_URL and REDIS_URL switch to PostgreSQL and a Redis server.
 
 from pathlib import Path
 
+from celery.schedules import crontab
+
 from console import env
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -223,6 +225,12 @@ CELERY_BEAT_SCHEDULE = {
         "task": "recovery.tasks.prune_outcomes",
         "schedule": 3600.0,
         "options": {"expires": 600.0},
+    },
+    # Last week's SLA report, with its PDF, to every manager with an e-mail address (console.exports.mail_report).
+    "mail-weekly-report": {
+        "task": "console.tasks.mail_weekly_report",
+        "schedule": crontab(minute=0, hour=6, day_of_week="mon"),
+        "options": {"expires": 6 * 3600.0},
     },
 }
 

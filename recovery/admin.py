@@ -11,12 +11,14 @@ from django.contrib import admin
 
 from recovery import roles
 from recovery.actions import cluster_settings, slo
-from recovery.forms import SettingsForm, SloCorrectionForm, SloObjectiveForm
+from recovery.forms import ModelCapacityForm, SettingsForm, SloCorrectionForm, SloObjectiveForm
 from recovery.models import (
     ApiKey,
     AuditEntry,
     Cluster,
     Gpu,
+    HistoryBackfill,
+    ModelCapacity,
     Node,
     NodeTransition,
     Rack,
@@ -124,6 +126,26 @@ class ClusterAdmin(admin.ModelAdmin):
         cluster_settings.update(Cluster.objects.get(pk=obj.pk), values, request.user.get_username(), "Django admin")
 
 
+@admin.register(ModelCapacity)
+class ModelCapacityAdmin(admin.ModelAdmin):
+    """Each model's capacity objective, saved through recovery.actions.cluster_settings (validated, audited); its
+    level is the control plane's."""
+
+    form = ModelCapacityForm
+    list_display = ("model_key", "required_rps", "ttft_ms", "tpot_ms", "degradation_level", "degradation_changed_at")
+    readonly_fields = ("model_key", "degradation_level", "degradation_changed_at")
+
+    def has_add_permission(self, request):
+        return False  # a row per served model, made as its nodes register
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def save_model(self, request, obj, form, change):
+        values = {name: form.cleaned_data[name] for name in form.changed_data if name in cluster_settings.MODEL_FIELDS}
+        cluster_settings.update_model(obj.cluster, obj.model_key, values, request.user.get_username(), "Django admin")
+
+
 class SloAdmin(admin.ModelAdmin):
     """Objectives and corrections: saved through recovery.actions.slo (validated, audited); admins only."""
 
@@ -184,6 +206,13 @@ class SloCorrectionAdmin(SloAdmin):
 class SloRollupAdmin(ReadOnlyAdmin):
     list_display = ("minute", "model_key", "tier", "tenant", "valid", "good", "ttft_good", "tpot_good", "shed")
     list_filter = ("tier", "model_key")
+
+
+@admin.register(HistoryBackfill)
+class HistoryBackfillAdmin(ReadOnlyAdmin):
+    """The demo's generated history: when it ran, how long it took, what it wrote (recovery.actions.history)."""
+
+    list_display = ("window_start", "window_end", "days_done", "days", "work_s", "started_at", "finished_at")
 
 
 admin.site.register(Rack)

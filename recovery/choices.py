@@ -210,3 +210,23 @@ class CanaryKind(models.TextChoices):
     TOKEN_MISMATCH = "token_mismatch", "Token mismatch"
     LOGPROB = "logprob_out_of_range", "Top logprob out of range"
     LATENCY = "latency_spike", "Latency spike"
+
+
+class ExperimentStatus(models.TextChoices):
+    """An experiment's run (recovery.actions.experiments): queued → running → done, failed or cancelled."""
+
+    QUEUED = "queued", "Queued"
+    RUNNING = "running", "Running"
+    DONE = "done", "Done"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+EXPERIMENT_BADGE = {
+    ExperimentStatus.QUEUED: "blue",
+    ExperimentStatus.RUNNING: "amber",
+    ExperimentStatus.DONE: "green",
+    ExperimentStatus.FAILED: "red",
+    ExperimentStatus.CANCELLED: "grey",
+}
+EXPERIMENT_OPEN = (ExperimentStatus.QUEUED, ExperimentStatus.RUNNING)

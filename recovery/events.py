@@ -2,9 +2,17 @@
 
 Consumers turn these into frames; they carry ids and figures, never rendered
 HTML, so a publisher needs no template and no request.
+
+State changes are published at once. Load figures come with every heartbeat
+(256 a second from 256 nodes), so they are coalesced: each process keeps every
+node's latest figures and publishes them as one message per interval.
 """
 
+import asyncio
 import logging
+import os
+import threading
+import time
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
@@ -46,8 +54,66 @@ def node_changed(node_id: int) -> None:
     send(node_group(node_id), {"type": "node.changed", "id": node_id})
 
 
+# How long a heartbeat's figures may wait to be published with the other nodes' (at most; a quarter of it on average
+# at one heartbeat a second per node): one message a quarter second instead of one per heartbeat.
+LOAD_PUBLISH_INTERVAL_S = 0.25
+
+
+class LoadPublisher:
+    """Every node's latest load figures, published to the cluster group as one `node.loads` message per interval.
+
+    `put` only keeps the figures (a dictionary write under a lock); a thread of this process, with an event loop of
+    its own (and so a channel-layer connection of its own), waits for the first figures after a quiet spell, lets the
+    interval pass, and publishes what it has. A node's newer figures replace its older ones before they go out."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._latest: dict[str, dict] = {}
+        self._pending = threading.Event()
+        self._pid: int | None = None
+
+    def put(self, name: str, figures: dict) -> None:
+        with self._lock:
+            if self._pid != os.getpid():  # first use, or a forked child: the parent's thread did not come along
+                self._latest.clear()
+                self._pid = os.getpid()
+                threading.Thread(target=self._run, name="lifeline-load-publisher", daemon=True).start()
+            self._latest[name] = {"name": name, **figures}
+        self._pending.set()
+
+    def take(self) -> list[dict]:
+        """The figures kept since the last take, one entry per node."""
+        with self._lock:
+            latest, self._latest = self._latest, {}
+        return list(latest.values())
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        while True:
+            self._pending.wait()
+            time.sleep(LOAD_PUBLISH_INTERVAL_S)
+            self._pending.clear()  # before the take: figures put after it wake the next round
+            latest = self.take()
+            if latest:
+                loop.run_until_complete(self._publish(latest))
+
+    @staticmethod
+    async def _publish(latest: list[dict]) -> None:
+        layer = get_channel_layer()
+        if layer is None:
+            return
+        try:
+            await layer.group_send(CLUSTER_GROUP, {"type": "node.loads", "nodes": latest})
+        except Exception:  # noqa: BLE001 - the browser misses a quarter second of figures; the next ones come
+            log.exception("could not publish the load of %d nodes", len(latest))
+
+
+loads = LoadPublisher()  # this process's
+
+
 def node_load(name: str, figures: dict) -> None:
-    send(CLUSTER_GROUP, {"type": "node.load", "name": name, **figures})
+    """A heartbeat's figures, for the browser: published with every other node's within LOAD_PUBLISH_INTERVAL_S."""
+    loads.put(name, figures)
 
 
 def incident_event(incident_id: int, event_id: int) -> None:

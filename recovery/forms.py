@@ -7,8 +7,14 @@ Every bad value names its field and the range it must be in.
 from django import forms
 from django.core.exceptions import ValidationError
 
-from recovery.models import Cluster, SloCorrection, SloObjective
+from recovery.models import Cluster, ModelCapacity, SloCorrection, SloObjective
 from recovery.policy import slo as slo_policy
+
+
+def number(value: float) -> str:
+    """A bound as a person reads it: 1000000 and 0.5, never 1e+06."""
+    return f"{value:.0f}" if float(value).is_integer() else f"{value:g}"
+
 
 # field -> (least, most, what it is)
 RANGES = {
@@ -24,11 +30,6 @@ RANGES = {
     "breaker_open_s": (1, 86400, "seconds"),
     "auto_cordon_max_share": (0.01, 1.0, "share of the fleet (0.10 is 10%)"),
     "auto_cordon_window_s": (10, 86400 * 7, "seconds"),
-    "slo_ttft_ms": (1, 600_000, "milliseconds"),
-    "slo_tpot_ms": (0.1, 60_000, "milliseconds"),
-    "slo_required_rps": (0, 1_000_000, "requests per second (0: no objective)"),
-    "slo_avg_prompt_tokens": (1, 1_000_000, "tokens"),
-    "slo_avg_output_tokens": (1, 1_000_000, "tokens"),
     "degradation_margin": (0.0, 1.0, "share of the ratio"),
     "degradation_hold_s": (0, 86400, "seconds"),
     "tau_tokens": (0, 1_000_000, "tokens"),
@@ -57,13 +58,8 @@ SETTINGS_GROUPS = (
     ),
     ("Circuit breakers", ("breaker_threshold", "breaker_open_s", "auto_cordon_max_share", "auto_cordon_window_s")),
     (
-        "SLOs and degradation",
+        "Degradation",
         (
-            "slo_ttft_ms",
-            "slo_tpot_ms",
-            "slo_required_rps",
-            "slo_avg_prompt_tokens",
-            "slo_avg_output_tokens",
             "degradation_margin",
             "degradation_hold_s",
             "startup_grace_s",
@@ -121,7 +117,8 @@ class SettingsForm(forms.ModelForm):
         for name, (low, high, unit) in RANGES.items():
             value = data.get(name)
             if value is not None and not low <= value <= high:
-                self.add_error(name, f"{name} must be between {low:g} and {high:g} ({unit}); got {value:g}")
+                bounds = f"between {number(low)} and {number(high)} ({unit})"
+                self.add_error(name, f"{name} must be {bounds}; got {number(value)}")
         if (
             data.get("suspicious_after")
             and data.get("unhealthy_after")
@@ -141,6 +138,33 @@ class SettingsForm(forms.ModelForm):
 
     def groups(self):
         return [(title, [self[name] for name in names]) for title, names in SETTINGS_GROUPS]
+
+
+# A model's capacity objective: field -> (least, most, what it is)
+MODEL_RANGES = {
+    "required_rps": (0, 1_000_000, "requests per second (0: no objective)"),
+    "ttft_ms": (1, 600_000, "milliseconds"),
+    "tpot_ms": (0.1, 60_000, "milliseconds"),
+    "avg_prompt_tokens": (1, 1_000_000, "tokens"),
+    "avg_output_tokens": (1, 1_000_000, "tokens"),
+}
+
+
+class ModelCapacityForm(forms.ModelForm):
+    """One model's throughput objective and the latency its capacity is counted within."""
+
+    class Meta:
+        model = ModelCapacity
+        fields = list(MODEL_RANGES)
+
+    def clean(self):
+        data = super().clean()
+        for name, (low, high, unit) in MODEL_RANGES.items():
+            value = data.get(name)
+            if value is not None and not low <= value <= high:
+                bounds = f"between {number(low)} and {number(high)} ({unit})"
+                self.add_error(name, f"{name} must be {bounds}; got {number(value)}")
+        return data
 
 
 class SloObjectiveForm(forms.ModelForm):

@@ -146,6 +146,20 @@ def nodes(names: list[str]) -> dict[str, NodeEntry]:
     return {name: NodeEntry.parse(raw) for name, raw in zip(names, pipe.execute()) if raw}
 
 
+def queues(names: list[str]) -> dict[str, tuple[int, int]]:
+    """(running, waiting) of each node that has reported them: two fields of each entry, for counts over a fleet."""
+    if not names:
+        return {}
+    pipe = client().pipeline(transaction=False)
+    for name in names:
+        pipe.hmget(keys().node(name), "running", "waiting")
+    return {
+        name: (_int(running) or 0, _int(waiting) or 0)
+        for name, (running, waiting) in zip(names, pipe.execute())
+        if running is not None
+    }
+
+
 TELEMETRY_KEPT = 600  # readings per node: ten minutes at one heartbeat a second
 CHECKPOINTS_KEPT = 120  # checkpoint holdings per node: two minutes at one heartbeat a second
 

@@ -1,3 +1,4 @@
+import datetime as dt
 import hashlib
 import secrets
 import time
@@ -9,6 +10,8 @@ from django.utils import timezone
 from recovery.choices import (
     BREAKER_BADGE,
     DRAIN_BADGE,
+    EXPERIMENT_BADGE,
+    EXPERIMENT_OPEN,
     HEALTH_BADGE,
     INCIDENT_SEVERITY_BADGE,
     INCIDENT_STATUS_BADGE,
@@ -19,6 +22,7 @@ from recovery.choices import (
     DrainMode,
     DrainState,
     EventKind,
+    ExperimentStatus,
     Health,
     HealthChange,
     IncidentSeverity,
@@ -107,23 +111,15 @@ class Cluster(models.Model):
     )
     auto_cordon_breaker_changed_at = models.DateTimeField(null=True, blank=True)
     auto_cordon_breaker_reason = models.TextField(blank=True)
-    # Capacity and degradation.
-    slo_ttft_ms = models.FloatField("TTFT objective (ms)", default=2000.0)
-    slo_tpot_ms = models.FloatField("TPOT objective (ms)", default=100.0)
-    slo_required_rps = models.FloatField(
-        "required throughput (req/s)", default=0.0, help_text="0: no throughput objective, no degradation."
-    )
-    slo_avg_prompt_tokens = models.PositiveIntegerField("average prompt (tokens)", default=512)
-    slo_avg_output_tokens = models.PositiveIntegerField("average output (tokens)", default=256)
+    # Degradation (document 003): each served model's objective and level are a ModelCapacity; these are shared.
     degradation_margin = models.FloatField(
         default=0.05, help_text="A level falls only when the capacity ratio clears it by this share..."
     )
     degradation_hold_s = models.FloatField("degradation hold (s)", default=30.0, help_text="...for this long.")
-    degradation_level = models.PositiveSmallIntegerField(default=0)
-    degradation_changed_at = models.DateTimeField(null=True, blank=True)
-    degradation_better_since = models.FloatField(
-        null=True, blank=True, help_text="Hysteresis: since when a lower level has been justified."
+    degradation_level = models.PositiveSmallIntegerField(
+        default=0, help_text="The fleet's worst: the highest level of any served model (ModelCapacity)."
     )
+    degradation_changed_at = models.DateTimeField(null=True, blank=True)
     # A fleet that is starting is not a capacity loss (see recovery.actions.capacity).
     startup_grace_s = models.FloatField(
         "start-up grace (s)",
@@ -153,7 +149,16 @@ class Cluster(models.Model):
         return self.name
 
     def gateway_config(self) -> dict:
-        effects = capacity_policy.EFFECTS[self.degradation_level]
+        """What every gateway needs: the recovery settings, and each model's degradation level with its effects (a
+        model not listed is at level 0)."""
+        models_ = {}
+        for row in self.model_capacities.all():
+            effects = capacity_policy.EFFECTS[row.degradation_level]
+            models_[row.model_key] = {
+                "level": row.degradation_level,
+                "shed_tiers": list(effects.shed_tiers),
+                "accept_new": effects.accept_new,
+            }
         return {
             "placement_policy": self.placement_policy,
             "tau_tokens": self.tau_tokens,
@@ -163,8 +168,7 @@ class Cluster(models.Model):
             "stall_timeout_s": self.stall_timeout_s,
             "dispatch_accounting": self.dispatch_accounting,
             "degradation_level": self.degradation_level,
-            "shed_tiers": list(effects.shed_tiers),
-            "accept_new": effects.accept_new,
+            "models": models_,
             "starting_until": self.starting_until(),
         }
 
@@ -175,10 +179,69 @@ class Cluster(models.Model):
         until = self.control_plane_started_at.timestamp() + self.startup_grace_s
         return until if until > time.time() else None
 
+    def returning_nodes(self) -> list["Node"]:
+        """The nodes expected back while the control plane starts: they deregistered while alive (a stop of the
+        stack sends every node away cleanly) in the RETURNING_WITHIN_S before it started and have not registered
+        since. Their models stay served, and they count as joining, not lost, for the start-up grace; a node that
+        does not come back is simply not waited for once the grace ends. Empty outside the grace."""
+        if self.starting_until() is None:
+            return []
+        started = self.control_plane_started_at
+        left = NodeTransition.objects.filter(
+            node__cluster=self,
+            new_state=NodeState.LEFT,
+            old_state__in=(NodeState.JOIN, NodeState.SERVING),
+            at__gte=started - dt.timedelta(seconds=RETURNING_WITHIN_S),
+            at__lte=started,
+        )
+        return list(Node.objects.filter(cluster=self, state=NodeState.LEFT, pk__in=left.values("node")))
+
     @classmethod
     def default(cls) -> "Cluster":
         cluster, _ = cls.objects.get_or_create(name=settings.LIFELINE_CLUSTER_NAME)
         return cluster
+
+
+class ModelCapacity(models.Model):
+    """One served model's throughput objective and its degradation level (document 003, per model).
+
+    Capacity is what the nodes serving this model carry within its latency objectives; the level follows its ratio
+    to `required_rps`. A model's lost capacity sheds its own traffic, never another model's: the gateways shed and
+    the nodes cut their batch by their own model's level. The cluster's `degradation_level` is the worst of these.
+    """
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="model_capacities")
+    model_key = models.CharField("model", max_length=64)
+    required_rps = models.FloatField(
+        "required throughput (req/s)", default=0.0, help_text="0: no throughput objective, no degradation."
+    )
+    ttft_ms = models.FloatField("TTFT objective (ms)", default=2000.0)
+    tpot_ms = models.FloatField("TPOT objective (ms)", default=100.0)
+    avg_prompt_tokens = models.PositiveIntegerField("average prompt (tokens)", default=512)
+    avg_output_tokens = models.PositiveIntegerField("average output (tokens)", default=256)
+    degradation_level = models.PositiveSmallIntegerField(default=0)
+    degradation_changed_at = models.DateTimeField(null=True, blank=True)
+    degradation_better_since = models.FloatField(
+        null=True, blank=True, help_text="Hysteresis: since when a lower level has been justified."
+    )
+
+    class Meta:
+        ordering = ["model_key"]
+        verbose_name_plural = "model capacities"
+        constraints = [models.UniqueConstraint(fields=["cluster", "model_key"], name="model_capacity_unique")]
+
+    def __str__(self):
+        return f"{self.model_key}: level {self.degradation_level}"
+
+    @classmethod
+    def of(cls, model_key: str, cluster: Cluster | None = None) -> "ModelCapacity":
+        row, _ = cls.objects.get_or_create(cluster=cluster or Cluster.default(), model_key=model_key)
+        return row
+
+    def slo(self) -> "capacity_policy.Slo":
+        return capacity_policy.Slo(
+            self.ttft_ms, self.tpot_ms, self.required_rps, self.avg_prompt_tokens, self.avg_output_tokens
+        )
 
 
 class Rack(models.Model):
@@ -208,6 +271,15 @@ class Node(models.Model):
     session = models.CharField(max_length=64, help_text="Current session; a new one starts at every process start.")
     address = models.CharField(max_length=200, help_text="Base URL of the node agent.")
     host = models.CharField(max_length=255, blank=True)
+    # Its place in the fabric beyond its rack, as it registered (workers.catalog.Placement): the link
+    # its KV takes to another node, which decides between moving the KV and re-prefilling (document 003).
+    server = models.CharField(
+        max_length=63, blank=True, help_text="The machine whose PCIe bus its GPUs share; blank: one of its own."
+    )
+    nvl_domain = models.CharField(
+        "NVLink domain", max_length=63, blank=True, help_text="The NVLink domain its GPUs belong to; blank: none."
+    )
+    network = models.CharField(max_length=16, default="infiniband", help_text="The network between servers.")
     pid = models.PositiveIntegerField(null=True, blank=True)
     model_key = models.CharField("model", max_length=64)
     gpu_key = models.CharField("GPU", max_length=32)
@@ -311,6 +383,9 @@ class NodeTransition(Outbox):
 
 
 GATEWAY_KEY_PREFIX = "llk_"
+# A node that deregistered this long before the control plane started is expected back at the start
+# (Cluster.returning_nodes): a stop and start of the whole stack, an upgrade, a host rebooted.
+RETURNING_WITHIN_S = 3600.0
 
 
 def key_digest(key: str) -> str:
@@ -380,6 +455,9 @@ class Incident(models.Model):
         null=True, blank=True, help_text="Seconds from the first symptom until latency recovered."
     )
     details = models.JSONField(default=dict, blank=True, help_text="Checkpoint distribution before and after, counts.")
+    simulated = models.BooleanField(
+        default=False, help_text="Generated history (the demo's back-fill, recovery.actions.history): never happened."
+    )
 
     class Meta:
         ordering = ["-opened_at"]
@@ -660,10 +738,13 @@ class DrainStep(Outbox):
 
 
 class DegradationChange(Outbox):
-    """The cluster's degradation level changed: the banner's history."""
+    """A model's degradation level changed: the banner's history."""
 
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="degradation_changes")
     at = models.DateTimeField(default=timezone.now, db_index=True)
+    model_key = models.CharField(
+        "model", max_length=64, blank=True, help_text="The model whose level changed (blank: the whole fleet's)."
+    )
     old_level = models.PositiveSmallIntegerField()
     new_level = models.PositiveSmallIntegerField()
     ratio = models.FloatField(null=True, blank=True)
@@ -671,6 +752,10 @@ class DegradationChange(Outbox):
     required_rps = models.FloatField(null=True, blank=True)
     cause = models.TextField()
     details = models.JSONField(default=dict, blank=True)
+    simulated = models.BooleanField(
+        default=False,
+        help_text="Generated history (the demo's back-fill): never the live level, which the cluster row holds.",
+    )
 
     class Meta:
         ordering = ["-at", "-id"]
@@ -747,11 +832,9 @@ class SloCorrection(models.Model):
         return f"{self.start:%Y-%m-%d %H:%M}–{self.end:%Y-%m-%d %H:%M}: {self.reason[:60]}"
 
 
-class SloRollup(models.Model):
-    """One minute of one model, tier and tenant's request outcomes as additive counts (recovery.policy.slo's
-    MinuteRollup): every SLO figure is summed from these rows, never from the raw outcomes."""
+class RollupCounts(models.Model):
+    """One scope's request outcomes as additive counts (recovery.policy.slo's MinuteRollup)."""
 
-    minute = models.DateTimeField(help_text="The minute's start (UTC) in which the requests finished.")
     model_key = models.CharField("model", max_length=64)
     tier = models.CharField(max_length=16, choices=Tier.choices)
     tenant = models.CharField(max_length=63)
@@ -775,6 +858,16 @@ class SloRollup(models.Model):
     simulated = models.PositiveIntegerField(default=0, help_text="Requests of generated history among them.")
 
     class Meta:
+        abstract = True
+
+
+class SloRollup(RollupCounts):
+    """One minute of one model, tier and tenant's request outcomes: every SLO figure is summed from these rows (or
+    from their days' sums, SloDayRollup), never from the raw outcomes."""
+
+    minute = models.DateTimeField(help_text="The minute's start (UTC) in which the requests finished.")
+
+    class Meta:
         ordering = ["minute"]
         constraints = [
             models.UniqueConstraint(fields=["model_key", "tier", "tenant", "minute"], name="one_rollup_per_minute")
@@ -785,10 +878,40 @@ class SloRollup(models.Model):
         return f"{self.minute:%Y-%m-%d %H:%M} {self.model_key} {self.tier} {self.tenant}: {self.good}/{self.valid}"
 
 
+class SloDayRollup(RollupCounts):
+    """One UTC day of a scope's minutes, summed as they are stored (in the same transaction): a month's report reads
+    thirty rows a scope instead of 43,200. Days a correction touches are read from the minutes instead."""
+
+    day = models.DateField(help_text="The UTC day of the minutes summed.")
+
+    class Meta:
+        ordering = ["day"]
+        constraints = [
+            models.UniqueConstraint(fields=["model_key", "tier", "tenant", "day"], name="one_rollup_per_day")
+        ]
+        indexes = [models.Index(fields=["day"], name="rollup_day")]
+
+    def __str__(self):
+        return f"{self.day} {self.model_key} {self.tier} {self.tenant}: {self.good}/{self.valid}"
+
+
+class SloDayCoverage(models.Model):
+    """How many minutes of a UTC day have any rollup: the report's data completeness, without counting the minutes
+    of every scope again."""
+
+    day = models.DateField(unique=True)
+    minutes = models.PositiveIntegerField(default=0)
+
+    def __str__(self):
+        return f"{self.day}: {self.minutes} minutes with rollups"
+
+
 class SloRollupState(models.Model):
     """The roll-up's progress, one row: locked by each run, so two workers never count an outcome twice."""
 
-    rolled_through_id = models.BigIntegerField(default=0, help_text="The highest outcome id counted so far.")
+    rolled_through_id = models.BigIntegerField(
+        default=0, help_text="The highest outcome id counted so far with its id known (COPY on PostgreSQL gives none)."
+    )
     outcomes_rolled = models.PositiveBigIntegerField(default=0)
     last_run_at = models.DateTimeField(null=True, blank=True)
     last_batch = models.PositiveIntegerField(default=0)
@@ -797,3 +920,58 @@ class SloRollupState(models.Model):
 
     def __str__(self):
         return f"rolled {self.outcomes_rolled} outcomes through id {self.rolled_through_id}"
+
+
+class HistoryBackfill(models.Model):
+    """The demo's generated past (recovery.actions.history): one row, claimed by the first run. What the history is
+    made from is kept here, so a run cut short resumes with the same one; each day is written in one transaction that
+    advances `days_done` by a conditional update, so no day is ever written twice."""
+
+    started_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    window_start = models.DateTimeField()
+    window_end = models.DateTimeField(help_text="Where live data begins: no generated minute at or after it.")
+    days = models.PositiveSmallIntegerField()
+    days_done = models.PositiveSmallIntegerField(default=0)
+    inputs = models.JSONField(help_text="Seed, fleet, tenants and tiers, rates (recovery.policy.history.Inputs).")
+    work_s = models.FloatField(default=0.0, help_text="Seconds spent generating and storing, summed over the days.")
+    summary = models.JSONField(default=dict, blank=True, help_text="Requests, shed, failed, moved, incidents, rows.")
+
+    class Meta:
+        verbose_name = "generated history"
+        verbose_name_plural = "generated history"
+
+    def __str__(self):
+        span = f"{self.window_start:%Y-%m-%d}–{self.window_end:%Y-%m-%d}"
+        return f"generated history {span}: {self.days_done} of {self.days} days written"
+
+
+class ExperimentRun(models.Model):
+    """One experiment started from the console: a simulator scenario (recovery/sim/scenario.py), every policy on
+    every seed, run by a Celery task. Kept after it ends, with its log and results, to be read and compared."""
+
+    name = models.CharField(max_length=200)
+    started_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    fleet_source = models.CharField(max_length=16, help_text="live (the registry's nodes) or described.")
+    scenario = models.JSONField(help_text="The scenario as run, checked whole before the row was written.")
+    status = models.CharField(max_length=16, choices=ExperimentStatus.choices, default=ExperimentStatus.QUEUED)
+    progress = models.PositiveSmallIntegerField(default=0, help_text="Percent of the runs done, 0 to 100.")
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    log = models.TextField(blank=True)
+    results = models.JSONField(default=dict, blank=True, help_text="Per run summaries, windows, and the charts' lines.")
+
+    class Meta:
+        ordering = ["-created_at", "-pk"]
+
+    def __str__(self):
+        return f"experiment #{self.pk} {self.name} ({self.status})"
+
+    @property
+    def badge(self) -> str:
+        return EXPERIMENT_BADGE[ExperimentStatus(self.status)]
+
+    @property
+    def is_open(self) -> bool:
+        return self.status in EXPERIMENT_OPEN

@@ -22,10 +22,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from recovery import tasks
-from recovery.actions import drains, health, incidents, live_migration, nodes
+from recovery.actions import capacity, drains, health, incidents, live_migration, nodes
 from recovery.choices import DrainState, Health, HealthChange, NodeState
 from recovery.models import (
-    Cluster,
     DegradationChange,
     DrainStep,
     HealthTransition,
@@ -49,8 +48,8 @@ def on_node_transition(row: NodeTransition) -> None:
     if row.old_state:
         incidents.on_node_transition(node.pk, row.old_state, row.new_state, row.cause, row.at)
     if row.new_state == NodeState.SERVING:
-        if Cluster.default().degradation_level:
-            tasks.apply_batch_factor.delay_on_commit(node.pk)  # it joins at the current level's batch limit
+        if capacity.level_of(node.model_key):
+            tasks.apply_batch_factor.delay_on_commit(node.pk)  # it joins at its model's level's batch limit
         if row.old_state == NodeState.JOIN:
             tasks.end_assist.delay_on_commit(node.pk)  # its full model is ready: its draft stops assisting
 
@@ -90,15 +89,23 @@ def on_health_transition(row: HealthTransition) -> None:
 
 def on_drain_step(row: DrainStep) -> None:
     if row.new_state == DrainState.APPROVED and row.old_state != DrainState.APPROVED:
+        drain = row.drain
+        if drain.incident_id is None:
+            # The node leaves service: capacity lost like a failure's, an incident of its own (the report counts
+            # it), restored when the node is back in routing or a spare serves in its place.
+            incidents.open_for_fault(drain.node, f"drain #{drain.pk} approved: {drain.reason}", at=row.at, drain=drain)
         tasks.advance_drain.delay_on_commit(row.drain_id)  # at once, not at the next beat
     elif row.new_state == DrainState.VERIFYING and (row.old_state != DrainState.VERIFYING or row.details.get("trial")):
         tasks.run_canary.delay_on_commit(row.drain.node_id, True)
 
 
 def on_degradation_change(row: DegradationChange) -> None:
-    incidents.on_degradation(row.old_level, row.new_level, row.cause, row.at)
+    incidents.on_degradation(row.old_level, row.new_level, row.cause, row.at, row.model_key)
     if capacity_policy.EFFECTS[row.old_level].batch_factor != capacity_policy.EFFECTS[row.new_level].batch_factor:
-        for node_id in Node.objects.filter(state=NodeState.SERVING).values_list("pk", flat=True):
+        serving = Node.objects.filter(state=NodeState.SERVING)
+        if row.model_key:  # the model's own nodes: another model's batch is not cut for it
+            serving = serving.filter(model_key=row.model_key)
+        for node_id in serving.values_list("pk", flat=True):
             tasks.apply_batch_factor.delay_on_commit(node_id)
 
 

@@ -4,13 +4,17 @@ No business logic here, and no enqueueing of other work from inside an
 action: what follows a committed change is recovery.reactions' to start.
 """
 
+import datetime as dt
+
 from celery import shared_task
 
 from recovery import events
 from recovery.actions import (
     capacity,
     drains,
+    experiments,
     health,
+    history,
     incidents,
     nodes,
     notify,
@@ -127,3 +131,25 @@ def roll_up_outcomes() -> int:
 def prune_outcomes() -> dict:
     """Raw outcomes past their retention, rollups past 13 months."""
     return slo.prune()
+
+
+@shared_task(ignore_result=True)
+def backfill_history(until: float | None = None) -> str:
+    """The demo's generated past (recovery.actions.history), one day per task: this day, then the next enqueued, so
+    the worker is never held for long and a stop in between resumes at the next start. Run twice, it adds nothing."""
+    run = history.claim(dt.datetime.fromtimestamp(until, tz=dt.UTC) if until else None)
+    if run is None:
+        return "no fleet yet"
+    if not history.write_next_day(run):
+        return "done" if run.finished_at else "taken by another run"
+    if run.finished_at is None:
+        backfill_history.delay()
+    return f"day {run.days_done} of {run.days}"
+
+
+# --- experiments (the console's Experiments page) --------------------------------------------------------------
+@shared_task(ignore_result=True, acks_late=False)
+def run_experiment(run_id: int) -> str:
+    """One queued experiment, to its end. Acknowledged on receipt, not after: a run that killed its worker would
+    only kill the next one too, so it is not delivered again (its row stays running, and can be cancelled)."""
+    return experiments.execute(run_id)

@@ -2,8 +2,12 @@ from django.urls import path
 
 from recovery import views
 
+# What every node sends every second: the web process's ASGI application answers it before Django's middleware
+# (console.asgi.NodeHeartbeats), with the same view.
+HEARTBEAT = "api/nodes/<str:name>/heartbeat"
+
 urlpatterns = [
     path("api/nodes/register", views.register, name="node-register"),
-    path("api/nodes/<str:name>/heartbeat", views.heartbeat, name="node-heartbeat"),
+    path(HEARTBEAT, views.heartbeat, name="node-heartbeat"),
     path("api/nodes/<str:name>/deregister", views.deregister, name="node-deregister"),
 ]

@@ -9,7 +9,7 @@ import pytest
 
 from tests.helpers import BASE_DIR
 
-DJANGO_FREE = ["workers", "recovery/policy", "recovery/gateway", "recovery/keys.py"]
+DJANGO_FREE = ["workers", "recovery/policy", "recovery/sim", "recovery/gateway", "recovery/keys.py"]
 FORBIDDEN = ("django", "channels", "celery", "console", "recovery.models", "recovery.actions", "recovery.hot")
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from django.core.management import call_command
 from django.utils.html import escape
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -16,10 +17,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from console.runbooks import RUNBOOKS
 from recovery import hot
 from recovery.actions import nodes
+from recovery.actions import slo as slo_actions
 from recovery.choices import OPEN_DRAIN_STATES, CanaryKind, DrainState, NodeState
 from recovery.gateway.app import GatewayMetrics
-from recovery.models import CanaryResult, Drain, XidEvent
-from recovery.policy import slo
+from recovery.models import CanaryResult, Drain, SloObjective, XidEvent
+from recovery.policy import slo, slo_rules
 from tests import promtool
 from tests.helpers import BASE_DIR
 from workers import catalog
@@ -215,7 +217,7 @@ def _gateway_metrics() -> str:
     for status in (*slo.COUNTED, *slo.NOT_COUNTED):  # every outcome the gateway reports
         metrics.answered(status, "premium", 200, "Qwen3-32B")
     metrics.migrations.labels("failure", "checkpoint-local", "node-a", "node-b").inc()
-    metrics.shed.labels("best_effort").inc()
+    metrics.shed.labels("Qwen3-32B", "best_effort").inc()
     metrics.ttft.labels("premium", "Qwen3-32B").observe(0.3)
     metrics.tpot.labels("premium", "Qwen3-32B").observe(0.03)
     metrics.tokens_lost.labels("premium", "Qwen3-32B").inc(0)
@@ -258,3 +260,76 @@ def test_the_rules_use_only_metrics_and_label_values_the_code_exports(client, ca
                         # The mistake of document 003's DynamoSilentCorruption: a value the label never carries.
                         assert one in exported[name][label], f"{name}{{{label}={one!r}}} never occurs"
     assert used > 30
+
+
+def test_the_objectives_file_is_written_from_the_shipped_defaults():
+    """prometheus/objectives.yml is `manage.py slo_rules` over the defaults: nothing in it was edited by hand."""
+    defaults = [slo_rules.default(model, tier) for model in catalog.MODELS for tier in slo_rules.TIERS]
+    assert (RULES / "objectives.yml").read_text() == slo_rules.objectives_file(defaults)
+
+
+@pytest.mark.django_db
+def test_an_admins_edit_reaches_prometheus_through_slo_rules(tmp_path):
+    """An objective edited on the console, written out by `manage.py slo_rules`: promtool finds the file valid with
+    slo.yml and reads the new target for that model and tier, the old one for the others."""
+    slo_actions.ensure_objectives([("Qwen3-32B", "premium"), ("Qwen3-32B", "standard")])
+    premium = SloObjective.objects.get(model_key="Qwen3-32B", tier="premium", tenant="")
+    slo_actions.update_objective(premium, {"availability_target": 99.0, "ttft_threshold_ms": 600}, actor="admin")
+    call_command("slo_rules", output=str(tmp_path / "objectives.yml"))
+    (tmp_path / "slo.yml").write_text((RULES / "slo.yml").read_text())
+    result = promtool.run("check", "rules", "objectives.yml", "slo.yml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    labels = '{{model="Qwen3-32B", tier="{tier}"}}'
+    (tmp_path / "edit_test.yml").write_text(
+        yaml.safe_dump(
+            {
+                "rule_files": ["objectives.yml"],
+                "evaluation_interval": "1m",
+                "tests": [
+                    {
+                        "interval": "1m",
+                        "input_series": [
+                            {
+                                "series": f"lifeline_gateway_requests_total{labels.format(tier=tier)[:-1]}, "
+                                'status="ok"}',
+                                "values": "0+100x5",
+                            }
+                            for tier in ("premium", "standard")
+                        ],
+                        "promql_expr_test": [
+                            {
+                                "expr": "sum by (model, tier) (model_tier:lifeline_slo_availability:objective)",
+                                "eval_time": "5m",
+                                "exp_samples": [
+                                    {"labels": labels.format(tier="premium"), "value": 0.99},
+                                    {"labels": labels.format(tier="standard"), "value": 0.995},
+                                ],
+                            },
+                            {
+                                "expr": "sum by (model, tier, le) (model_tier:lifeline_slo_ttft:objective)",
+                                "eval_time": "5m",
+                                "exp_samples": [
+                                    {"labels": labels.format(tier="premium")[:-1] + ', le="0.6"}', "value": 0.99},
+                                    {"labels": labels.format(tier="standard")[:-1] + ', le="2.0"}', "value": 0.99},
+                                ],
+                            },
+                        ],
+                    }
+                ],
+            }
+        )
+    )
+    result = promtool.run("test", "rules", "edit_test.yml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.django_db
+def test_the_consoles_burn_rates_equal_promtools_on_the_same_requests(tmp_path):
+    """The same generated requests through the console's rollups and through the gateway's counters into promtool:
+    the burn rate over every window reads the same (benchmarks/slo_accuracy.py prints the figures)."""
+    from benchmarks import slo_accuracy
+
+    promtool.promtool()  # skips with the reason where promtool cannot be had
+    figures = slo_accuracy.compare(minutes=125, seed=3, workdir=tmp_path)
+    for window, f in figures["windows"].items():
+        assert f["console"] > 1 and f["console"] == pytest.approx(f["promtool"], rel=1e-9), (window, f)

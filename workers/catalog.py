@@ -47,6 +47,11 @@ class Model:
     experts: int = 0
     experts_per_token: int = 0
     draft: str | None = None  # the catalogued draft model of the same family
+    # Modelled, not measured: the share of this model's next tokens its draft predicts, each drafted token agreeing
+    # with the target's independently (a per-pair property; published same-family pairs accept about 0.5 to 0.9 of
+    # drafted tokens, Leviathan et al., "Fast Inference from Transformers via Speculative Decoding", 2023). What a
+    # node then reports as acceptance is counted from the drafts it verified.
+    draft_agreement: float = 0.0
     is_draft: bool = False
     # The longest context (prompt plus output) it serves: vLLM's max_model_len, which it takes
     # from max_position_embeddings in the model's config.json.
@@ -94,6 +99,7 @@ MODELS: dict[str, Model] = {
             128,
             32,
             draft="Llama-3.2-1B",
+            draft_agreement=0.7,
             context_tokens=8192,
         ),
         Model(
@@ -105,10 +111,33 @@ MODELS: dict[str, Model] = {
             128,
             64,
             draft="Llama-3.2-1B",
+            draft_agreement=0.65,
             context_tokens=8192,
         ),
-        Model("Qwen3-14B", "Qwen/Qwen3-14B", 14.8, 40, 8, 128, 40, draft="Qwen3-1.7B", context_tokens=40960),
-        Model("Qwen3-32B", "Qwen/Qwen3-32B", 32.8, 64, 8, 128, 64, draft="Qwen3-1.7B", context_tokens=40960),
+        Model(
+            "Qwen3-14B",
+            "Qwen/Qwen3-14B",
+            14.8,
+            40,
+            8,
+            128,
+            40,
+            draft="Qwen3-1.7B",
+            draft_agreement=0.72,
+            context_tokens=40960,
+        ),
+        Model(
+            "Qwen3-32B",
+            "Qwen/Qwen3-32B",
+            32.8,
+            64,
+            8,
+            128,
+            64,
+            draft="Qwen3-1.7B",
+            draft_agreement=0.7,
+            context_tokens=40960,
+        ),
         Model(
             "Mixtral-8x7B",
             "mistralai/Mixtral-8x7B-Instruct-v0.1",
@@ -132,8 +161,11 @@ MODELS: dict[str, Model] = {
     )
 }
 
-# KV transfer bandwidth by link type, GB/s (source document 003's cost model).
-LINK_GBPS = {"nvlink": 900.0, "nvswitch": 600.0, "infiniband": 50.0, "pcie": 28.0, "other": 10.0}
+# KV transfer bandwidth by link type, GB/s (source document 003's cost model). RoCE is not in it:
+# RoCE v2 on 400 GbE has NDR InfiniBand's 400 Gb/s line rate, and Meta reports its RoCE training
+# fabric on par with its InfiniBand one (Gangidi et al., "RDMA over Ethernet for Distributed AI
+# Training at Meta Scale", SIGCOMM 2024), so it gets InfiniBand's figure under its own name.
+LINK_GBPS = {"nvlink": 900.0, "nvswitch": 600.0, "infiniband": 50.0, "roce": 50.0, "pcie": 28.0, "other": 10.0}
 # Latency of one collective over the link (the fixed part of a tensor-parallel all-reduce).
 LINK_LATENCY_S = {"nvlink": 8e-6, "nvswitch": 10e-6, "infiniband": 15e-6, "pcie": 25e-6, "other": 50e-6}
 # Model load: weights from local NVMe, then the engine's own start (CUDA graphs, allocator).
@@ -317,21 +349,59 @@ def load_time_s(model_: Model, disk_gbps: float = DISK_GBPS, engine_start_s: flo
     return model_.weight_bytes / (disk_gbps * GB) + engine_start_s
 
 
-def node_link(rack_a: str, rack_b: str) -> tuple[str, bool]:
-    """(link type, loaded) between two nodes: InfiniBand in a rack; across racks
-    the spine is shared, so a third of it."""
-    return "infiniband", rack_a != rack_b
+# The scale-out networks a node can sit on, between hosts and between racks.
+NETWORKS = ("infiniband", "roce")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a node sits in the fabric, which decides the link its KV takes to another node.
+
+    `server` is the machine whose PCIe bus the node's GPUs share; `nvl_domain` the NVLink
+    domain they belong to: the eight GPUs of a DGX H100 inside one server, or the 72 of an
+    NVL72 rack across its compute trays. Empty means one of the node's own, which is where a
+    node that does not say is placed: alone on its server, reached over `network`, as every
+    node was before the fabric was modelled. `nvlink_down`: the node's NVLink has failed (Xid 74;
+    on an emulated node, the injected nvlink_down fault), so its traffic takes the next path.
+    """
+
+    rack: str
+    server: str = ""
+    nvl_domain: str = ""
+    network: str = "infiniband"
+    nvlink_down: bool = False
+
+
+def node_link(a: Placement, b: Placement, gpu: Gpu) -> tuple[str, float]:
+    """(link type, share of its bandwidth) for KV moving between nodes at `a` and `b`, whose GPUs are `gpu`.
+
+    The fastest path the two share, as document 003 picks its link by topology:
+    - the same NVLink domain: the GPU's own NVLink (document 003: 900 GB/s effective between
+      GPUs of one NVL72 rack, across its trays as inside one server), unless either end's
+      NVLink is down, when the path falls back to the next rule (document 003's failure table:
+      NVLink failure, PCIe fallback);
+    - the same server: PCIe between its GPUs;
+    - the same rack: the network through the rack's leaf switch, at full rate;
+    - across racks: the network through the spine, which the whole fleet shares, so a third
+      of it (REFERENCE.md: a loaded link may give a third).
+    InfiniBand and RoCE carry no RDMA between each other: a pair on different networks gets
+    the catalog's "other" link.
+    """
+    nvlink_up = not (a.nvlink_down or b.nvlink_down)
+    if nvlink_up and a.nvl_domain and a.nvl_domain == b.nvl_domain and gpu.link != "pcie":
+        return gpu.link, 1.0
+    if a.server and a.server == b.server:
+        return "pcie", 1.0
+    network = a.network if a.network == b.network else "other"
+    return network, 1.0 if a.rack == b.rack else LOADED_LINK_FACTOR
 
 
 HOST_TO_GPU_LINK = "pcie"  # a holder's host memory to its own GPUs
 
 
-def kv_transfer_s(num_bytes: float, link: str, loaded: bool = False) -> float:
-    """Time to move `num_bytes` of KV cache over a link of the given type."""
-    gbps = LINK_GBPS.get(link, LINK_GBPS["other"])
-    if loaded:
-        gbps *= LOADED_LINK_FACTOR
-    return num_bytes / (gbps * GB)
+def kv_transfer_s(num_bytes: float, link: str, share: float = 1.0) -> float:
+    """Time to move `num_bytes` of KV cache over a link of the given type, at `share` of its bandwidth."""
+    return num_bytes / (LINK_GBPS.get(link, LINK_GBPS["other"]) * share * GB)
 
 
 def kv_bytes(model_: Model, tokens: int) -> int:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from workers.catalog import BLOCK_TOKENS, Model
+from workers.catalog import BLOCK_TOKENS, NETWORKS, Model, Placement
 from workers.kvstore import Page, page_digest, page_from_wire, page_payload
 
 log = logging.getLogger(__name__)
@@ -32,6 +32,14 @@ class Peer:
     name: str
     address: str
     rack: str = ""
+    # Its place in the fabric beyond its rack; a gateway from before the fabric was modelled sends none.
+    server: str = ""
+    nvl_domain: str = ""
+    network: str = "infiniband"
+
+    @property
+    def placement(self) -> Placement:
+        return Placement(self.rack, self.server, self.nvl_domain, self.network)
 
     @classmethod
     def parse(cls, data, field: str) -> "Peer":
@@ -42,10 +50,27 @@ class Peer:
             raise ValueError(f"{field}.name: is required")
         if not isinstance(address, str) or not re.match(r"^https?://[^/\s]+$", address):
             raise ValueError(f"{field}.address: must be a base URL such as http://10.0.0.7:8201")
-        return cls(name, address, str(data.get("rack") or ""))
+        network = data.get("network") or "infiniband"
+        if network not in NETWORKS:
+            raise ValueError(f"{field}.network: {network!r} is not a network: expected one of {', '.join(NETWORKS)}")
+        return cls(
+            name,
+            address,
+            str(data.get("rack") or ""),
+            str(data.get("server") or ""),
+            str(data.get("nvl_domain") or ""),
+            network,
+        )
 
     def to_json(self) -> dict:
-        return {"name": self.name, "address": self.address, "rack": self.rack}
+        return {
+            "name": self.name,
+            "address": self.address,
+            "rack": self.rack,
+            "server": self.server,
+            "nvl_domain": self.nvl_domain,
+            "network": self.network,
+        }
 
 
 def make_page(request_id: str, block: int, token_ids: list[int], model: Model, wire_scale: float) -> Page:

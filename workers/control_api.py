@@ -15,6 +15,7 @@ import json
 import logging
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import cast
 
 import aiohttp
@@ -226,8 +227,10 @@ async def migrate(request: web.Request, runtime: NodeRuntime) -> web.Response:
         return error(exc.status, str(exc))
     blocks = snapshot.blocks
     nbytes = len(blocks) * engine.model.kv_bytes_per_block
-    link, loaded = catalog.node_link(runtime.identity.rack, target.rack)
-    seconds = catalog.kv_transfer_s(nbytes, link, loaded)
+    # This end's NVLink as the injected faults leave it: a node whose NVLink is down hands over by PCIe or the network.
+    here = replace(runtime.identity.placement, nvlink_down=runtime.faults.nvlink_down)
+    link, share = catalog.node_link(here, target.placement, engine.deployment.gpu)
+    seconds = catalog.kv_transfer_s(nbytes, link, share)
     answer = {
         "request_id": request_id,
         "source": runtime.identity.name,
@@ -284,18 +287,25 @@ async def assist_start(request: web.Request, runtime: NodeRuntime) -> web.Respon
         field, _, message = str(exc).partition(": ")
         return error(400, message, field)
     k = body.get("k", 4)
-    alpha = body.get("alpha", runtime.default_alpha)
     if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 16:
         return error(400, "must be an integer from 1 to 16", "k")
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha < 1:
-        return error(400, "must be a number in [0, 1)", "alpha")
+    if "alpha" in body:
+        return error(
+            400,
+            "is not taken: acceptance is an outcome of the drafts verified; the draft's agreement with the target "
+            "is the catalog's for the model pair (or the nodes' --draft-agreement, for an experiment)",
+            "alpha",
+        )
     engine = cast(AssistEngine, runtime.engine)
+    if engine.model.draft is None:
+        return error(409, f"{engine.model.key} has no catalogued draft model to verify")
+    agreement = _agreement(runtime, engine.model)
     session = aiohttp.ClientSession(headers=runtime.peer_headers, timeout=aiohttp.ClientTimeout(total=2))
     url = draft.address + "/agent/draft"
     model = engine.model.key
 
     async def propose(items: list[dict]) -> list[list[int]]:
-        async with session.post(url, json={"model": model, "k": k, "alpha": alpha, "items": items}) as response:
+        async with session.post(url, json={"model": model, "k": k, "items": items}) as response:
             answer = await response.json(content_type=None)
             if response.status != 200:
                 raise RuntimeError(f"draft node answered {response.status}: {answer.get('error', {}).get('message')}")
@@ -305,14 +315,24 @@ async def assist_start(request: web.Request, runtime: NodeRuntime) -> web.Respon
     if old is not None:
         await old.aclose()
     try:
-        engine.start_assist(Assist(draft, k, float(alpha), propose, close=session.close))
+        engine.start_assist(Assist(draft, k, agreement, propose, close=session.close))
     except EngineError as exc:
         await session.close()
         return error(exc.status, str(exc))
-    expected = expected_tokens_per_step(float(alpha), k)
+    expected = expected_tokens_per_step(agreement, k)
     return web.json_response(
-        {"draft": draft.name, "k": k, "alpha": alpha, "expected_tokens_per_step": round(expected, 3)}
+        {
+            "draft": draft.name,
+            "k": k,
+            "agreement": agreement,  # modelled (catalog), as is the expectation from it
+            "expected_tokens_per_step": round(expected, 3),
+        }
     )
+
+
+def _agreement(runtime: NodeRuntime, model: catalog.Model) -> float:
+    """The pair's modelled per-token agreement: the catalog's, or the node's experiment override."""
+    return model.draft_agreement if runtime.draft_agreement is None else runtime.draft_agreement
 
 
 @agent_control
@@ -333,7 +353,7 @@ async def assist_stop(request: web.Request, runtime: NodeRuntime) -> web.Respons
 
 
 def assist_report(counters: Mapping[str, int]) -> dict:
-    """One pairing's measured acceptance (alpha: accepted over tested drafts) and tokens per assisted step."""
+    """One pairing's measured acceptance (accepted over tested drafts) and tokens per assisted step."""
     counters = Counter(counters)
     tested, steps = counters["draft_tested"], counters["assist_steps"]
     return {
@@ -358,8 +378,8 @@ async def draft(request: web.Request, runtime: NodeRuntime) -> web.Response:
     if body.get("model") != engine.model.key:
         return error(400, f"model: this node drafts for {engine.model.key}, not {body.get('model')!r}", "model")
     items = body.get("items") or []
-    k, alpha = int(body.get("k", 4)), float(body.get("alpha", runtime.default_alpha))
-    drafted = propose_drafts(engine.model.key, k, alpha, items)
+    k = int(body.get("k", 4))
+    drafted = propose_drafts(engine.model.key, k, items, _agreement(runtime, engine.model))
     # The draft model runs k decode steps over the batch on this node's GPU.
     draft_model = catalog.model(draft_key)
     deployment = catalog.Deployment(draft_model, engine.deployment.gpu, 1)

@@ -1,35 +1,35 @@
-"""The emulated GPU engine: continuous batching timed by the roofline model.
+"""The emulated GPU engine: workers.core's scheduling core, driven in real time.
 
-One asyncio task runs the step loop. Each step it schedules running decode
-sequences (one token each), continues chunked prefills, and admits waiting
-requests while the token budget, the batch limit and free KV blocks allow.
-It then sleeps for the time the step would take on the catalogued GPU and
-emits the tokens the step produced. When KV blocks run out, the most recently
-admitted sequence is preempted and recomputed later, as vLLM does.
+One asyncio task runs the step loop. Each step it asks the core
+(workers.core.EngineCore: continuous batching, chunked prefill, paged KV with
+recompute preemption, the roofline step time) for a plan, sleeps for the time
+the step would take on the catalogued GPU (times the time scale, and a fault's
+slowdown), applies it, and hands out what it produced: tokens to each
+request's stream, completed KV blocks to checkpoint holders, statuses to
+subscribers, snapshots to migrations.
 
-Beyond serving, the engine streams completed KV blocks to checkpoint holders,
-resumes a request from a checkpoint at token N, hands a request over to
-another node at a token boundary (live migration), and, paired with a
-restarting node's draft model, verifies k drafted tokens per step
-(speculative assist). Every token is the pure function of workers.tokens, so
-none of this changes the text.
+Beyond serving, the engine resumes a request from a checkpoint at token N,
+hands a request over to another node at a token boundary (live migration),
+and, paired with a restarting node's draft model, has k drafted tokens per
+step verified (speculative assist). Every token is the pure function of
+workers.tokens, so none of this changes the text.
 """
 
 import asyncio
 import hashlib
 import logging
-import math
 import time
 import uuid
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, cast
 
-from workers import catalog, tokens
+from workers import catalog, core, tokens
 from workers.aio import cancel
 from workers.catalog import BLOCK_TOKENS, Deployment
 from workers.checkpoint import CheckpointStreamer, Peer
+from workers.core import BlockComplete, EngineCore, EngineError, Finished, SamplingParams, StepPlan, Token
 from workers.faults import FaultState
 from workers.kvstore import CheckpointStore, Page
 from workers.protocol import AssistStatus, NodeStatus
@@ -39,34 +39,8 @@ if TYPE_CHECKING:  # for the annotation only: workers.openai_schema imports this
 
 log = logging.getLogger(__name__)
 
-APPLY_SLICE = 32  # sequences emitted between two yields to the event loop
+DELIVER_SLICE = 32  # events handed out between two yields to the event loop
 MAX_CATCH_UP_S = 0.25  # how far behind its model the step loop catches up rather than resets
-
-
-class EngineError(Exception):
-    def __init__(self, message: str, status: int = 409):
-        super().__init__(message)
-        self.status = status
-
-
-@dataclass
-class SamplingParams:
-    max_tokens: int = 16
-    temperature: float = 1.0
-    seed: int = 0
-    stop: tuple[str, ...] = ()
-    logprobs: int | None = None  # number of top candidates to report, None for none
-    ignore_eos: bool = False  # vLLM's sampling extra: generate on through the end-of-sequence token up to max_tokens
-    top_p: float = 1.0
-    top_k: int = -1  # vLLM's: -1 (or 0) for no limit
-    min_p: float = 0.0  # vLLM's
-    min_tokens: int = 0  # vLLM's: no end of sequence before this many output tokens
-
-    @property
-    def sampling(self) -> tokens.Sampling | None:
-        """The filters and minimum length for the token function; None when there are none (the fast path)."""
-        sampling = tokens.Sampling(self.temperature, self.seed, self.top_p, self.top_k, self.min_p, self.min_tokens)
-        return sampling if sampling.filtered or self.min_tokens else None
 
 
 @dataclass
@@ -94,16 +68,6 @@ class FinishEvent:
 
 
 @dataclass
-class MigrationSnapshot:
-    """A request stopped at a token boundary, ready to continue elsewhere."""
-
-    request_id: str
-    prompt_ids: list[int]
-    generated: list[int]
-    blocks: list[list[int]]  # token ids of each complete, computed KV block
-
-
-@dataclass
 class ResumeInfo:
     method: str  # "checkpoint-local", "checkpoint-fetched" or "re-prefill"
     restored_tokens: int
@@ -117,47 +81,12 @@ class ResumeInfo:
 
 
 @dataclass(eq=False)
-class Sequence:
-    request_id: str
-    prompt_ids: list[int]
-    params: SamplingParams
-    arrival: float
-    generated: list[int] = field(default_factory=list)  # through an adapter, None for an id its engine did not say
-    computed: int = 0  # context tokens whose KV is in the cache
-    blocks: int = 0  # KV blocks held
-    state: bytes = b""  # rolling hash of the context
-    text: str = ""
-    admitted_at: float | None = None
-    first_token_at: float | None = None
-    finished: str | None = None
-    preemptions: int = 0
-    holders: tuple[Peer, ...] = ()
-    checkpoint_prefill_chunks: bool = False
-    streamed_blocks: int = 0
-    resumed_with: int = 0  # output tokens it already had when it arrived (a resumed request)
-    sampling: tokens.Sampling | None = None  # the token function's filters, from params
+class Sequence(core.Sequence):
+    """A request as the node serves it: the core's sequence, the stream its tokens go out on, and the
+    future its live migration's snapshot goes to."""
+
     migration: asyncio.Future | None = None
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
-
-    @property
-    def context_len(self) -> int:
-        return len(self.prompt_ids) + len(self.generated)
-
-    @property
-    def uncomputed(self) -> int:
-        return self.context_len - self.computed
-
-    @property
-    def in_prefill(self) -> bool:
-        # Decoding means only the last sampled token still has to go through the model.
-        return self.uncomputed > 1 or not self.generated
-
-    def context_block(self, block: int) -> list[int]:
-        start, end = block * BLOCK_TOKENS, (block + 1) * BLOCK_TOKENS
-        prompt = len(self.prompt_ids)
-        if end <= prompt:
-            return self.prompt_ids[start:end]
-        return (self.prompt_ids + self.generated)[start:end]
 
 
 @dataclass(frozen=True)
@@ -175,7 +104,7 @@ class Assist:
 
     draft: Peer
     k: int
-    alpha: float
+    agreement: float  # the pair's modelled per-token agreement (catalog), not a measurement
     propose: Callable[[list[dict]], Awaitable[list[list[int]]]]
     close: Callable[[], Awaitable[None]] | None = None
     since: float = field(default_factory=time.time)
@@ -202,7 +131,7 @@ class Engine:
         deployment: Deployment,
         config: EngineConfig | None = None,
         name: str = "node",
-        rack: str = "",
+        placement: catalog.Placement | None = None,
         faults: FaultState | None = None,
         streamer: CheckpointStreamer | None = None,
         store: CheckpointStore | None = None,
@@ -211,20 +140,21 @@ class Engine:
         self.model = deployment.model
         self.config = config or EngineConfig()
         self.name = name
-        self.rack = rack
+        self.placement = placement or catalog.Placement("")
         self.faults = faults or FaultState(enabled=False, tp=deployment.tp)
         self.streamer = streamer
         self.store = store
-        self.total_blocks = deployment.kv_blocks
-        self.used_blocks = 0
-        self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
-        self.by_id: dict[str, Sequence] = {}
+        # The sequences, the KV cache and the scheduling; this class gives them a clock and the network.
+        self.core = EngineCore(
+            deployment,
+            self.config.max_num_seqs,
+            self.config.max_batched_tokens,
+            name=name,
+            checkpoints=streamer is not None,
+            corrupt=self.faults.corrupt,
+        )
         self.model_state = "serving"
         self.load_progress = 1.0
-        # The share of max_num_seqs admitted at once, lowered to relieve a struggling node
-        # (see batch_limit); EngineConfig is fixed at start, this changes while serving.
-        self.batch_factor = 1.0
         self.assist: Assist | None = None
         self.step_s = 0.0  # emulated duration of the last step, before time scale and faults
         # The last decode-only step as the GPU ran it (faults included, time scale not):
@@ -234,25 +164,18 @@ class Engine:
         self.steps = 0
         self.busy_s = 0.0  # wall seconds spent in steps, for utilization
         self.status_seq = 0
-        self.counters = {
-            "prompt_tokens": 0,
-            "generation_tokens": 0,
-            "requests_finished": 0,
-            "preemptions": 0,
-            "resumed_local": 0,
-            "resumed_fetched": 0,
-            "resumed_reprefill": 0,
-            "migrated_out": 0,
-            "assist_steps": 0,
-            "draft_proposed": 0,
-            "draft_accepted": 0,
-            "draft_tested": 0,
-            "assisted_tokens": 0,
-            "assisted_sequence_steps": 0,
-            "drafts_served": 0,
-            "step_modeled_s": 0.0,
-            "step_actual_s": 0.0,
-        }
+        # One set of counters: the core's (tokens, finishes, preemptions, drafts verified) and the node's own.
+        self.counters = self.core.counters
+        self.counters.update(
+            resumed_local=0,
+            resumed_fetched=0,
+            resumed_reprefill=0,
+            drafts_served=0,
+            step_modeled_s=0.0,
+            step_actual_s=0.0,
+        )
+        # What the core's steps produced, handed out in order (see _deliver).
+        self._outbox: deque[Token | BlockComplete | Finished] = deque()
         self._wake = asyncio.Event()
         self._subscribers: set[asyncio.Queue] = set()
         self._task: asyncio.Task | None = None
@@ -261,6 +184,35 @@ class Engine:
 
     def describe(self) -> dict:
         return {"kind": "emulated"}
+
+    def fabric_placement(self) -> catalog.Placement:
+        """Where this node sits in the fabric, its NVLink as the injected faults leave it."""
+        return replace(self.placement, nvlink_down=self.faults.nvlink_down)
+
+    # --- the core's state, read here as an engine's (its sequences are this module's, see submit) ---
+    @property
+    def waiting(self) -> deque[Sequence]:
+        return cast(deque[Sequence], self.core.waiting)
+
+    @property
+    def running(self) -> list[Sequence]:
+        return cast(list[Sequence], self.core.running)
+
+    @property
+    def by_id(self) -> dict[str, Sequence]:
+        return cast(dict[str, Sequence], self.core.by_id)
+
+    @property
+    def used_blocks(self) -> int:
+        return self.core.used_blocks
+
+    @property
+    def total_blocks(self) -> int:
+        return self.core.total_blocks
+
+    @total_blocks.setter
+    def total_blocks(self, blocks: int) -> None:
+        self.core.total_blocks = blocks
 
     # --- lifecycle -------------------------------------------------------------
     def start(self) -> None:
@@ -271,6 +223,7 @@ class Engine:
         await cancel(self._load_task)
         await cancel(self._task)
         self._task = None
+        self._flush()
         for seq in list(self.by_id.values()):
             self._finish(seq, "abort")
 
@@ -330,14 +283,19 @@ class Engine:
     @property
     def batch_limit(self) -> int:
         """Sequences admitted into the running batch at most: max(1, floor(max_num_seqs x batch_factor))."""
-        # The small epsilon keeps 100 x 0.29 at 29, not the 28.999... a float product gives.
-        return max(1, math.floor(self.config.max_num_seqs * self.batch_factor + 1e-9))
+        return self.core.batch_limit
+
+    @property
+    def batch_factor(self) -> float:
+        """The share of max_num_seqs admitted at once, lowered to relieve a struggling node; EngineConfig
+        is fixed at start, this changes while serving."""
+        return self.core.batch_factor
 
     def set_batch_factor(self, factor: float) -> None:
         """Change the batch limit. Running sequences continue; new ones wait while the batch is at the limit."""
         if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
             raise EngineError(f"batch_factor must be a number in (0, 1], got {factor!r}", status=400)
-        self.batch_factor = float(factor)
+        self.core.batch_factor = float(factor)
         self._publish("config")
         self._wake.set()
 
@@ -374,39 +332,18 @@ class Engine:
     ) -> Sequence:
         """Queue a request. `generated` and `restored_tokens` resume one at token N."""
         self._check_can_serve()
-        if not prompt_ids:
-            raise EngineError("the prompt is empty", status=400)
-        needed = self._blocks_for(len(prompt_ids) + params.max_tokens)
-        if needed > self.total_blocks:
-            # It would prefill, run out of KV, preempt itself and start over, forever: refuse it instead.
-            raise EngineError(
-                f"the request needs {needed} KV blocks "
-                f"({len(prompt_ids)} prompt + {params.max_tokens} output tokens) and "
-                f"{self.name} has {self.total_blocks}: shorten it to {self.total_blocks * BLOCK_TOKENS} tokens in all",
-                status=400,
-            )
-        request_id = request_id or f"req-{uuid.uuid4().hex[:20]}"
-        if request_id in self.by_id:
-            raise EngineError(f"request id {request_id!r} is already running on this node")
-        generated = list(generated or [])
         seq = Sequence(
-            request_id, list(prompt_ids), params, arrival=time.monotonic(), generated=generated, holders=holders
+            request_id or f"req-{uuid.uuid4().hex[:20]}",
+            list(prompt_ids),
+            params,
+            generated=list(generated or []),
+            computed=restored_tokens,
+            holders=holders,
+            checkpoint_prefill_chunks=checkpoint_prefill_chunks,
         )
-        seq.checkpoint_prefill_chunks = checkpoint_prefill_chunks
-        seq.sampling = params.sampling
-        seq.resumed_with = len(generated)
-        seq.state = tokens.fold(tokens.initial_state(self.model.key), seq.prompt_ids + generated)
-        seq.text = tokens.decode(generated)
-        seq.computed = restored_tokens
-        self.by_id[request_id] = seq
-        if generated:
-            # A resumed request has stalled once already: it goes ahead of new arrivals.
-            # Its new holders get every block, the restored ones included, from the first.
-            self.waiting.appendleft(seq)
-        else:
-            self.waiting.append(seq)
-        self.counters["prompt_tokens"] += len(prompt_ids)
-        self._publish("arrival", request_id)
+        # A resumed request's new holders get every block, the restored ones included, from the first.
+        self.core.add(seq, time.monotonic())
+        self._publish("arrival", seq.request_id)
         self._wake.set()
         return seq
 
@@ -465,8 +402,8 @@ class Engine:
                     continue
                 restored = _matching_prefix(pages, committed, context)
                 if restored:
-                    link, loaded = catalog.node_link(self.rack, source.rack)
-                    seconds = catalog.kv_transfer_s(restored // BLOCK_TOKENS * per_block, link, loaded)
+                    link, share = catalog.node_link(self.fabric_placement(), source.placement, self.deployment.gpu)
+                    seconds = catalog.kv_transfer_s(restored // BLOCK_TOKENS * per_block, link, share)
                     info = ResumeInfo(
                         "checkpoint-fetched", restored, len(context) - restored, seconds * 1000, source=source.name
                     )
@@ -505,8 +442,9 @@ class Engine:
             raise EngineError(f"request {request_id!r} is not running on {self.name}", status=404)
         if seq.migration is None:
             seq.migration = asyncio.get_running_loop().create_future()
+            seq.migrating = True
             if seq in self.waiting:  # not admitted yet: nothing in flight, hand it over now
-                self._migrate(seq, seq.migration)
+                self._hand_out(self.core.migrate(seq))
             self._wake.set()
         return seq.migration
 
@@ -515,6 +453,7 @@ class Engine:
         seq = self.by_id.get(request_id)
         if seq is None or seq.finished is not None:
             raise EngineError(f"request {request_id!r} is not running on {self.name}", status=404)
+        self._flush()  # the blocks of the last step go to the holders it had
         old = {h.name: h for h in seq.holders}
         new = {h.name: h for h in holders}
         added = [h for name, h in new.items() if name not in old]
@@ -589,7 +528,7 @@ class Engine:
             else AssistStatus(
                 self.assist.draft.name,
                 self.assist.k,
-                self.assist.alpha,
+                self.assist.agreement,
                 round(self.counters["draft_accepted"] / tested, 4) if tested else None,
             ),
             in_flight=len(self.by_id),
@@ -630,17 +569,18 @@ class Engine:
         next_start = time.monotonic()
         previous = None  # (start, modeled seconds) of the step before, while busy without a break
         while True:
-            if not self.running and not self.waiting or self.model_state != "serving":
+            now, plan = time.monotonic(), None
+            if self.model_state == "serving" and self.core.next_due(now) is not None:
+                plan = self.core.plan(now, lookahead=self.assist.k if self.assist is not None else 0)
+            if plan is None:  # idle, loading, or no KV room for anything: wait for a change
                 self._wake.clear()
                 await self._wake.wait()
                 next_start, previous = time.monotonic(), None
                 continue
-            plan = self._schedule()
-            if plan is None:  # nothing could be scheduled (no KV room); wait for a change
-                self._wake.clear()
-                await self._wake.wait()
-                next_start, previous = time.monotonic(), None
-                continue
+            for _ in plan.preempted:
+                self._publish("preempted")
+            if plan.admitted:
+                self._publish("admitted")
             drafts, verified_drafts = None, 0
             assist = self.assist
             if assist is not None and plan.decode:
@@ -654,7 +594,7 @@ class Engine:
                 # How long the last step really took, start to start, against the model.
                 self.counters["step_actual_s"] += began - previous[0]
                 self.counters["step_modeled_s"] += previous[1]
-            self.step_s = self._step_time(plan, verified_drafts)
+            self.step_s = self.core.step_seconds(plan, verified_drafts, "pcie" if self.faults.nvlink_down else None)
             factor = self.faults.step_factor()
             prefill_tokens, _, decode_batch, decode_context = plan.shape
             if not prefill_tokens and decode_batch and drafts is None:
@@ -676,86 +616,7 @@ class Engine:
             self.busy_s += time.monotonic() - began
             await self._apply(plan, drafts)
 
-    def _step_time(self, plan: "StepPlan", verified_drafts: int) -> float:
-        prefill_tokens, prefill_context, decode_batch, decode_context = plan.shape
-        link = "pcie" if self.faults.nvlink_down else None
-        if verified_drafts:
-            # Verifying k drafts costs one pass over k+1 query tokens per assisted sequence:
-            # more FLOPs, the same weight bytes, so a memory-bound step grows only a little.
-            decode_batch += verified_drafts
-        return self.deployment.step_s(prefill_tokens, prefill_context, decode_batch, decode_context, link)
-
-    def _blocks_for(self, tokens_: int) -> int:
-        return math.ceil(tokens_ / BLOCK_TOKENS)
-
-    def _grow(self, seq: Sequence, new_tokens: int) -> bool:
-        """Reserve blocks for `new_tokens` more computed tokens of `seq`."""
-        need = self._blocks_for(seq.computed + new_tokens) - seq.blocks
-        if need <= 0:
-            return True
-        if self.used_blocks + need > self.total_blocks:
-            return False
-        self.used_blocks += need
-        seq.blocks += need
-        return True
-
-    def _release(self, seq: Sequence) -> None:
-        self.used_blocks -= seq.blocks
-        seq.blocks = 0
-
-    def _preempt(self, seq: Sequence) -> None:
-        """Recompute preemption: drop the KV, requeue at the front."""
-        self._release(seq)
-        seq.computed = 0
-        seq.preemptions += 1
-        self.counters["preemptions"] += 1
-        self.running.remove(seq)
-        self.waiting.appendleft(seq)
-        self._publish("preempted")
-
-    def _schedule(self) -> "StepPlan | None":
-        budget = self.config.max_batched_tokens
-        work: list[tuple[Sequence, int]] = []
-        reserve = 1 + (self.assist.k if self.assist is not None else 0)
-        # 1. Running sequences, oldest first; preempt the newest when KV runs out.
-        index = 0
-        while index < len(self.running):
-            seq = self.running[index]
-            want = 1 if not seq.in_prefill else min(seq.uncomputed, budget)
-            if want <= 0:
-                index += 1
-                continue
-            room = reserve if not seq.in_prefill else want
-            while not self._grow(seq, room):
-                victim = self.running[-1]
-                self._preempt(victim)
-                if victim is seq:
-                    break
-            if seq not in self.running:
-                break
-            work.append((seq, want))
-            budget -= want
-            index += 1
-        # 2. Admit waiting requests while the batch, the budget and free blocks allow.
-        admitted = False
-        while self.waiting and budget > 0 and len(self.running) < self.batch_limit:
-            seq = self.waiting[0]
-            chunk = min(seq.uncomputed, budget)
-            if not self._grow(seq, chunk):
-                break
-            self.waiting.popleft()
-            self.running.append(seq)
-            seq.admitted_at = seq.admitted_at or time.monotonic()
-            work.append((seq, chunk))
-            budget -= chunk
-            admitted = True
-        if admitted:
-            self._publish("admitted")
-        if not work:
-            return None
-        return StepPlan(work)
-
-    async def _drafts(self, assist: Assist, plan: "StepPlan") -> dict[str, list[int]] | None:
+    async def _drafts(self, assist: Assist, plan: StepPlan) -> dict[str, list[int]] | None:
         """Ask the draft node for k tokens per decoding sequence; None falls back to a plain step."""
         chosen = plan.decode[: self.config.max_assisted]
         items = [
@@ -784,162 +645,74 @@ class Engine:
         assist.failures = 0
         return {s.request_id: p for s, p in zip(chosen, proposals)}
 
-    async def _apply(self, plan: "StepPlan", drafts: dict | None) -> None:
-        """Emit what the step produced, a slice of sequences at a time.
+    async def _apply(self, plan: StepPlan, drafts: dict | None) -> None:
+        """The step is over: let the core move its sequences on, then hand out what came of it."""
+        step = self.core.apply(plan, time.monotonic(), drafts)
+        if self.assist is not None:
+            self.assist.counters.update(step.assist)
+        self._outbox.extend(step.events)
+        await self._deliver()
+        self.steps += 1
+        if step.emitted:
+            self._steps_since_status += 1
+        if step.prefill_progress:
+            self._publish("prefill_chunk")
+        elif step.emitted and self._steps_since_status >= self.config.status_every_steps:
+            self._steps_since_status = 0
+            self._publish("tokens")
+
+    async def _deliver(self) -> None:
+        """Hand out the outbox a slice at a time.
 
         Between slices the loop lets the streams write what they got, so a step
         of 256 sequences never holds the event loop for one long stretch.
         """
-        now = time.monotonic()
-        emitted = False
-        prefill_done = False
-        if drafts:
-            self._count_assist(assist_steps=1)
-        for position, (seq, count) in enumerate(plan.work):
-            if position and position % APPLY_SLICE == 0:
+        delivered = 0
+        while self._outbox:
+            self._hand_out_one(self._outbox.popleft())
+            delivered += 1
+            if delivered % DELIVER_SLICE == 0:
                 await asyncio.sleep(0)
-            if seq.finished is not None or seq not in self.running:
-                continue  # aborted or preempted while the step ran
-            was_prefill = seq.in_prefill
-            seq.computed += count
-            if seq.computed < seq.context_len:
-                prefill_done = True  # a chunk finished, more to go
-                self._stream_blocks(seq)
-                continue
-            if was_prefill:
-                prefill_done = True
-            proposal = drafts.get(seq.request_id) if drafts and not was_prefill else None
-            if proposal is None:
-                self._emit_next(seq, now)
-            else:
-                self._emit_verified(seq, proposal, now)
-            emitted = True
-            self._stream_blocks(seq)
-            if seq.migration is not None and seq.finished is None:
-                self._migrate(seq, seq.migration)
-        self.steps += 1
-        if emitted:
-            self._steps_since_status += 1
-        if prefill_done:
-            self._publish("prefill_chunk")
-        elif emitted and self._steps_since_status >= self.config.status_every_steps:
-            self._steps_since_status = 0
-            self._publish("tokens")
 
-    def _emit_verified(self, seq: Sequence, proposal: list[int], now: float) -> None:
-        """Accept drafted tokens left to right while they match the target; emit them plus one."""
-        state, accepted = seq.state, 0
-        for offset, drafted in enumerate(proposal):
-            target = tokens.next_token(
-                state, len(seq.generated) + offset, seq.params.temperature, seq.params.seed, seq.sampling
-            ).token_id
-            if drafted != target:
-                break
-            accepted += 1
-            state = tokens.advance(state, target)
-        # Drafts after the first mismatch are never tested: alpha is accepted over tested.
-        self._count_assist(
-            draft_proposed=len(proposal),
-            draft_accepted=accepted,
-            draft_tested=accepted + (1 if accepted < len(proposal) else 0),
-        )
-        before = len(seq.generated)
-        for _ in range(accepted + 1):
-            self._emit_next(seq, now)
-            if seq.finished is not None:
-                break
-        made = len(seq.generated) - before
-        self._count_assist(assisted_tokens=made, assisted_sequence_steps=1)
-        # The accepted drafts went through the model in the verification pass.
-        seq.computed += made - 1
+    def _flush(self) -> None:
+        """Hand out the whole outbox now: whatever changes a request next comes after its step's events."""
+        while self._outbox:
+            self._hand_out_one(self._outbox.popleft())
 
-    def _count_assist(self, **figures: int) -> None:
-        """Count assist figures for the engine's lifetime and for the pairing now running."""
-        for key, value in figures.items():
-            self.counters[key] += value
-            if self.assist is not None:
-                self.assist.counters[key] += value
+    def _hand_out(self, event: Finished) -> None:
+        self._outbox.append(event)
+        self._flush()
 
-    def _emit_next(self, seq: Sequence, now: float) -> None:
-        params = seq.params
-        choice = tokens.next_token(seq.state, len(seq.generated), params.temperature, params.seed, seq.sampling)
-        choice = self.faults.corrupt(seq.state, len(seq.generated), choice)
-        top = choice.top[: params.logprobs] if params.logprobs else ()
-        if params.logprobs and params.logprobs > len(choice.top):
-            top = choice.top + tokens.more_candidates(seq.state, choice, params.logprobs - len(choice.top))
-        previous = seq.generated[-1] if seq.generated else None
-        seq.generated.append(choice.token_id)
-        seq.state = tokens.advance(seq.state, choice.token_id)
-        if seq.first_token_at is None:
-            seq.first_token_at = now
-        self.counters["generation_tokens"] += 1
-        text = tokens.piece(choice.token_id, previous)
-        reason = None
-        if choice.token_id == tokens.EOS and not params.ignore_eos:
-            reason = "stop"
-        elif params.stop:
-            combined = seq.text + text
-            for stop in params.stop:
-                cut = combined.find(stop, max(0, len(seq.text) - len(stop) + 1))
-                if cut >= 0:
-                    text = combined[len(seq.text) : cut] if cut >= len(seq.text) else ""
-                    reason = "stop"
-                    break
-        seq.text += text
-        index = len(seq.generated) - 1
-        seq.events.put_nowait(TokenEvent(index, choice.token_id, text, choice.logprob, top, time.time()))
-        if reason is None and len(seq.generated) >= params.max_tokens:
-            reason = "length"
-        if reason is not None:
-            self._finish(seq, reason)
-
-    def _stream_blocks(self, seq: Sequence) -> None:
-        """Hand newly completed KV blocks to the streamer, one page per holder."""
-        if not seq.holders or self.streamer is None or seq.finished is not None:
-            return  # a finished request's checkpoint was dropped: nothing more goes out
-        if seq.in_prefill and not seq.checkpoint_prefill_chunks:
-            return  # the prompt's blocks go once prefill is done, unless chunks are checkpointed
-        complete = seq.computed // BLOCK_TOKENS
-        for block in range(seq.streamed_blocks, complete):
-            token_ids = seq.context_block(block)
+    def _hand_out_one(self, event: Token | BlockComplete | Finished) -> None:
+        seq = cast(Sequence, event.seq)
+        if isinstance(event, Token):
+            seq.events.put_nowait(
+                TokenEvent(event.index, event.token_id, event.text, event.logprob, event.top, time.time())
+            )
+        elif isinstance(event, Finished):
+            self._finished(seq, event)
+        elif self.streamer is not None:  # a complete KV block: a page for each holder
             for holder in seq.holders:
-                self.streamer.page(holder, seq.request_id, block, token_ids)
-        if complete > seq.streamed_blocks:
-            seq.streamed_blocks = complete
-
-    def _migrate(self, seq: Sequence, migration: asyncio.Future) -> None:
-        complete = seq.computed // BLOCK_TOKENS
-        snapshot = MigrationSnapshot(
-            seq.request_id, list(seq.prompt_ids), list(seq.generated), [seq.context_block(b) for b in range(complete)]
-        )
-        self.counters["migrated_out"] += 1
-        self._finish(seq, "migrated", {"tokens": len(seq.generated)})
-        if not migration.done():
-            migration.set_result(snapshot)
+                self.streamer.page(holder, seq.request_id, event.block, event.token_ids)
 
     def _finish(self, seq: Sequence, reason: str, detail: dict | None = None) -> None:
-        if seq.finished is not None:
-            return
-        seq.finished = reason
-        self._release(seq)
-        if seq in self.running:
-            self.running.remove(seq)
-        else:
-            try:
-                self.waiting.remove(seq)
-            except ValueError:
-                pass
-        self.by_id.pop(seq.request_id, None)
-        if reason in ("stop", "length"):
-            self.counters["requests_finished"] += 1
+        finished = self.core.finish(seq, reason, detail)
+        if finished is not None:
+            self._hand_out(finished)
+
+    def _finished(self, seq: Sequence, event: Finished) -> None:
+        reason = event.reason
         if reason != "migrated" and self.streamer is not None:
             for holder in seq.holders:  # the checkpoint is no longer needed
                 self.streamer.drop(holder, seq.request_id)
-        if seq.migration is not None and not seq.migration.done() and reason != "migrated":
-            seq.migration.set_exception(
-                EngineError(f"request {seq.request_id} ended ({reason}) before it could migrate", status=409)
-            )
-        seq.events.put_nowait(FinishEvent(reason, len(seq.prompt_ids), len(seq.generated), time.time(), detail))
+        if seq.migration is not None and not seq.migration.done():
+            if event.snapshot is not None:
+                seq.migration.set_result(event.snapshot)
+            else:
+                seq.migration.set_exception(
+                    EngineError(f"request {seq.request_id} ended ({reason}) before it could migrate", status=409)
+                )
+        seq.events.put_nowait(FinishEvent(reason, len(seq.prompt_ids), len(seq.generated), time.time(), event.detail))
         self._publish("finished", seq.request_id)
         self._wake.set()
 
@@ -955,12 +728,19 @@ def _matching_prefix(pages: list[Page], committed: int, context: list[int]) -> i
     return restored
 
 
-def propose_drafts(model_key: str, k: int, alpha: float, items: list[dict]) -> list[list[int]]:
-    """What a draft model proposes: each drafted token agrees with the target with probability alpha.
+def propose_drafts(model_key: str, k: int, items: list[dict], agreement: float | None = None) -> list[list[int]]:
+    """What `model_key`'s draft model proposes: its own next token, a pure function of (draft model, context), which
+    agrees with the target's with the pair's modelled agreement (catalog.Model.draft_agreement; `agreement`
+    overrides it for an experiment). Acceptance is then an outcome: the target counts the drafts it verifies.
 
     The draft continues from its own proposals, as a real draft model does, so
     after a disagreement the rest of its proposal is rejected at verification.
     """
+    target_model = catalog.model(model_key)
+    if target_model.draft is None:
+        raise EngineError(f"{model_key} has no catalogued draft model", 400)
+    share = target_model.draft_agreement if agreement is None else agreement
+    person = b"draft:" + target_model.draft.encode()[:10]  # the draft model's own function of the context
     proposals = []
     for item in items:
         state = bytes.fromhex(item["state"])
@@ -976,34 +756,11 @@ def propose_drafts(model_key: str, k: int, alpha: float, items: list[dict]) -> l
         drafted = []
         for offset in range(k):
             target = tokens.next_token(state, position + offset, sampling.temperature, sampling.seed, sampling).token_id
-            digest = hashlib.blake2b(
-                state + (position + offset).to_bytes(8, "little"), digest_size=8, person=b"lifeline-draft"
-            ).digest()
-            agree = int.from_bytes(digest, "little") / 2**64 < alpha
-            token = target if agree else (target + 1 + digest[0] % 7) % tokens.WORD_COUNT
+            digest = hashlib.blake2b(state + (position + offset).to_bytes(8, "little"), digest_size=8, person=person)
+            value = digest.digest()
+            agree = int.from_bytes(value, "little") / 2**64 < share
+            token = target if agree else (target + 1 + value[0] % 7) % tokens.WORD_COUNT
             drafted.append(token)
             state = tokens.advance(state, token)
         proposals.append(drafted)
     return proposals
-
-
-@dataclass
-class StepPlan:
-    work: list[tuple[Sequence, int]]
-
-    @property
-    def decode(self) -> list[Sequence]:
-        return [seq for seq, _ in self.work if not seq.in_prefill]
-
-    @property
-    def shape(self) -> tuple[int, int, int, int]:
-        """(prefill tokens, prefill context before, decode batch, decode context) for the timing model."""
-        prefill_tokens = prefill_context = decode_batch = decode_context = 0
-        for seq, count in self.work:
-            if seq.in_prefill:
-                prefill_tokens += count
-                prefill_context += seq.computed
-            else:
-                decode_batch += 1
-                decode_context += seq.context_len
-        return prefill_tokens, prefill_context, decode_batch, decode_context

@@ -51,7 +51,10 @@ class ServingEngine(Protocol):
     capabilities: frozenset[str]  # the keys of CAPABILITIES it offers
     counters: dict[str, float]  # sent in /agent/status; vLLM's names where one exists
     busy_s: float  # seconds spent working, for the emulated GPUs' utilization
-    used_blocks: int  # KV blocks in use, for the emulated GPUs' memory
+
+    @property
+    def used_blocks(self) -> int:
+        """KV blocks in use, for the emulated GPUs' memory."""
 
     def describe(self) -> dict:
         """What the engine is, for /agent/status and /agent/capabilities: {"kind": "emulated"}, say."""

@@ -59,6 +59,24 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--name", default=env("LIFELINE_NODE_NAME", socket.gethostname()), help="node name, unique in the cluster"
     )
     parser.add_argument("--rack", default=env("LIFELINE_NODE_RACK", "rack-a"))
+    parser.add_argument(
+        "--server",
+        default=env("LIFELINE_NODE_SERVER", ""),
+        help="the machine whose PCIe bus this node's GPUs share with other nodes' (default: one of its own); "
+        "KV between nodes of one server moves over PCIe",
+    )
+    parser.add_argument(
+        "--nvl-domain",
+        default=env("LIFELINE_NODE_NVL_DOMAIN", ""),
+        help="the NVLink domain its GPUs belong to, e.g. a DGX's eight GPUs or an NVL72 rack "
+        "(default: none shared with other nodes); KV inside one domain moves over NVLink",
+    )
+    parser.add_argument(
+        "--network",
+        choices=catalog.NETWORKS,
+        default=env("LIFELINE_NODE_NETWORK", "infiniband"),
+        help="the network between servers and racks (default infiniband)",
+    )
     parser.add_argument("--model", default=env("LIFELINE_NODE_MODEL", "Qwen3-32B"), choices=sorted(catalog.MODELS))
     parser.add_argument("--gpu", default=env("LIFELINE_NODE_GPU", "H100-SXM"), choices=sorted(catalog.GPUS))
     parser.add_argument("--tp", type=int, default=int(env("LIFELINE_NODE_TP", "1")), choices=catalog.TP_DEGREES)
@@ -103,10 +121,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--kv-wire-scale", type=float, default=1 / 4096, help="bytes moved per byte of KV accounted")
     parser.add_argument(
-        "--draft-acceptance",
+        "--draft-agreement",
         type=float,
-        default=float(env("LIFELINE_DRAFT_ACCEPTANCE", "0.6")),
-        help="alpha when an assist request names none",
+        default=None,
+        help="for experiments: the draft model's per-token agreement with the target, a modelled parameter "
+        "(default: the catalog's for the model pair)",
     )
     parser.add_argument(
         "--enable-faults",
@@ -149,6 +168,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.time_scale <= 0:
         parser.error("--time-scale must be positive")
+    if args.network not in catalog.NETWORKS:  # from LIFELINE_NODE_NETWORK, which argparse does not check
+        parser.error(f"--network {args.network!r} is not a network: expected one of {', '.join(catalog.NETWORKS)}")
+    if args.nvl_domain and catalog.GPUS[args.gpu].link == "pcie":
+        parser.error(f"--nvl-domain needs GPUs with NVLink: the {args.gpu} connects over PCIe only")
     if not 0 < args.checkpoint_budget <= 0.5:
         parser.error("--checkpoint-budget must be a share of host memory in (0, 0.5]")
     if args.enable_faults and not os.environ.get("LIFELINE_FAULT_TOKEN"):
@@ -185,7 +208,7 @@ def build_engine(
         deployment,
         EngineConfig(time_scale=args.time_scale, max_num_seqs=args.max_num_seqs),
         name=args.name,
-        rack=args.rack,
+        placement=catalog.Placement(args.rack, args.server, args.nvl_domain, args.network),
         faults=faults,
         streamer=streamer,
         store=store,
@@ -208,6 +231,9 @@ def build_runtime(args: argparse.Namespace) -> tuple[NodeRuntime, DcgmCollector]
         session=uuid.uuid4().hex,
         gpus=emulated_gpus(args.name, deployment.gpu, args.tp),
         spare=args.spare,
+        server=args.server,
+        nvl_domain=args.nvl_domain,
+        network=args.network,
     )
     # The runtime holds the telemetry, and emulated figures follow the load the runtime measures:
     # built first, the telemetry looks the runtime up only when it reads.
@@ -221,7 +247,7 @@ def build_runtime(args: argparse.Namespace) -> tuple[NodeRuntime, DcgmCollector]
         telemetry=telemetry,
         agent_token=agent_token,
         fault_token=os.environ.get("LIFELINE_FAULT_TOKEN") or None,
-        default_alpha=args.draft_acceptance,
+        draft_agreement=args.draft_agreement,
     )
     identity.gpus = runtime.telemetry.gpus() or identity.gpus  # real GPUs when NVML sees them
     return runtime, DcgmCollector(runtime.telemetry, identity.host, identity.name)
@@ -277,6 +303,9 @@ async def serve(args: argparse.Namespace) -> None:
             capabilities=tuple(offered_capabilities(runtime)),
             engine=engine.describe()["kind"],
             spare=identity.spare,
+            server=identity.server,
+            nvl_domain=identity.nvl_domain,
+            network=identity.network,
         )
 
     gpu_telemetry = HeartbeatTelemetry(telemetry)

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Self
 
+from workers.catalog import NETWORKS
+
 PROTOCOL_VERSION = 1
 
 # Paths on the control plane.
@@ -78,6 +80,14 @@ def _name(value: str, field_: str) -> str:
     return value
 
 
+def _optional_name(data: dict, key: str) -> str:
+    """A name the message may leave out (or send empty): "" then."""
+    value = data.get(key) or ""
+    if not isinstance(value, str):
+        raise ProtocolError(key, f"must be a string, got {type(value).__name__}")
+    return _name(value, key) if value else ""
+
+
 @dataclass(frozen=True)
 class GpuInfo:
     index: int
@@ -118,6 +128,13 @@ class Registration:
     capabilities: tuple[str, ...] = ()
     # A hot spare holds the model and answers canaries, but takes no traffic until promoted.
     spare: bool = False
+    # Its place in the fabric beyond its rack (workers.catalog.Placement). `host` is the OS's name
+    # for the machine; `server` the machine whose PCIe bus the GPUs share, set by the operator, since
+    # emulated nodes on one machine stand for many. A node from before these fields sends none of them:
+    # it is alone on its server, on InfiniBand, as every node was then taken to be.
+    server: str = ""
+    nvl_domain: str = ""
+    network: str = "infiniband"
     version: int = PROTOCOL_VERSION
 
     @classmethod
@@ -146,6 +163,10 @@ class Registration:
         spare = data.get("spare")
         if spare is not None and not isinstance(spare, bool):
             raise ProtocolError("spare", f"must be bool, got {type(spare).__name__}")
+        server, nvl_domain = (_optional_name(data, key) for key in ("server", "nvl_domain"))
+        network = data.get("network") or "infiniband"
+        if network not in NETWORKS:
+            raise ProtocolError("network", f"{network!r} is not a network: expected one of {', '.join(NETWORKS)}")
         return cls(
             name=name,
             session=session,
@@ -160,6 +181,9 @@ class Registration:
             engine=data.get("engine") or "emulated",
             capabilities=tuple(capabilities),
             spare=bool(spare),
+            server=server,
+            nvl_domain=nvl_domain,
+            network=network,
             version=int(data.get("version") or PROTOCOL_VERSION),
         )
 
@@ -188,18 +212,22 @@ class AssistStatus:
 
     draft: str  # the draft node's name
     k: int  # tokens drafted per step
-    alpha: float  # the acceptance rate asked for
-    acceptance: float | None = None  # accepted over tested drafts so far; None before any was tested
+    agreement: float  # modelled: the draft's per-token agreement with the target (the catalog's, for the pair)
+    acceptance: float | None = None  # measured: accepted over tested drafts so far; None before any was tested
 
     @classmethod
     def parse(cls, data, prefix: str) -> "AssistStatus":
         if not isinstance(data, dict):
             raise ProtocolError(prefix.rstrip("."), f"must be an object or null, got {_type_name(data)}")
         acceptance = data.get("acceptance")
+        # "alpha": the name a node before 2026-11 reported its agreement under, for a fleet upgraded node by node.
+        legacy = {"agreement": data["alpha"]} if "agreement" not in data and "alpha" in data else {}
         return cls(
             draft=_require(data, "draft", str, prefix),
             k=_require(data, "k", int, prefix),
-            alpha=_figure(_require(data, "alpha", (int, float), prefix), float, f"{prefix}alpha"),
+            agreement=_figure(
+                _require({**data, **legacy}, "agreement", (int, float), prefix), float, f"{prefix}agreement"
+            ),
             acceptance=None if acceptance is None else _figure(acceptance, float, f"{prefix}acceptance"),
         )
 

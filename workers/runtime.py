@@ -9,6 +9,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from workers import protocol
+from workers.catalog import Placement
 from workers.checkpoint import CheckpointStreamer, Peer
 from workers.engine_api import ServingEngine
 from workers.faults import FaultState
@@ -25,13 +26,22 @@ class Identity:
     gpus: tuple[protocol.GpuInfo, ...]
     address: str = ""  # filled in once the server is bound
     spare: bool = False  # a hot spare: holds the model, takes no traffic until promoted
+    # Its place in the fabric beyond its rack (workers.catalog.Placement); `host` above is the
+    # OS's name for the machine, which emulated nodes on one machine share while standing for many.
+    server: str = ""
+    nvl_domain: str = ""
+    network: str = "infiniband"
 
     @property
     def pid(self) -> int:
         return os.getpid()
 
+    @property
+    def placement(self) -> Placement:
+        return Placement(self.rack, self.server, self.nvl_domain, self.network)
+
     def peer(self) -> Peer:
-        return Peer(self.name, self.address, self.rack)
+        return Peer(self.name, self.address, self.rack, self.server, self.nvl_domain, self.network)
 
 
 class LoopLag:
@@ -70,7 +80,8 @@ class NodeRuntime:
     telemetry: NvmlTelemetry | EmulatedTelemetry
     agent_token: str | None = None  # control endpoints: checkpoint pages, migration, assist, reload
     fault_token: str | None = None  # fault injection, when enabled
-    default_alpha: float = 0.6
+    # An experiment's override of the catalog's modelled draft agreement (None: the catalog's, for the model pair).
+    draft_agreement: float | None = None
     loop_lag: LoopLag = field(default_factory=LoopLag)
     busy_mark: tuple[float, float] = field(default_factory=lambda: (time.monotonic(), 0.0))
     busy_fraction: float = 0.0

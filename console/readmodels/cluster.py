@@ -21,7 +21,7 @@ from recovery.choices import (
     Health,
     NodeState,
 )
-from recovery.models import Cluster, Node, NodeTransition, RequestOutcome, XidEvent
+from recovery.models import Cluster, ModelCapacity, Node, NodeTransition, RequestOutcome, XidEvent
 from recovery.policy import health as health_policy
 from recovery.policy import lifecycle, load
 from workers import catalog
@@ -246,7 +246,11 @@ def cluster_summary() -> dict:
             "name", "state", "health", "cordoned", "spare", "breaker", "gpu_count"
         )
     )
-    live, _ = _hot_nodes([row[0] for row in rows])
+    try:
+        queues = hot.queues([row[0] for row in rows])
+    except (redis.RedisError, hot.RedisNotConfigured) as exc:
+        log.warning("live load unavailable: %s", exc)
+        queues = {}
     counts = {state.value: 0 for state in NodeState}
     result = {"nodes": len(rows), "by_state": counts, "spares": 0, "in_service": 0, "gpus": 0, "running": 0}
     result["waiting"] = 0
@@ -259,10 +263,9 @@ def cluster_summary() -> dict:
         result["in_service"] += weight > 0
         if alive:
             result["gpus"] += gpu_count
-            entry = live.get(name)
-            if entry is not None and entry.running is not None:
-                result["running"] += entry.running or 0
-                result["waiting"] += entry.waiting or 0
+            running, waiting = queues.get(name, (0, 0))
+            result["running"] += running
+            result["waiting"] += waiting
     return result
 
 
@@ -316,13 +319,16 @@ def routing_view() -> dict:
     the figure every gateway minimises), its share of the pool's recovery load L̂ (where checkpoints go), and a
     sentence derived from the same arithmetic (recovery.policy.load.routing_cost)."""
     cluster = Cluster.default()
-    prompt = cluster.slo_avg_prompt_tokens
-    per_request = prompt + cluster.slo_avg_output_tokens // 2  # tokens a running request attends to, on average
+    shapes = {row.model_key: row for row in ModelCapacity.objects.filter(cluster=cluster)}
     now = time.time()
     nodes = list(Node.objects.filter(state=NodeState.SERVING).order_by("name"))
     live, _ = _hot_nodes([n.name for n in nodes])
-    models = []
+    models, prompts = [], set()
     for model_key in sorted({n.model_key for n in nodes}):
+        shape = shapes.get(model_key) or ModelCapacity(model_key=model_key)  # the model's average request
+        prompt = shape.avg_prompt_tokens
+        per_request = prompt + shape.avg_output_tokens // 2  # tokens a running request attends to, on average
+        prompts.add(prompt)
         rows, out = [], []
         for node in (n for n in nodes if n.model_key == model_key):
             weight = node.weight
@@ -355,7 +361,8 @@ def routing_view() -> dict:
                 }
             )
         models.append(_model_routing(model_key, rows, out, prompt, per_request))
-    return {"at": now, "prompt_tokens": prompt, "models": models}
+    prompt_tokens = prompts.pop() if len(prompts) == 1 else None  # one figure when every model's is the same
+    return {"at": now, "prompt_tokens": prompt_tokens, "models": models}
 
 
 def _model_routing(model_key: str, rows: list[dict], out: list[str], prompt: int, per_request: int) -> dict:
@@ -414,6 +421,7 @@ def _model_routing(model_key: str, rows: list[dict], out: list[str], prompt: int
         )
     return {
         "model": model_key,
+        "prompt_tokens": prompt,
         "sentences": sentences,
         "groups": summary,
         "nodes": [

@@ -7,18 +7,21 @@ import redis
 from recovery import hot
 from recovery.actions import capacity, drains
 from recovery.choices import DrainState
-from recovery.models import Cluster, DegradationChange
+from recovery.models import Cluster, DegradationChange, ModelCapacity
 from recovery.policy.capacity import EFFECTS, LEVEL_DOCS
 
 LEVEL_BADGE = {0: "green", 1: "amber", 2: "amber", 3: "red", 4: "red"}
 
 
 def degradation(cluster: Cluster | None = None) -> dict:
-    """The banner on every page: the level, what it does, since when, and the capacity behind it."""
+    """The banner on every page: the fleet's level (the worst model's), what it does, since when, and the capacity
+    behind it; each served model's own level and figures under `models` (a model sheds only its own traffic)."""
     cluster = cluster or Cluster.default()
     level = cluster.degradation_level
-    effects = EFFECTS[level]
     latest = _latest_capacity()
+    models = [_model(row, (latest.get("models") or {}).get(row.model_key, {})) for row in _served(cluster, latest)]
+    worst = next((m for m in models if m["model"] == latest.get("model")), models[0] if models else None)
+    effects = EFFECTS[level]
     return {
         "level": level,
         "badge": LEVEL_BADGE[level],
@@ -28,16 +31,46 @@ def degradation(cluster: Cluster | None = None) -> dict:
         "shed_tiers": list(effects.shed_tiers),
         "accept_new": effects.accept_new,
         "latency_slo_factor": effects.latency_slo_factor,
-        "slo": {
-            "ttft_ms": cluster.slo_ttft_ms * effects.latency_slo_factor,
-            "tpot_ms": cluster.slo_tpot_ms * effects.latency_slo_factor,
-            "required_rps": cluster.slo_required_rps,
-        },
+        "model": worst["model"] if worst else None,  # the model the figures on top are of
+        "slo": worst["slo"] if worst else {"ttft_ms": None, "tpot_ms": None, "required_rps": 0.0},
         "capacity": latest,
+        "models": models,
         "starting": _starting(latest),
         "cluster_breaker_open": cluster.auto_cordon_breaker_open,
         "cluster_breaker_reason": cluster.auto_cordon_breaker_reason,
         "left_out_of_service": left_out_of_service(cluster),
+    }
+
+
+def _served(cluster: Cluster, latest: dict) -> list[ModelCapacity]:
+    """The models with a level: those the last evaluation judged (every model with an objective or a node that has
+    not left, recovery.actions.capacity.served_models), and any with an objective. One query, on every page."""
+    evaluated = set(latest.get("models") or {})
+    rows = [r for r in ModelCapacity.objects.filter(cluster=cluster) if r.model_key in evaluated or r.required_rps > 0]
+    known = {r.model_key for r in rows}
+    rows += [ModelCapacity(cluster=cluster, model_key=key) for key in evaluated - known]
+    return sorted(rows, key=lambda r: r.model_key)
+
+
+def _model(row: ModelCapacity, figures: dict) -> dict:
+    level = row.degradation_level
+    effects = EFFECTS[level]
+    return {
+        "model": row.model_key,
+        "level": level,
+        "badge": LEVEL_BADGE[level],
+        "doc": LEVEL_DOCS[level],
+        "since": row.degradation_changed_at.timestamp() if row.degradation_changed_at else None,
+        "batch_factor": effects.batch_factor,
+        "shed_tiers": list(effects.shed_tiers),
+        "accept_new": effects.accept_new,
+        "latency_slo_factor": effects.latency_slo_factor,
+        "slo": {
+            "ttft_ms": row.ttft_ms * effects.latency_slo_factor,
+            "tpot_ms": row.tpot_ms * effects.latency_slo_factor,
+            "required_rps": row.required_rps,
+        },
+        "capacity": figures,
     }
 
 
@@ -88,6 +121,7 @@ def degradation_history(limit: int = 100) -> list[dict]:
     return [
         {
             "at": c.at.timestamp(),
+            "model": c.model_key,
             "old": c.old_level,
             "new": c.new_level,
             "ratio": c.ratio,
@@ -95,6 +129,7 @@ def degradation_history(limit: int = 100) -> list[dict]:
             "required_rps": c.required_rps,
             "cause": c.cause,
             "badge": LEVEL_BADGE[c.new_level],
+            "simulated": c.simulated,  # generated history: never the live level, which the cluster row holds
         }
         for c in DegradationChange.objects.all()[:limit]
     ]

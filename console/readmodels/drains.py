@@ -1,8 +1,9 @@
 """Drains for on-call: the list, one drain with its evidence, blast radius and steps; the spare pool; notifications."""
 
+from console.readmodels import slo as slo_readmodel
 from recovery import hot
 from recovery.choices import DRAIN_BADGE, OPEN_DRAIN_STATES, DrainState
-from recovery.models import Drain, Node, Notification
+from recovery.models import Drain, Node, Notification, SloObjective
 
 
 def drain_row(drain: Drain) -> dict:
@@ -40,6 +41,29 @@ def drain_row(drain: Drain) -> dict:
     }
 
 
+def model_budgets(model_key: str) -> list[dict]:
+    """The error budgets left now of the model's objectives (every tier, each indicator: availability, TTFT, TPOT),
+    from the rollups as on /slo/, the least first: what a drain of one of its nodes spends."""
+    rows = []
+    for objective in SloObjective.objects.filter(model_key=model_key, tenant=""):
+        status = slo_readmodel.objective_status(objective)
+        for indicator in status["indicators"]:
+            rows.append(
+                {
+                    "objective": objective.pk,
+                    "tier": objective.tier,
+                    "tier_label": objective.get_tier_display(),
+                    "indicator": indicator["indicator"],
+                    "name": indicator["name"],
+                    "budget_remaining": indicator["budget_remaining"],
+                    "budget_text": indicator["budget_text"],
+                    "budget_badge": indicator["budget_badge"],
+                    "window": status["window_label"],
+                }
+            )
+    return sorted(rows, key=lambda r: (r["budget_remaining"] is None, r["budget_remaining"] or 0.0))
+
+
 def drain_list(limit: int = 100) -> list[dict]:
     drains = Drain.objects.select_related("node", "requested_by").prefetch_related("decisions__user")
     waiting = [drain_row(d) for d in drains.filter(state=DrainState.PROPOSED).order_by("created_at")]
@@ -51,6 +75,7 @@ def drain_detail(drain: Drain) -> dict:
     row = drain_row(drain)
     row["evidence"] = drain.evidence
     row["blast_radius"] = drain.blast_radius
+    row["budgets"] = model_budgets(drain.node.model_key)
     row["steps"] = [
         {
             "at": s.at.timestamp(),

@@ -55,6 +55,7 @@ def incident_row(incident: Incident) -> dict:
         "drains": [d.pk for d in incident.drains.all()],
         "baseline_ttft_ms": incident.baseline_ttft_ms,
         "baseline_tpot_ms": incident.baseline_tpot_ms,
+        "simulated": incident.simulated,  # generated history (recovery.actions.history)
     }
 
 

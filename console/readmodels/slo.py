@@ -1,14 +1,17 @@
 """Service-level objectives as a manager reads them: attainment, error budget left and burn rates, each with the
 counts and the formula behind it, summed from the per-minute rollups (never from raw outcomes).
 
-One aggregate query per objective sums every figure for its window and for each burn-rate window at once.
+One aggregate query per objective sums every figure for its window and for each burn-rate window at once; one
+objective's own page adds two more, per UTC day (its histograms summed bucket by bucket) and per hour.
 """
 
 import datetime as dt
+import math
 
 from django.conf import settings
-from django.db.models import Count, Max, Min, Q, Sum
-from django.db.models.functions import TruncDate
+from django.db.models import Count, IntegerField, Max, Min, Q, Sum
+from django.db.models.fields.json import KT
+from django.db.models.functions import Cast, TruncDate, TruncHour
 from django.utils import timezone
 
 from recovery.actions import slo as slo_actions
@@ -138,6 +141,7 @@ def objective_status(objective: SloObjective, now: dt.datetime | None = None, de
                 "burn_rates": rates,
                 "burn_rates_text": {w: rate(r) for w, r in rates.items()},
                 "burn_valid": valid_by_window,
+                "burn_good": {w: sums[f"{w}_{good_name}"] for w in slo_policy.BURN_WINDOWS_S},
                 "burn_how": "burn rate = (1 − good/valid over the window) / (1 − target)",
                 "alert": alert.state,
                 "alert_badge": alert.badge,
@@ -200,23 +204,289 @@ def objective_status(objective: SloObjective, now: dt.datetime | None = None, de
     states = [i["alert"] for i in indicators]
     result["alert"] = next((s for s in ("page", "ticket", "ok") if s in states), "no data")
     if detail:
-        result["daily"] = daily(objective, start, now, excluded if corrections else None)
+        result.update(objective_detail(objective, result, start, now, excluded if corrections else None))
     return result
 
 
+# --- one objective's page (/slo/<id>/ and GET /api/slo/<id>): days, calendar, bands, burn-down, burn-rate table ------
+DAY_FIELDS = (*BURN_FIELDS, "joint_good", "shed", "server_errors", "client_errors", "client_gone", "simulated")
+HISTOGRAMS = {"ttft": ("ttft_hist", slo_policy.TTFT_BOUNDS_MS), "tpot": ("tpot_hist", slo_policy.TPOT_BOUNDS_MS)}
+PERCENTILES = (50, 90, 99)
+# A day's state, and the objective's alert state, as badge colours.
+STATE_BADGE = {"met": "green", "missed": "red", "no data": "grey", "page": "red", "ticket": "amber", "ok": "green"}
+INDICATOR_LABELS = {"availability": "Availability", "ttft": "TTFT", "tpot": "TPOT"}
+
+
+def objective_detail(
+    objective: SloObjective, status: dict, start: dt.datetime, now: dt.datetime, excluded: Q | None
+) -> dict:
+    """What one objective's page adds to its status: two more aggregate queries over its rollups (per day, per hour),
+    and each indicator's figures written out as formulas with their counts."""
+    for indicator in status["indicators"]:
+        good, valid, bad, target = indicator["good"], indicator["valid"], indicator["bad"], indicator["target"]
+        indicator["attainment_formula"] = (
+            f"attainment = good ÷ valid = {good:,} ÷ {valid:,}" if valid else "attainment: no valid requests"
+        )
+        indicator["budget_formula"] = (
+            f"budget left = 1 − bad ÷ (valid × (1 − target)) = 1 − {bad:,} ÷ ({valid:,} × {1 - target:.4g})"
+            if valid
+            else "budget left: no valid requests"
+        )
+        indicator["budget_spent"] = (
+            f"{bad:,} bad of the {valid * (1 - target):,.1f} the window allows" if valid else "nothing counted"
+        )
+    days = daily(objective, start, now, excluded)
+    return {
+        "alert_badge": STATE_BADGE.get(status["alert"], "grey"),
+        "daily": days,
+        "calendar": calendar(days, start, now),
+        "bands": bands(objective, days),
+        "burn_down": burn_down(objective, status, start, now, excluded),
+        "burn_table": burn_table(status),
+        "burn_rules": burn_rules(status),
+        "simulated": simulated_share(days),
+    }
+
+
+class HistogramBucket(Cast):
+    """One bucket of a rollup's histogram (its JSON list of counts) as an integer.
+
+    On SQLite a plain JSON_EXTRACT: Django's key transform asks each value's JSON type before extracting it, which
+    parses the list twice, and the per-day query reads all 53 buckets of every minute's row (half the page's time
+    over a month of minutes). Elsewhere (PostgreSQL's jsonb) the key transform as Django writes it."""
+
+    def __init__(self, field: str, index: int):
+        super().__init__(KT(f"{field}__{index}"), IntegerField())
+        self.index = index
+
+    def as_sqlite(self, compiler, connection, **extra_context):
+        column, params = compiler.compile(self.get_source_expressions()[0].lhs)
+        return f"JSON_EXTRACT({column}, %s)", (*params, f"$[{self.index}]")
+
+
+def _bucket_sums(kind: str) -> dict:
+    """A histogram summed bucket by bucket in the database: one SUM per element of the JSON list."""
+    name, bounds = HISTOGRAMS[kind]
+    return {f"{kind}_{i}": Sum(HistogramBucket(name, i)) for i in range(len(bounds) + 1)}
+
+
+def _ms(value: float | None, bounds: tuple[int, ...]) -> str:
+    if value is None:
+        return "no data"
+    if math.isinf(value):
+        return f"> {bounds[-1]:,} ms"
+    return f"{value:,.0f} ms"
+
+
+def _meets(attained: float, target: float) -> bool:
+    # Rounded: 99.9 / 100 is 0.9990000000000001 in binary, which 999 good of 1,000 would otherwise miss.
+    return round(attained, 9) >= round(target, 9)
+
+
 def daily(objective: SloObjective, start: dt.datetime, now: dt.datetime, excluded: Q | None) -> list[dict]:
-    """Per UTC day of the window: the good and valid counts of each indicator (the calendar and burn-down's data)."""
+    """Per UTC day of the window: each indicator's good and valid counts and whether the day met its target, and the
+    TTFT and TPOT histograms summed bucket by bucket with p50, p90 and p99 read from them. A day without a request
+    has no row: it is "no data", never 100 %."""
     rows = _rollups(objective).filter(minute__gte=start, minute__lte=now)
     if excluded is not None:
         rows = rows.exclude(excluded)
-    fields = ("valid", "good", "ttft_valid", "ttft_good", "tpot_valid", "tpot_good", "joint_good", "shed")
     per_day = (
         rows.annotate(day=TruncDate("minute", tzinfo=dt.UTC))
         .values("day")
-        .annotate(**{name: Sum(name) for name in fields})
+        .annotate(**{name: Sum(name) for name in DAY_FIELDS}, **_bucket_sums("ttft"), **_bucket_sums("tpot"))
         .order_by("day")
     )
-    return [{"day": row["day"].isoformat(), **{name: row[name] for name in fields}} for row in per_day]
+    days = []
+    for row in per_day:
+        day = {"day": row["day"].isoformat(), **{name: row[name] for name in DAY_FIELDS}}
+        day["requests"] = day["valid"] + day["client_errors"] + day["client_gone"]
+        day["requests_text"], day["simulated_text"] = f"{day['requests']:,}", f"{day['simulated']:,}"
+        day["indicators"] = {}
+        for indicator, (good_name, valid_name) in INDICATORS.items():
+            good, valid = day[good_name], day[valid_name]
+            attained = slo_policy.attainment(good, valid)
+            day["indicators"][indicator] = {
+                "label": INDICATOR_LABELS[indicator],
+                "good": good,
+                "valid": valid,
+                "attainment": attained,
+                "attainment_text": pct(attained),
+                "met": None if attained is None else _meets(attained, target_of(objective, indicator)),
+                "how": f"{good:,} ÷ {valid:,}" if valid else "",
+            }
+        verdicts = [i["met"] for i in day["indicators"].values() if i["met"] is not None]
+        day["state"] = "no data" if not verdicts else "met" if all(verdicts) else "missed"
+        for kind, (_, bounds) in HISTOGRAMS.items():
+            hist = [row[f"{kind}_{i}"] or 0 for i in range(len(bounds) + 1)]
+            read = {f"p{q}": slo_policy.percentile(bounds, hist, q) for q in PERCENTILES}
+            day[f"{kind}_hist"] = hist
+            day[f"{kind}_measured"] = sum(hist)
+            day[f"{kind}_measured_text"] = f"{sum(hist):,}"
+            # Past the last bound reads as infinity, which JSON cannot carry: null, and the text says "> last bound".
+            day[f"{kind}_ms"] = {p: None if v is None or math.isinf(v) else v for p, v in read.items()}
+            day[f"{kind}_text"] = {p: _ms(v, bounds) for p, v in read.items()}
+        days.append(day)
+    return days
+
+
+def calendar(days: list[dict], start: dt.datetime, now: dt.datetime) -> list[list[dict | None]]:
+    """The window's UTC days as weeks from Monday: each met, missed or "no data"; None pads the first and last week."""
+    by_day = {d["day"]: d for d in days}
+    day, last = start.astimezone(dt.UTC).date(), now.astimezone(dt.UTC).date()
+    weeks: list[list[dict | None]] = []
+    week: list[dict | None] = [None] * day.weekday()
+    while day <= last:
+        data = by_day.get(day.isoformat())
+        state = data["state"] if data else "no data"
+        week.append(
+            {
+                "day": day.isoformat(),
+                "label": f"{day:%a} {day:%b} {day.day}",
+                "state": state,
+                "badge": STATE_BADGE[state],
+                "requests": data["requests"] if data else 0,
+                "simulated": data["simulated"] if data else 0,
+                "simulated_text": data["simulated_text"] if data else "0",
+                "indicators": data["indicators"] if data else {},
+            }
+        )
+        if len(week) == 7:
+            weeks.append(week)
+            week = []
+        day += dt.timedelta(days=1)
+    if week:
+        weeks.append(week + [None] * (7 - len(week)))
+    return weeks
+
+
+def bands(objective: SloObjective, days: list[dict]) -> dict:
+    """TTFT and TPOT p50, p90 and p99 per day (the days with measurements), and the objective's threshold."""
+    result = {}
+    for kind, threshold, percentile in (
+        ("ttft", objective.ttft_threshold_ms, objective.ttft_percentile),
+        ("tpot", objective.tpot_threshold_ms, objective.tpot_percentile),
+    ):
+        measured = [d for d in days if d[f"{kind}_measured"]]
+        result[kind] = {
+            "days": [d["day"] for d in measured],
+            "measured": [d[f"{kind}_measured"] for d in measured],
+            **{f"p{q}": [d[f"{kind}_ms"][f"p{q}"] for d in measured] for q in PERCENTILES},
+            "threshold_ms": threshold,
+            "percentile": percentile,
+            "last_bound_ms": HISTOGRAMS[kind][1][-1],
+        }
+    return result
+
+
+def burn_down(objective: SloObjective, status: dict, start: dt.datetime, now: dt.datetime, excluded: Q | None) -> dict:
+    """The error budget left through the window, hour by hour: 1 − bad so far ÷ (valid in the window × (1 − target)).
+    It ends at the window's budget left; the ideal line spends the budget evenly, all of it by the window's end."""
+    rows = _rollups(objective).filter(minute__gte=start, minute__lte=now)
+    if excluded is not None:
+        rows = rows.exclude(excluded)
+    hours = list(
+        rows.annotate(hour=TruncHour("minute", tzinfo=dt.UTC))
+        .values("hour")
+        .annotate(**{name: Sum(name) for name in BURN_FIELDS})
+        .order_by("hour")
+    )
+    series = {}
+    for indicator in status["indicators"]:
+        good_name, valid_name = INDICATORS[indicator["indicator"]]
+        allowed = indicator["valid"] * (1 - indicator["target"])  # the bad requests the whole window may have
+        t: list[float] = []
+        remaining: list[float] = []
+        if allowed:
+            t, remaining, bad = [start.timestamp()], [1.0], 0
+            for row in hours:
+                if row[valid_name]:
+                    bad += row[valid_name] - row[good_name]
+                    t.append(min(row["hour"] + dt.timedelta(hours=1), now).timestamp())
+                    remaining.append(1 - bad / allowed)
+        series[indicator["indicator"]] = {"name": indicator["name"], "t": t, "remaining": remaining}
+    # A calendar month's budget lasts to the month's end; a rolling window's ends now.
+    end = slo_policy.months_before(start, -1) if objective.window == "calendar_month" else now
+    return {
+        "indicators": series,
+        "ideal": {"t": [start.timestamp(), end.timestamp()], "remaining": [1.0, 0.0]},
+        "how": "budget left at t = 1 − bad up to t ÷ (valid in the window × (1 − target)), per hour (UTC)",
+    }
+
+
+def burn_table(status: dict) -> list[dict]:
+    """Each burn-rate window's rate per indicator, with its counts and the formula."""
+    rows = []
+    for window in slo_policy.BURN_WINDOWS_S:
+        cells = []
+        for indicator in status["indicators"]:
+            good, valid = indicator["burn_good"][window], indicator["burn_valid"][window]
+            cells.append(
+                {
+                    "indicator": indicator["indicator"],
+                    "rate": indicator["burn_rates"][window],
+                    "rate_text": indicator["burn_rates_text"][window],
+                    "good": good,
+                    "valid": valid,
+                    "how": (
+                        f"({valid - good:,} ÷ {valid:,}) ÷ {1 - indicator['target']:.4g}"
+                        if valid
+                        else "no valid requests"
+                    ),
+                }
+            )
+        rows.append({"window": window, "cells": cells})
+    return rows
+
+
+def burn_rules(status: dict) -> list[dict]:
+    """The profile's rules, each with its two windows' rates per indicator and whether it fires."""
+    rules = []
+    for rule in slo_policy.SRE_WORKBOOK_RULES:
+        described = rule.describe()
+        cells = []
+        for indicator in status["indicators"]:
+            if described in indicator["alert_firing"]:
+                state = "fires"
+            elif described in indicator["alert_guarded"]:
+                state = "below the traffic guard"
+            else:
+                state = "quiet"
+            cells.append(
+                {
+                    "indicator": indicator["indicator"],
+                    "long": indicator["burn_rates_text"][rule.long],
+                    "short": indicator["burn_rates_text"][rule.short],
+                    "state": state,
+                }
+            )
+        rules.append(
+            {
+                "rule": described,
+                "severity": rule.severity,
+                "long": rule.long,
+                "short": rule.short,
+                "factor": rule.factor,
+                "budget_share": rule.budget_share,
+                "cells": cells,
+            }
+        )
+    return rules
+
+
+def simulated_share(days: list[dict]) -> dict:
+    """How much of the window is generated history (the demo's back-fill) rather than served requests."""
+    simulated = sum(d["simulated"] for d in days)
+    requests = sum(d["requests"] for d in days)
+    generated = [d["day"] for d in days if d["simulated"]]
+    share = simulated / requests if requests else None
+    if simulated:
+        text = (
+            f"{simulated:,} of the window's {requests:,} requests ({pct(share, 1)}) are generated history, not served "
+            f"requests: on {len(generated)} of its {len(days)} days with data, {generated[0]} to {generated[-1]}"
+        )
+    else:
+        text = "None: every request counted here was served."
+    return {"requests": requests, "simulated": simulated, "share": share, "days": generated, "text": text}
 
 
 def all_objectives(now: dt.datetime | None = None) -> list[dict]:

@@ -8,9 +8,9 @@ from django.views.decorators.cache import never_cache
 from console.auth import api_view, page_view
 from recovery import roles
 from recovery.actions import cluster_settings, health
-from recovery.forms import SettingsForm
+from recovery.forms import MODEL_RANGES, SettingsForm, number
 from recovery.http import json_error, patch_body
-from recovery.models import Cluster
+from recovery.models import Cluster, ModelCapacity
 
 
 @never_cache
@@ -26,6 +26,13 @@ def settings_page(request):
         return redirect("settings")
     if request.method == "POST":
         values = {name: request.POST.get(name, "") for name in cluster_settings.FIELDS}
+        models = {}
+        for key, value in request.POST.items():  # model:<model>:<field>, one row per served model
+            if key.startswith("model:") and key.count(":") == 2:
+                _, model, name = key.split(":")
+                models.setdefault(model, {})[name] = value
+        if models:
+            values["models"] = models
         try:
             changed = cluster_settings.update(
                 cluster, values, request.user.get_username(), request.POST.get("reason", "")
@@ -34,13 +41,37 @@ def settings_page(request):
             messages.error(request, "Not saved: " + "; ".join(exc.errors.values()))
             form = SettingsForm(request.POST, instance=Cluster(pk=cluster.pk))
             form.is_valid()  # the same errors, shown at their fields
-            return render(request, "console/settings.html", {"form": form, "cluster": cluster}, status=400)
+            context = {"form": form, "cluster": cluster, "models": _model_rows(cluster, models, exc.errors)}
+            return render(request, "console/settings.html", context, status=400)
         if changed:
             messages.success(request, f"Saved: {', '.join(sorted(changed))}.")
         else:
             messages.info(request, "Nothing changed.")
         return redirect("settings")
-    return render(request, "console/settings.html", {"form": SettingsForm(instance=cluster), "cluster": cluster})
+    context = {"form": SettingsForm(instance=cluster), "cluster": cluster, "models": _model_rows(cluster)}
+    return render(request, "console/settings.html", context)
+
+
+def _model_rows(cluster: Cluster, typed: dict | None = None, errors: dict | None = None) -> list[dict]:
+    """Each served model's capacity objective as the form shows it: what was typed (on a refusal) or is saved,
+    with the error of each field."""
+    rows = []
+    for model, saved in cluster_settings.current_models(cluster).items():
+        fields = []
+        for name in cluster_settings.MODEL_FIELDS:
+            low, high, unit = MODEL_RANGES[name]
+            fields.append(
+                {
+                    "name": name,
+                    "input": f"model:{model}:{name}",
+                    "label": ModelCapacity._meta.get_field(name).verbose_name,
+                    "value": ((typed or {}).get(model) or {}).get(name, saved[name]),
+                    "help": f"{number(low)} to {number(high)} {unit}",
+                    "error": (errors or {}).get(f"models.{model}.{name}"),
+                }
+            )
+        rows.append({"model": model, "fields": fields})
+    return rows
 
 
 @api_view(roles.ADMIN)

@@ -1,5 +1,8 @@
-"""Service-level objectives: the /slo/ page (managers, on-call, operators, admins read), the admin's forms for
-objectives and corrections, and `GET /api/slo`, `GET`/`PATCH /api/slo/<id>`, all through recovery.actions.slo."""
+"""Service-level objectives: the /slo/ page and one objective's /slo/<id>/ (managers, on-call, operators, admins read),
+the admin's forms for objectives and corrections, and `GET /api/slo`, `GET`/`PATCH /api/slo/<id>`, all through
+recovery.actions.slo."""
+
+import datetime as dt
 
 from django.contrib import messages
 from django.http import JsonResponse
@@ -37,6 +40,25 @@ def slo_list(request):
     if request.GET.get("partial") == "table":
         return render(request, "console/_slo_table.html", context)
     return render(request, "console/slo.html", context)
+
+
+@never_cache
+@page_view(*READ_SLO)
+def slo_detail(request, objective_id: int):
+    """One objective over its window: burn-down, calendar, percentile bands, burn-rate rules, each figure with its
+    counts. `?partial=numbers` answers its live parts alone (static/console/slo_detail.js swaps them in)."""
+    objective = get_object_or_404(SloObjective, pk=objective_id)
+    status = slo_model.objective_status(objective, detail=True)
+    context = {
+        "s": status,
+        "window_start": dt.datetime.fromisoformat(status["window_start"]),
+        "as_of": dt.datetime.fromisoformat(status["now"]),
+        "charts": {"burn_down": status["burn_down"], "bands": status["bands"]},
+        "can_edit": roles.has_role(request.user, roles.ADMIN),
+    }
+    if request.GET.get("partial") == "numbers":
+        return render(request, "console/_slo_detail_parts.html", context)
+    return render(request, "console/slo_detail.html", context)
 
 
 @never_cache

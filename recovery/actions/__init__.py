@@ -16,8 +16,10 @@ nodes: the node lifecycle (registration, heartbeats, DOWN, LEFT).
 incidents: incidents and their timelines, speculative assist.
 capacity: capacity against the SLOs, and the degradation level.
 drains: drains approved by on-call, and their run.
-streams: what the gateways report (signals and request outcomes).
 slo: service-level objectives, corrections, and request outcomes rolled up per minute.
+streams: what the gateways report (signals and request outcomes).
+history: the demo's generated past (rollups, incidents, level changes), marked simulated.
+experiments: simulator runs started from the console, their progress, cancel and results.
 """
 
 ORDER = (
@@ -25,14 +27,16 @@ ORDER = (
     "routing",
     "notify",
     "keys",
-    "cluster_settings",
     "faults",
     "health",
     "live_migration",
     "nodes",
     "incidents",
     "capacity",
+    "cluster_settings",
     "drains",
-    "streams",
     "slo",
+    "streams",
+    "history",
+    "experiments",
 )

@@ -1,12 +1,15 @@
 """Capacity against the SLOs, and the degradation level that follows (source document 003).
 
-`evaluate` runs every couple of seconds (Celery beat): it sums what the
-nodes in service can carry within the latency objectives, from the catalog's
-roofline and each node's live step time, compares it with the required
-throughput, and moves the level with hysteresis. A change is written once
+`evaluate` runs every couple of seconds (Celery beat), for each served model
+on its own (ModelCapacity): it sums what the model's nodes in service can
+carry within its latency objectives, from the catalog's roofline and each
+node's live step time, compares it with the model's required throughput, and
+moves the model's level with hysteresis. A change is written once
 (DegradationChange, an outbox row), published to every gateway (which sheds
-or rejects by it) and shown on every page; recovery.reactions then sends the
-level's batch limit to the nodes and notes it on active incidents.
+or rejects that model's requests by it) and shown on every page;
+recovery.reactions then sends the level's batch limit to that model's nodes
+and notes it on active incidents. One model's loss never sheds another's
+traffic; the cluster's level is the worst of the models', for the banner.
 
 A fleet that is starting is not a capacity loss. For `startup_grace_s` after
 the control plane starts, and until the fleet is back to its usual size, a
@@ -16,6 +19,7 @@ from before the start falls without its hold. A node that served since the
 start and then went away is a loss at once, as ever.
 """
 
+import dataclasses
 import json
 import logging
 import time
@@ -25,9 +29,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from recovery import events, hot, nodeclient
-from recovery.actions import routing
+from recovery.actions import nodes, routing
 from recovery.choices import Health, HealthChange, NodeState
-from recovery.models import Cluster, DegradationChange, HealthTransition, Node, NodeTransition
+from recovery.models import Cluster, DegradationChange, HealthTransition, ModelCapacity, Node, NodeTransition
 from recovery.policy import capacity as policy
 from workers import catalog
 
@@ -38,14 +42,9 @@ log = logging.getLogger(__name__)
 MAX_NUM_SEQS = 128
 
 
-def slo_of(cluster: Cluster) -> policy.Slo:
-    return policy.Slo(
-        cluster.slo_ttft_ms,
-        cluster.slo_tpot_ms,
-        cluster.slo_required_rps,
-        cluster.slo_avg_prompt_tokens,
-        cluster.slo_avg_output_tokens,
-    )
+def slo_of(model_key: str, cluster: Cluster | None = None) -> policy.Slo:
+    """The model's objective: its required throughput, and the latency its capacity is counted within."""
+    return ModelCapacity.of(model_key, cluster).slo()
 
 
 @dataclass
@@ -57,6 +56,12 @@ class Report:
     starting: list[str] = field(default_factory=list)  # joining after a start of the control plane: not a loss
     starting_rps: float = 0.0  # what they will carry once they serve, by the catalog
     starting_until: float | None = None  # the end of the start-up grace (epoch seconds)
+    model: str | None = None  # the model these figures are of; None: every model's nodes, each within its own
+    # What the nodes carry within the objectives in force: at level 3 and above the latency objectives are relaxed
+    # (×2), and so is what counts as capacity. The level itself follows `capacity_rps`, within the model's own
+    # objectives, so that the relaxation never argues the level down (and back up: a flap).
+    in_force_rps: float | None = None
+    latency_factor: float = 1.0
 
     @property
     def ratio(self) -> float:
@@ -82,15 +87,40 @@ def _in_service(node: Node, live: hot.NodeEntry, promoted: tuple[str, ...] = ())
     return weight > 0 and (live.model_state or "serving") == "serving"
 
 
-def report(cluster: Cluster | None = None, exclude: tuple[str, ...] = (), promoted: tuple[str, ...] = ()) -> Report:
-    """What the nodes in service (weight above 0, model loaded) can carry within the SLOs; `exclude`
-    leaves nodes out and `promoted` counts hot spares in, to ask what would remain after a change."""
+def served_models(cluster: Cluster | None = None) -> list[str]:
+    """The models with an objective or a node that has not left: each has a level of its own."""
     cluster = cluster or Cluster.default()
-    slo = slo_of(cluster)
-    nodes = [n for n in Node.objects.filter(state=NodeState.SERVING) if n.name not in exclude]
+    with_rows = ModelCapacity.objects.filter(cluster=cluster).values_list("model_key", flat=True)
+    deployed = Node.objects.exclude(state=NodeState.LEFT).values_list("model_key", flat=True)
+    return sorted(set(with_rows) | set(deployed))
+
+
+def report(
+    cluster: Cluster | None = None,
+    exclude: tuple[str, ...] = (),
+    promoted: tuple[str, ...] = (),
+    model: str | None = None,
+) -> Report:
+    """What the nodes in service (weight above 0, model loaded) of `model` can carry within its objectives; `exclude`
+    leaves nodes out and `promoted` counts hot spares in, to ask what would remain after a change.
+
+    With no `model`, the whole fleet: each node counted within its own model's objectives, against the sum of the
+    models' required throughputs (the same figures when the fleet serves one model)."""
+    cluster = cluster or Cluster.default()
+    rows = {row.model_key: row for row in ModelCapacity.objects.filter(cluster=cluster)}
+    slos = {key: row.slo() for key, row in rows.items()}
+    everyone = Node.objects.filter(state=NodeState.SERVING)
+    if model is not None:
+        everyone = everyone.filter(model_key=model)
+    nodes = [n for n in everyone if n.name not in exclude]
     promoted = tuple(promoted) + _spares_on_their_way(nodes)
     live = hot.nodes([n.name for n in nodes])
-    figures, total = {}, 0.0
+    relaxed = {
+        key: dataclasses.replace(slo, ttft_ms=slo.ttft_ms * factor, tpot_ms=slo.tpot_ms * factor)
+        for key, slo in slos.items()
+        if (factor := policy.EFFECTS[rows[key].degradation_level].latency_slo_factor) != 1.0
+    }
+    figures, total, in_force = {}, 0.0, 0.0
     for node in nodes:
         data = live.get(node.name) or hot.NodeEntry()
         if not _in_service(node, data, promoted):
@@ -100,7 +130,7 @@ def report(cluster: Cluster | None = None, exclude: tuple[str, ...] = (), promot
         slow = policy.slowdown(
             deployment, data.decode_step_ms or 0.0, data.decode_step_batch or 0, data.decode_step_context_tokens or 0
         )
-        figure = policy.node_capacity(deployment, slo, MAX_NUM_SEQS, slow)
+        figure = policy.node_capacity(deployment, slos.get(node.model_key, policy.Slo()), MAX_NUM_SEQS, slow)
         figures[node.name] = {
             "rps": round(figure.rps, 3),
             "batch": figure.batch,
@@ -108,24 +138,44 @@ def report(cluster: Cluster | None = None, exclude: tuple[str, ...] = (), promot
             "slowdown": round(slow, 3),
         }
         total += figure.rps
-    starting, until = _starting(cluster, set(figures))
+        if node.model_key in relaxed:
+            in_force_figure = policy.node_capacity(deployment, relaxed[node.model_key], MAX_NUM_SEQS, slow)
+            figures[node.name]["rps_in_force"] = round(in_force_figure.rps, 3)
+            in_force += in_force_figure.rps
+        else:
+            in_force += figure.rps
+    starting, until = _starting(cluster, set(figures), model)
     starting_rps = sum(
-        policy.node_capacity(catalog.Deployment.of(n.model_key, n.gpu_key, n.tp), slo, MAX_NUM_SEQS, 1.0).rps
+        policy.node_capacity(
+            catalog.Deployment.of(n.model_key, n.gpu_key, n.tp), slos.get(n.model_key, policy.Slo()), MAX_NUM_SEQS
+        ).rps
         for n in starting
+    )
+    required = (
+        (slos[model].required_rps if model in slos else 0.0)
+        if model is not None
+        else sum(slo.required_rps for slo in slos.values())
     )
     return Report(
         round(total, 3),
-        slo.required_rps,
+        required,
         figures,
         len(figures),
         [n.name for n in starting],
         round(starting_rps, 3),
         until,
+        model,
+        round(in_force, 3),
+        max(
+            (policy.EFFECTS[rows[k].degradation_level].latency_slo_factor for k in rows if model in (None, k)),
+            default=1.0,
+        ),
     )
 
 
-def _starting(cluster: Cluster, in_service: set[str]) -> tuple[list[Node], float | None]:
-    """The nodes joining since the control plane started (not a loss), and when the start-up grace ends.
+def _starting(cluster: Cluster, in_service: set[str], model: str | None = None) -> tuple[list[Node], float | None]:
+    """The nodes (of `model`, or all) joining since the control plane started (not a loss), and when the start-up
+    grace ends.
 
     None once the grace has passed or the fleet is back to its usual size (every node that has not left, the
     hot spares aside, in service). A node that served since the start and is gone is not joining: it is lost.
@@ -134,13 +184,22 @@ def _starting(cluster: Cluster, in_service: set[str]) -> tuple[list[Node], float
     if until is None:
         return [], None
     started = cluster.control_plane_started_at
-    fleet = list(Node.objects.exclude(state=NodeState.LEFT).filter(spare=False))
+    # The fleet's usual size: every node that has not left, and those that left as the stack stopped (expected
+    # back), the hot spares aside.
+    fleet = [
+        n
+        for n in [*Node.objects.exclude(state=NodeState.LEFT), *cluster.returning_nodes()]
+        if not n.spare and model in (None, n.model_key)
+    ]
     if all(n.name in in_service for n in fleet):
         return [], None
-    served = set(
-        NodeTransition.objects.filter(new_state=NodeState.SERVING, at__gte=started).values_list("node__name", flat=True)
-    )
-    return [n for n in fleet if n.name not in in_service and n.name not in served], until
+    since = NodeTransition.objects.filter(at__gte=started)
+    served = set(since.filter(new_state=NodeState.SERVING).values_list("node__name", flat=True))
+    # A node found gone since the start other than by the start-up sweep (its previous run's session, never heard
+    # again) was serving when the control plane started: a loss, not a node on its way. So when beat alone restarts
+    # (the control plane's start is stamped again) while the fleet serves, a node that dies in the grace still counts.
+    lost = set(since.filter(new_state=NodeState.DOWN).exclude(actor=nodes.STARTUP).values_list("node__name", flat=True))
+    return [n for n in fleet if n.name not in in_service and n.name not in served | lost], until
 
 
 def _spares_on_their_way(nodes: list[Node]) -> tuple[str, ...]:
@@ -170,52 +229,64 @@ def _spares_on_their_way(nodes: list[Node]) -> tuple[str, ...]:
 
 def control_plane_started() -> int:
     """The control plane (re)started: nodes that have not served since are joining, not lost, for the start-up
-    grace; and the level persisted from before is not trusted but evaluated afresh, without the hold that kept it.
-    Returns the level."""
-    Cluster.objects.filter(pk=Cluster.default().pk).update(
-        control_plane_started_at=timezone.now(), degradation_better_since=None
-    )
+    grace; and the levels persisted from before are not trusted but evaluated afresh, without the hold that kept
+    them. Returns the fleet's level."""
+    cluster = Cluster.default()
+    Cluster.objects.filter(pk=cluster.pk).update(control_plane_started_at=timezone.now())
+    ModelCapacity.objects.filter(cluster=cluster).update(degradation_better_since=None)
     level = evaluate(fresh=True)
     routing.publish_cluster_config()  # gateways learn the grace: a request no node takes yet waits for one
     return level
 
 
 def evaluate(now: float | None = None, *, fresh: bool = False) -> int:
-    """Recompute the capacity and move the degradation level; returns the level.
+    """Recompute each served model's capacity and move its degradation level; returns the fleet's (the worst).
 
-    While the fleet is starting (and on a `fresh` evaluation at a start), the joining nodes count as serving
-    and a better level is taken at once: a start is not an emergency to be held for."""
+    Each model is judged on its own nodes against its own objective: one model's loss never sheds another's
+    traffic. While the fleet is starting (and on a `fresh` evaluation at a start), the joining nodes count as
+    serving and a better level is taken at once: a start is not an emergency to be held for."""
     now = time.time() if now is None else now
     cluster = Cluster.default()
-    figures = report(cluster)
-    starting = bool(figures.starting)
+    rows = {row.model_key: row for row in ModelCapacity.objects.filter(cluster=cluster)}
+    shown = {}
+    for model in served_models(cluster):
+        row = rows.get(model) or ModelCapacity.of(model, cluster)
+        figures = report(cluster, model=model)
+        level = _evaluate_model(cluster, row, figures, now, fresh)
+        shown[model] = {**figures.to_json(), "level": level}
     client = hot.client()
     previous = client.get(hot.keys().capacity)
-    client.set(hot.keys().capacity, json.dumps({**figures.to_json(), "at": now, "level": cluster.degradation_level}))
-    if _banner_moves(json.loads(previous) if previous else None, figures):
+    latest_ = _summary(shown, now, Cluster.objects.values_list("degradation_level", flat=True).get(pk=cluster.pk))
+    client.set(hot.keys().capacity, json.dumps(latest_))
+    if _banner_moves(json.loads(previous) if previous else None, latest_):
         # The banner shows the figures, not only the level: every page refreshes it when they move.
-        transaction.on_commit(lambda: events.degradation_changed(cluster.degradation_level))
+        transaction.on_commit(lambda: events.degradation_changed(latest_["level"]))
+    return latest_["level"]
+
+
+def _evaluate_model(cluster: Cluster, row: ModelCapacity, figures: Report, now: float, fresh: bool) -> int:
+    starting = bool(figures.starting)
     if figures.required_rps <= 0:
-        decision = policy.LevelDecision(0, None, cluster.degradation_level != 0)
+        decision = policy.LevelDecision(0, None, row.degradation_level != 0)
     else:
         decision = policy.next_level(
-            cluster.degradation_level,
+            row.degradation_level,
             figures.ratio_once_started if starting else figures.ratio,
             now,
-            cluster.degradation_better_since,
+            row.degradation_better_since,
             cluster.degradation_margin,
             0.0 if starting or fresh else cluster.degradation_hold_s,
         )
     if not decision.changed:
-        if decision.better_since != cluster.degradation_better_since:
-            Cluster.objects.filter(pk=cluster.pk).update(degradation_better_since=decision.better_since)
-        return cluster.degradation_level
+        if decision.better_since != row.degradation_better_since:
+            ModelCapacity.objects.filter(pk=row.pk).update(degradation_better_since=decision.better_since)
+        return row.degradation_level
     if figures.required_rps <= 0:
-        cause = "no throughput objective is set"
+        cause = f"no throughput objective is set for {row.model_key}"
     else:
         cause = (
-            f"capacity {figures.capacity_rps:.1f} req/s from {figures.in_service} nodes in service is "
-            f"{figures.ratio:.0%} of the required {figures.required_rps:.1f} req/s"
+            f"{row.model_key}: capacity {figures.capacity_rps:.1f} req/s from {figures.in_service} nodes in service "
+            f"is {figures.ratio:.0%} of the required {figures.required_rps:.1f} req/s"
         )
         if starting:
             cause += (
@@ -224,35 +295,59 @@ def evaluate(now: float | None = None, *, fresh: bool = False) -> int:
             )
         elif fresh:
             cause += "; evaluated afresh as the control plane started"
-    set_level(cluster, decision.level, cause, figures)
+    set_level(row.model_key, decision.level, cause, figures)
     return decision.level
 
 
-def _banner_moves(shown: dict | None, figures: Report) -> bool:
-    """The banner's figures moved since the last evaluation: nodes in service, capacity or required by 1 % or more."""
-    if shown is None:
+def _summary(models: dict[str, dict], now: float, level: int) -> dict:
+    """The last evaluation for pages: every model's figures, and on top the figures of the worst-off model (the
+    highest level, then the lowest ratio), which the banner shows first."""
+
+    def worse(item) -> tuple:
+        _, figures = item
+        ratio = figures.get("ratio")
+        return (-figures["level"], ratio if ratio is not None else float("inf"))
+
+    worst = dict(sorted(models.items(), key=worse)[0][1]) if models else Report(0.0, 0.0, {}, 0).to_json()
+    return {**worst, "at": now, "level": level, "model_level": worst.get("level", 0), "models": models}
+
+
+def _banner_moves(shown: dict | None, latest_: dict) -> bool:
+    """The banner's figures moved since the last evaluation: for any model, nodes in service, capacity or required
+    by 1 % or more, or its level."""
+    if shown is None or set(shown.get("models") or {}) != set(latest_["models"]):
         return True
 
     def moved(before, now) -> bool:
         return abs((now or 0) - (before or 0)) >= 0.01 * max(abs(before or 0), 1e-9)
 
-    return (
-        shown.get("in_service") != figures.in_service
-        or moved(shown.get("capacity_rps"), figures.capacity_rps)
-        or moved(shown.get("required_rps"), figures.required_rps)
-    )
+    for model, figures in latest_["models"].items():
+        before = shown["models"][model]
+        if (
+            before.get("in_service") != figures["in_service"]
+            or before.get("level") != figures["level"]
+            or moved(before.get("capacity_rps"), figures["capacity_rps"])
+            or moved(before.get("required_rps"), figures["required_rps"])
+        ):
+            return True
+    return False
 
 
-def set_level(cluster: Cluster, level: int, cause: str, figures: Report | None = None) -> bool:
-    old = cluster.degradation_level
+def set_level(model_key: str, level: int, cause: str, figures: Report | None = None) -> bool:
+    """Move `model_key`'s level (a conditional update: a level moved meanwhile by another evaluation wins), and the
+    fleet's, the worst of the models'. Written once (DegradationChange), published to the gateways and pages."""
+    cluster = Cluster.default()
+    row = ModelCapacity.of(model_key, cluster)
+    old = row.degradation_level
     with transaction.atomic():
-        claimed = Cluster.objects.filter(pk=cluster.pk, degradation_level=old).update(
+        claimed = ModelCapacity.objects.filter(pk=row.pk, degradation_level=old).update(
             degradation_level=level, degradation_changed_at=timezone.now(), degradation_better_since=None
         )
         if not claimed:
             return False
         DegradationChange.objects.create(
             cluster=cluster,
+            model_key=model_key,
             old_level=old,
             new_level=level,
             cause=cause,
@@ -261,10 +356,19 @@ def set_level(cluster: Cluster, level: int, cause: str, figures: Report | None =
             required_rps=figures.required_rps if figures else None,
             details=figures.to_json() if figures else {},
         )
-        cluster.degradation_level = level
-        transaction.on_commit(lambda: _published(level))
-    log.warning("degradation level %d -> %d: %s", old, level, cause)
+        worst = max(ModelCapacity.objects.filter(cluster=cluster).values_list("degradation_level", flat=True))
+        Cluster.objects.filter(pk=cluster.pk).exclude(degradation_level=worst).update(
+            degradation_level=worst, degradation_changed_at=timezone.now()
+        )
+        transaction.on_commit(lambda: _published(worst))
+    log.warning("degradation level of %s %d -> %d: %s", model_key, old, level, cause)
     return True
+
+
+def level_of(model_key: str) -> int:
+    """The model's degradation level (0 for a model without an objective)."""
+    row = ModelCapacity.objects.filter(cluster=Cluster.default(), model_key=model_key).first()
+    return row.degradation_level if row else 0
 
 
 def _published(level: int) -> None:
@@ -273,8 +377,8 @@ def _published(level: int) -> None:
 
 
 def apply_batch_factor(node: Node) -> str:
-    """Send the level's batch factor to a node (at a level change, and when a node joins)."""
-    factor = policy.EFFECTS[Cluster.default().degradation_level].batch_factor
+    """Send the node's model's level's batch factor to it (at a level change, and when a node joins)."""
+    factor = policy.EFFECTS[level_of(node.model_key)].batch_factor
     try:
         status, answer = nodeclient.call(node.address, "POST", "/agent/config", {"batch_factor": factor}, timeout=2)
     except nodeclient.NodeUnreachable as exc:
@@ -285,6 +389,7 @@ def apply_batch_factor(node: Node) -> str:
 
 
 def latest() -> dict:
-    """The last evaluation, for pages: capacity, required, ratio, per node."""
+    """The last evaluation, for pages: per model (`models`) capacity, required, ratio, per node, its level; on top,
+    the worst-off model's figures."""
     raw = hot.client().get(hot.keys().capacity)
     return json.loads(raw) if raw else {}

@@ -44,15 +44,12 @@ from recovery.models import (
     DrainDecision,
     DrainStep,
     Node,
-    RequestOutcome,
     XidEvent,
 )
 from recovery.policy import breaker as breakers
 
 log = logging.getLogger(__name__)
 
-ERROR_BUDGET_DAYS = 30
-AVAILABILITY_OBJECTIVE = 0.999
 REMEDIATION_NAMES = {
     Remediation.RESTART: "engine restart",
     Remediation.RESET: "GPU reset",
@@ -99,31 +96,15 @@ def evidence_for(node: Node) -> dict:
     }
 
 
-def error_budget() -> dict:
-    """The availability error budget over the last 30 days: failed requests against what the objective allows."""
-    since = timezone.now() - dt.timedelta(days=ERROR_BUDGET_DAYS)
-    outcomes = RequestOutcome.objects.filter(finished_at__gte=since)
-    total = outcomes.exclude(status__in=("rejected", "client_gone")).count()
-    failed = outcomes.filter(status="error").count()
-    allowed = total * (1 - AVAILABILITY_OBJECTIVE)
-    left = None if total == 0 else max(0.0, 1 - failed / allowed) if allowed > 0 else 0.0
-    return {
-        "objective": AVAILABILITY_OBJECTIVE,
-        "window_days": ERROR_BUDGET_DAYS,
-        "requests": total,
-        "failed": failed,
-        "budget_left": None if left is None else round(left, 4),
-    }
-
-
 def blast_radius(node: Node) -> dict:
-    """What draining `node` touches: requests in flight, KV it holds for others, capacity left, error budget."""
+    """What draining `node` touches: requests in flight, KV it holds for others, its model's capacity left (the
+    error budgets its objectives have left are read live: console.readmodels.drains.model_budgets)."""
     live = hot.node(node.name) or hot.NodeEntry()
     flights = [f for f in hot.gateway_flights() if f.get("node") == node.name]
     held = hot.checkpoints_held(node.name)
-    now = capacity.report()
+    now = capacity.report(model=node.model_key)  # its model's: another model's capacity does not replace it
     spare = health.spare_for(node)  # promoted at the cordon: it counts in what remains
-    after = capacity.report(exclude=(node.name,), promoted=(spare.name,) if spare else ())
+    after = capacity.report(exclude=(node.name,), promoted=(spare.name,) if spare else (), model=node.model_key)
     return {
         "in_flight": len(flights),
         "in_flight_by_tier": {
@@ -138,9 +119,9 @@ def blast_radius(node: Node) -> dict:
         "capacity_rps_now": now.capacity_rps,
         "capacity_rps_after": after.capacity_rps,
         "spare_promoted": spare.name if spare else None,
+        "model": node.model_key,
         "required_rps": after.required_rps,
         "ratio_after": None if after.required_rps <= 0 else round(after.ratio, 3),
-        "error_budget": error_budget(),
     }
 
 

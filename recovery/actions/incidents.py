@@ -39,7 +39,6 @@ RECOVERY_WINDOW_S = 10.0  # recent requests compared with the baseline
 RECOVERY_MIN_REQUESTS = 3
 RECOVERY_TOLERANCE = 0.10
 ASSIST_K = 4
-ASSIST_ALPHA = 0.6
 
 
 def _at(value: float | dt.datetime | None) -> dt.datetime:
@@ -136,6 +135,36 @@ def _baseline(before: dt.datetime) -> tuple[float | None, float | None]:
 
 
 @transaction.atomic
+def _open(
+    cluster: Cluster,
+    title: str,
+    at: dt.datetime,
+    *,
+    failed: Node | None = None,
+    detected_at: dt.datetime | None = None,
+    kind: str = "",
+) -> Incident:
+    """A new incident from `at`, with the latency baseline before it and the nodes in service when it began (the
+    share of capacity it takes, its severity), the `failed` node counted among them."""
+    ttft, tpot = _baseline(at)
+    serving = Node.objects.filter(cluster=cluster, state=NodeState.SERVING, spare=False, cordoned=False)
+    in_service = serving.count() + (failed is not None and not serving.filter(pk=failed.pk).exists())
+    details = {"nodes_in_service": in_service, **({"kind": kind} if kind else {})}
+    incident = Incident.objects.create(
+        cluster=cluster,
+        title=title,
+        opened_at=at,
+        status_changed_at=at,
+        detected_at=detected_at,
+        baseline_ttft_ms=ttft,
+        baseline_tpot_ms=tpot,
+        details=details,
+    )
+    transaction.on_commit(lambda: events.incident_changed(incident.pk))
+    return incident
+
+
+@transaction.atomic
 def note_failure(node: Node, at, source: str, reason: str) -> Incident:
     """A failure symptom on `node`: join the incident active within the window, or open one."""
     at = _at(at)
@@ -148,19 +177,11 @@ def note_failure(node: Node, at, source: str, reason: str) -> Incident:
         .first()
     )
     if incident is None:
-        ttft, tpot = _baseline(at)
-        serving = Node.objects.filter(cluster=cluster, state=NodeState.SERVING, spare=False, cordoned=False)
-        incident = Incident.objects.create(
-            cluster=cluster,
-            title=f"{node.name} failed",
-            opened_at=at,
-            status_changed_at=at,
-            baseline_ttft_ms=ttft,
-            baseline_tpot_ms=tpot,
-            # The share of capacity an incident takes is of the nodes in service when it began (its severity).
-            details={"nodes_in_service": serving.count() + (0 if serving.filter(pk=node.pk).exists() else 1)},
-        )
-        transaction.on_commit(lambda: events.incident_changed(incident.pk))
+        incident = _open(cluster, f"{node.name} failed", at, failed=node)
+    elif at < incident.opened_at and incident.details.get("kind") == CAPACITY_KIND:
+        # The level rose before this node's failure was known: the incident began at its first symptom.
+        incident.opened_at = at
+        incident.save(update_fields=["opened_at"])
     if not incident.nodes.filter(pk=node.pk).exists():
         incident.nodes.add(node)
         names = sorted(incident.nodes.values_list("name", flat=True))
@@ -331,28 +352,93 @@ def open_for_fault(
     return incident
 
 
-def _degradation_pending(incident: Incident) -> bool:
-    """The incident saw the level rise and not yet fall back to 0: its fall belongs on its timeline too."""
-    last = incident.events.filter(kind=EventKind.DEGRADATION).order_by("-at", "-pk").first()
-    return last is not None and (last.details or {}).get("new", 0) > 0
+def _degradation_pending(incident: Incident, model: str = "") -> bool:
+    """The incident saw `model`'s level rise and not yet fall back to 0: its fall belongs on its timeline too."""
+    raised = incident.events.filter(kind=EventKind.DEGRADATION).order_by("-at", "-pk")
+    for event in raised:
+        details = event.details or {}
+        if not model or details.get("model", model) == model:
+            return details.get("new", 0) > 0
+    return False
 
 
-def on_degradation(old: int, new: int, cause: str, at: dt.datetime) -> None:
-    """The cluster's degradation level moved (a reaction): on the timeline of every active incident, and of every
-    incident not closed whose raised level has yet to fall (it may be Stable before the hysteresis lets it fall)."""
+def _concerns(incident: Incident, model: str) -> bool:
+    """A level change of `model` belongs on the incident: it lost nodes of that model, or it is that model's
+    capacity incident (one model's level is not another model's incident)."""
+    if not model:
+        return True
+    if incident.details.get("model"):
+        return incident.details["model"] == model
+    return not incident.nodes.exists() or incident.nodes.filter(model_key=model).exists()
+
+
+def on_degradation(old: int, new: int, cause: str, at: dt.datetime, model: str = "") -> None:
+    """`model`'s degradation level moved (a reaction): on the timeline of every active incident of that model, and
+    of every one not closed whose raised level has yet to fall (it may be Stable before the hysteresis lets it fall).
+
+    A rise from level 0 that no incident explains (demand grew past capacity, nodes ran slow: no node failed) opens
+    an incident of its own, since shed and slowed requests count against the objectives like any failure's; its
+    capacity is restored when the level is back at 0. A node of that model that fails meanwhile joins it."""
+    named = f"{model} " if model else ""
     with transaction.atomic():
+        touched = False
         for incident in Incident.objects.exclude(status=IncidentStatus.CLOSED):
-            if incident.status != IncidentStatus.ACTIVE and not _degradation_pending(incident):
+            if not _concerns(incident, model):
                 continue
+            if incident.status != IncidentStatus.ACTIVE and not _degradation_pending(incident, model):
+                continue
+            touched = True
             add_event(
                 incident,
                 EventKind.DEGRADATION,
-                f"degradation level {old} → {new}: {capacity_policy.LEVEL_DOCS[new]} ({cause})",
+                f"{named}degradation level {old} → {new}: {capacity_policy.LEVEL_DOCS[new]} ({cause})",
                 at=at,
-                details={"old": old, "new": new},
+                details={"old": old, "new": new, **({"model": model} if model else {})},
             )
             if new > old:
                 update_severity(incident, at)
+            elif new == 0 and incident.details.get("kind") == CAPACITY_KIND and not incident.nodes.exists():
+                _capacity_back(incident, at)
+        if not touched and old == 0 and new > 0:
+            _open_for_capacity(new, cause, at, model)
+
+
+CAPACITY_KIND = "capacity"  # an incident opened by the degradation level alone (Incident.details["kind"])
+
+
+def _open_for_capacity(level: int, cause: str, at: dt.datetime, model: str = "") -> Incident:
+    named = f"{model} " if model else ""
+    title = f"{named}capacity below the objective: degradation level {level}"
+    incident = _open(Cluster.default(), title[0].upper() + title[1:], at, detected_at=at, kind=CAPACITY_KIND)
+    if model:
+        _merge_details(incident, model=model)
+    add_event(
+        incident,
+        EventKind.DEGRADATION,
+        f"{named}degradation level 0 → {level}: {capacity_policy.LEVEL_DOCS[level]} ({cause})",
+        at=at,
+        source="control-plane",
+        details={"old": 0, "new": level, **({"model": model} if model else {})},
+    )
+    update_severity(incident, at)
+    return incident
+
+
+def _capacity_back(incident: Incident, at: dt.datetime) -> None:
+    """A capacity incident's level is back at 0: its capacity is restored (Stable once latency has recovered too)."""
+    if incident.status != IncidentStatus.ACTIVE or incident.capacity_restored_at is not None:
+        return
+    Incident.objects.filter(pk=incident.pk).update(capacity_restored_at=at)
+    incident.capacity_restored_at = at
+    seconds = (at - incident.opened_at).total_seconds()
+    add_event(
+        incident,
+        EventKind.CAPACITY_RESTORED,
+        f"Capacity restored {seconds:.1f} s after the level first rose: degradation level back to 0",
+        at=at,
+        details={"seconds": round(seconds, 3)},
+    )
+    _stabilize(incident, at)
 
 
 def start_assist(node_id: int) -> str:
@@ -392,7 +478,6 @@ def start_assist(node_id: int) -> str:
     body = {
         "draft": {"name": draft.name, "address": draft.address, "rack": draft.rack.name},
         "k": ASSIST_K,
-        "alpha": ASSIST_ALPHA,
     }
     try:
         status, answer = nodeclient.call(survivor.address, "POST", "/agent/assist", body)
@@ -408,7 +493,8 @@ def start_assist(node_id: int) -> str:
                 EventKind.ASSIST_STARTED,
                 f"{draft.name}'s draft model assists {survivor.name}, the most loaded survivor decoding "
                 f"(L̂ {loads[chosen]:.1f}, {live[chosen].running} running): "
-                f"k={ASSIST_K}, expected {answer.get('expected_tokens_per_step')} tokens per step",
+                f"k={ASSIST_K}, expected {answer.get('expected_tokens_per_step')} tokens per step (modelled, from the "
+                f"model pair's draft agreement {answer.get('agreement')})",
                 node=draft,
                 details={"survivor": survivor.name, "l_hat": loads, **answer},
             )

@@ -18,6 +18,9 @@ def routing_entries() -> dict[str, dict]:
             "address": n.address,
             "model": n.model_key,
             "rack": n.rack.name,
+            "server": n.server,
+            "nvl_domain": n.nvl_domain,
+            "network": n.network,
             "gpu": n.gpu_key,
             "tp": n.tp,
             "weight": n.weight,
@@ -30,8 +33,11 @@ def routing_entries() -> dict[str, dict]:
 
 
 def deployed_models() -> list[str]:
-    """The models of every node that has not left: served now, or coming back."""
-    return sorted(set(Node.objects.exclude(state=NodeState.LEFT).values_list("model_key", flat=True)))
+    """The models of every node that has not left, or left as the stack stopped and is expected back while the
+    control plane starts: served now, or coming back (a request for one waits, or is told the fleet is starting,
+    rather than told the model does not exist)."""
+    present = set(Node.objects.exclude(state=NodeState.LEFT).values_list("model_key", flat=True))
+    return sorted(present | {n.model_key for n in Cluster.default().returning_nodes()})
 
 
 def publish_routing() -> None:

@@ -8,20 +8,33 @@ marks them rolled up, all in one transaction. A re-run finds nothing left; a sec
 then finds only what the first did not take. Each outcome carries its own mark rather than the run keeping only a
 high-water id: ids are handed out when a row is inserted but become visible when its transaction commits, so a
 lower id can appear after a higher one was counted, and a bare id watermark would skip it for ever.
+
+The stream consumer takes a shorter path (store_rolled_up): it counts its outcomes in the transaction that inserts
+them, already marked, so each outcome is written once and never read back; the periodic roll-up then counts only
+what came in some other way.
 """
 
 import datetime as dt
+import json
 import logging
 from collections.abc import Iterable
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, models, transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from recovery.actions import audit
 from recovery.forms import SloCorrectionForm, SloObjectiveForm
-from recovery.models import RequestOutcome, SloCorrection, SloObjective, SloRollup, SloRollupState
+from recovery.models import (
+    RequestOutcome,
+    SloCorrection,
+    SloDayCoverage,
+    SloDayRollup,
+    SloObjective,
+    SloRollup,
+    SloRollupState,
+)
 from recovery.policy import slo as slo_policy
 from recovery.policy.capacity import EFFECTS
 
@@ -241,82 +254,157 @@ def roll_up_batch(batch_size: int = 5000) -> int:
         )
         if not rows:
             return 0
-        ensure_objectives({(row[1], row[2]) for row in rows})
-        owed = _owed_targets()
-        minutes: dict[tuple[str, str, str, dt.datetime], slo_policy.MinuteRollup] = {}
-        for (
-            _,
-            model_key,
-            tier,
-            tenant,
-            finished_at,
+        _store(_count(rows))
+        ids = [row[0] for row in rows]
+        for start in range(0, len(ids), 2000):
+            RequestOutcome.objects.filter(id__in=ids[start : start + 2000]).update(rolled_up=True)
+        _advance(progress, ids)
+    return len(rows)
+
+
+def store_rolled_up(outcomes: list[RequestOutcome]) -> None:
+    """Insert new outcomes already counted in their minutes, in one transaction: the stream consumer's path, with no
+    second read and no second write of each row. If counting fails, nothing is inserted (the caller's entries stay
+    unacknowledged)."""
+    if not outcomes:
+        return
+    with transaction.atomic():
+        progress = _lock_progress()
+        for outcome in outcomes:
+            outcome.rolled_up = True
+        if connection.vendor == "postgresql":
+            _copy(outcomes)
+        else:
+            RequestOutcome.objects.bulk_create(outcomes)
+        _store(_count([tuple(getattr(o, name) for name in _OUTCOME_FIELDS) for o in outcomes]))
+        _advance(progress, [o.id for o in outcomes])
+
+
+def _copy(outcomes: list[RequestOutcome]) -> None:
+    """PostgreSQL's COPY, for the stream's thousands of rows a second: a third of the time of an INSERT built by the
+    ORM, most of which goes to preparing each of the 24 fields of each row. The rows get no ids back."""
+    fields = [f for f in RequestOutcome._meta.concrete_fields if not f.primary_key]
+    encoded = {f.attname for f in fields if isinstance(f, models.JSONField)}
+    names = [f.attname for f in fields]
+    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
+    with (
+        connection.cursor() as cursor,
+        cursor.cursor.copy(
+            f"COPY {connection.ops.quote_name(RequestOutcome._meta.db_table)} ({columns}) FROM STDIN"
+        ) as copy,
+    ):
+        for outcome in outcomes:
+            values = [getattr(outcome, name) for name in names]
+            copy.write_row([json.dumps(v) if n in encoded else v for n, v in zip(names, values, strict=True)])
+
+
+def _advance(progress: SloRollupState, ids: list[int | None]) -> None:
+    """Count the outcomes; the highest id moves only with ids known (PostgreSQL's COPY hands none back)."""
+    progress.rolled_through_id = max([progress.rolled_through_id, *(i for i in ids if i is not None)])
+    progress.outcomes_rolled += len(ids)
+    progress.last_batch = len(ids)
+    progress.save(update_fields=["rolled_through_id", "outcomes_rolled", "last_batch"])
+
+
+def _count(rows: list[tuple]) -> dict[tuple[str, str, str, dt.datetime], slo_policy.MinuteRollup]:
+    """Rows in _OUTCOME_FIELDS' order → their minutes' counts, each against the thresholds its tier was owed."""
+    ensure_objectives({(row[1], row[2]) for row in rows})
+    owed = _owed_targets()
+    minutes: dict[tuple[str, str, str, dt.datetime], slo_policy.MinuteRollup] = {}
+    for (
+        _,
+        model_key,
+        tier,
+        tenant,
+        finished_at,
+        status,
+        code,
+        ttft,
+        tpot,
+        level,
+        migrations,
+        lost,
+        tokens,
+        simulated,
+    ) in rows:
+        targets = owed.get((model_key, tier, tenant)) or owed[(model_key, tier, "")]
+        factor = EFFECTS[level].latency_slo_factor if level in EFFECTS else 1.0
+        if factor != 1.0:  # level 3 relaxes the latency objectives while it holds
+            targets = slo_policy.Targets(targets.ttft_ms * factor, targets.tpot_ms * factor)
+        key = (model_key, tier, tenant, finished_at.replace(second=0, microsecond=0))
+        minute = minutes.get(key)
+        if minute is None:
+            minute = minutes[key] = slo_policy.MinuteRollup()
+        minute.add(
             status,
             code,
             ttft,
             tpot,
-            level,
-            migrations,
-            lost,
-            tokens,
-            simulated,
-        ) in rows:
-            targets = owed.get((model_key, tier, tenant)) or owed[(model_key, tier, "")]
-            factor = EFFECTS[level].latency_slo_factor if level in EFFECTS else 1.0
-            if factor != 1.0:  # level 3 relaxes the latency objectives while it holds
-                targets = slo_policy.Targets(targets.ttft_ms * factor, targets.tpot_ms * factor)
-            key = (model_key, tier, tenant, finished_at.replace(second=0, microsecond=0))
-            minute = minutes.get(key)
-            if minute is None:
-                minute = minutes[key] = slo_policy.MinuteRollup()
-            minute.add(
-                status,
-                code,
-                ttft,
-                tpot,
-                targets,
-                level=level,
-                migrated=bool(migrations),
-                tokens_lost=lost,
-                completion_tokens=tokens,
-                simulated=simulated,
-            )
-        _store(minutes)
-        ids = [row[0] for row in rows]
-        for start in range(0, len(ids), 2000):
-            RequestOutcome.objects.filter(id__in=ids[start : start + 2000]).update(rolled_up=True)
-        progress.rolled_through_id = max(progress.rolled_through_id, ids[-1])
-        progress.outcomes_rolled += len(ids)
-        progress.last_batch = len(ids)
-        progress.save(update_fields=["rolled_through_id", "outcomes_rolled", "last_batch"])
-    return len(rows)
+            targets,
+            level=level,
+            migrated=bool(migrations),
+            tokens_lost=lost,
+            completion_tokens=tokens,
+            simulated=simulated,
+        )
+    return minutes
+
+
+_ROLLUP_VALUES = [*slo_policy.MinuteRollup.COUNTERS, "shed_by_level", "ttft_hist", "tpot_hist"]
 
 
 def _store(minutes: dict[tuple[str, str, str, dt.datetime], slo_policy.MinuteRollup]) -> None:
-    """Add each minute's counts to its row, or create the row. Runs under the roll-up's lock: no other writer."""
-    stamps = [key[3] for key in minutes]
+    """Add each minute's counts to its row and to its day's, or create them, in one upsert each, and count the
+    minutes new to their day's coverage. Runs under the roll-up's lock: no other writer, so the rows read here are
+    the rows written over."""
+    if not minutes:
+        return
+    stamps = {key[3] for key in minutes}
+    covered = set(SloRollup.objects.filter(minute__in=stamps).values_list("minute", flat=True).distinct())
+    _upsert(SloRollup, "minute", minutes)
+    days: dict[tuple[str, str, str, dt.date], slo_policy.MinuteRollup] = {}
+    for (model_key, tier, tenant, minute), counts in minutes.items():
+        key = (model_key, tier, tenant, minute.astimezone(dt.UTC).date())
+        days[key] = days[key].merge(counts) if key in days else slo_policy.MinuteRollup().merge(counts)
+    _upsert(SloDayRollup, "day", days)
+    new_minutes: dict[dt.date, int] = {}
+    for stamp in stamps - covered:
+        day = stamp.astimezone(dt.UTC).date()
+        new_minutes[day] = new_minutes.get(day, 0) + 1
+    if new_minutes:
+        known = dict(SloDayCoverage.objects.filter(day__in=new_minutes).values_list("day", "minutes"))
+        SloDayCoverage.objects.bulk_create(
+            [SloDayCoverage(day=day, minutes=known.get(day, 0) + n) for day, n in new_minutes.items()],
+            update_conflicts=True,
+            unique_fields=["day"],
+            update_fields=["minutes"],
+        )
+
+
+def _upsert(model, when: str, counts_by_key: dict) -> None:
+    """(model, tier, tenant, minute or day) → counts, added to the rows there are, the others created."""
+    whens = [key[3] for key in counts_by_key]
     existing = {
-        (row.model_key, row.tier, row.tenant, row.minute): row
-        for row in SloRollup.objects.filter(
-            minute__gte=min(stamps),
-            minute__lte=max(stamps),
-            model_key__in={key[0] for key in minutes},
-            tier__in={key[1] for key in minutes},
-            tenant__in={key[2] for key in minutes},
+        (row.model_key, row.tier, row.tenant, getattr(row, when)): row
+        for row in model.objects.filter(
+            **{f"{when}__gte": min(whens), f"{when}__lte": max(whens)},
+            model_key__in={key[0] for key in counts_by_key},
+            tier__in={key[1] for key in counts_by_key},
+            tenant__in={key[2] for key in counts_by_key},
         )
     }
-    new, changed = [], []
-    for key, counts in minutes.items():
+    rows = []
+    for key, counts in counts_by_key.items():
         row = existing.get(key)
-        if row is None:
-            new.append(SloRollup(model_key=key[0], tier=key[1], tenant=key[2], minute=key[3], **_fields(counts)))
-            continue
-        merged = _from_row(row).merge(counts)
-        for name, value in _fields(merged).items():
-            setattr(row, name, value)
-        changed.append(row)
-    SloRollup.objects.bulk_create(new, batch_size=1000)
-    if changed:
-        SloRollup.objects.bulk_update(changed, list(_fields(slo_policy.MinuteRollup())), batch_size=500)
+        merged = counts if row is None else _from_row(row).merge(counts)
+        rows.append(model(model_key=key[0], tier=key[1], tenant=key[2], **{when: key[3]}, **_fields(merged)))
+    model.objects.bulk_create(
+        rows,
+        batch_size=1000,
+        update_conflicts=True,
+        unique_fields=["model_key", "tier", "tenant", when],
+        update_fields=_ROLLUP_VALUES,
+    )
 
 
 def _fields(counts: slo_policy.MinuteRollup) -> dict:
@@ -351,7 +439,11 @@ def prune(now: dt.datetime | None = None, chunk: int = 10_000) -> dict[str, int]
             break
         RequestOutcome.objects.filter(id__in=ids).delete()
         outcomes += len(ids)
-    rollups, _ = SloRollup.objects.filter(minute__lt=slo_policy.months_before(now, ROLLUP_MONTHS)).delete()
+    kept_from = slo_policy.months_before(now, ROLLUP_MONTHS)
+    rollups, _ = SloRollup.objects.filter(minute__lt=kept_from).delete()
+    # A day is kept while any of its minutes is: the first day kept may be partly pruned, its sums stay whole.
+    SloDayRollup.objects.filter(day__lt=kept_from.astimezone(dt.UTC).date()).delete()
+    SloDayCoverage.objects.filter(day__lt=kept_from.astimezone(dt.UTC).date()).delete()
     if outcomes or rollups:
         SloRollupState.objects.get_or_create(pk=1)
         state = SloRollupState.objects.get(pk=1)

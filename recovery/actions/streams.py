@@ -16,7 +16,7 @@ from django.db import transaction
 from redis.exceptions import ResponseError
 
 from recovery import hot
-from recovery.actions import health, incidents, live_migration
+from recovery.actions import health, incidents, live_migration, slo
 from recovery.choices import EventKind, IncidentStatus
 from recovery.models import Incident, Node, RequestOutcome
 
@@ -170,6 +170,14 @@ def describe_replacement(data: dict) -> str:
 
 
 def store_outcomes(items: list[tuple[str, dict]]) -> int:
+    """Store reported outcomes, counted into their minutes' SLO rollups in the same transaction."""
+    rows = outcome_rows(items)
+    slo.store_rolled_up(rows)
+    return len(rows)
+
+
+def outcome_rows(items: list[tuple[str, dict]]) -> list[RequestOutcome]:
+    """(gateway, report) pairs → unsaved outcome rows, each tied to the incident it belongs to, if any."""
     rows = []
     for gateway, data in items:
         started = dt.datetime.fromtimestamp(data["started_at"], tz=dt.UTC)
@@ -198,7 +206,7 @@ def store_outcomes(items: list[tuple[str, dict]]) -> int:
             )
         )
     if not rows:
-        return 0
+        return rows
     # Requests that moved during an incident belong to it, and so do those that failed on one of its nodes while
     # it was active (the incident's failed requests, its severity).
     moved = {move.get("from") for row in rows for move in row.migrations}
@@ -219,5 +227,4 @@ def store_outcomes(items: list[tuple[str, dict]]) -> int:
                 touched = [name for name in [*row.nodes, row.node] if name in active_by_node]
                 if touched:
                     row.incident = active_by_node[touched[0]]
-    RequestOutcome.objects.bulk_create(rows)
-    return len(rows)
+    return rows

@@ -94,7 +94,10 @@ class GatewayMetrics:
             buckets=(0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 1, 2, 5, 10),
         )
         self.shed = Counter(
-            "lifeline_gateway_shed", "Requests refused by the degradation level, by tier.", ["tier"], registry=registry
+            "lifeline_gateway_shed",
+            "Requests refused by their model's degradation level, by tier.",
+            ["model", "tier"],
+            registry=registry,
         )
         self.ttft = Histogram(
             "lifeline_gateway_ttft_seconds",
@@ -178,24 +181,24 @@ async def _serve(request: web.Request, path: str) -> web.StreamResponse:
     except ApiError as exc:
         metrics.answered("rejected", tenant.tier, exc.status)
         return _refusal(exc)
-    config = view.config
-    if not config.accept_new:
+    degraded = view.config.level_of(req.model)  # this model's level: another model's loss never sheds it
+    if not degraded.accept_new:
         metrics.answered("shed", tenant.tier, 503, req.model)
-        _report_shed(coordinator, tenant, req, 503, config.degradation_level)
+        _report_shed(coordinator, tenant, req, 503, degraded.level)
         return openai_error(
             503,
-            f"The cluster is at degradation level {config.degradation_level}: it takes no new requests while the ones "
+            f"{req.model} is at degradation level {degraded.level}: it takes no new requests while the ones "
             f"in flight finish. Try again in {SHED_RETRY_AFTER_S} s.",
             "service_unavailable",
             headers={"Retry-After": str(SHED_RETRY_AFTER_S)},
         )
-    if tenant.tier in config.shed_tiers:
-        metrics.shed.labels(tenant.tier).inc()
+    if tenant.tier in degraded.shed_tiers:
+        metrics.shed.labels(req.model, tenant.tier).inc()
         metrics.answered("shed", tenant.tier, 429, req.model)
-        _report_shed(coordinator, tenant, req, 429, config.degradation_level)
+        _report_shed(coordinator, tenant, req, 429, degraded.level)
         return openai_error(
             429,
-            f"The cluster is at degradation level {config.degradation_level} and sheds {tenant.tier} traffic to keep "
+            f"{req.model} is at degradation level {degraded.level} and sheds {tenant.tier} traffic to keep "
             f"its SLOs for higher tiers. Try again in {SHED_RETRY_AFTER_S} s.",
             "rate_limit_exceeded",
             headers={"Retry-After": str(SHED_RETRY_AFTER_S)},
@@ -286,7 +289,7 @@ def _report(app: web.Application, flight: Flight, relay: Relay, status: str, cod
         model=flight.model,
         status=status,
         http_status=code,
-        degradation_level=app[VIEW_KEY].config.degradation_level,
+        degradation_level=app[VIEW_KEY].config.level_of(flight.model).level,
         node=flight.node,
         nodes=relay.nodes,
         prompt_tokens=flight.prompt_tokens,
@@ -342,6 +345,7 @@ async def healthz(request: web.Request) -> web.Response:
             "lost": sorted(coordinator.failed),
             "placement_policy": view.config.placement_policy,
             "degradation_level": view.config.degradation_level,
+            "degradation_levels": {model: m.level for model, m in sorted(view.config.models.items())},
             "weights": {name: route.weight for name, route in sorted(view.routes.items())},
             "watching": sorted(n for n in view.routes if coordinator.watcher.connected(n)),
         }

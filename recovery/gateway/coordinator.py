@@ -21,7 +21,7 @@ from recovery.gateway.fleet import FleetState
 from recovery.gateway.signals import Signals
 from recovery.gateway.table import Route, RoutingView
 from recovery.gateway.watch import NodeWatcher
-from recovery.policy import dispatch
+from recovery.policy import dispatch, placement, recovery
 from workers.catalog import BLOCK_TOKENS
 
 log = logging.getLogger(__name__)
@@ -317,20 +317,10 @@ class Coordinator:
         self._replace_holders(name)
 
     def survivor(self, route: Route) -> dispatch.Survivor:
-        """`route` as a recovery target: its L̂ and its free KV blocks as its status says, the whole cache only
-        when it has not said (a node that reports 0 free blocks is full, not empty)."""
-        status = self.watcher.status(route.name)
-        free = (
-            max(status.kv_blocks_total - status.kv_blocks_used, 0)
-            if status.kv_blocks_total
-            else route.deployment.kv_blocks
-        )
-        return dispatch.Survivor(
-            name=route.name,
-            rack=route.rack,
-            l_hat=self.l_hat(route.name),
-            free_blocks=free,
-            deployment=route.deployment,
+        """`route` as a recovery target: its L̂, its free KV blocks as its status says and its place in the
+        fabric (recovery.survivor, as the simulator reads its nodes)."""
+        return recovery.survivor(
+            route.name, route.placement, self.l_hat(route.name), self.watcher.status(route.name), route.deployment
         )
 
     def _plan(self, failed_node: str, only: list[Flight] | None = None, exclude: set[str] = frozenset()) -> None:
@@ -351,16 +341,16 @@ class Coordinator:
             )
             for f in stranded
         ]
-        theta = dispatch.theta_for([s.l_hat for s in survivors.values()], self.view.config.theta_factor)
+        config = self.view.config
         try:
-            decisions = dispatch.plan_recovery(
+            decisions = recovery.plan(
                 interrupted,
                 survivors,
                 set(self.failed) | set(exclude),
-                theta,
-                self.view.config.tau_tokens,
-                self.view.config.alpha,
-                self.view.config.beta,
+                config.theta_factor,
+                config.tau_tokens,
+                config.alpha,
+                config.beta,
             )
         except dispatch.NoSurvivors as exc:
             for flight in stranded:
@@ -374,12 +364,10 @@ class Coordinator:
             self._decisions[flight.request_id] = (failed_node, future)
 
     def _checkpointed_estimate(self, flight: Flight) -> int:
-        """KV tokens the holders most likely have: whole blocks, the last one possibly still in transit."""
-        if not flight.holders:
-            return 0
-        if not flight.generated and self.view.config.placement_policy != "lifeline":
-            return 0  # the prompt's blocks go out once prefill is done
-        return max(flight.context_tokens // BLOCK_TOKENS - 1, 0) * BLOCK_TOKENS
+        """KV tokens the holders most likely have (recovery.checkpointed_estimate); under lifeline the nodes
+        checkpoint completed prefill chunks too."""
+        lifeline = self.view.config.placement_policy == "lifeline"
+        return recovery.checkpointed_estimate(flight.holders, bool(flight.generated), flight.context_tokens, lifeline)
 
     async def decision_for(self, flight: Flight, failed_node: str, reason: str) -> dispatch.Decision:
         """Where `flight` continues now that `failed_node` is gone (planned with its companions)."""
@@ -465,7 +453,16 @@ class Coordinator:
         if serving is None or len(flight.holders) != 1:
             return
         first = self.view.routes.get(flight.holders[0])
-        routes = self.routable(flight.model, {serving.name, flight.holders[0]})
+        request_bytes = (flight.prompt_tokens + flight.max_tokens) * serving.deployment.model.kv_bytes_per_token
+        routes = {
+            name: route
+            for name, route in self.routable(flight.model, {serving.name, flight.holders[0]}).items()
+            if placement.second_copy_fits(
+                self.watcher.status(name).checkpoint_bytes_held,
+                self.watcher.status(name).checkpoint_budget_bytes,
+                request_bytes,
+            )
+        }
         other_rack = [r for r in routes.values() if first is None or r.rack != first.rack] or list(routes.values())
         if not other_rack:
             return
@@ -493,7 +490,7 @@ class Coordinator:
                 results["failed"] += 1
                 continue
             method, transfer_s, reprefill_s = dispatch.migration_method(
-                flight.context_tokens, flight.context_tokens, source.rack, self.survivor(target)
+                flight.context_tokens, flight.context_tokens, source.placement, self.survivor(target)
             )
             if not source.migrates:
                 # Its engine cannot stop a request at a token boundary: this gateway ends the node's stream

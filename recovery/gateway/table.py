@@ -17,6 +17,7 @@ from redis.exceptions import RedisError
 from recovery.keys import Keys
 from workers import catalog
 from workers.aio import cancel
+from workers.checkpoint import Peer
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,14 @@ class Route:
     # What the node offers beyond serving (workers.engine_api.CAPABILITIES): a node without
     # "checkpoint" neither streams KV pages nor holds them; one without "resume" continues no request.
     capabilities: frozenset[str] = frozenset(("checkpoint", "resume", "migrate"))
+    # Its place in the fabric beyond its rack, as the node registered it (workers.catalog.Placement).
+    server: str = ""
+    nvl_domain: str = ""
+    network: str = "infiniband"
+
+    @property
+    def placement(self) -> catalog.Placement:
+        return catalog.Placement(self.rack, self.server, self.nvl_domain, self.network)
 
     @property
     def holds_checkpoints(self) -> bool:
@@ -52,7 +61,8 @@ class Route:
         return _deployment(self.model, self.gpu, self.tp)
 
     def peer(self) -> dict:
-        return {"name": self.name, "address": self.address, "rack": self.rack}
+        """The node as a workers.checkpoint.Peer: what another node needs to reach it and time the link."""
+        return Peer(self.name, self.address, self.rack, self.server, self.nvl_domain, self.network).to_json()
 
 
 _deployments: dict[tuple[str, str, int], catalog.Deployment] = {}
@@ -83,10 +93,9 @@ class ClusterConfig:
     beta: float = 1.0  # weight of queue depth in the recovery load
     stall_timeout_s: float = 5.0  # no byte from a node for this long: it is treated as failed
     dispatch_accounting: bool = True  # count a request on its node at dispatch (document 002)
-    # Degradation (document 003), set by the control plane's capacity evaluation.
-    degradation_level: int = 0
-    shed_tiers: tuple[str, ...] = ()  # tiers answered 429 at this level
-    accept_new: bool = True  # False at level 4: new requests get 503, those in flight finish
+    # Degradation (document 003), set by the control plane's capacity evaluation for each model on its own.
+    degradation_level: int = 0  # the fleet's: the worst model's, for status pages
+    models: dict[str, "ModelLevel"] = field(default_factory=dict)  # a model not listed is at level 0
     starting_until: float | None = None  # the control plane's start-up grace ends (epoch s): nodes are joining
 
     @classmethod
@@ -95,9 +104,22 @@ class ClusterConfig:
             return cls()
         data = json.loads(raw)
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        if "shed_tiers" in known:
-            known["shed_tiers"] = tuple(known["shed_tiers"])
+        known["models"] = {
+            model: ModelLevel(int(v.get("level", 0)), tuple(v.get("shed_tiers") or ()), bool(v.get("accept_new", True)))
+            for model, v in (known.get("models") or {}).items()
+        }
         return cls(**known)
+
+    def level_of(self, model: str) -> "ModelLevel":
+        """The degradation `model`'s requests meet: its own level, never another model's."""
+        return self.models.get(model, ModelLevel())
+
+
+@dataclass(frozen=True)
+class ModelLevel:
+    level: int = 0
+    shed_tiers: tuple[str, ...] = ()  # tiers answered 429 at this level
+    accept_new: bool = True  # False at level 4: new requests get 503, those in flight finish
 
 
 @dataclass
@@ -150,6 +172,9 @@ class RoutingView:
                     int(entry.get("tp", 1)),
                     entry.get("session", ""),
                     frozenset(entry["capabilities"]) if "capabilities" in entry else Route.capabilities,
+                    entry.get("server", ""),
+                    entry.get("nvl_domain", ""),
+                    entry.get("network", "infiniband"),
                 )
                 routes[name].deployment  # noqa: B018 - refuse a route the catalog cannot time
             except (KeyError, ValueError, catalog.CatalogError) as exc:

@@ -10,9 +10,9 @@ estimate, so a burst of interrupted requests spreads instead of piling up.
 import heapq
 import math
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from workers.catalog import BLOCK_TOKENS, Deployment, kv_transfer_s, node_link
+from workers.catalog import BLOCK_TOKENS, Deployment, Placement, kv_transfer_s, node_link
 
 METHODS = ("restore", "fetch", "reprefill")
 
@@ -41,6 +41,16 @@ class Survivor:
     free_blocks: int
     deployment: Deployment
     alive: bool = True
+    # Where it sits in the fabric beyond its rack (workers.catalog.Placement): a node that does
+    # not say is alone on its server and reached over InfiniBand.
+    server: str = ""
+    nvl_domain: str = ""
+    network: str = "infiniband"
+    nvlink_down: bool = False
+
+    @property
+    def placement(self) -> Placement:
+        return Placement(self.rack, self.server, self.nvl_domain, self.network, self.nvlink_down)
 
 
 @dataclass(frozen=True)
@@ -57,32 +67,34 @@ def blocks(tokens: int) -> int:
     return math.ceil(max(0, tokens) / BLOCK_TOKENS)
 
 
-def transfer_cost(context_tokens: int, kv_tokens: int, source_rack: str, target: Survivor) -> tuple[float, float]:
+def transfer_cost(context_tokens: int, kv_tokens: int, source: Placement, target: Survivor) -> tuple[float, float]:
     """(seconds to get the request ready by moving its KV, seconds to re-prefill it) on `target`.
 
-    Moving covers the KV of `kv_tokens` over the link between the racks
-    (document 003's link bandwidths, a third of it across the shared spine)
-    and the prefill of the context tokens the KV lacks: a checkpoint a few
-    tokens behind still costs a full pass over the weights to catch up, which
-    is why a short request re-prefills rather than fetches.
+    Moving covers the KV of `kv_tokens` over the link between the two nodes'
+    places in the fabric (workers.catalog.node_link: NVLink in one NVLink
+    domain, PCIe in one server, the network in one rack, a third of it
+    across the shared spine) and the prefill of the context tokens the KV
+    lacks: a checkpoint a few tokens behind still costs a full pass over the
+    weights to catch up, which is why a short request re-prefills rather
+    than fetches.
     """
-    link, loaded = node_link(source_rack, target.rack)
-    kv_tokens = max(0, min(kv_tokens, context_tokens))
     deployment = target.deployment
-    move_s = kv_transfer_s(deployment.model.kv_bytes_per_token * kv_tokens, link, loaded)
+    link, share = node_link(source, target.placement, deployment.gpu)
+    kv_tokens = max(0, min(kv_tokens, context_tokens))
+    move_s = kv_transfer_s(deployment.model.kv_bytes_per_token * kv_tokens, link, share)
     catch_up_s = deployment.prefill_s(context_tokens - kv_tokens, kv_tokens)
     return move_s + catch_up_s, deployment.prefill_s(context_tokens)
 
 
 def migration_method(
-    context_tokens: int, kv_tokens: int, source_rack: str, target: Survivor
+    context_tokens: int, kv_tokens: int, source: Placement, target: Survivor
 ) -> tuple[str, float, float]:
     """For a live migration (the source still up): ("transfer" or "reprefill", transfer_s, reprefill_s).
 
     Transfer when moving the KV is faster than re-prefilling and the target
     has free blocks for the whole context; else re-prefill (document 003).
     """
-    transfer_s, reprefill_s = transfer_cost(context_tokens, kv_tokens, source_rack, target)
+    transfer_s, reprefill_s = transfer_cost(context_tokens, kv_tokens, source, target)
     ok = transfer_s < reprefill_s and target.free_blocks >= blocks(context_tokens)
     return ("transfer" if ok else "reprefill"), transfer_s, reprefill_s
 
@@ -122,8 +134,7 @@ class _Loads:
         heapq.heappush(self.heap, (self.l_hat[name], name))
 
     def survivor(self, name: str) -> Survivor:
-        s = self.nodes[name]
-        return Survivor(name, s.rack, self.l_hat[name], self.free[name], s.deployment, True)
+        return replace(self.nodes[name], l_hat=self.l_hat[name], free_blocks=self.free[name], alive=True)
 
 
 def plan_recovery(
@@ -198,8 +209,10 @@ def _to_least_loaded(r: Interrupted, loads: _Loads, holders: list[str], theta: f
         return Decision(
             r.request_id, w, "restore", w, f"{over}; least-loaded {w} holds a copy: restore from its host memory"
         )
-    # The holder with the fastest link to w (same rack first), in preference order on a tie.
-    costs = [(transfer_cost(r.context_tokens, r.checkpointed_tokens, loads.nodes[s].rack, target), s) for s in holders]
+    # The holder with the fastest link to w (same NVLink domain first), in preference order on a tie.
+    costs = [
+        (transfer_cost(r.context_tokens, r.checkpointed_tokens, loads.nodes[s].placement, target), s) for s in holders
+    ]
     (fetch_s, reprefill_s), source = min(costs, key=lambda c: c[0][0])
     needed = blocks(r.context_tokens)
     if fetch_s < reprefill_s and target.free_blocks >= needed:

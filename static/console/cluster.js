@@ -134,7 +134,7 @@
 
   // --- live updates, batched per animation frame ------------------------------------------------------------------
   const nodeFrames = new Map(); // name -> latest "node" frame (a re-rendered tile or row)
-  const loadFrames = new Map(); // name -> latest "load" frame (figures of a heartbeat)
+  const loadFrames = new Map(); // name -> latest figures of its heartbeats (from "loads" frames)
   let summaryHtml = null;
   let scheduled = false;
 
@@ -198,6 +198,9 @@
   function applyLoad(frame) {
     const el = document.getElementById("node-" + frame.name);
     if (!el || !(el.dataset.state === "serving" || el.dataset.state === "join")) return null;
+    const report = el.querySelector("[data-reported-at]");
+    // Figures are published a few times a second, a node's re-rendering at once: older figures than drawn stay out.
+    if (report && report.dataset.reportedAt && frame.at < parseFloat(report.dataset.reportedAt)) return null;
     const pct = frame.kv_total ? (100 * frame.kv_used / frame.kv_total) : null;
     const step = frame.step_ms === null || frame.step_ms === undefined ? null : frame.step_ms;
     setField(el, "running", frame.running, frame.running);
@@ -206,7 +209,6 @@
     setField(el, "step", step === null ? "n/a" : step.toFixed(1) + " ms", step === null ? "" : step);
     const bar = el.querySelector('[data-field="kvbar"]');
     if (bar) bar.style.width = (pct || 0) + "%";
-    const report = el.querySelector("[data-reported-at]");
     if (report) {
       report.dataset.reportedAt = frame.at;
       const cell = report.closest("td");
@@ -268,8 +270,8 @@
         loadFrames.delete(frame.name); // figures older than the new rendering
         if (frame.summary) summaryHtml = frame.summary;
         schedule();
-      } else if (frame.kind === "load") {
-        loadFrames.set(frame.name, frame);
+      } else if (frame.kind === "loads") {
+        for (const figures of frame.nodes) loadFrames.set(figures.name, figures);
         schedule();
       }
     };

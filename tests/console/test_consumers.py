@@ -85,7 +85,8 @@ async def test_state_change_and_load_frames():
     frames = [await ws.receive_json_from(timeout=5) for _ in range(2)]
     kinds = {f["kind"]: f for f in frames}
     assert kinds["node"]["state"] == "serving"
-    assert kinds["load"]["name"] == "node-ws" and kinds["load"]["running"] == 2 and kinds["load"]["waiting"] == 7
+    (figures,) = kinds["loads"]["nodes"]
+    assert figures["name"] == "node-ws" and figures["running"] == 2 and figures["waiting"] == 7
     await ws.disconnect()
 
 

@@ -25,7 +25,7 @@ FLEET = [(f"wt-{i + 1:02d}", "rack-a" if i < 4 else "rack-b", "H100-SXM" if i < 
 
 @pytest.fixture
 def demo_fleet(commit):
-    configure(slo_required_rps=0, degradation_hold_s=30, degradation_margin=0.05, startup_grace_s=0)
+    configure(degradation_hold_s=30, degradation_margin=0.05, startup_grace_s=0)
     for name, rack, gpu in FLEET:
         commit(register, name, rack=rack, gpu=gpu, tp=2)
     commit(register, "wt-spare", rack="rack-b", gpu="H200-SXM", tp=2, spare=True)
@@ -41,10 +41,10 @@ def _level_after_killing(commit, react, killed) -> int:
 def test_the_objective_is_set_from_the_whole_fleet_in_service(commit, demo_fleet):
     assert commit(capacity.evaluate) == 0
     required = commit(set_demo_objective, Cluster.default())
-    full = capacity.report()
+    full = capacity.report(model="Qwen3-32B")
     assert full.in_service == 8  # the spare is not in service, and not counted
-    assert required == pytest.approx(0.92 * full.capacity_rps, abs=0.05)
-    assert commit(set_demo_objective, Cluster.default()) is None  # once set (or set by an admin) it is kept
+    assert required == {"Qwen3-32B": pytest.approx(0.92 * full.capacity_rps, abs=0.05)}
+    assert commit(set_demo_objective, Cluster.default()) == {}  # once set (or set by an admin) it is kept
     assert commit(capacity.evaluate) == 0
 
 

@@ -19,6 +19,7 @@ import time
 import openai
 import pytest
 
+from recovery.policy.capacity import level_for
 from tests.conftest import demo_argv, demo_env, stack_database
 from tests.helpers import DemoStack, http_json, log_in, wait_for
 
@@ -334,7 +335,10 @@ def test_the_degradation_level_rises_as_nodes_die_and_falls_as_they_return(brows
     # An objective the four meet with room; without the two largest it falls to about 57%: level 2.
     largest = sorted(per_node, key=lambda n: per_node[n]["rps"])[-2:]
     required = round(0.80 * capacity["capacity_rps"], 2)
-    assert call(stack, "PATCH", "/api/settings", {"slo_required_rps": required, "reason": "e2e"})[0] == 200
+    assert (
+        call(stack, "PATCH", "/api/settings", {"models": {"Qwen3-32B": {"required_rps": required}}, "reason": "e2e"})[0]
+        == 200
+    )
     wait_for(lambda: call(stack, "GET", "/api/degradation")[1]["level"] == 0, 10, 0.2, "level 0")
     keys = stack.info["gateway_keys"]
     gateway = stack.info["urls"]["gateway"]
@@ -365,8 +369,19 @@ def test_the_degradation_level_rises_as_nodes_die_and_falls_as_they_return(brows
     assert status_for("premium") == 200 and status_for("standard") == 200
     # The supervisor restarts them: capacity returns, the level falls after its hold.
     wait_for(lambda: call(stack, "GET", "/api/degradation")[1]["level"] == 0, 90, 0.5, "level 0 again")
-    history = [(h["old"], h["new"]) for h in call(stack, "GET", "/api/degradation")[1]["history"]][::-1]
-    assert history[:2] == [(0, 1), (1, 2)] and history[-1][1] == 0
+    changes = call(stack, "GET", "/api/degradation")[1]["history"][::-1]
+    history = [(h["old"], h["new"]) for h in changes]
+    # Up as they died, each rise to the level its measured ratio called for (worse at once), then back to 0. Whether
+    # the first death alone reaches level 1 or 2 depends on the survivors' measured step times (a loaded machine runs
+    # the emulated GPUs slower, and capacity follows: recovery.policy.capacity.slowdown), so the ratio decides it.
+    levels = [0] + [new for _, new in history]
+    assert history[0][0] == 0 and 2 in levels, history
+    rising = levels[: levels.index(2) + 1]
+    assert rising == sorted(rising), history
+    for h in changes:
+        if h["new"] > h["old"]:
+            assert h["new"] == level_for(h["ratio"]), h
+    assert history[-1][1] == 0, history
     wait_for(lambda: gateway_health(stack)["degradation_level"] == 0, 5, 0.05, "the gateway at level 0")
     assert status_for("best_effort") == 200
     page.close()

@@ -118,10 +118,10 @@ def test_a_restart_of_the_whole_stack_is_not_an_emergency(stack):
     # The first request the gateway took was sent in its first second, and waited for a node rather than fail.
     assert answers[0][0] - senders.listening_at < 1.0
 
-    assert stack.api("/api/incidents")[1]["incidents"] == []
+    assert stack.api("/api/incidents")[1]["incidents"] == [], stack.api("/api/degradation")[1]["history"]
     assert stack.node("node-04")["spare"] and stack.node("node-04")["weight"] == 0.0
     degradation = stack.api("/api/degradation")[1]
-    assert degradation["level"] == 0
+    assert degradation["level"] == 0, degradation["history"]
     risen = [h for h in degradation["history"] if h["at"] > restarted and h["new"] > 0]
     assert risen == [], risen
 

@@ -158,15 +158,35 @@ def test_a_corrupt_node_has_its_requests_moved_off_at_once_and_those_it_served_n
     commands.close()
 
 
-def test_a_slow_node_is_not_treated_as_corrupt(commit, react, tokens):
-    """A timeout is a sick engine, not wrong answers: a drain and no incident of corruption, nothing moved at once."""
+def slow_node_drained(commit, react, name):
+    """A node whose canaries time out three times: the health machine proposes its drain."""
     configure(auto_cordon_max_share=1.0)
-    node, _ = commit(register, "nb-slow")
+    node, _ = commit(register, name)
     for _ in range(3):
         commit(health.record_canary, node, policy.Verdict(False, "timeout", "no answer in 3 s"), None)
     react()
-    drain = Drain.objects.get(node=node)
+    return node, Drain.objects.get(node=node)
+
+
+def test_a_slow_node_is_not_treated_as_corrupt(commit, react, tokens):
+    """A timeout is a sick engine, not wrong answers: a drain and no incident of corruption, nothing moved at once."""
+    node, drain = slow_node_drained(commit, react, "nb-slow")
     assert drain.incident is None and not node.incidents.exists()
+
+
+def test_an_approved_drain_takes_capacity_out_and_opens_its_incident(commit, react, tokens, cast):
+    """Issue 12: a drain is a failure class the report counts. Once on-call approves it the node leaves service: an
+    incident linked to the drain both ways, its node in it, the drain on its timeline."""
+    _, drain = slow_node_drained(commit, react, "nb-drained")
+    commit(drains.decide, drain, cast["oncall"], "approve", "engine hangs: restart it")
+    react()
+    drain.refresh_from_db()
+    incident = drain.incident
+    assert incident is not None and list(incident.nodes.values_list("name", flat=True)) == ["nb-drained"]
+    assert incident.detected_at is not None
+    detected = incident.events.get(kind=EventKind.DETECTED)
+    assert detected.description.startswith(f"nb-drained: drain #{drain.pk} approved: ")
+    assert incident.events.filter(kind=EventKind.DRAIN, details={"drain": drain.pk}).exists()
 
 
 # --- incidents linked to the drain ------------------------------------------------------------------------------

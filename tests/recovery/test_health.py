@@ -19,6 +19,7 @@ from recovery.models import (
     Cluster,
     Drain,
     HealthTransition,
+    ModelCapacity,
     Node,
     Notification,
     XidEvent,
@@ -32,14 +33,23 @@ pytestmark = pytest.mark.django_db
 ENV = {"LIFELINE_AGENT_TOKEN": AGENT, "LIFELINE_FAULT_TOKEN": FAULT}
 
 
-def register(name, address="http://127.0.0.1:9", rack="rack-a", gpu="H100-SXM", serving=True, spare=False, tp=1):
+def register(
+    name,
+    address="http://127.0.0.1:9",
+    rack="rack-a",
+    gpu="H100-SXM",
+    serving=True,
+    spare=False,
+    tp=1,
+    model="Qwen3-32B",
+):
     reg = Registration.parse(
         {
             "name": name,
             "session": uuid.uuid4().hex,
             "address": address,
             "rack": rack,
-            "model": "Qwen3-32B",
+            "model": model,
             "gpu": gpu,
             "tp": tp,
             "pid": 1,
@@ -57,6 +67,14 @@ def register(name, address="http://127.0.0.1:9", rack="rack-a", gpu="H100-SXM", 
 
 def configure(**fields):
     Cluster.objects.filter(pk=Cluster.default().pk).update(**fields)
+
+
+def objective(model="Qwen3-32B", **fields):
+    """A model's capacity objective (and, to set up a restart, the level it was left at; the fleet's follows)."""
+    ModelCapacity.objects.filter(pk=ModelCapacity.of(model).pk).update(**fields)
+    if "degradation_level" in fields:
+        worst = max(ModelCapacity.objects.values_list("degradation_level", flat=True))
+        Cluster.objects.filter(pk=Cluster.default().pk).update(degradation_level=worst)
 
 
 def weight(name):
@@ -124,7 +142,7 @@ def test_silent_corruption_makes_a_node_suspicious_then_unhealthy_and_proposes_a
     drain = Drain.objects.get(node=node)
     assert drain.state == DrainState.PROPOSED and drain.source == "health machine" and drain.remediation == "reset"
     assert [c["kind"] for c in drain.evidence["canaries"][:3]] == ["logprob_out_of_range"] * 3
-    assert drain.blast_radius["capacity_rps_after"] > 0 and "error_budget" in drain.blast_radius
+    assert drain.blast_radius["capacity_rps_after"] > 0 and drain.blast_radius["model"] == "Qwen3-32B"
     assert list(
         HealthTransition.objects.filter(node=node, kind="health").order_by("at").values_list("new", flat=True)
     ) == ["suspicious", "unhealthy"]
@@ -311,7 +329,7 @@ def test_a_second_drain_in_the_pool_or_too_little_capacity_needs_two_approvers(c
     two.refresh_from_db()
     assert two.state == DrainState.APPROVED
     # Capacity: an objective that needs every node makes any drain a two-person one.
-    configure(slo_required_rps=10_000)
+    objective(required_rps=10_000)
     third, _ = commit(register, "hc-2p-c", rack="rack-c")
     Drain.objects.all().update(state=DrainState.CANCELLED)
     low = commit(drains.propose, third, source="operator", requested_by=cast["operator"], reason="three")
@@ -445,15 +463,17 @@ def test_the_level_rises_as_capacity_falls_and_falls_after_the_hold(commit, toke
     from recovery.policy.capacity import node_capacity
     from workers.catalog import Deployment
 
-    one = node_capacity(Deployment.of("Qwen3-32B", "H100-SXM", 1), capacity.slo_of(Cluster.default())).rps
-    configure(slo_required_rps=3.8 * one, degradation_hold_s=5, degradation_margin=0.05)
+    one = node_capacity(Deployment.of("Qwen3-32B", "H100-SXM", 1), capacity.slo_of("Qwen3-32B")).rps
+    objective(required_rps=3.8 * one)
+    configure(degradation_hold_s=5, degradation_margin=0.05)
     assert commit(capacity.evaluate, 1000.0) == 0
     Node.objects.filter(name=names[0]).update(state=NodeState.DOWN)
     assert commit(capacity.evaluate, 1001.0) == 1  # 3 of 4 nodes: 79%
     Node.objects.filter(name=names[1]).update(state=NodeState.DOWN)
     assert commit(capacity.evaluate, 1002.0) == 2  # 53%: best-effort shed
     config = json.loads(hot.client().get(hot.keys().cluster_config))
-    assert config["degradation_level"] == 2 and config["shed_tiers"] == ["best_effort"] and config["accept_new"]
+    assert config["degradation_level"] == 2
+    assert config["models"]["Qwen3-32B"] == {"level": 2, "shed_tiers": ["best_effort"], "accept_new": True}
     Node.objects.filter(name__in=names[:2]).update(state=NodeState.SERVING)
     assert commit(capacity.evaluate, 1003.0) == 2  # better, but held
     assert commit(capacity.evaluate, 1009.0) == 0
@@ -467,7 +487,8 @@ def test_every_page_hears_when_the_banners_figures_move_not_only_its_level(commi
     names = [f"hc-fig-{i}" for i in range(9)]
     for name in names:
         commit(register, name)
-    configure(slo_required_rps=0.01, degradation_hold_s=30)  # far below: the level stays 0 however many leave
+    objective(required_rps=0.01)
+    configure(degradation_hold_s=30)  # far below: the level stays 0 however many leave
     commit(capacity.evaluate, 2000.0)
     sent.clear()
     commit(capacity.evaluate, 2001.0)
@@ -594,21 +615,27 @@ def test_settings_are_admin_only_validated_field_by_field_and_audited(client, ca
     assert response.status_code == 400 and b"canary_interval_s must be between 5 and 3600" in response.content
     response = client.post("/settings/", {**data, "unhealthy_after": 0, "suspicious_after": 2})
     assert response.status_code == 400 and b"unhealthy_after" in response.content
-    assert Cluster.default().canary_interval_s == 30  # nothing saved
+    response = client.post("/settings/", {**data, "model:Qwen3-32B:required_rps": -1})
+    assert response.status_code == 400 and b"required_rps must be between 0 and" in response.content
+    response = client.post("/settings/", {**data, "model:GPT-9:required_rps": 5})
+    assert response.status_code == 400 and b"not a catalogued model" in response.content
+    assert Cluster.default().canary_interval_s == 30 and ModelCapacity.of("Qwen3-32B").required_rps == 0  # not saved
     response = commit(
         client.post,
         "/settings/",
-        {**data, "canary_interval_s": 10, "slo_required_rps": 50, "reason": "tighter canaries"},
+        {**data, "canary_interval_s": 10, "model:Qwen3-32B:required_rps": 50, "reason": "tighter canaries"},
     )
     assert response.status_code == 302
     cluster = Cluster.default()
-    assert cluster.canary_interval_s == 10 and cluster.slo_required_rps == 50
-    entry = AuditEntry.objects.get(action="settings")
+    assert cluster.canary_interval_s == 10 and ModelCapacity.of("Qwen3-32B").required_rps == 50
+    entry = AuditEntry.objects.get(action="settings", target__startswith="cluster:")
     assert (
         entry.actor == "admin"
         and entry.details["changed"]["canary_interval_s"] == [30, 10]
         and entry.reason == "tighter canaries"
     )
+    entry = AuditEntry.objects.get(action="settings", target="model:Qwen3-32B")
+    assert entry.details["changed"] == {"required_rps": [0.0, 50.0]}
 
 
 def test_settings_by_api_for_automation(client, cast, commit):
@@ -636,7 +663,7 @@ def test_a_settings_change_never_undoes_what_the_control_plane_wrote_meanwhile(c
     from recovery.actions import capacity
 
     stale = Cluster.default()  # the settings request reads the row...
-    commit(capacity.set_level, Cluster.default(), 2, "test: capacity fell")  # ...Celery moves the level meanwhile...
+    commit(capacity.set_level, "Qwen3-32B", 2, "test: capacity fell")  # ...Celery moves the level meanwhile...
     monkeypatch.setattr(Cluster, "default", classmethod(lambda cls: stale))
     client.force_login(cast["admin"])
     response = commit(
@@ -656,7 +683,10 @@ def test_the_control_planes_own_metrics(client, cast, commit, tokens):
     text = client.get("/metrics").content.decode()
     assert 'lifeline_worker_status{model="Qwen3-32B",node="hc-m-a",rack="rack-a"} 1.0' in text
     assert 'lifeline_routing_weight{node="hc-m-a"} 0.5' in text and 'lifeline_hot_spare{node="hc-m-spare"} 1.0' in text
-    assert 'lifeline_circuit_breaker_state{node="hc-m-a"} 0.0' in text and "lifeline_degradation_level 0.0" in text
+    assert (
+        'lifeline_circuit_breaker_state{node="hc-m-a"} 0.0' in text
+        and 'lifeline_degradation_level{model="Qwen3-32B"} 0.0' in text
+    )
     commit(nodes.transition_node, node, NodeState.DOWN, "test")
     assert (
         'lifeline_worker_status{model="Qwen3-32B",node="hc-m-a",rack="rack-a"} 4.0'

@@ -243,3 +243,45 @@ async def test_the_gateway_reports_a_move_from_the_node_the_request_streamed_on(
     assert streams.describe_move({**move, "request_id": "r-1"}).startswith(
         "r-1: node-08 → node-01 at token 40 (after node-04 could not take it), re-prefilled 50 tokens"
     )
+
+
+def test_a_level_rise_no_failure_explains_opens_an_incident_that_a_failure_joins(commit, react):
+    """Issue 12: the report counts every failure class. Demand past capacity raises the level with no node down: an
+    incident of its own (shed and slowed requests burn the budget like a failure's), which a node failure joins."""
+    for name in ("cp-1", "cp-2", "cp-3", "cp-4"):
+        commit(register, name)
+    now = timezone.now()
+    commit(incidents.on_degradation, 0, 2, "capacity 70 % of the required", now)
+    incident = Incident.objects.get()
+    assert incident.title == "Capacity below the objective: degradation level 2"
+    assert incident.status == IncidentStatus.ACTIVE and incident.detected_at == now
+    assert incident.details["kind"] == incidents.CAPACITY_KIND and incident.details["nodes_in_service"] == 4
+    assert incident.severity == IncidentSeverity.SEV2 and "degradation level 2" in incident.details["severity"]["why"]
+    assert [e.details for e in incident.events.filter(kind=EventKind.DEGRADATION)] == [{"old": 0, "new": 2}]
+    # A node's failure found a moment later, its first symptom before the rise: it joins, and the incident began then.
+    signal("symptom", node="cp-1", at=now.timestamp() - 3)
+    commit(streams.process)
+    react()
+    incident = Incident.objects.get()
+    assert incident.title == "cp-1 failed"
+    assert incident.opened_at == pytest.approx(now - dt.timedelta(seconds=3), abs=dt.timedelta(milliseconds=1))
+
+
+def test_a_capacity_incident_is_restored_when_the_level_is_back_at_zero(commit):
+    for name in ("cq-1", "cq-2"):
+        commit(register, name)
+    now = timezone.now()
+    commit(incidents.on_degradation, 0, 1, "required rose to 120 req/s", now)
+    commit(incidents.on_degradation, 1, 2, "required rose to 160 req/s", now + dt.timedelta(seconds=10))
+    assert Incident.objects.count() == 1  # the second rise is on the same incident's timeline
+    commit(incidents.on_degradation, 2, 0, "required back to 80 req/s", now + dt.timedelta(seconds=60))
+    incident = Incident.objects.get()
+    assert incident.capacity_restored_at == now + dt.timedelta(seconds=60)
+    restored = incident.events.get(kind=EventKind.CAPACITY_RESTORED)
+    assert "60.0 s after the level first rose" in restored.description
+    levels = [e.details for e in incident.events.filter(kind=EventKind.DEGRADATION).order_by("at")]
+    assert levels == [{"old": 0, "new": 1}, {"old": 1, "new": 2}, {"old": 2, "new": 0}]
+    # No traffic at all: latency cannot be judged from requests; the periodic check decides it like any incident's.
+    commit(incidents.check_recovery, now + dt.timedelta(hours=2))
+    incident.refresh_from_db()
+    assert incident.status == IncidentStatus.STABLE, incident.events.values_list("description", flat=True)

@@ -5,15 +5,26 @@ import datetime as dt
 import random
 import sys
 import threading
+from importlib import import_module
 
 import pytest
+from django.apps import apps as django_apps
 from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
 
 from console.readmodels import slo as slo_model
 from recovery.actions import slo, streams
-from recovery.models import AuditEntry, RequestOutcome, SloCorrection, SloObjective, SloRollup
+from recovery.models import (
+    AuditEntry,
+    RequestOutcome,
+    SloCorrection,
+    SloDayCoverage,
+    SloDayRollup,
+    SloObjective,
+    SloRollup,
+    SloRollupState,
+)
 from recovery.policy import slo as slo_policy
 
 pytestmark = pytest.mark.django_db
@@ -27,6 +38,9 @@ def _now(monkeypatch):
     """NOW as each test starts: the figures read the windows back from the real clock, and this module may run many
     minutes after it was imported (a 5-minute window would have slid past the outcomes written "2 minutes ago")."""
     monkeypatch.setattr(sys.modules[__name__], "NOW", timezone.now().replace(microsecond=0))
+
+
+ONE_MINUTE = dt.timedelta(minutes=1)
 
 
 def report(at: dt.datetime, *, status="ok", ttft=300.0, tpot=30.0, tier="premium", tenant="acme", **extra) -> tuple:
@@ -50,7 +64,22 @@ def report(at: dt.datetime, *, status="ok", ttft=300.0, tpot=30.0, tier="premium
 
 
 def store(*items):
-    return streams.store_outcomes(list(items))
+    """Outcomes that arrived some other way than the stream (rows from before an upgrade, a bulk load): stored
+    without being counted, for the periodic roll-up (the stream consumer's own path is tested below)."""
+    return RequestOutcome.objects.bulk_create(streams.outcome_rows(list(items)))
+
+
+def test_the_stream_consumer_counts_its_outcomes_as_it_stores_them():
+    minute = NOW.replace(second=0) - dt.timedelta(minutes=4)
+    streams.store_outcomes([report(minute + dt.timedelta(seconds=s)) for s in range(0, 60, 20)])
+    streams.store_outcomes(
+        [report(minute + dt.timedelta(seconds=50), status="error", ttft=None, tpot=None), report(minute + ONE_MINUTE)]
+    )
+    assert not RequestOutcome.objects.filter(rolled_up=False).exists()
+    assert slo.roll_up() == 0  # nothing left for the periodic run
+    rows = list(SloRollup.objects.order_by("minute").values_list("minute", "valid", "good", "server_errors"))
+    assert rows == [(minute, 4, 3, 1), (minute + ONE_MINUTE, 1, 1, 0)]
+    assert SloRollupState.objects.get().outcomes_rolled == 5
 
 
 def test_a_minute_rolls_up_to_the_counts_and_shipped_objectives_appear():
@@ -275,3 +304,67 @@ def test_pruning_keeps_what_is_not_rolled_up_and_rollups_for_13_months():
     slo.roll_up()
     with override_settings(LIFELINE_OUTCOME_RETENTION_DAYS=30):
         assert slo.prune()["outcomes"] == 1
+
+
+def _minute_sums_by_day() -> dict:
+    sums = {}
+    for row in SloRollup.objects.all():
+        key = (row.model_key, row.tier, row.tenant, row.minute.astimezone(dt.UTC).date())
+        into = sums.setdefault(key, {"valid": 0, "good": 0, "shed": 0, "ttft_hist": [0] * len(row.ttft_hist)})
+        into["valid"] += row.valid
+        into["good"] += row.good
+        into["shed"] += row.shed
+        into["ttft_hist"] = [a + b for a, b in zip(into["ttft_hist"], row.ttft_hist, strict=True)]
+    return sums
+
+
+def _hist(row) -> dict:
+    return {"ttft_hist": row.ttft_hist}
+
+
+def _day_sums() -> dict:
+    return {
+        (d.model_key, d.tier, d.tenant, d.day): {
+            "valid": d.valid,
+            "good": d.good,
+            "shed": d.shed,
+            "ttft_hist": d.ttft_hist,
+        }
+        for d in SloDayRollup.objects.all()
+    }
+
+
+def test_each_days_sums_are_kept_with_its_minutes_and_the_minutes_covered():
+    """The report reads whole days from SloDayRollup: they must equal their minutes' sums however the minutes came
+    (the stream's path, the periodic one, a late outcome into a minute already stored, two days, two tenants)."""
+    midnight = NOW.replace(hour=0, minute=0, second=0)
+    before, after = midnight - dt.timedelta(minutes=2), midnight + dt.timedelta(minutes=3)
+    streams.store_outcomes([report(before), report(before, tenant="beta"), report(after, status="error", ttft=None)])
+    store(report(before + dt.timedelta(seconds=30)), report(after + dt.timedelta(minutes=1), ttft=5000.0))
+    slo.roll_up()
+    streams.store_outcomes(
+        [report(before + dt.timedelta(seconds=50), status="shed", http_status=429, degradation_level=2)]
+    )  # late, into a minute already stored
+    assert _day_sums() == _minute_sums_by_day() and len(_day_sums()) == 3
+    coverage = dict(SloDayCoverage.objects.values_list("day", "minutes"))
+    assert coverage == {before.date(): 1, after.date(): 2}  # distinct minutes, whatever the scopes
+    # The migration that created the table summed the days of the minutes already there the same way.
+    expected = _day_sums()
+    SloDayRollup.objects.all().delete()
+    SloDayCoverage.objects.all().delete()
+    import_module("recovery.migrations.0010_day_rollups").sum_days(django_apps, None)
+    assert _day_sums() == expected
+    assert dict(SloDayCoverage.objects.values_list("day", "minutes")) == coverage
+
+
+def test_pruning_drops_days_before_the_13_months_kept():
+    SloDayRollup.objects.create(
+        model_key=MODEL, tier="premium", tenant="acme", day=(NOW - dt.timedelta(days=400)).date()
+    )
+    SloDayRollup.objects.create(
+        model_key=MODEL, tier="premium", tenant="acme", day=(NOW - dt.timedelta(days=40)).date()
+    )
+    SloDayCoverage.objects.create(day=(NOW - dt.timedelta(days=400)).date(), minutes=5)
+    slo.prune()
+    assert list(SloDayRollup.objects.values_list("day", flat=True)) == [(NOW - dt.timedelta(days=40)).date()]
+    assert not SloDayCoverage.objects.exists()

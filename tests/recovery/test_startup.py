@@ -11,32 +11,26 @@ from django.utils import timezone
 
 from console.readmodels.degradation import degradation
 from recovery import hot
-from recovery.actions import capacity, incidents, nodes
+from recovery.actions import capacity, incidents, nodes, routing
 from recovery.choices import NodeState
-from recovery.models import Cluster, Incident, Node, NodeTransition
+from recovery.models import RETURNING_WITHIN_S, Cluster, Incident, Node, NodeTransition
 from recovery.policy.capacity import node_capacity
-from tests.recovery.test_health import configure, register
+from tests.recovery.test_health import configure, objective, register
 from workers.catalog import Deployment
 
 pytestmark = pytest.mark.django_db
 
 
 def _one_node_rps() -> float:
-    return node_capacity(Deployment.of("Qwen3-32B", "H100-SXM", 1), capacity.slo_of(Cluster.default())).rps
+    return node_capacity(Deployment.of("Qwen3-32B", "H100-SXM", 1), capacity.slo_of("Qwen3-32B")).rps
 
 
 def _previous_run(commit, names, level):
     """A fleet that served before the stop, and the level it was left at."""
     for name in names:
         commit(register, name)
-    configure(
-        slo_required_rps=(len(names) - 0.2) * _one_node_rps(),
-        degradation_hold_s=30,
-        degradation_margin=0.05,
-        degradation_level=level,
-        degradation_better_since=None,
-        startup_grace_s=120,
-    )
+    objective(required_rps=(len(names) - 0.2) * _one_node_rps(), degradation_level=level, degradation_better_since=None)
+    configure(degradation_hold_s=30, degradation_margin=0.05, startup_grace_s=120)
 
 
 def _restart(commit, names):
@@ -149,3 +143,57 @@ def test_celery_beat_starting_is_the_control_plane_starting(commit, tokens):
     commit(beat_init.send, sender=None)
     started = Cluster.default().control_plane_started_at
     assert started is not None and started >= before
+
+
+def test_a_node_lost_after_beat_alone_restarts_is_a_loss_not_a_joining_node(commit, tokens, react, settings):
+    """Beat restarting while the fleet serves stamps the control plane's start again: the nodes' SERVING is from
+    before it. One that dies in the grace is still a loss: the level rises at once (a CI run caught it masked)."""
+    names = [f"su-f-{i}" for i in range(3)]
+    _previous_run(commit, names, level=0)  # serving, heard all along
+    objective(required_rps=2.8 * _one_node_rps())
+    for name in names:
+        hot.heartbeat(name, time.time(), "serving", {})
+    commit(capacity.control_plane_started)  # beat alone restarts
+    assert capacity.report().starting == []
+    gone = Node.objects.get(name="su-f-0")
+    commit(nodes.transition_node, gone, NodeState.DOWN, "gateway reported it")
+    figures = capacity.report()
+    assert figures.starting == [] and figures.in_service == 2
+    assert commit(capacity.evaluate) >= 1
+
+
+def test_nodes_that_left_as_the_stack_stopped_are_expected_back(commit, tokens):
+    """A clean stop sends every node away (deregistered: LEFT). Started again, the fleet's usual size is still the
+    nodes of the last run: the first ones back are not the whole fleet, the others are joining, not lost, and their
+    model is still served (a request waits, rather than hears the model does not exist). A CI run caught the level
+    rising to 2 with two of three nodes back."""
+    names = [f"su-h-{i}" for i in range(3)]
+    _previous_run(commit, names, level=0)
+    for node in Node.objects.filter(name__in=names):
+        commit(nodes.deregister_node, node.name, node.session, "stopping (SIGTERM)")
+    assert routing.deployed_models() == []  # stopped: nothing is coming back until the control plane starts
+
+    commit(capacity.control_plane_started)
+    assert "Qwen3-32B" in routing.deployed_models()
+    for name in names[:2]:
+        commit(register, name)  # two are back and serve; the third has not registered yet
+    figures = capacity.report()
+    assert figures.in_service == 2 and figures.starting == [names[2]]
+    assert commit(capacity.evaluate) == 0
+
+    # The grace over, a node that never came back is not waited for: not a joining node, not a served model.
+    configure(control_plane_started_at=timezone.now() - dt.timedelta(seconds=121))
+    assert capacity.report().starting == []
+    assert commit(capacity.evaluate) == 2  # two of 2.8 nodes
+
+
+def test_a_node_that_left_long_before_the_start_is_not_expected_back(commit, tokens):
+    names = [f"su-i-{i}" for i in range(3)]
+    _previous_run(commit, names, level=0)
+    retired = Node.objects.get(name=names[2])
+    commit(nodes.deregister_node, retired.name, retired.session, "decommissioned")
+    NodeTransition.objects.filter(node=retired, new_state=NodeState.LEFT).update(
+        at=timezone.now() - dt.timedelta(seconds=RETURNING_WITHIN_S + 60)
+    )
+    commit(capacity.control_plane_started)
+    assert capacity.report().starting == []

@@ -93,6 +93,6 @@ def test_load_and_transfer_times():
         < catalog.kv_transfer_s(four_k, "pcie")
         < catalog.kv_transfer_s(four_k, "mystery")
     )
-    assert catalog.kv_transfer_s(four_k, "pcie", loaded=True) == pytest.approx(
+    assert catalog.kv_transfer_s(four_k, "pcie", catalog.LOADED_LINK_FACTOR) == pytest.approx(
         3 * catalog.kv_transfer_s(four_k, "pcie")
     )

@@ -177,7 +177,7 @@ def test_the_emulated_engines_status_round_trips_through_json():
             NodeStatus.parse({**wire, "reason": "arrival", "request_id": "r-1", "from_a_newer_node": [1]}) == status
         )  # unknown keys ignored
     wire = emulated_status(assist=True).to_json()
-    assert wire["assist"] == {"draft": "draft-1", "k": 4, "alpha": 0.6, "acceptance": None}
+    assert wire["assist"] == {"draft": "draft-1", "k": 4, "agreement": 0.6, "acceptance": None}
     assert (
         wire["steps"] == 42
         and wire["step_ms"] == 12.5
@@ -215,7 +215,8 @@ def test_what_an_adapter_cannot_report_stays_null_and_a_figure_left_out_is_null_
         ),
         ({"source": 7}, "source: must be str, got int"),
         ({"assist": "draft-1"}, "assist: must be an object or null, got str"),
-        ({"assist": {"draft": "d", "k": "four", "alpha": 0.6}}, "assist.k: must be int, got str"),
+        ({"assist": {"draft": "d", "k": "four", "agreement": 0.6}}, "assist.k: must be int, got str"),
+        ({"assist": {"draft": "d", "k": 4}}, "assist.agreement: is required"),
     ],
 )
 def test_a_bad_status_is_refused_naming_the_field(figures, message):

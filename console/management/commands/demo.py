@@ -15,6 +15,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import close_old_connections
 
 from console import actions as console_actions
+from console import celery_app
 from console.models import ApiToken
 from console.stack import (
     Child,
@@ -25,10 +26,10 @@ from console.stack import (
     start_embedded_redis,
     wait_http,
 )
-from recovery import roles
+from recovery import roles, tasks
 from recovery.actions import capacity, cluster_settings, keys, routing
 from recovery.choices import NodeState, Tier
-from recovery.models import ApiKey, Cluster, Node, key_digest
+from recovery.models import ApiKey, Cluster, HistoryBackfill, ModelCapacity, Node, key_digest
 from workers import catalog
 
 STOP_ORDER = ["traffic", "gateway"]  # stop the load first; nodes next (they deregister), servers last
@@ -55,6 +56,12 @@ class Command(BaseCommand):
             "--tp", type=int, default=2, choices=catalog.TP_DEGREES, help="tensor-parallel degree of each node"
         )
         parser.add_argument("--no-traffic", action="store_true", help="do not start the traffic generator")
+        parser.add_argument(
+            "--no-history",
+            action="store_true",
+            help="do not back-fill 30 days of generated (simulated) history on the first start; it is made from the "
+            "traffic, so --no-traffic implies it",
+        )
         parser.add_argument("--rate", type=float, default=6.0, help="traffic: mean requests per second")
         parser.add_argument(
             "--time-scale", type=float, default=1.0, help="multiplies emulated GPU time; 1 is real time"
@@ -242,6 +249,7 @@ class Command(BaseCommand):
             )
         self._wait_nodes_serving(total, 60 + 2 * total)  # a big fleet takes a while to start on a small machine
         self._set_objectives(opts)
+        history = self._backfill_history(opts)
 
         if not opts["no_traffic"]:
             traffic_env = {
@@ -281,6 +289,7 @@ class Command(BaseCommand):
             "database": _describe_db(),
             "log_dir": str(self.supervisor.log_dir),
             "traffic": None if opts["no_traffic"] else {"rate": opts["rate"]},
+            "history": history,
         }
         self._write_info()
         self._banner(time.monotonic() - started)
@@ -371,6 +380,7 @@ class Command(BaseCommand):
             f"  Gateway   {urls['gateway']}    Authorization: Bearer {self.info['gateway_key']}",
             f"  Nodes     {self.opts['nodes']} emulated {self.opts['model']} nodes in {self.opts['racks']} racks, "
             f"{self.opts['spares']} hot spare(s); traffic {traffic}",
+            f"  History   {self.info['history']}",
             f"  Details   {self.demo_file}    logs in {self.supervisor.log_dir}",
             f"  E-mail    {_mail_destination()}",
             "Press Ctrl-C to stop.",
@@ -410,6 +420,19 @@ class Command(BaseCommand):
             by_tier[tier] = key
         return by_tier
 
+    def _backfill_history(self, opts) -> str:
+        """On the first start, 30 days of generated history in the background (recovery.actions.history): made from
+        this fleet, its keys and the traffic model, ending now, before the traffic starts. Once: the task records its
+        run and resumes one cut short; a later start finds it done and adds nothing."""
+        if opts["no_traffic"] or opts["no_history"]:
+            return "off"
+        run = HistoryBackfill.objects.first()
+        if run is not None and run.finished_at is not None:
+            return f"{run.days} days generated {run.window_start:%Y-%m-%d} to {run.window_end:%Y-%m-%d %H:%M} UTC"
+        celery_app.conf.broker_url = settings.REDIS_URL  # the Redis of this run (embedded or not), as the worker's
+        tasks.backfill_history.delay(time.time())
+        return "30 days of generated (simulated) history being written in the background"
+
     def _set_objectives(self, opts):
         """A throughput objective the fleet meets with room to spare, unless an admin has set one, set once every
         node serves: OBJECTIVE_SHARE of what the nodes in service carry (the hot spare not counted)."""
@@ -422,21 +445,27 @@ class Command(BaseCommand):
 OBJECTIVE_SHARE = 0.92
 
 
-def set_demo_objective(cluster: Cluster) -> float | None:
-    if cluster.slo_required_rps > 0:
-        return None
-    report = capacity.report(cluster)
-    if report.capacity_rps <= 0:
-        return None
-    required = round(OBJECTIVE_SHARE * report.capacity_rps, 1)
-    cluster_settings.update(
-        cluster,
-        {"slo_required_rps": required},
-        "demo",
-        f"{OBJECTIVE_SHARE:.0%} of what the demo's {report.in_service} nodes in service carry: losing two shows "
-        "level 1 (the spare replaces one), losing four level 2",
-    )
-    return required
+def set_demo_objective(cluster: Cluster) -> dict[str, float]:
+    """For each served model without a throughput objective, OBJECTIVE_SHARE of what its nodes in service carry.
+    Returns {model: required} of those set."""
+    set_ = {}
+    for model in capacity.served_models(cluster):
+        if ModelCapacity.of(model, cluster).required_rps > 0:
+            continue
+        report = capacity.report(cluster, model=model)
+        if report.capacity_rps <= 0:
+            continue
+        required = round(OBJECTIVE_SHARE * report.capacity_rps, 1)
+        cluster_settings.update_model(
+            cluster,
+            model,
+            {"required_rps": required},
+            "demo",
+            f"{OBJECTIVE_SHARE:.0%} of what the demo's {report.in_service} {model} nodes in service carry: losing two "
+            "shows level 1 (the spare replaces one), losing four level 2",
+        )
+        set_[model] = required
+    return set_
 
 
 def _read_json(path: Path) -> dict:

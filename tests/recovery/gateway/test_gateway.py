@@ -417,23 +417,29 @@ def _up(base):
 BEST_EFFORT_KEY = "llk_test-key-best-effort"
 
 
-async def test_degradation_sheds_best_effort_with_429_and_level_4_rejects_new_requests(cluster):
+async def test_degradation_sheds_best_effort_with_429_and_level_4_rejects_new_requests_of_that_model_only(cluster):
+    """Levels are per model: Qwen3-32B at level 2 sheds its best-effort traffic and at level 4 refuses new requests,
+    while Llama-3-8B, at level 0, keeps answering every tier."""
     cluster.start_nodes("dg-a")
+    cluster.models["dg-b"] = "Llama-3-8B"
+    cluster.start_nodes("dg-b", extra=("--model", "Llama-3-8B"))
     cluster.client.hset(
         cluster.keys.gateway_keys,
         hashlib.sha256(BEST_EFFORT_KEY.encode()).hexdigest(),
         json.dumps({"id": 2, "tenant": "batch-jobs", "tier": "best_effort"}),
     )
     base = await cluster.gateway()
-    body = {"model": "Qwen3-32B", "prompt": "hello", "max_tokens": 3}
+    qwen = {"model": "Qwen3-32B", "prompt": "hello", "max_tokens": 3}
+    llama = {**qwen, "model": "Llama-3-8B"}
     premium, best_effort = {"Authorization": f"Bearer {KEY}"}, {"Authorization": f"Bearer {BEST_EFFORT_KEY}"}
-    assert (await gw(base + "/v1/completions", data=body, headers=best_effort))[0] == 200
-    cluster.publish({"degradation_level": 2, "shed_tiers": ["best_effort"], "accept_new": True})
-    await cluster.until(base, lambda h: h["degradation_level"] == 2, "level 2")
+    assert (await gw(base + "/v1/completions", data=qwen, headers=best_effort))[0] == 200
+    level_2 = {"level": 2, "shed_tiers": ["best_effort"], "accept_new": True}
+    cluster.publish({"degradation_level": 2, "models": {"Qwen3-32B": level_2}})
+    await cluster.until(base, lambda h: h["degradation_levels"] == {"Qwen3-32B": 2}, "Qwen3-32B at level 2")
     import urllib.error
     import urllib.request
 
-    def status_of(headers):
+    def status_of(headers, body):
         request = urllib.request.Request(
             base + "/v1/completions",
             data=json.dumps(body).encode(),
@@ -445,19 +451,26 @@ async def test_degradation_sheds_best_effort_with_429_and_level_4_rejects_new_re
         except urllib.error.HTTPError as exc:
             return exc.code, dict(exc.headers), json.loads(exc.read())
 
-    status, headers, answer = await asyncio.to_thread(status_of, best_effort)
-    assert status == 429 and headers["Retry-After"] == "30" and "sheds best_effort" in answer["error"]["message"]
-    status, _, answer = await asyncio.to_thread(status_of, premium)
+    status, headers, answer = await asyncio.to_thread(status_of, best_effort, qwen)
+    assert status == 429 and headers["Retry-After"] == "30"
+    assert "Qwen3-32B is at degradation level 2 and sheds best_effort" in answer["error"]["message"]
+    status, _, answer = await asyncio.to_thread(status_of, premium, qwen)
     assert status == 200 and answer["choices"][0]["text"]
-    cluster.publish({"degradation_level": 4, "shed_tiers": ["best_effort"], "accept_new": False})
-    await cluster.until(base, lambda h: h["degradation_level"] == 4, "level 4")
-    status, headers, answer = await asyncio.to_thread(status_of, premium)
+    status, _, answer = await asyncio.to_thread(status_of, best_effort, llama)  # another model's loss: not shed
+    assert status == 200 and answer["choices"][0]["text"]
+    level_4 = {"level": 4, "shed_tiers": ["best_effort"], "accept_new": False}
+    cluster.publish({"degradation_level": 4, "models": {"Qwen3-32B": level_4}})
+    await cluster.until(base, lambda h: h["degradation_levels"] == {"Qwen3-32B": 4}, "Qwen3-32B at level 4")
+    status, headers, answer = await asyncio.to_thread(status_of, premium, qwen)
     assert status == 503 and headers["Retry-After"] == "30" and "takes no new requests" in answer["error"]["message"]
+    status, _, answer = await asyncio.to_thread(status_of, premium, llama)
+    assert status == 200 and answer["choices"][0]["text"]
     assert (await moves(base)) == {}  # nothing moved: refused before routing
     text = await asyncio.to_thread(
         lambda: __import__("urllib.request").request.urlopen(base + "/metrics").read().decode()
     )
-    assert 'lifeline_gateway_shed_total{tier="best_effort"} 1.0' in text
+    assert 'lifeline_gateway_shed_total{model="Qwen3-32B",tier="best_effort"} 1.0' in text
+    assert 'lifeline_gateway_shed_total{model="Llama-3-8B"' not in text
 
 
 async def test_a_weight_change_reaches_the_gateway_by_push_not_by_its_poll(cluster):

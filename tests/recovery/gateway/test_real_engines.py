@@ -160,13 +160,15 @@ async def test_every_stream_resumes_when_a_real_engine_is_killed_and_the_text_is
 
     disturbed = await asyncio.gather(*(asyncio.to_thread(stream_text, base, p, 300, kill_at_40) for p in prompts))
     assert killed
-    moved = [d for d in disturbed if d[2] == killed[0]]
-    assert moved, "some streams were on the killed engine"
+    assert any(d[2] == killed[0] for d in disturbed), "some streams were on the killed engine"
+    # A stream moved is one the gateway told so; that includes a stream that had not had its first token from the
+    # killed engine yet (its headers already name the node it moved to, and its comment says token 0).
+    moved = [d for d in disturbed if any("lifeline moved this stream" in c for c in d[1])]
     for (text, comments, node), (reference, _, _) in zip(disturbed, undisturbed):
         where = next((i for i, (a, b) in enumerate(zip(text, reference)) if a != b), min(len(text), len(reference)))
         # No token lost, none repeated: at temperature 0 the same text.
         assert text == reference, (node, killed, comments, where, len(text), len(reference))
-        if node == killed[0]:
+        if node == killed[0]:  # every stream that was streaming from the killed engine was moved
             assert any("lifeline moved this stream" in c and "re-prefill" in c for c in comments), comments
     await cluster.flushed()
     moves = cluster.signals("request_moved")

@@ -674,27 +674,28 @@ def test_theta_is_twice_the_mean_load_at_least_the_floor():
 
 def test_live_migration_transfers_a_long_context_and_reprefills_a_short_one():
     target = Survivor("w", "r1", 0.0, 100_000, H100)
-    method, transfer_s, reprefill_s = dispatch.migration_method(8001, 8000, "r1", target)
+    r1, r2 = catalog.Placement("r1"), catalog.Placement("r2")
+    method, transfer_s, reprefill_s = dispatch.migration_method(8001, 8000, r1, target)
     assert method == "transfer" and transfer_s < reprefill_s
-    link, loaded = catalog.node_link("r1", "r1")
+    link, share = catalog.node_link(r1, r1, H100.gpu)
     assert transfer_s > catalog.kv_transfer_s(
-        8000 * H100.model.kv_bytes_per_token, link, loaded
+        8000 * H100.model.kv_bytes_per_token, link, share
     )  # plus the catch-up pass
-    method, transfer_s, reprefill_s = dispatch.migration_method(100, 96, "r1", target)
+    method, transfer_s, reprefill_s = dispatch.migration_method(100, 96, r1, target)
     assert method == "reprefill" and transfer_s >= reprefill_s
     # across racks the spine is shared (a third of InfiniBand): the transfer takes longer
-    _, across_s, _ = dispatch.migration_method(8001, 8000, "r2", target)
-    assert across_s > dispatch.migration_method(8001, 8000, "r1", target)[1]
+    _, across_s, _ = dispatch.migration_method(8001, 8000, r2, target)
+    assert across_s > dispatch.migration_method(8001, 8000, r1, target)[1]
     full = Survivor("w", "r1", 0.0, 10, H100)
-    assert dispatch.migration_method(8001, 8000, "r1", full)[0] == "reprefill"
+    assert dispatch.migration_method(8001, 8000, r1, full)[0] == "reprefill"
 
 
 def test_on_fast_compute_a_long_context_reprefills_rather_than_cross_the_spine():
     """Document 003: the crossover depends on the link. A small model on eight H100s prefills
     faster than a third of InfiniBand moves its KV."""
     target = Survivor("w", "r2", 0.0, 100_000, Deployment.of("Llama-3-8B", "H100-SXM", 8))
-    assert dispatch.migration_method(8192, 8192, "r1", target)[0] == "reprefill"
-    assert dispatch.migration_method(8192, 8192, "r2", target)[0] == "transfer"
+    assert dispatch.migration_method(8192, 8192, catalog.Placement("r1"), target)[0] == "reprefill"
+    assert dispatch.migration_method(8192, 8192, catalog.Placement("r2"), target)[0] == "transfer"
 
 
 interrupted_strategy = st.builds(

@@ -1,0 +1,837 @@
+"""The simulator against the real emulated cluster: the same failure, the same requests, the same metrics.
+
+For 4 and 8 nodes and each placement policy (none, fixed, load_aware, lifeline), one scenario runs twice on
+the real emulated cluster (benchmarks.harness: node processes emulating Qwen3-32B on one H100-SXM each on the
+roofline, a real gateway process, Redis), once with the failure and once without it for the baseline, and then
+in the simulator (recovery.sim), also with and without the failure:
+
+  - fleet: the harness's, as a simulator scenario: N nodes of Qwen3-32B, TP 1, H100-SXM, in 2 racks (the
+    harness's n00, n01 … become rack-0-1, rack-0-2 …, in the same order and the same racks);
+  - requests: open-loop Poisson arrivals at RATE_PER_NODE × N requests/s for KILL_AT_S + AFTER_KILL_S = 75 s (seed SEED,
+    the same for every policy), prompts of 600-1,500 words (one word = one token), 100-300 output tokens
+    through end-of-sequence (ignore_eos, so every request produces exactly its max_tokens). The real client
+    records when it sent each request, its prompt's token count and its output length, and writes them as a
+    CSV trace in splitwise-sim's format (arrival_timestamp, prompt_size, token_size); the simulator replays
+    that trace, so it sees the arrival times the real gateway saw, the scheduler's lag included;
+  - failure: KILL_AT_S after the start, the real cluster's busiest node (most requests in flight, the
+    gateway's in-flight hash) is SIGKILLed; the harness takes it out of routing a second later, restarts it
+    cold RESTART_AFTER_S after the kill (draft model, then full model; its draft does not assist a survivor:
+    the simulator does not model progressive recovery, so the real runs leave it off too). In the simulator:
+    a scripted crash of the same node at the same moment (detected at once, as the real gateway notices the
+    node's event stream closing), back after RESTART_AFTER_S plus the draft's load time (recovery.sim's
+    repair_s) and then the full model's load time, both from workers.catalog as the emulated node loads them.
+
+Metrics, on both sides from the same code, recovery.sim.metrics.run_metrics: the real run's client-side
+observations (each request's send time and the time of every token chunk it received) are put in the shape of
+a Simulation (MeasuredRun: recovery.sim.fleet.Flight per request, the latency series in SERIES_S buckets, one
+FaultRecord), so that:
+
+  - mean TTFT and mean TPOT are the means over every request of first token − arrival and
+    (last token − first token) / (tokens − 1);
+  - interrupted-request stall: the requests in flight on the killed node (real: those the gateway moved off it;
+    simulated: those on it when the gateway detected the failure), each from the kill to the first token of its
+    resumed stream (real: the token the gateway's move announcement names, as tokens the node produced just
+    before it died still reach the client a few ms after the kill); the mean;
+  - recovery time: document 000's, from detection until every 5 s window to the end of the arrivals has mean
+    TTFT and mean inter-token gap within 10 % of the no-failure run's same window (recovered_at). The real
+    baseline is the real cluster's own no-failure run; the simulator's is its own run of the same trace without
+    the crash.
+
+Error = (simulated − real) / real. The goal is within 10 % on each metric; where a figure is not, the results
+say which and the diagnostics beside it (the gateway and client overhead seen in the no-failure runs, how late
+the real restarted node was back against the model, the machine's CPU steal and the client's event-loop lag,
+how often the real cluster's own noise puts a window before the kill out of band) say why. The simulator is
+not tuned to match.
+
+Time scale: with `--time-scale S` (per size, TIME_SCALE by default) the real nodes run every emulated duration
+S times slower (workers.engine's time scale: steps, model loads, restores), the arrivals, the kill and the
+harness's restart are spread S times wider, and every real time is divided by S before the metrics, so both
+sides are in emulated seconds. What does not scale (the gateway's and the client's own work, the network hop)
+shrinks by S in the figures: that is said beside them.
+
+    REDIS_URL=redis://127.0.0.1:6379/8 .venv/bin/python -m benchmarks.sim_validation [--nodes 4 8] [--policy P]
+    ... --quick     # a smoke run: lifeline, 4 nodes, 45 s of arrivals; prints, writes nothing
+"""
+
+import argparse
+import asyncio
+import csv
+import json
+import math
+import os
+import random
+import re
+import secrets
+import shlex
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from benchmarks.common import save
+from benchmarks.harness import KEY, Harness, expected_ids
+from benchmarks.looplag_probe import cpu_times, steal_share
+from benchmarks.policy_comparison import busiest
+from recovery.policy.placement import POLICIES
+from recovery.sim import scenario as sim_scenario
+from recovery.sim.experiment import run_one
+from recovery.sim.faults import Fault
+from recovery.sim.fleet import SERIES_S, FaultRecord, Flight
+from recovery.sim.metrics import TOLERANCE, WINDOW_S, RunMetrics, run_metrics, windows
+from recovery.sim.workload import Request, read_trace
+from workers import catalog, tokens
+
+MODEL, GPU, TP, RACKS = "Qwen3-32B", "H100-SXM", 1, 2
+RATE_PER_NODE = 0.75  # requests/s per node: policy_comparison's 3 requests/s on 4 nodes, its calibrated load
+PROMPT_WORDS = (600, 1500)
+MAX_TOKENS = (100, 300)
+KILL_AT_S = 20.0
+AFTER_KILL_S = 55.0  # the restarted node serves again about 28 s after the kill; room to see the latency settle
+RESTART_AFTER_S = 2.0
+CONFIRM_AFTER_S = 1.0  # the harness takes the node out of the published routing this long after the kill
+DRAIN_TIMEOUT_S = 120.0
+SEED = 11
+SIM_SEED = 1  # a trace replay draws nothing; the seed only names the run
+GOAL = 0.10  # the issue's: within 10 % on each metric
+TIME_SCALE = {4: 1.0, 8: 1.0}  # per size; see the module docstring and benchmarks/README.md
+WORDS = [w for w in tokens.VOCAB if w.isalpha()]
+COMPARED = (
+    ("ttft_mean_ms", "mean TTFT"),
+    ("tpot_mean_ms", "mean TPOT"),
+    ("stall_mean_ms", "interrupted stall"),
+    ("recovery_s", "recovery time"),
+)
+
+
+@dataclass(frozen=True)
+class Setup:
+    """One size's scenario; times in emulated seconds."""
+
+    nodes: int
+    rate_rps: float
+    kill_at_s: float = KILL_AT_S
+    after_kill_s: float = AFTER_KILL_S
+    time_scale: float = 1.0
+    prompt_words: tuple[int, int] = PROMPT_WORDS
+    max_tokens: tuple[int, int] = MAX_TOKENS
+    restart_after_s: float = RESTART_AFTER_S
+    seed: int = SEED
+
+    @property
+    def duration_s(self) -> float:
+        return self.kill_at_s + self.after_kill_s
+
+    def racks(self) -> list[str]:
+        """Each harness node's rack, in the harness's order (Harness.start_nodes)."""
+        return [f"rack-{i * RACKS // self.nodes}" for i in range(self.nodes)]
+
+    def sim_names(self) -> dict[str, str]:
+        """Harness node name -> the simulator's name for it (a fleet group per rack)."""
+        names, seen = {}, {}
+        for i, rack in enumerate(self.racks()):
+            seen[rack] = seen.get(rack, 0) + 1
+            names[f"n{i:02d}"] = f"{rack}-{seen[rack]}"
+        return names
+
+
+def schedule(setup: Setup) -> list[tuple[float, str, int]]:
+    """(offset s, prompt, max_tokens) of every arrival: a seeded Poisson process, the same for each policy."""
+    rng = random.Random(setup.seed)
+    arrivals, t = [], 0.0
+    while True:
+        t += rng.expovariate(setup.rate_rps)
+        if t >= setup.duration_s:
+            return arrivals
+        prompt = " ".join(rng.choice(WORDS) for _ in range(rng.randint(*setup.prompt_words)))
+        arrivals.append((t, prompt, rng.randint(*setup.max_tokens)))
+
+
+# --- the real run -------------------------------------------------------------------------------
+@dataclass
+class Sent:
+    """One request as the real client sent it and saw it: every chunk of tokens with its time."""
+
+    prompt: str
+    prompt_tokens: int
+    max_tokens: int
+    sent_at: float  # time.monotonic()
+    node: str | None = None  # where the gateway first sent it
+    chunks: list[tuple[float, int]] = field(default_factory=list)  # (monotonic time, tokens in the chunk)
+    ids: list[int] = field(default_factory=list)
+    moves: list[str] = field(default_factory=list)
+    error: str | None = None
+    done: bool = False  # the stream ended with [DONE]
+    resume: dict | None = None  # the resumed node's account of a move (workers.engine.ResumeInfo), when it moved
+
+
+async def stream(session: aiohttp.ClientSession, gateway: str, prompt: str, max_tokens: int) -> Sent:
+    """One greedy streamed completion through the gateway, through end-of-sequence to max_tokens. The tokens are
+    checked against the pure token function after the run (analyse), to keep the client cheap while it runs."""
+    sent = Sent(prompt, len(tokens.encode(prompt)), max_tokens, time.monotonic())
+    body = {
+        "model": MODEL,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+        "lifeline": {"request_id": f"v-{secrets.token_hex(6)}"},
+    }
+    try:
+        async with session.post(
+            gateway + "/v1/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}
+        ) as response:
+            sent.node = response.headers.get("X-Lifeline-Node")
+            if response.status != 200:
+                sent.error = f"HTTP {response.status}: {(await response.text())[:200]}"
+                return sent
+            async for raw in response.content:
+                if raw.startswith(b": lifeline moved"):
+                    sent.moves.append(raw.decode().strip())
+                elif raw.startswith(b'data: {"id"'):
+                    chunk = json.loads(raw[6:])
+                    ids = (chunk["choices"][0].get("token_ids") or []) if chunk.get("choices") else []
+                    if ids:
+                        sent.chunks.append((time.monotonic(), len(ids)))
+                        sent.ids += ids
+                    if sent.resume is None and (chunk.get("lifeline") or {}).get("resume"):
+                        sent.resume = chunk["lifeline"]["resume"]
+                elif raw.startswith(b'data: {"error"'):
+                    sent.error = raw.decode()[6:200]
+                elif raw.startswith(b"data: [DONE]"):
+                    sent.done = True
+    except (aiohttp.ClientError, OSError) as exc:
+        sent.error = f"{exc.__class__.__name__}: {exc}"
+    return sent
+
+
+async def loop_lag(samples: list[float], loads: list[float], interval_s: float = 0.1) -> None:
+    """The client's own event-loop lag: how late a sleep wakes (the machine's contention, seen from the client); and
+    the 1-minute load average every second."""
+    while True:
+        before = time.monotonic()
+        await asyncio.sleep(interval_s)
+        samples.append(max(time.monotonic() - before - interval_s, 0.0))
+        if len(samples) % 10 == 0:
+            loads.append(os.getloadavg()[0])
+
+
+async def run_real(setup: Setup, policy: str, arrivals: list, kill: bool) -> dict:
+    """The scenario on the real emulated cluster; times as time.monotonic() gives them (wall seconds)."""
+    scale = setup.time_scale
+    harness = Harness(
+        setup.nodes, model=MODEL, gpu=GPU, tp=TP, racks=RACKS, policy=policy, time_scale=scale, assist=False
+    )
+    sent: list[Sent] = []
+    killed: dict = {}
+    lag: list[float] = []
+    loads: list[float] = []
+    load_before = os.getloadavg()
+    try:
+        await asyncio.to_thread(harness.start_nodes)
+        await harness.start_gateway()
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
+            lagging = asyncio.create_task(loop_lag(lag, loads))
+            cpu_before = cpu_times()
+            t0 = time.monotonic()
+
+            async def one(prompt: str, max_tokens: int) -> None:
+                sent.append(await stream(session, harness.gateway_url, prompt, max_tokens))
+
+            async def killer() -> None:
+                await asyncio.sleep(max(0.0, t0 + setup.kill_at_s * scale - time.monotonic()))
+                name, in_flight = busiest(harness)
+                while name is None:  # nothing in flight anywhere: wait for the next arrival
+                    await asyncio.sleep(0.05)
+                    name, in_flight = busiest(harness)
+                killed.update(node=name, in_flight=in_flight)
+                killed["at"] = await harness.kill(
+                    name, restart_after_s=setup.restart_after_s * scale, confirm_after_s=CONFIRM_AFTER_S * scale
+                )
+                harness._tasks[-1].add_done_callback(
+                    lambda task: killed.update(back_at=time.monotonic()) if not task.cancelled() else None
+                )
+
+            killing = asyncio.create_task(killer()) if kill else None
+            tasks = []
+            for offset, prompt, max_tokens in arrivals:
+                await asyncio.sleep(max(0.0, t0 + offset * scale - time.monotonic()))
+                tasks.append(asyncio.create_task(one(prompt, max_tokens)))
+            arrivals_end = time.monotonic()
+            if killing is not None:
+                await killing
+            done, pending = await asyncio.wait(tasks, timeout=DRAIN_TIMEOUT_S * scale)
+            for task in pending:
+                task.cancel()
+            drained = time.monotonic()
+            cpu_after = cpu_times()
+            lagging.cancel()
+            await asyncio.gather(lagging, return_exceptions=True)
+    finally:
+        await harness.close()
+    total = sum(cpu_after) - sum(cpu_before)
+    idle = cpu_after[3] + cpu_after[4] - cpu_before[3] - cpu_before[4]
+    machine = {
+        "load_average_before": [round(x, 2) for x in load_before],
+        "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        "load_average_1m_during": {
+            "mean": round(statistics.mean(loads), 2) if loads else None,
+            "max": round(max(loads), 2) if loads else None,
+        },
+        "cpu_busy_share": round(1 - idle / total, 3) if total else None,
+        "cpu_steal_share": steal_share(drained - t0, cpu_before, cpu_after),
+        "client_loop_lag_ms_p50": round(statistics.median(lag) * 1000, 1) if lag else None,
+        "client_loop_lag_ms_p99": round(_quantile(lag, 0.99) * 1000, 1) if lag else None,
+        "arrivals_late_s": round(arrivals_end - t0 - (arrivals[-1][0] * scale if arrivals else 0.0), 3),
+        "wall_s": round(drained - t0, 1),
+        "unfinished_requests": len(pending),
+    }
+    return {"policy": policy, "kill": kill, "t0": t0, "sent": sent, "killed": killed, "machine": machine}
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
+
+
+# --- the real run in the simulator's shape ----------------------------------------------------------
+@dataclass
+class MeasuredRun:
+    """A real run as recovery.sim.metrics reads a Simulation (the attributes run_metrics and recovered_at use), so
+    that both sides' figures come from the same code. Times are emulated seconds from the run's start."""
+
+    scenario: sim_scenario.Scenario
+    policy: str
+    flights: list[Flight]
+    fault_records: list[FaultRecord]
+    ttft_series: dict[int, list] = field(default_factory=dict)
+    gap_series: dict[int, list] = field(default_factory=dict)
+    seed: int = SIM_SEED
+    skipped_faults: list = field(default_factory=list)
+    now: float = 0.0
+    events_processed: int = 0
+
+
+def _add(series: dict[int, list], at: float, total: float, count: int) -> None:
+    """As Simulation._series: the sum and count of latency samples seen in each SERIES_S bucket."""
+    entry = series.setdefault(int(at // SERIES_S), [0.0, 0])
+    entry[0] += total
+    entry[1] += count
+
+
+def ordered(run: dict) -> list[Sent]:
+    """The run's requests in the order they were sent: the trace's rows, and the simulator's request indices."""
+    return sorted(run["sent"], key=lambda s: s.sent_at)
+
+
+def write_trace(run: dict, setup: Setup, path: Path) -> Path:
+    """The requests the real client sent, as a CSV trace in splitwise-sim's format, in emulated seconds."""
+    with open(path, "w", newline="", encoding="utf-8") as out:
+        writer = csv.writer(out)
+        writer.writerow(("arrival_timestamp", "prompt_size", "token_size"))
+        for s in ordered(run):
+            writer.writerow((f"{(s.sent_at - run['t0']) / setup.time_scale:.6f}", s.prompt_tokens, s.max_tokens))
+    return path
+
+
+def restart_repair_s(setup: Setup) -> float:
+    """How long the killed node is out before its full model starts loading: the harness's restart delay, then the
+    draft model's load (the emulated node loads the draft first, workers.engine.Engine._load)."""
+    draft = catalog.MODELS[catalog.MODELS[MODEL].draft]
+    return setup.restart_after_s + catalog.load_time_s(draft)
+
+
+def scenario_for(setup: Setup, trace: Path, killed: dict | None, t0: float) -> sim_scenario.Scenario:
+    """The harness's fleet and the trace as a simulator scenario, with the real kill as a scripted crash."""
+    fleet = [
+        {"name": rack, "count": setup.racks().count(rack), "model": MODEL, "gpu": GPU, "tp": TP, "rack": rack}
+        for rack in dict.fromkeys(setup.racks())
+    ]
+    faults: dict = {"per_1000_node_days": 0}
+    if killed:
+        faults["scripted"] = [
+            {
+                "at_s": (killed["at"] - t0) / setup.time_scale,
+                "kind": "crash",
+                "target": setup.sim_names()[killed["node"]],
+                "repair_s": restart_repair_s(setup),
+            }
+        ]
+    # Every request the client sent is replayed, one sent a little late (the client's loop lagging) too.
+    last_arrival_s = read_trace(trace)[-1].arrival_s
+    return sim_scenario.parse(
+        {
+            "name": f"sim_validation {setup.nodes} nodes",
+            "duration_s": max(setup.duration_s, last_arrival_s + 0.001),
+            "fleet": fleet,
+            "workload": {"trace": str(trace), "model": MODEL},
+            "faults": faults,
+        }
+    )
+
+
+MOVED = re.compile(r"at token (\d+) \(([^;)]+)")  # recovery/gateway/relay.py's move announcement
+
+
+def _moved_at_token(announcement: str) -> int:
+    """The index of the first token the new node sends (the tokens the client had when the stream moved)."""
+    return int(MOVED.search(announcement).group(1))
+
+
+RESUME_METHODS = {"checkpoint-local": "restore", "checkpoint-fetched": "fetch", "re-prefill": "reprefill"}
+
+
+def _move_method(announcement: str) -> str:
+    """How the moved stream resumed, in the simulator's words (workers.engine.ResumeInfo's method, else as said)."""
+    method = MOVED.search(announcement).group(2)
+    return RESUME_METHODS.get(method, method)
+
+
+def _mean_of(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return round(statistics.mean(values), 1) if values else None
+
+
+def _count(values) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for value in values:
+        counts[value] = counts.get(value, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def _token_time(times: list[tuple[float, int]], index: int) -> float | None:
+    """When the client got token `index` (0-based), from (time, tokens in the chunk) of each chunk."""
+    seen = 0
+    for t, k in times:
+        seen += k
+        if seen > index:
+            return t
+    return None
+
+
+def measured(run: dict, setup: Setup, scenario: sim_scenario.Scenario) -> MeasuredRun:
+    """A real run's observations as Flights, latency series and (with a kill) one FaultRecord."""
+    scale, t0 = setup.time_scale, run["t0"]
+    at = lambda monotonic: (monotonic - t0) / scale  # noqa: E731
+    kill_s = at(run["killed"]["at"]) if run["kill"] else None
+    killed_node = run["killed"].get("node")
+    out = MeasuredRun(scenario, run["policy"], [], [])
+    interrupted = 0
+    for i, s in enumerate(ordered(run)):
+        flight = Flight(i, Request(at(s.sent_at), MODEL, s.prompt_tokens, s.max_tokens), [])
+        times = [(at(t), k) for t, k in s.chunks]
+        previous = None
+        for t, k in times:
+            if previous is None:
+                flight.first_token_s = t
+                _add(out.ttft_series, t, t - flight.request.arrival_s, 1)
+                if k > 1:
+                    _add(out.gap_series, t, 0.0, k - 1)  # tokens that came in the same chunk
+            else:
+                _add(out.gap_series, t, t - previous, k)
+            previous = t
+            out.now = max(out.now, t)
+        flight.emitted = len(s.ids)
+        if times:
+            flight.last_token_s = times[-1][0]
+        if s.done and not s.error and flight.emitted >= s.max_tokens:
+            flight.finished_at = flight.last_token_s
+        # Interrupted: the gateway moved it off the killed node (the requests in flight there when it noticed).
+        # Its stall runs from the kill to the first token of the resumed stream, the token the move announcement
+        # names: tokens the dead node produced just before the kill still reach the client a few ms after it.
+        if kill_s is not None and s.node == killed_node and s.moves:
+            interrupted += 1
+            flight.interrupted_at = [kill_s]
+            flight.methods = [_move_method(s.moves[0])]
+            resumed = _token_time(times, _moved_at_token(s.moves[0]))
+            if resumed is not None:
+                flight.stalls = [resumed - kill_s]
+        out.flights.append(flight)
+    if kill_s is not None:
+        fault = Fault(kill_s, "crash", setup.sim_names()[killed_node], restart_repair_s(setup), scripted=True)
+        # The gateway notices a crash when the node's event stream closes: at once (recovery.sim.faults.detect).
+        out.fault_records.append(FaultRecord(fault, (fault.target,), kill_s, interrupted))
+    return out
+
+
+# --- one size, one policy ---------------------------------------------------------------------------
+def ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 1)
+
+
+def _recovery(metrics: RunMetrics) -> float | None:
+    fault = metrics.faults[0] if metrics.faults else None
+    return None if fault is None or fault.recovery_s is None else round(fault.recovery_s, 1)
+
+
+def figures(metrics: RunMetrics) -> dict:
+    return {
+        "ttft_mean_ms": ms(metrics.ttft_mean_s),
+        "tpot_mean_ms": ms(metrics.tpot_mean_s),
+        "stall_mean_ms": ms(metrics.stall_mean_s),
+        "recovery_s": _recovery(metrics),
+        "ttft_p99_ms": ms(metrics.ttft_p99_s),
+        "requests": metrics.requests,
+        "finished": metrics.finished,
+        "interrupted": metrics.interrupted,
+        "stall_max_ms": ms(metrics.stall_max_s),
+    }
+
+
+def error_pct(real: float | None, simulated: float | None) -> float | None:
+    """(simulated − real) / real in percent; None when either is missing, or the real figure is 0 and the simulated
+    one is not."""
+    if real is None or simulated is None:
+        return None
+    if simulated == real:
+        return 0.0  # 0 against 0 too: the same figure
+    if real == 0:
+        return None
+    return round(100 * (simulated - real) / real, 1)
+
+
+def compare(real: dict, simulated: dict) -> dict:
+    return {key: error_pct(real[key], simulated[key]) for key, _ in COMPARED}
+
+
+def difference(real: dict, simulated: dict) -> dict:
+    """Simulated − real in each figure's own unit (recovery time moves in whole windows: a percentage of a few
+    seconds says little)."""
+    return {
+        key: None if real[key] is None or simulated[key] is None else round(simulated[key] - real[key], 1)
+        for key, _ in COMPARED
+    }
+
+
+def out_of_band_before_kill(faulted: MeasuredRun, baseline: MeasuredRun, kill_s: float) -> float | None:
+    """The share of whole windows before the kill that the recovery test puts out of band: the real cluster's
+    run-to-run noise (the simulator's faulted and baseline runs are identical before a fault: 0 there)."""
+    mine = (windows(faulted.ttft_series), windows(faulted.gap_series))
+    base = (windows(baseline.ttft_series), windows(baseline.gap_series))
+    judged = []
+    for w in range(1, int(kill_s // WINDOW_S)):  # window 0 is the warm-up
+        out = any(w in m and w in b and m[w] > (1 + TOLERANCE) * b[w] for m, b in zip(mine, base))
+        judged.append(out)
+    return round(sum(judged) / len(judged), 2) if judged else None
+
+
+def impact(faulted, baseline, kill_s: float, end_s: float) -> dict:
+    """The failure's impact window by window: each WINDOW_S window's mean TTFT and mean inter-token gap over the
+    no-failure run's same window, from the window of the kill to the end of the arrivals (faulted and baseline:
+    a MeasuredRun or a Simulation). The recovery test asks whether these stay at or under 1.1."""
+    out = {}
+    for name, mine, base in (
+        ("ttft", windows(faulted.ttft_series), windows(baseline.ttft_series)),
+        ("gap", windows(faulted.gap_series), windows(baseline.gap_series)),
+    ):
+        out[name] = [
+            round(mine[w] / base[w], 3) if w in mine and w in base else None
+            for w in range(int(kill_s // WINDOW_S), math.ceil(end_s / WINDOW_S))
+        ]
+    return out
+
+
+def impact_difference(real: dict, simulated: dict) -> dict:
+    """Mean |simulated − real| of the windows' ratios, in percentage points, and each side's peak ratio."""
+    out = {}
+    for name in ("ttft", "gap"):
+        pairs = [(r, s) for r, s in zip(real[name], simulated[name]) if r is not None and s is not None]
+        out[name] = {
+            "mean_abs_difference_points": round(100 * statistics.mean(abs(s - r) for r, s in pairs), 1)
+            if pairs
+            else None,
+            "peak_ratio_real": max((r for r, _ in pairs), default=None),
+            "peak_ratio_simulated": max((s for _, s in pairs), default=None),
+        }
+    return out
+
+
+def check_tokens(run: dict) -> tuple[int, int]:
+    """Tokens lost, and repeated or wrong, against the undisturbed greedy run."""
+    lost = wrong = 0
+    for s in run["sent"]:
+        expected = expected_ids(MODEL, s.prompt, s.max_tokens, ignore_eos=True)
+        good = sum(1 for a, b in zip(s.ids, expected) if a == b)
+        lost += len(expected) - good
+        wrong += max(len(s.ids) - len(expected), 0) + sum(1 for a, b in zip(s.ids, expected) if a != b)
+    return lost, wrong
+
+
+async def validate(setup: Setup, policy: str, workdir: Path) -> dict:
+    arrivals = schedule(setup)
+    faulted_run = await run_real(setup, policy, arrivals, kill=True)
+    baseline_run = await run_real(setup, policy, arrivals, kill=False)
+    return analyse(setup, policy, faulted_run, baseline_run, workdir)
+
+
+def dump(run: dict, path: Path) -> None:
+    """A real run's raw observations, beside its trace, for a second look."""
+    raw = {k: v for k, v in run.items() if k != "sent"}
+    raw["sent"] = [vars(s) for s in run["sent"]]
+    path.write_text(json.dumps(raw) + "\n")
+
+
+def analyse(setup: Setup, policy: str, faulted_run: dict, baseline_run: dict, workdir: Path) -> dict:
+    scale, killed = setup.time_scale, faulted_run["killed"]
+    dump(faulted_run, workdir / f"real-{setup.nodes}-{policy}-failure.json")
+    dump(baseline_run, workdir / f"real-{setup.nodes}-{policy}-no-failure.json")
+    trace = write_trace(faulted_run, setup, workdir / f"trace-{setup.nodes}-{policy}.csv")
+    scenario = scenario_for(setup, trace, killed, faulted_run["t0"])
+    simulated = run_one(scenario, policy, SIM_SEED)
+
+    real_faulted = measured(faulted_run, setup, scenario)
+    real_baseline = measured(baseline_run, setup, scenario)
+    real_metrics = run_metrics(real_faulted, real_baseline)
+    real, sim = figures(real_metrics), figures(simulated.metrics)
+    real_base = figures(run_metrics(real_baseline))
+    sim_base = figures(run_metrics(simulated.baseline))
+
+    kill_s = (killed["at"] - faulted_run["t0"]) / scale
+    back_real = (killed["back_at"] - faulted_run["t0"]) / scale - kill_s if "back_at" in killed else None
+    back_sim = restart_repair_s(setup) + catalog.load_time_s(catalog.MODELS[MODEL])
+    lost, wrong = check_tokens(faulted_run)
+    base_lost, base_wrong = check_tokens(baseline_run)
+    sim_fault = simulated.metrics.faults[0]
+    moved_sim = [f for f in simulated.simulation.flights if f.restored_tokens]
+    real_impact = impact(real_faulted, real_baseline, kill_s, scenario.duration_s)
+    sim_impact = impact(simulated.simulation, simulated.baseline, kill_s, scenario.duration_s)
+    errors = sorted({s.error for s in faulted_run["sent"] + baseline_run["sent"] if s.error})
+    return {
+        "nodes": setup.nodes,
+        "policy": policy,
+        "measured-real": real,
+        "measured-simulated": sim,
+        "error_pct": compare(real, sim),
+        "difference": difference(real, sim),
+        "within_goal": {
+            key: None if (e := compare(real, sim)[key]) is None else abs(e) <= 100 * GOAL for key, _ in COMPARED
+        },
+        "no_failure_runs": {
+            "measured-real": {k: real_base[k] for k in ("ttft_mean_ms", "tpot_mean_ms", "requests", "finished")},
+            "measured-simulated": {k: sim_base[k] for k in ("ttft_mean_ms", "tpot_mean_ms", "requests", "finished")},
+            "error_pct": {k: error_pct(real_base[k], sim_base[k]) for k in ("ttft_mean_ms", "tpot_mean_ms")},
+        },
+        "kill": {
+            "node": killed["node"],
+            "sim_node": setup.sim_names()[killed["node"]],
+            "at_s": round(kill_s, 3),
+            "in_flight_at_kill_gateway": killed["in_flight"],
+            "interrupted_real": real["interrupted"],
+            "interrupted_simulated": sim["interrupted"],
+            "moved_real": sum(1 for s in faulted_run["sent"] if s.moves),
+            "recovery_paths_real": _count(f.methods[0] for f in real_faulted.flights if f.methods),
+            "recovery_paths_simulated": sim_fault.by_method,
+            "restored_tokens_mean_real": _mean_of(
+                s.resume.get("restored_tokens") for s in faulted_run["sent"] if s.moves and s.resume
+            ),
+            "restored_tokens_mean_simulated": _mean_of(f.restored_tokens[0] for f in moved_sim),
+            "restore_ms_mean_real": _mean_of(
+                s.resume.get("restore_ms") for s in faulted_run["sent"] if s.moves and s.resume
+            ),
+        },
+        "restarted_node_serving_after_kill_s": {
+            "measured-real": None if back_real is None else round(back_real, 2),
+            "modelled-simulated": round(back_sim, 2),
+        },
+        "real_noise": {
+            "windows_out_of_band_before_kill_share": out_of_band_before_kill(real_faulted, real_baseline, kill_s),
+            "failure_impact_by_window": {
+                "windows_s": [
+                    w * WINDOW_S for w in range(int(kill_s // WINDOW_S), math.ceil(scenario.duration_s / WINDOW_S))
+                ],
+                "measured-real": real_impact,
+                "measured-simulated": sim_impact,
+                "compared": impact_difference(real_impact, sim_impact),
+            },
+            # The same recovery test over windows twice as long: less of the real runs' noise, coarser steps.
+            "recovery_s_10s_windows": {
+                "measured-real": _recovery(run_metrics(real_faulted, real_baseline, 2 * WINDOW_S)),
+                "measured-simulated": _recovery(run_metrics(simulated.simulation, simulated.baseline, 2 * WINDOW_S)),
+            },
+        },
+        "tokens": {
+            "lost": lost + base_lost,
+            "repeated_or_wrong": wrong + base_wrong,
+            "request_errors": sum(1 for s in faulted_run["sent"] + baseline_run["sent"] if s.error),
+            "errors": errors[:5],
+        },
+        "machine": {"with_failure": faulted_run["machine"], "no_failure": baseline_run["machine"]},
+        "simulator_wall_s": round(simulated.wall_s, 2),
+    }
+
+
+def _delta(value: float | None, reference: float | None) -> float | None:
+    return None if value is None or reference is None else round(value - reference, 1)
+
+
+def explain(result: dict) -> dict[str, str]:
+    """For each figure off the goal, the diagnostics of this run that bear on it (benchmarks/README.md weighs them)."""
+    real, sim = result["measured-real"], result["measured-simulated"]
+    base = result["no_failure_runs"]
+    machine = result["machine"]["with_failure"]
+    noise = result["real_noise"]
+    back = result["restarted_node_serving_after_kill_s"]
+    load = (
+        f"1-minute load average {machine['load_average_1m_during']['mean']} on average during the run, "
+        f"client loop lag p99 {machine['client_loop_lag_ms_p99']} ms"
+    )
+    why = {}
+    for key, name in COMPARED:
+        if result["within_goal"][key] is not False and not (key == "recovery_s" and real[key] != sim[key]):
+            continue
+        if key in ("ttft_mean_ms", "tpot_mean_ms"):
+            why[key] = (
+                f"{name}: the no-failure runs already differ by {base['error_pct'][key]} % "
+                f"({base['measured-real'][key]} ms real, {base['measured-simulated'][key]} ms simulated): the real "
+                f"path's gateway hop and client, which the simulator leaves out, and this machine's contention ({load})"
+                f"; the failure adds {_delta(real[key], base['measured-real'][key])} ms to it on the real cluster, "
+                f"{_delta(sim[key], base['measured-simulated'][key])} ms in the simulator"
+            )
+        elif key == "stall_mean_ms" and result["difference"][key] > 0:
+            why[key] = f"{name}: the simulator's stalls are {result['difference'][key]} ms longer than the real ones"
+        elif key == "stall_mean_ms":
+            paths = result["kill"]
+            why[key] = (
+                f"{name}: {-result['difference'][key]} ms more per interrupted request on the real cluster "
+                f"(paths real {paths['recovery_paths_real']}, simulated {paths['recovery_paths_simulated']}): "
+                "the real move (the gateway noticing the broken "
+                "stream, planning, a new HTTP request carrying the context to the target) is not in the simulator, "
+                f"which dispatches a resumed request with no network delay; {load}"
+            )
+        else:
+            compared = noise["failure_impact_by_window"]["compared"]
+            why[key] = (
+                f"{name}: counted in whole {WINDOW_S:g} s windows against the band of 10 %; the failure's peak "
+                f"impact (a window's mean over the no-failure run's) is TTFT {compared['ttft']['peak_ratio_real']} "
+                f"real, {compared['ttft']['peak_ratio_simulated']} simulated, gap {compared['gap']['peak_ratio_real']} "
+                f"real, {compared['gap']['peak_ratio_simulated']} simulated, so single windows near 1.1 decide it; "
+                "the windows' ratios differ between real and simulated by "
+                f"{compared['ttft']['mean_abs_difference_points']} points (TTFT) and "
+                f"{compared['gap']['mean_abs_difference_points']} points (gap) on average; "
+                f"{noise['windows_out_of_band_before_kill_share']} of the real run's windows before the kill are "
+                "already out of band against its own no-failure run (run-to-run noise, 0 in the simulator); with "
+                f"{2 * WINDOW_S:g} s windows: real {noise['recovery_s_10s_windows']['measured-real']} s, simulated "
+                f"{noise['recovery_s_10s_windows']['measured-simulated']} s; restarted node serving again "
+                f"{back['measured-real']} s after the kill (real) against {back['modelled-simulated']} s (modelled)"
+            )
+    return why
+
+
+# --- the report -----------------------------------------------------------------------------------
+def table(results: list[dict]) -> str:
+    header = ["nodes", "policy"]
+    for _, name in COMPARED:
+        header += [f"{name} real", "sim", "err"]
+    rows = [header]
+    for r in results:
+        row = [str(r["nodes"]), r["policy"]]
+        for key, _ in COMPARED:
+            unit = " s" if key == "recovery_s" else " ms"
+            real, sim, err = r["measured-real"][key], r["measured-simulated"][key], r["error_pct"][key]
+            row += [
+                "n/a" if real is None else f"{real:g}{unit}",
+                "n/a" if sim is None else f"{sim:g}{unit}",
+                "n/a" if err is None else f"{err:+.1f}%",
+            ]
+        rows.append(row)
+    widths = [max(len(row[c]) for row in rows) for c in range(len(header))]
+    return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows)
+
+
+def run_cancellable(coroutine):
+    """asyncio.run, with SIGTERM cancelling the work so that every harness is closed (its finally runs)."""
+
+    async def wrapper():
+        task = asyncio.ensure_future(coroutine)
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+        return await task
+
+    return asyncio.run(wrapper())
+
+
+async def main_async(setups: list[Setup], policies: list[str]) -> list[dict]:
+    workdir = Path(tempfile.mkdtemp(prefix="sim-validation-"))
+    print(f"traces and raw observations in {workdir}", flush=True)
+    results = []
+    for setup in setups:
+        for policy in policies:
+            started = time.monotonic()
+            print(f"--- {setup.nodes} nodes, {policy} (load average {os.getloadavg()[0]:.2f})", flush=True)
+            result = await validate(setup, policy, workdir)
+            result["off_goal_why"] = explain(result)
+            results.append(result)
+            print(table([result]).splitlines()[1], f"({time.monotonic() - started:.0f} s)", flush=True)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, nargs="+", default=[4, 8], choices=(2, 4, 8))
+    parser.add_argument("--policy", action="append", choices=POLICIES, help="this policy only (repeatable)")
+    parser.add_argument("--time-scale", type=float, help="for every size (default: TIME_SCALE's, per size)")
+    parser.add_argument("--quick", action="store_true", help="smoke run: lifeline, 4 nodes, 45 s; writes nothing")
+    parser.add_argument("--json", metavar="PATH", help="also write every figure here (a --quick run's too)")
+    args = parser.parse_args()
+    if args.quick:
+        setups = [Setup(4, RATE_PER_NODE * 4, kill_at_s=10.0, after_kill_s=35.0, time_scale=args.time_scale or 1.0)]
+        policies = args.policy or ["lifeline"]
+    else:
+        setups = [Setup(n, RATE_PER_NODE * n, time_scale=args.time_scale or TIME_SCALE.get(n, 1.0)) for n in args.nodes]
+        policies = args.policy or list(POLICIES)
+    load_before = os.getloadavg()
+    started = time.monotonic()
+    results = run_cancellable(main_async(setups, policies))
+    text = table(results)
+    print()
+    print(text)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    if args.quick:
+        return
+    checked = [r["within_goal"][key] for r in results for key, _ in COMPARED if r["within_goal"][key] is not None]
+    save(
+        "sim_validation",
+        {
+            "command": " ".join(
+                ["REDIS_URL=" + os.environ.get("REDIS_URL", ""), ".venv/bin/python", "-m", "benchmarks.sim_validation"]
+                + [shlex.quote(a) for a in sys.argv[1:]]
+            ),
+            "load_average_before": [round(x, 2) for x in load_before],
+            "load_average_after": [round(x, 2) for x in os.getloadavg()],
+            "wall_s": round(time.monotonic() - started),
+            "config": {
+                "fleet": f"N nodes of {MODEL}, TP {TP}, one {GPU} each, {RACKS} racks",
+                "arrivals": (
+                    f"open-loop Poisson, {RATE_PER_NODE} requests/s per node, seed {SEED}, "
+                    f"for {KILL_AT_S + AFTER_KILL_S:g} s (emulated); prompts {PROMPT_WORDS[0]}-{PROMPT_WORDS[1]} "
+                    f"tokens, outputs {MAX_TOKENS[0]}-{MAX_TOKENS[1]} tokens (ignore_eos)"
+                ),
+                "trace": "the real client's send times and lengths, replayed by the simulator (splitwise-sim CSV)",
+                "failure": (
+                    f"SIGKILL of the busiest node {KILL_AT_S:g} s in; cold restart {RESTART_AFTER_S:g} s later, no "
+                    "draft assist; simulator: scripted crash of the same node at the same time, repair_s = restart "
+                    "delay + draft load, then the full model's load"
+                ),
+                "time_scale": {str(s.nodes): s.time_scale for s in setups},
+                "metrics": (
+                    "recovery.sim.metrics.run_metrics on both sides (the real run as Flights and latency series); "
+                    f"recovery time from detection, {WINDOW_S:g} s windows, within 10 % of the no-failure run"
+                ),
+                "error": "(simulated - real) / real",
+                "goal": f"within {GOAL:.0%} on each metric",
+            },
+            "within_goal": f"{sum(checked)} of {len(checked)} figures",
+            "results": results,
+            "table": text.splitlines(),
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""How fast the simulator runs: python -m recovery.sim.bench [NODES ...] [--duration S] [--reference-up-to N]
+
+For each fleet size, N Qwen3-32B nodes (2× H100 each) at 2.5 requests/s per node of Splitwise conversation
+lengths, one crash halfway, policy lifeline, on the fast path (decode runs in closed form); and, up to
+--reference-up-to nodes, the same run step by step, with the speed-up and a check that both gave every request
+the same TTFT and TPOT. Each run is its own process, so its peak memory is its own. Prints events per second,
+simulated seconds per wall second, steps and tokens per second and peak memory; writes
+benchmarks/results/sim_speed.json. Figures, not tests: nothing is asserted about speed.
+"""
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from recovery.sim import scenario as scenarios
+from recovery.sim.fleet import Simulation
+from recovery.sim.metrics import request_metrics
+
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "sim_speed.json"
+RATE_PER_NODE = 2.5
+
+
+def fleet_scenario(nodes: int, duration_s: float) -> scenarios.Scenario:
+    return scenarios.parse(
+        {
+            "duration_s": duration_s,
+            "fleet": [{"name": "a", "count": nodes, "model": "Qwen3-32B", "gpu": "H100-SXM", "tp": 2}],
+            "workload": {"rate_rps": RATE_PER_NODE * nodes},
+            "faults": {
+                "per_1000_node_days": 0,
+                "scripted": [{"at_s": duration_s / 2, "kind": "crash", "target": "a-1", "repair_s": 5}],
+            },
+        }
+    )
+
+
+def measure(nodes: int, duration_s: float, policy: str = "lifeline", seed: int = 1, fast: bool = True) -> dict:
+    """One run in this process: its speed, and each request's (TTFT, TPOT) for comparing the two paths."""
+    scenario = fleet_scenario(nodes, duration_s)
+    started = time.perf_counter()
+    sim = Simulation(scenario, policy, seed, fast=fast).run()
+    wall = time.perf_counter() - started
+    tokens = sum(f.emitted for f in sim.flights)
+    latencies = [(m.ttft_s, m.tpot_s) for m in map(request_metrics, sim.flights)]
+    return {
+        "nodes": nodes,
+        "path": "fast" if fast else "step",
+        "requests": len(sim.flights),
+        "tokens": tokens,
+        "events": sim.events_processed,
+        "steps": sim.steps_simulated,
+        "simulated_s": sim.now,
+        "wall_s": wall,
+        "events_per_s": sim.events_processed / wall,
+        "simulated_s_per_wall_s": sim.now / wall,
+        "steps_per_s": sim.steps_simulated / wall,
+        "tokens_per_s": tokens / wall,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "interrupted": sum(1 for f in sim.flights if f.interrupted_at),
+        "latencies": latencies,
+    }
+
+
+def _in_process(nodes: int, duration_s: float, fast: bool) -> dict:
+    command = [sys.executable, "-m", "recovery.sim.bench", "--one", str(nodes), "--duration", str(duration_s)]
+    out = subprocess.run(command + ([] if fast else ["--step"]), capture_output=True, text=True, check=True).stdout
+    return json.loads(out)
+
+
+def _largest_error(fast: list, step: list) -> float:
+    """The largest relative difference in any request's TTFT or TPOT between the two paths."""
+    worst = 0.0
+    for pair in zip(fast, step):
+        for a, b in zip(*pair):
+            if (a is None) != (b is None):
+                return float("inf")
+            if a is not None and b:
+                worst = max(worst, abs(a - b) / b)
+    return worst
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m recovery.sim.bench")
+    parser.add_argument("nodes", nargs="*", type=int, default=[16, 64, 256, 1000])
+    parser.add_argument("--duration", type=float, default=30.0, help="seconds of arrivals (default 30)")
+    parser.add_argument("--reference-up-to", type=int, default=64, help="also run step by step up to this size")
+    parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # a single run, printed as JSON
+    parser.add_argument("--step", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.one:
+        print(json.dumps(measure(args.one, args.duration, fast=not args.step)))
+        return
+    rows = []
+    for nodes in args.nodes:
+        fast = _in_process(nodes, args.duration, True)
+        row = {k: v for k, v in fast.items() if k != "latencies"}
+        line = (
+            f"{nodes:>5} nodes: {fast['requests']} requests, {fast['simulated_s']:.1f} simulated s in "
+            f"{fast['wall_s']:.1f} wall s: {fast['simulated_s_per_wall_s']:.2f} simulated s per wall s, "
+            f"{fast['events_per_s']:,.0f} events/s, {fast['steps_per_s']:,.0f} steps/s, "
+            f"{fast['tokens_per_s']:,.0f} tokens/s, peak {fast['peak_rss_mb']:.0f} MB"
+        )
+        if nodes <= args.reference_up_to:
+            step = _in_process(nodes, args.duration, False)
+            row["step_by_step"] = {k: v for k, v in step.items() if k != "latencies"}
+            row["speedup"] = step["wall_s"] / fast["wall_s"]
+            row["largest_ttft_tpot_error"] = _largest_error(fast["latencies"], step["latencies"])
+            line += (
+                f"; step by step {step['wall_s']:.1f} wall s ({row['speedup']:.1f}× faster), largest per-request "
+                f"TTFT/TPOT difference {row['largest_ttft_tpot_error']:.2%}"
+            )
+        # A simulated hour at this rate (modelled from the measured speed; the run itself is shorter).
+        row["hour_wall_min_modelled"] = 3600 / fast["simulated_s_per_wall_s"] / 60
+        rows.append(row)
+        print(line, flush=True)
+    result = {
+        "what": "simulator speed: Qwen3-32B on 2x H100 per node, 2.5 req/s per node (Splitwise conversation), "
+        "one crash halfway, policy lifeline; one process per run on one core of this machine",
+        "command": "python -m recovery.sim.bench " + " ".join(map(str, args.nodes)) + f" --duration {args.duration:g}",
+        "measured": "wall_s, events_per_s, simulated_s_per_wall_s, steps_per_s, tokens_per_s, peak_rss_mb, speedup, "
+        "largest_ttft_tpot_error",
+        "modelled": "hour_wall_min_modelled (3600 simulated s at the measured simulated s per wall s)",
+        "goal": "a simulated hour of a 1,000-node fleet under load in under 10 minutes",
+        "runs": rows,
+    }
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,949 @@
+"""The simulated fleet: one virtual clock, a heap of events, a node per EngineCore and a gateway on the policies.
+
+Events, in time order (ties in the order they were pushed): a request arrives; a node's step ends; a fault hits;
+the gateway learns of it (`faults.detect`'s routing_s); a resumed request reaches its new node (after the KV
+restore or fetch time); a node is back (repair, then the model load of `workers.catalog.load_time_s`). Every
+node is a `workers.core.EngineCore` for its catalog deployment, stepped one planned step at a time for
+`step_seconds(plan)`, exactly as `run_virtual` drives one node.
+
+The gateway makes the real gateway's decisions with the same policy functions, fed the way
+recovery/gateway/coordinator.py and fleet.py feed them:
+
+- routing: `load.NodeIndex.choose` over (status, Pending, deployment, weight) per node, the failed nodes
+  excluded; the node's status is rebuilt (as `workers.engine.Engine.status` builds it) at every load-changing
+  event, with zero network latency, so a dispatch is confirmed at once;
+- holders: `placement.place(policy, serving, HolderRanking, request_bytes, prefix_tokens, tau)` with each
+  candidate's L̂ from `load.holder_load` (checkpoint bytes held, queue depth, and the pages placed in the last
+  RECENT_S seconds), budget ρ = 5 % of host memory (twice the GPUs' memory), as workers/node.py defaults;
+- recovery: `dispatch.plan_recovery` over every request of the lost node in one pass, θ from
+  `dispatch.theta_for`, the checkpointed prefix as the gateway estimates it (`checkpointed_estimate`, the
+  coordinator's `_checkpointed_estimate`). What is restored is what the holder really has: the pages
+  (BlockComplete events) streamed to it whose transfer over the serving node's link ended before the fault.
+
+A resumed request keeps the tokens its client already has (`Sequence.generated`) and continues from the
+context, so its stream is the undisturbed one: no token lost, none repeated.
+"""
+
+import heapq
+import math
+import random
+import zlib
+from bisect import bisect_right
+from collections import deque
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+
+from recovery.policy import dispatch, load, placement, recovery
+from recovery.sim.faults import Fault, detect
+from recovery.sim.scenario import Scenario, SimNode
+from recovery.sim.workload import Request
+from workers import catalog
+from workers.core import COUNTED_TOKEN, BlockComplete, EngineCore, Finished, SamplingParams, Sequence, StepPlan, Token
+from workers.protocol import RoutingStatus  # NodeStatus at run time, every figure a number for the type checker
+
+RECENT_S = 2.0  # recovery/gateway/fleet.py RECENT_S: a placement counts in the holder's L̂ this long
+CHECKPOINT_BUDGET = 0.05  # workers/node.py --checkpoint-budget default: share of host memory
+HOST_MEMORY_PER_GPU_MEMORY = 2  # workers/node.py: host memory defaults to twice the GPUs' memory
+DEFAULT_TAU = 512  # recovery/gateway/table.py ClusterConfig.tau_tokens
+DEFAULT_THETA_FACTOR = 2.0  # ClusterConfig.theta_factor
+UNMODELLED_KINDS = ("sdc",)  # silent corruption: the node keeps answering; left for later
+SERIES_S = 0.5  # latency over time is kept in buckets this wide; recovery-time windows are multiples of it
+MAX_RUN = 256  # fast path: decode steps advanced in one event at most (a longer run is two)
+MIN_RUN = 2  # fast path: shorter runs go step by step
+_PLACEHOLDERS = [COUNTED_TOKEN] * MAX_RUN  # fast path: the tokens of a decode run, counted, not computed
+
+
+def prompt_ids(index: int, length: int) -> list[int]:
+    """Request `index`'s prompt: distinct token ids, a pure function of the index (no two requests share a prefix)."""
+    first = zlib.crc32(f"request-{index}".encode()) % 100_000 * 1000
+    return list(range(first, first + length))
+
+
+def sampling(request: Request) -> SamplingParams:
+    """Greedy, generating through end-of-sequence: the output is exactly request.output_tokens long."""
+    return SamplingParams(max_tokens=request.output_tokens, temperature=0.0, ignore_eos=True)
+
+
+@dataclass
+class Flight:
+    """One request as the simulated gateway holds it, and its figures."""
+
+    index: int
+    request: Request
+    prompt_ids: list[int]
+    node: str = ""
+    holders: tuple[str, ...] = ()
+    generated: list[int] = field(default_factory=list)  # the tokens its client has, in order (fast: placeholders)
+    token_times: list[float] = field(default_factory=list)  # every token's time (step-by-step runs only)
+    emitted: int = 0  # tokens its client has
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+    seq: Sequence | None = None
+    pages: dict[str, list[float]] = field(default_factory=dict)  # holder -> arrival time of each page, in order
+    refused: set[str] = field(default_factory=set)  # holders that ran out of budget for it
+    interrupted_at: list[float] = field(default_factory=list)  # each fault that cut it off
+    stalls: list[float] = field(default_factory=list)  # from each fault to its next token
+    methods: list[str] = field(default_factory=list)  # how it recovered each time
+    restored_tokens: list[int] = field(default_factory=list)
+    waiting_since: float | None = None  # fault time while it waits for its next token
+    second_asked: bool = False
+    blocks_sent: int = 0  # BlockComplete events of its current Sequence so far
+    finished_at: float | None = None
+
+    @property
+    def context_tokens(self) -> int:
+        return self.request.prompt_tokens + len(self.generated)
+
+    @property
+    def request_id(self) -> str:
+        return f"r{self.index}"
+
+
+@dataclass
+class NodeState:
+    spec: SimNode
+    core: EngineCore
+    budget_bytes: int
+    alive: bool = True  # stepping
+    routable: bool = True  # in the gateway's routing (not lost, not a standby spare, model loaded)
+    standby: bool = False  # a hot spare not yet promoted
+    epoch: int = 0  # bumps at a fault: a step planned before it never ends
+    busy: bool = False
+    steps: int = 0
+    step_s: float = 0.0  # the last step's, as a status reports it
+    held_bytes: int = 0  # other nodes' checkpoint pages in this node's host memory
+    held_requests: int = 0
+    link_free_at: float = 0.0  # the serving node's outgoing link, pages queue on it
+    pending: load.Pending = field(default_factory=load.Pending)
+    status: RoutingStatus = field(default_factory=RoutingStatus)
+    plan: StepPlan | None = None
+    replaced_by: str | None = None
+    run: "DecodeRun | None" = None  # fast path: the pure decode steps it is advancing in closed form
+    undetected: bool = False  # failed, and the gateway has not noticed yet
+    loaded_early: bool = False  # back before the gateway noticed it had gone: it rejoins once noticed
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+@dataclass
+class FaultRecord:
+    fault: Fault
+    nodes: tuple[str, ...]
+    detected_s: float  # when the gateway took the (first) node out of routing
+    interrupted: int = 0
+    by_method: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class DecodeRun:
+    """Steps of one node that only decode (the fast path): nothing joins, leaves, preempts or checkpoints a prefill,
+    so every step gives each sequence one token and its times follow from the batch's shape alone.
+
+    `ends[i]` is when step i ends; step 0's plan (`first`) was made by the core as any other step's; a later step i
+    decodes the same sequences with `i` more context tokens each. Its checkpoint pages are events of their own at
+    their steps' ends (holders' L̂ is read between them), valid for its first `valid` steps."""
+
+    first: StepPlan
+    seqs: list[Sequence]
+    ends: list[float]
+    token: int  # the simulation's run counter when this run began: a run cut short never ends
+    valid: int = 0  # steps that happen as a run (all of them, or those before it was cut short)
+
+    def __post_init__(self):
+        self.valid = len(self.ends)
+
+
+class Simulation:
+    """One run: a policy, a seed, the scenario's requests and (unless `faults` is False) its faults.
+
+    `fast` advances a node's pure decode steps in closed form (DecodeRun) instead of one event per step; the
+    decisions and the times are the step-by-step run's (tests/recovery/sim/test_fast_path.py holds it to that),
+    but token ids are not computed on those steps and per-token times are not kept (each request keeps its first
+    and last token's time and its count; latency over time is kept in SERIES_S buckets either way).
+    """
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        policy: str,
+        seed: int,
+        *,
+        faults: bool = True,
+        requests: list[Request] | None = None,
+        fault_list: list[Fault] | None = None,
+        tau: int = DEFAULT_TAU,
+        theta_factor: float = DEFAULT_THETA_FACTOR,
+        alpha: float = 1.0,
+        beta: float = 1.0,
+        max_num_seqs: int = 128,
+        max_batched_tokens: int = 2048,
+        load_aware_placement: bool = True,
+        locality_dispatch: bool = True,
+        second_holder: bool = True,
+        prefill_chunk_checkpoints: bool = True,
+        fast: bool = False,
+    ):
+        """The four switches after `max_batched_tokens` take one of Lifeline's mechanisms away at a time, for the
+        ablations of recovery/sim/lumen.py: `load_aware_placement` False places the first holder as the fixed
+        neighbour; `locality_dispatch` False sends every interrupted request to its holder whatever the holder's
+        load (θ infinite, DéjàVu's dispatch); `second_holder` False never gives a request a second holder;
+        `prefill_chunk_checkpoints` False streams no page before the first token."""
+        if policy not in placement.POLICIES:
+            raise ValueError(f"unknown placement policy {policy!r}: expected one of {', '.join(placement.POLICIES)}")
+        self.scenario, self.policy, self.seed = scenario, policy, seed
+        self.tau, self.theta_factor, self.alpha, self.beta = tau, theta_factor, alpha, beta
+        self.load_aware_placement, self.locality_dispatch = load_aware_placement, locality_dispatch
+        self.second_holder, self.prefill_chunk_checkpoints = second_holder, prefill_chunk_checkpoints
+        self.requests = requests if requests is not None else scenario.requests(seed)
+        self.faults = (fault_list if fault_list is not None else scenario.faults(seed)) if faults else []
+        self.fast = fast
+        self.now = 0.0
+        self.events_processed = 0
+        self.steps_simulated = 0
+        self._runs = 0
+        # Latency over time, for recovery time: SERIES_S bucket -> [sum, count] of TTFT at each first token and of
+        # the gap before each later token, where a client sees them.
+        self._page_costs: dict[tuple[str, str], tuple[int, float]] = {}
+        self.ttft_series: dict[int, list] = {}
+        self.gap_series: dict[int, list] = {}
+        self._heap: list = []
+        self._started = False
+        self._order = 0
+        self.nodes: dict[str, NodeState] = {}
+        for spec in scenario.nodes:
+            d = spec.deployment
+            host = HOST_MEMORY_PER_GPU_MEMORY * d.gpu.memory_gb * d.tp * 1e9
+            core = EngineCore(d, max_num_seqs, max_batched_tokens, name=spec.name, token_ids=not fast)
+            node = NodeState(spec, core, int(host * CHECKPOINT_BUDGET))
+            if spec.spare:
+                node.routable, node.standby = False, True
+            self.nodes[spec.name] = node
+        self.failed: dict[str, float] = {}  # the gateway's: node -> when it lost it
+        self.flights: list[Flight] = [Flight(i, r, prompt_ids(i, r.prompt_tokens)) for i, r in enumerate(self.requests)]
+        self.in_flight: dict[str, Flight] = {}
+        self.waiting_for_node: list[tuple[Flight, str]] = []  # (flight, why) when no node could take it
+        self.fault_records: list[FaultRecord] = []
+        self.skipped_faults: list[Fault] = []  # kinds not modelled yet (UNMODELLED_KINDS)
+        self._touched: set[str] = set()  # holders whose checkpoint figures changed during a step
+        self._stepping = False
+        self._recent: deque[tuple[float, str, float]] = deque()  # (when, holder, pages), FleetState's recent placements
+        self._recent_pages: dict[str, float] = {}
+        self.pools: dict[str, tuple[load.NodeIndex, placement.HolderRanking]] = {}
+        for model in scenario.models:
+            names = sorted(n for n, s in self.nodes.items() if s.spec.deployment.model.key == model)
+            self.pools[model] = (
+                load.NodeIndex({n: self._entry(self.nodes[n]) for n in names}),
+                placement.HolderRanking([self._holder(self.nodes[n]) for n in names]),
+            )
+        for node in self.nodes.values():
+            self._changed(node)  # each node's first status, as a node publishes one when its stream opens
+
+    # --- the event loop ---------------------------------------------------------------------
+    def _push(self, at: float, kind: str, *payload) -> None:
+        self._order += 1
+        heapq.heappush(self._heap, (at, self._order, kind, payload))
+
+    def run(self, until: float = math.inf) -> "Simulation":
+        """Process events up to `until` (all of them by default: every request finished, or stranded with no node
+        left); a later call goes on from there."""
+        if not self._started:
+            self._started = True
+            for flight in self.flights:
+                self._push(flight.request.arrival_s, "arrival", flight)
+            for i, fault in enumerate(self.faults):
+                if fault.kind in UNMODELLED_KINDS:
+                    self.skipped_faults.append(fault)
+                else:
+                    self._push(fault.at_s, "fault", i, fault)
+        handlers: dict[str, Callable[..., None]] = {
+            "arrival": self._on_arrival,
+            "step": self._on_step,
+            "fault": self._on_fault,
+            "detect": self._on_detect,
+            "confirmed": self._on_confirmed,
+            "resume": self._on_resume,
+            "run": self._on_run_end,
+            "pages": self._on_pages,
+            "repair": self._on_repair,
+            "loaded": self._on_loaded,
+        }
+        while self._heap and self._heap[0][0] <= until:
+            at, _, kind, payload = heapq.heappop(self._heap)
+            self.now = at
+            self.events_processed += 1
+            handlers[kind](*payload)
+        return self
+
+    # --- the gateway: routing and placement ----------------------------------------------------
+    def _entry(self, node: NodeState) -> tuple:
+        weight = 1.0 if node.routable else 0.0
+        return (node.status, node.pending, node.spec.deployment, weight)
+
+    def l_hat(self, name: str) -> float:
+        node = self.nodes[name]
+        return load.holder_load(
+            node.status.checkpoint_bytes_held,
+            node.spec.deployment.model.kv_bytes_per_block,
+            node.status.running + node.status.waiting,
+            self.alpha,
+            self.beta,
+            self._recent_pages.get(name, 0.0),
+        )
+
+    def _holder(self, node: NodeState) -> placement.HolderCandidate:
+        return placement.HolderCandidate(
+            name=node.name,
+            rack=node.spec.rack,
+            l_hat=self.l_hat(node.name),
+            bytes_held=node.status.checkpoint_bytes_held,
+            budget_bytes=node.budget_bytes,
+            alive=node.routable and node.name not in self.failed,
+        )
+
+    def _changed(self, node: NodeState) -> None:
+        """A load-changing event on `node`: its status as workers.engine builds it, and the gateway's entries."""
+        core = node.core
+        # workers.engine.Engine.status's figures, in one pass over the batch.
+        uncomputed = decode_batch = decode_context = 0
+        for seq in core.running:
+            if seq.in_prefill:
+                uncomputed += seq.uncomputed
+            else:
+                decode_batch += 1
+                decode_context += seq.context_len
+        for seq in core.waiting:
+            uncomputed += seq.uncomputed
+        node.status = RoutingStatus(
+            at=self.now,
+            model_state="serving" if node.routable else "loading",
+            waiting=len(core.waiting),
+            running=len(core.running),
+            uncomputed_prefill_tokens=uncomputed,
+            decode_batch=decode_batch,
+            decode_context_tokens=decode_context,
+            kv_blocks_used=core.used_blocks,
+            kv_blocks_total=core.total_blocks,
+            checkpoint_bytes_held=node.held_bytes,
+            checkpoint_budget_bytes=node.budget_bytes,
+            checkpoint_requests=node.held_requests,
+            step_ms=round(node.step_s * 1000, 3),  # as the engine reports it
+            steps=node.steps,
+            batch_limit=core.batch_limit,
+            in_flight=len(core.by_id),
+        )
+        self._refresh(node)
+
+    def _refresh(self, node: NodeState) -> None:
+        nodes, holders = self.pools[node.spec.deployment.model.key]
+        nodes.set(node.name, self._entry(node))
+        holders.set(self._holder(node))
+
+    def expire(self) -> None:
+        """FleetState.expire: placements older than RECENT_S stop counting in their holder's L̂."""
+        while self._recent and self.now - self._recent[0][0] >= RECENT_S:
+            _, name, pages = self._recent.popleft()
+            left = self._recent_pages.get(name, 0.0) - pages
+            if left <= 1e-9:
+                self._recent_pages.pop(name, None)
+            else:
+                self._recent_pages[name] = left
+            self._refresh(self.nodes[name])
+
+    def choose(self, model: str, prompt_tokens: int, exclude: Collection[str] = ()) -> str | None:
+        """The real gateway's routing decision (FleetState.choose): the failed nodes left out."""
+        nodes, _ = self.pools[model]
+        return nodes.choose(prompt_tokens, self.now, set(exclude) | set(self.failed))
+
+    def place(self, flight: Flight, serving: str) -> tuple[str, ...]:
+        """The checkpoint holders (Coordinator.place → FleetState.place) and their recent pages (FleetState.placed)."""
+        self.expire()
+        model = flight.request.model
+        _, ranking = self.pools[model]
+        deployment = self.nodes[serving].spec.deployment
+        tokens = flight.request.prompt_tokens + flight.request.output_tokens
+        chosen = placement.place(
+            self.policy if self.load_aware_placement else "fixed",
+            serving,
+            ranking,  # type: ignore[arg-type]  # place() takes a HolderRanking too, as the gateway passes it
+            request_bytes=tokens * deployment.model.kv_bytes_per_token,
+            prefix_tokens=flight.request.prompt_tokens,
+            tau=self.tau,
+        )
+        if not self.second_holder:
+            chosen = chosen[:1]
+        pages = math.ceil(tokens / catalog.BLOCK_TOKENS)
+        for name in chosen:
+            self._recent.append((self.now, name, pages))
+            self._recent_pages[name] = self._recent_pages.get(name, 0.0) + pages
+            self._refresh(self.nodes[name])
+        return chosen
+
+    def _on_arrival(self, flight: Flight) -> None:
+        self._dispatch(flight, self.choose(flight.request.model, flight.request.prompt_tokens), None, 0)
+
+    def _dispatch(self, flight: Flight, target: str | None, decision: dispatch.Decision | None, restored: int) -> None:
+        """Start (or continue) `flight` on `target` with `restored` KV tokens already there."""
+        if target is None:
+            self.waiting_for_node.append((flight, "no node can take it"))
+            return
+        node = self.nodes[target]
+        self._settle(node)
+        flight.node = target
+        flight.holders = self.place(flight, target)
+        flight.pages = {h: [] for h in flight.holders}
+        flight.refused = set()
+        flight.blocks_sent = 0
+        node.pending.add(flight.context_tokens)
+        seq = Sequence(
+            flight.request_id,
+            flight.prompt_ids,
+            sampling(flight.request),
+            generated=list(flight.generated),
+            computed=restored,
+            holders=flight.holders,
+            checkpoint_prefill_chunks=self.policy == "lifeline" and self.prefill_chunk_checkpoints,
+        )
+        flight.seq = seq
+        self.in_flight[flight.request_id] = flight
+        node.core.add(seq, self.now)
+        node.pending.confirm(flight.context_tokens)  # the node's arrival event, with no network delay
+        self._changed(node)
+        self._wake(node)
+
+    # --- nodes stepping ------------------------------------------------------------------------
+    def _wake(self, node: NodeState) -> None:
+        if node.busy or not node.alive or node.core.next_due(self.now) is None:
+            return
+        plan = node.core.plan(self.now)
+        if plan is None:
+            return
+        node.busy, node.plan = True, plan
+        end = self.now + node.core.step_seconds(plan)
+        run = self._decode_run(node, plan, end) if self.fast else None
+        if run is None:
+            self._push(end, "step", node.name, node.epoch)
+            return
+        node.run = run
+        # Blocks complete when a sequence's computed tokens reach a boundary: first at step `at`, then every block.
+        pages: list[tuple[int, int, int]] = []  # (step, position in the batch, blocks)
+        if node.core.checkpoints:
+            for position, seq in enumerate(run.seqs):
+                if not seq.holders:
+                    continue
+                streamed = seq.streamed_blocks
+                at = max(0, (streamed + 1) * catalog.BLOCK_TOKENS - seq.computed - 1)
+                while at < len(run.ends):
+                    complete = (seq.computed + at + 1) // catalog.BLOCK_TOKENS
+                    pages.append((at, position, complete - streamed))
+                    streamed = complete
+                    at += catalog.BLOCK_TOKENS
+        by_step: dict[int, list[tuple[int, int]]] = {}
+        for at, position, blocks in sorted(pages):
+            by_step.setdefault(at, []).append((position, blocks))
+        for at, completed in by_step.items():
+            self._push(run.ends[at], "pages", node.name, run, at, completed)
+        self._push(run.ends[-1], "run", node.name, run.token)
+
+    def _decode_run(self, node: NodeState, plan: StepPlan, end: float) -> DecodeRun | None:
+        """The pure decode steps from `plan` on, when there are at least MIN_RUN: the plan admits, preempts and
+        prefills nothing, every sequence had its last token when the plan began, and the run stops before the
+        step where a sequence finishes, where a second holder would be asked for, or where the next step would
+        need more KV blocks than are free (the scheduler would preempt); those steps go step by step."""
+        if plan.admitted or plan.preempted or plan.shape[0]:
+            return None
+        seqs = [seq for seq, _ in plan.work]
+        limit = MAX_RUN
+        residues = [0] * catalog.BLOCK_TOKENS  # sequences by computed tokens modulo the block size
+        for seq in seqs:
+            flight = self.in_flight[seq.request_id]
+            if flight.last_token_s != plan.started or flight.waiting_since is not None:
+                return None
+            limit = min(limit, seq.params.max_tokens - len(seq.generated) - 1)
+            if self._may_ask_second_holder(flight):
+                limit = min(limit, self.tau - flight.context_tokens)
+            residues[seq.computed % catalog.BLOCK_TOKENS] += 1
+        if limit < MIN_RUN:
+            return None
+        core = node.core
+        free = core.total_blocks - core.used_blocks  # after step 0's plan took its blocks
+        batch, context = len(seqs), plan.shape[3]
+        ends = [end]
+        for i in range(1, limit):
+            # Step i's plan takes a block for each sequence whose computed tokens reach a block boundary.
+            free -= residues[-i % catalog.BLOCK_TOKENS]
+            if free < 0:
+                break
+            ends.append(ends[-1] + core.deployment.step_s(0, 0, batch, context + i * batch))
+        if len(ends) < MIN_RUN:
+            return None
+        self._runs += 1
+        return DecodeRun(plan, seqs, ends, self._runs)
+
+    def _settle(self, node: NodeState) -> None:
+        """Bring `node`'s decode run up to now, before something changes it: the steps that ended are applied, and
+        the one under way becomes an ordinary step, planned as the step-by-step run planned it."""
+        run = node.run
+        if run is None:
+            return
+        done = bisect_right(run.ends, self.now)
+        if done == len(run.ends):
+            return  # it ends now: its own event applies it
+        node.run = None
+        run.valid = done  # its pages of later steps never go out: those steps are ordinary ones now
+        plan: StepPlan | None = run.first
+        if done:
+            self._apply_run(node, run, done)
+            plan = node.core.plan(run.ends[done - 1])
+            assert plan is not None and plan.shape[0] == 0, "the step under way in a decode run decodes"
+        node.plan = plan
+        self._push(run.ends[done], "step", node.name, node.epoch)
+
+    def _on_pages(self, name: str, run: DecodeRun, step: int, completed: list[tuple[int, int]]) -> None:
+        """Step `step` of a decode run completed KV blocks, (position in the batch, blocks) in batch order: a page
+        each to the sequence's holders, as _on_step sends a step's BlockComplete events."""
+        if step >= run.valid:
+            return
+        serving = self.nodes[name]
+        for position, blocks in completed:
+            seq = run.seqs[position]
+            seq.streamed_blocks += blocks
+            flight = self.in_flight[seq.request_id]
+            for _ in range(blocks):
+                self._page(serving, flight)
+        self._flush_touched()
+
+    def _on_run_end(self, name: str, token: int) -> None:
+        node = self.nodes[name]
+        run = node.run
+        if run is None or run.token != token:
+            return  # cut short (_settle) or the node failed
+        node.run = None
+        self._apply_run(node, run, len(run.ends))
+        node.busy, node.plan = False, None
+        self._wake(node)
+
+    def _apply_run(self, node: NodeState, run: DecodeRun, steps: int) -> None:
+        """The first `steps` steps of `run`, in closed form: what EngineCore.apply and _on_step would have done
+        one step at a time (tokens counted, KV blocks taken, latency recorded; the pages went out as events)."""
+        core, ends = node.core, run.ends
+        batch = len(run.seqs)
+        started = run.first.started
+        for i in range(steps):
+            self._series(self.gap_series, ends[i], batch * (ends[i] - started), batch)
+            started = ends[i]
+        for seq in run.seqs:
+            flight = self.in_flight[seq.request_id]
+            seq.computed += steps
+            seq.generated += _PLACEHOLDERS[:steps]
+            flight.generated += _PLACEHOLDERS[:steps]
+            flight.emitted += steps
+            flight.last_token_s = ends[steps - 1]
+            need = core.blocks_for(seq.computed) - seq.blocks
+            if need > 0:
+                core.used_blocks += need
+                seq.blocks += need
+        assert core.used_blocks <= core.total_blocks, "a decode run took more KV blocks than were free"
+        core.counters["generation_tokens"] += batch * steps
+        node.steps += steps
+        node.step_s = ends[steps - 1] - (ends[steps - 2] if steps > 1 else run.first.started)
+        self.steps_simulated += steps
+
+    def _on_step(self, name: str, epoch: int) -> None:
+        node = self.nodes[name]
+        if epoch != node.epoch:
+            return  # the node failed while the step ran: nothing of it came out
+        plan = node.plan
+        assert plan is not None, "a step ends only after it was planned"
+        node.busy = False
+        node.steps += 1
+        self.steps_simulated += 1
+        node.step_s = self.now - plan.started
+        result = node.core.apply(plan, self.now)
+        node.plan = None
+        # The gateway's view of the node changes when its batch does; a step that only decoded moves its
+        # context on, which the real gateway sees at the node's next load message (every 250 ms at most).
+        changed = bool(plan.admitted or plan.preempted or plan.shape[0])
+        self._stepping = True
+        for event in result.events:
+            if isinstance(event, Token):
+                self._token(self.in_flight[event.seq.request_id], event)
+            elif isinstance(event, BlockComplete):
+                self._page(node, self.in_flight[event.seq.request_id])
+            elif isinstance(event, Finished):
+                self._finished(self.in_flight[event.seq.request_id], event)
+                changed = True
+        self._stepping = False
+        self._flush_touched()
+        if changed:
+            self._changed(node)
+        self._wake(node)
+
+    def _token(self, flight: Flight, token: Token) -> None:
+        assert token.index == len(flight.generated), "a token out of order reached the client"
+        flight.generated.append(token.token_id)
+        now = self.now
+        if flight.first_token_s is None:
+            flight.first_token_s = now
+            self._series(self.ttft_series, now, now - flight.request.arrival_s, 1)
+        else:
+            assert flight.last_token_s is not None
+            self._series(self.gap_series, now, now - flight.last_token_s, 1)
+        flight.last_token_s = now
+        flight.emitted += 1
+        if not self.fast:
+            flight.token_times.append(now)
+        if flight.waiting_since is not None:
+            flight.stalls.append(now - flight.waiting_since)
+            flight.waiting_since = None
+        self._consider_second_holder(flight)
+
+    @staticmethod
+    def _series(series: dict[int, list], at: float, total: float, count: int) -> None:
+        entry = series.get(bucket := int(at // SERIES_S))
+        if entry is None:
+            series[bucket] = [total, count]
+        else:
+            entry[0] += total
+            entry[1] += count
+
+    def _may_ask_second_holder(self, flight: Flight) -> bool:
+        """Whether the token that takes `flight`'s context past τ would ask for a second holder."""
+        return (
+            self.policy == "lifeline"
+            and self.second_holder
+            and len(flight.holders) == 1
+            and not flight.second_asked
+            and flight.seq is not None
+            and flight.seq.finished is None
+        )
+
+    def _consider_second_holder(self, flight: Flight) -> None:
+        """Coordinator.consider_second_holder and add_second_holder: once a request's context passes τ under
+        lifeline, a second holder, the least loaded routable node in another rack than the first (any other when
+        there is none), asked once per request."""
+        if flight.context_tokens <= self.tau or not self._may_ask_second_holder(flight):
+            return
+        flight.second_asked = True
+        first = flight.holders[0]
+        request = flight.request
+        request_bytes = (request.prompt_tokens + request.output_tokens) * self.nodes[
+            flight.node
+        ].spec.deployment.model.kv_bytes_per_token
+        routes = [
+            n
+            for name, n in self.nodes.items()
+            if n.spec.deployment.model.key == request.model
+            and n.routable
+            and name not in self.failed
+            and name not in (flight.node, first)
+            and placement.second_copy_fits(
+                n.status.checkpoint_bytes_held, n.status.checkpoint_budget_bytes, request_bytes
+            )
+        ]
+        first_rack = self.nodes[first].spec.rack
+        other_rack = [n for n in routes if n.spec.rack != first_rack] or routes
+        if not other_rack:
+            return
+        second = min(other_rack, key=lambda n: (self.l_hat(n.name), n.name))
+        self._set_holders(flight, (first, second.name))
+
+    def _page(self, serving: NodeState, flight: Flight) -> None:
+        """One KV page to each holder, queued on the serving node's link: it arrives when its transfer ends."""
+        flight.blocks_sent += 1
+        for holder in flight.holders:
+            self._send(serving, flight, holder)
+
+    def _send(self, serving: NodeState, flight: Flight, holder: str) -> None:
+        """The holder's next page of `flight`, unless its budget is spent (workers.kvstore refuses it, and every
+        later page of the request)."""
+        h = self.nodes[holder]
+        if holder in flight.refused or not h.alive:
+            return  # refused, or sent to a dead node: lost
+        per_block, seconds = self._page_cost(serving, h)
+        if h.held_bytes + per_block > h.budget_bytes:
+            flight.refused.add(holder)
+            return
+        start = max(self.now, serving.link_free_at)
+        serving.link_free_at = start + seconds
+        pages = flight.pages.setdefault(holder, [])
+        if not pages:
+            h.held_requests += 1
+        pages.append(serving.link_free_at)
+        h.held_bytes += per_block
+        self._touched.add(holder)
+
+    def _page_cost(self, serving: NodeState, holder: NodeState) -> tuple[int, float]:
+        """A page's bytes and its time on the link from `serving` to `holder` (fixed for a pair: computed once)."""
+        key = (serving.name, holder.name)
+        cost = self._page_costs.get(key)
+        if cost is None:
+            per_block = serving.spec.deployment.model.kv_bytes_per_block
+            link, share = catalog.node_link(serving.spec.placement, holder.spec.placement, serving.spec.deployment.gpu)
+            cost = self._page_costs[key] = (per_block, catalog.kv_transfer_s(per_block, link, share))
+        return cost
+
+    def _set_holders(self, flight: Flight, holders: tuple[str, ...]) -> None:
+        """workers.engine.Engine.set_holders: added holders get every block so far, dropped ones let go."""
+        serving = self.nodes[flight.node]
+        self._settle(serving)  # every block so far: those of its decode run's finished steps too
+        seq = flight.seq
+        assert seq is not None, "only a running request changes holders"
+        for holder in [h for h in flight.holders if h not in holders]:
+            self._drop_pages(flight, holder)
+        added = [h for h in holders if h not in flight.holders]
+        flight.holders = seq.holders = tuple(holders)
+        for holder in added:
+            flight.pages[holder] = []
+            flight.refused.discard(holder)
+            for _ in range(flight.blocks_sent):
+                self._send(serving, flight, holder)
+        self._flush_touched()
+
+    def _drop_pages(self, flight: Flight, holder: str) -> None:
+        pages = flight.pages.pop(holder, None)
+        if pages:
+            h = self.nodes[holder]
+            h.held_bytes -= h.spec.deployment.model.kv_bytes_per_block * len(pages)
+            h.held_requests -= 1
+            self._touched.add(holder)
+
+    def _flush_touched(self) -> None:
+        """Holders whose checkpoint figures changed: their status says so (the rest of it is as it was)."""
+        if not self._stepping:
+            for holder in sorted(self._touched):
+                node = self.nodes[holder]
+                node.status.checkpoint_bytes_held = node.held_bytes
+                node.status.checkpoint_requests = node.held_requests
+                self._refresh(node)
+            self._touched.clear()
+
+    def _drop_checkpoint(self, flight: Flight) -> None:
+        for holder in list(flight.pages):
+            self._drop_pages(flight, holder)
+        self._flush_touched()
+
+    def _finished(self, flight: Flight, event: Finished) -> None:
+        flight.finished_at = self.now
+        self.in_flight.pop(flight.request_id, None)
+        self._drop_checkpoint(flight)
+        if self.fast:
+            flight.generated, flight.seq = [], None  # counted in `emitted`; a long run would hold every token
+
+    # --- faults ---------------------------------------------------------------------------------
+    def _targets(self, fault: Fault) -> list[str]:
+        if fault.kind == "rack":
+            return [n for n, s in self.nodes.items() if s.spec.rack == fault.target]
+        return [fault.target]
+
+    def _settle_all(self) -> None:
+        for node in self.nodes.values():
+            self._settle(node)
+
+    def _on_fault(self, index: int, fault: Fault) -> None:
+        self._settle_all()
+        names = [n for n in self._targets(fault) if self.nodes[n].alive and not self.nodes[n].standby]
+        record = FaultRecord(fault, tuple(names), math.inf)
+        self.fault_records.append(record)
+        for name in names:
+            node = self.nodes[name]
+            node.alive, node.undetected = False, True
+            node.epoch += 1  # the step under way never ends
+            node.busy, node.run = False, None
+            # Its host memory is gone: the checkpoints it held are lost.
+            for flight in self.in_flight.values():
+                if flight.pages.get(name):
+                    flight.pages[name] = []
+            node.held_bytes, node.held_requests = 0, 0
+            rng = random.Random(f"{self.seed}:detect:{name}:{index}")
+            found = detect(fault.kind, rng, self.scenario.detection)
+            record.detected_s = min(record.detected_s, fault.at_s + found.routing_s)
+            self._push(fault.at_s + found.routing_s, "detect", name, record, node.epoch)
+            self._push(fault.at_s + max(found.routing_s, found.confirmed_s), "confirmed", name, node.epoch)
+            if fault.repair_s is not None:
+                self._push(fault.back_at_s, "repair", name, node.epoch)
+
+    def _on_detect(self, name: str, record: FaultRecord, epoch: int) -> None:
+        """The gateway loses `name` (Coordinator.node_lost): out of routing, its requests planned in one pass."""
+        node = self.nodes[name]
+        if epoch != node.epoch or name in self.failed:
+            return
+        self._settle_all()
+        self.failed[name] = self.now
+        node.routable, node.undetected = False, False
+        self._refresh(node)
+        stranded = [f for f in self.in_flight.values() if f.node == name and f.seq is not None]
+        for flight in stranded:
+            flight.interrupted_at.append(record.fault.at_s)
+            if flight.waiting_since is None:
+                flight.waiting_since = record.fault.at_s
+        # Its engine and KV cache are gone.
+        node.core = EngineCore(
+            node.spec.deployment,
+            node.core.max_num_seqs,
+            node.core.max_batched_tokens,
+            name=name,
+            token_ids=not self.fast,
+        )
+        node.pending = load.Pending()
+        self._changed(node)
+        record.interrupted += len(stranded)
+        self._plan(stranded, record)
+        self._replace_holders(name)
+        if node.loaded_early:
+            node.loaded_early = False
+            self._on_loaded(name, epoch)
+
+    def _replace_holders(self, lost: str) -> None:
+        """Coordinator._replace_holders: requests running elsewhere that had `lost` as a holder get a new one,
+        and their serving node resends every block to it.
+
+        Every new holder is chosen before any block is resent, as the gateway chooses them all before its calls
+        to the serving nodes go out: no choice sees the pages resent for another request, which the gateway
+        hears of only from the holders' later statuses (tests/recovery/sim/test_replay.py)."""
+        changes = []
+        for flight in list(self.in_flight.values()):
+            if lost not in flight.holders or flight.seq is None or flight.node == lost:
+                continue
+            keep = [h for h in flight.holders if h != lost and h not in self.failed and self.nodes[h].routable]
+            fresh = [h for h in self.place(flight, flight.node) if h not in keep]
+            wanted = 2 if len(flight.holders) > 1 else 1
+            changes.append((flight, tuple((keep + fresh)[:wanted])))
+        for flight, holders in changes:
+            self._set_holders(flight, holders)
+
+    def _on_confirmed(self, name: str, epoch: int) -> None:
+        """The control plane's DOWN or UNHEALTHY: a hot spare of the node's group is promoted."""
+        node = self.nodes[name]
+        if epoch == node.epoch:
+            self._promote_spare(node)
+
+    def _plan(self, stranded: list[Flight], record: FaultRecord | None) -> None:
+        """Coordinator._plan: survivors with their L̂ and free blocks, θ, then plan_recovery in one pass."""
+        by_model: dict[str, list[Flight]] = {}
+        for flight in stranded:
+            by_model.setdefault(flight.request.model, []).append(flight)
+        for model, flights in by_model.items():
+            survivors = {
+                name: recovery.survivor(name, node.spec.placement, self.l_hat(name), node.status, node.spec.deployment)
+                for name, node in sorted(self.nodes.items())
+                if node.spec.deployment.model.key == model and node.routable and name not in self.failed
+            }
+            interrupted = [
+                dispatch.Interrupted(
+                    request_id=f.request_id,
+                    holders=f.holders,
+                    checkpointed_tokens=self.checkpointed_estimate(f),
+                    context_tokens=f.context_tokens,
+                )
+                for f in flights
+            ]
+            theta_factor = self.theta_factor if self.locality_dispatch else math.inf
+            try:
+                decisions = recovery.plan(
+                    interrupted, survivors, set(self.failed), theta_factor, self.tau, self.alpha, self.beta
+                )
+            except dispatch.NoSurvivors:
+                for flight in flights:
+                    self._leave(flight)
+                    self.waiting_for_node.append((flight, "no survivor"))
+                continue
+            for flight, decision in zip(flights, decisions):
+                self._leave(flight)
+                self._carry_out(flight, decision, record)
+
+    def checkpointed_estimate(self, flight: Flight) -> int:
+        """Coordinator._checkpointed_estimate: recovery.checkpointed_estimate, with prefill chunks checkpointed
+        under lifeline unless that mechanism is ablated."""
+        chunks = self.policy == "lifeline" and self.prefill_chunk_checkpoints
+        return recovery.checkpointed_estimate(flight.holders, bool(flight.generated), flight.context_tokens, chunks)
+
+    def received_tokens(self, flight: Flight, holder: str, at: float) -> int:
+        """KV tokens `holder` really has of `flight`: its pages that arrived by `at`, within the client's context."""
+        pages = bisect_right(flight.pages.get(holder, []), at)
+        # At least the last context token is left to compute: the step that continues it emits the next token.
+        limit = (flight.context_tokens - 1) // catalog.BLOCK_TOKENS
+        return min(pages, limit) * catalog.BLOCK_TOKENS
+
+    def _leave(self, flight: Flight) -> None:
+        """The request is off its node: its old checkpoints stay readable until it resumes (their pages are kept)."""
+        flight.seq = None
+
+    def _carry_out(self, flight: Flight, decision: dispatch.Decision, record: FaultRecord | None) -> None:
+        fault_at = record.fault.at_s if record else self.now
+        restored, delay, method = 0, 0.0, decision.method
+        if method in ("restore", "fetch") and decision.source is not None:
+            restored = self.received_tokens(flight, decision.source, fault_at)
+            per_block = self.nodes[decision.target].spec.deployment.model.kv_bytes_per_block
+            size = restored // catalog.BLOCK_TOKENS * per_block
+            if method == "restore":
+                delay = catalog.kv_transfer_s(size, catalog.HOST_TO_GPU_LINK)
+            else:
+                target = self.nodes[decision.target].spec
+                link, share = catalog.node_link(
+                    self.nodes[decision.source].spec.placement, target.placement, target.deployment.gpu
+                )
+                delay = catalog.kv_transfer_s(size, link, share)
+            if restored == 0:
+                method = "reprefill"  # the holder had no page of it yet (workers.engine.resume falls back)
+        flight.methods.append(method)
+        flight.restored_tokens.append(restored)
+        if record is not None:
+            record.by_method[method] = record.by_method.get(method, 0) + 1
+        self._push(self.now + delay, "resume", flight, decision, restored)
+
+    def _on_resume(self, flight: Flight, decision: dispatch.Decision, restored: int) -> None:
+        """Coordinator.route_for: the planned target, or whoever is least loaded if it left routing meanwhile."""
+        target: str | None = decision.target
+        if target in self.failed or not self.nodes[decision.target].routable:
+            target, restored = self.choose(flight.request.model, flight.context_tokens), 0
+            flight.methods[-1] = "reprefill"
+            flight.restored_tokens[-1] = 0
+        self._drop_checkpoint(flight)
+        self._dispatch(flight, target, decision, restored)
+
+    def _promote_spare(self, lost: NodeState) -> None:
+        """A hot spare of the lost node's group takes its place at once (its model is loaded)."""
+        for name, node in sorted(self.nodes.items()):
+            if node.standby and node.spec.group == lost.spec.group and node.alive:
+                node.standby, node.routable = False, True
+                lost.replaced_by = name
+                self._changed(node)
+                self._retry_waiting()
+                return
+
+    def _on_repair(self, name: str, epoch: int) -> None:
+        node = self.nodes[name]
+        if epoch != node.epoch:
+            return
+        self._push(self.now + catalog.load_time_s(node.spec.deployment.model), "loaded", name, epoch)
+
+    def _on_loaded(self, name: str, epoch: int) -> None:
+        node = self.nodes[name]
+        if epoch != node.epoch:
+            return
+        if node.undetected:
+            node.loaded_early = True
+            return
+        node.alive = True
+        self.failed.pop(name, None)
+        if node.replaced_by is not None:
+            node.standby, node.replaced_by = True, None  # a spare serves in its place: it is the spare now
+        else:
+            node.routable = True
+        self._changed(node)
+        self._retry_waiting()
+
+    def _retry_waiting(self) -> None:
+        waiting, self.waiting_for_node = self.waiting_for_node, []
+        for flight, _ in waiting:
+            target = self.choose(flight.request.model, flight.context_tokens)
+            if flight.generated or flight.interrupted_at:
+                if flight.methods:
+                    flight.methods[-1] = "reprefill"
+                else:
+                    flight.methods.append("reprefill")
+                    flight.restored_tokens.append(0)
+                self._drop_checkpoint(flight)
+            self._dispatch(flight, target, None, 0)

@@ -1,0 +1,213 @@
+"""What a run measured: each request's latencies and recovery, the run's summary, and recovery time.
+
+Recovery time follows source document 000: the time from failure detection until the cluster's latency is back
+within 10 % of its no-failure baseline (the failure-impact window is the same, counted from the fault itself).
+The baseline is the same scenario, seed and policy run without faults: the same requests at the same times, so
+before the fault the two runs are identical, and any difference after it is the fault's doing.
+
+Latency is compared in windows of `window_s` seconds of simulated time, each sample placed where a client sees
+it: a request's TTFT at its first token, each inter-token gap (TPOT) at the later token, so a stalled stream
+shows up when it resumes. A window is within the bound when its mean TTFT and its mean gap are both at most
+1.1 × the baseline's same window (a window with no samples in either run is within). The cluster has recovered
+at the start of the first window after which every window up to the next fault (or the end of the arrivals) is
+within; a run that never gets there has no recovery time (None).
+"""
+
+import math
+from dataclasses import asdict, dataclass
+
+from recovery.sim.fleet import SERIES_S, Flight, Simulation
+
+TOLERANCE = 0.10  # document 000: "within 10 % of its no-failure baseline"
+WINDOW_S = 5.0
+
+
+@dataclass(frozen=True)
+class RequestMetrics:
+    request_id: str
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    emitted: int  # tokens the client got
+    ttft_s: float | None
+    tpot_s: float | None  # mean time per output token after the first
+    e2e_s: float | None  # arrival to last token; None when unfinished
+    interrupted: bool
+    stall_s: float | None  # the longest: from a fault that cut it off to its next token
+    recovered_by: str | None  # "restore", "fetch" or "reprefill" (the last recovery); None if never interrupted
+    restored_tokens: int
+
+
+def request_metrics(flight: Flight) -> RequestMetrics:
+    first, last, emitted = flight.first_token_s, flight.last_token_s, flight.emitted
+    finished = flight.finished_at is not None
+    return RequestMetrics(
+        request_id=flight.request_id,
+        arrival_s=flight.request.arrival_s,
+        prompt_tokens=flight.request.prompt_tokens,
+        output_tokens=flight.request.output_tokens,
+        emitted=emitted,
+        ttft_s=None if first is None else first - flight.request.arrival_s,
+        tpot_s=(last - first) / (emitted - 1) if emitted > 1 and first is not None and last is not None else None,
+        e2e_s=last - flight.request.arrival_s if finished and last is not None else None,
+        interrupted=bool(flight.interrupted_at),
+        stall_s=max(flight.stalls) if flight.stalls else None,
+        recovered_by=flight.methods[-1] if flight.methods else None,
+        restored_tokens=flight.restored_tokens[-1] if flight.restored_tokens else 0,
+    )
+
+
+def percentile(values: list[float], p: float) -> float | None:
+    """The p-th percentile (0–100), linear between closest ranks; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * p / 100
+    low, high = math.floor(rank), math.ceil(rank)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+@dataclass(frozen=True)
+class FaultRecovery:
+    at_s: float
+    kind: str
+    target: str
+    nodes: tuple[str, ...]
+    detected_s: float
+    interrupted: int
+    by_method: dict
+    recovered_at_s: float | None
+    recovery_s: float | None  # from detection (document 000's recovery time)
+    impact_window_s: float | None  # from the fault
+
+
+@dataclass(frozen=True)
+class RunMetrics:
+    policy: str
+    seed: int
+    requests: int
+    finished: int
+    interrupted: int
+    restored: int
+    fetched: int
+    reprefilled: int
+    ttft_mean_s: float | None
+    ttft_p50_s: float | None
+    ttft_p99_s: float | None
+    tpot_mean_s: float | None
+    tpot_p50_s: float | None
+    tpot_p99_s: float | None
+    e2e_mean_s: float | None
+    stall_mean_s: float | None
+    stall_max_s: float | None
+    faults: tuple[FaultRecovery, ...]
+    skipped_faults: int  # of kinds the simulator does not model yet (fleet.UNMODELLED_KINDS: sdc)
+    simulated_s: float
+    events: int
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def check_window(window_s: float) -> None:
+    """Windows are whole numbers of the simulator's SERIES_S buckets; anything else is refused, saying so."""
+    buckets = window_s / SERIES_S
+    if not window_s > 0 or abs(buckets - round(buckets)) > 1e-9:
+        raise ValueError(f"the window must be a positive multiple of {SERIES_S:g} s, got {window_s:g}")
+
+
+def windows(series: dict[int, list], window_s: float = WINDOW_S) -> dict[int, float]:
+    """A simulation's latency series (Simulation.ttft_series or gap_series) as the mean in each window of
+    `window_s` seconds, by window number (window w covers [w·window_s, (w+1)·window_s))."""
+    check_window(window_s)
+    per = round(window_s / SERIES_S)
+    sums: dict[int, list[float]] = {}
+    for bucket, (total, count) in series.items():
+        entry = sums.setdefault(bucket // per, [0.0, 0])
+        entry[0] += total
+        entry[1] += count
+    return {w: total / count for w, (total, count) in sums.items()}
+
+
+def recovered_at(
+    faulted: Simulation, baseline: Simulation, start_s: float, end_s: float, window_s: float = WINDOW_S
+) -> float | None:
+    """The start of the first window from `start_s` after which every window before `end_s` is within 10 % of the
+    baseline; None when the last one is not."""
+    faulted_ttft, faulted_gaps = windows(faulted.ttft_series, window_s), windows(faulted.gap_series, window_s)
+    base_ttft, base_gaps = windows(baseline.ttft_series, window_s), windows(baseline.gap_series, window_s)
+
+    def within(w: int) -> bool:
+        for mine, base in ((faulted_ttft, base_ttft), (faulted_gaps, base_gaps)):
+            if w in mine and w in base and mine[w] > (1 + TOLERANCE) * base[w]:
+                return False
+            if w in mine and w not in base:
+                return False  # the fault's doing: latency the baseline had none of by then
+        return True
+
+    first, last = int(start_s // window_s), max(int(math.ceil(end_s / window_s)) - 1, int(start_s // window_s))
+    recovered = None
+    for w in range(last, first - 1, -1):
+        if not within(w):
+            break
+        recovered = w
+    if recovered is None:
+        return None
+    return max(start_s, recovered * window_s)
+
+
+def run_metrics(sim: Simulation, baseline: Simulation | None = None, window_s: float = WINDOW_S) -> RunMetrics:
+    per_request = [request_metrics(f) for f in sim.flights]
+    ttft = [r.ttft_s for r in per_request if r.ttft_s is not None]
+    tpot = [r.tpot_s for r in per_request if r.tpot_s is not None]
+    stalls = [r.stall_s for r in per_request if r.stall_s is not None]
+    methods = [m for f in sim.flights for m in f.methods]
+    records = sorted(sim.fault_records, key=lambda r: r.fault.at_s)
+    horizon = sim.scenario.duration_s
+    faults = []
+    for i, record in enumerate(records):
+        back = None
+        if baseline is not None and record.nodes:
+            end = records[i + 1].fault.at_s if i + 1 < len(records) else horizon
+            back = recovered_at(sim, baseline, record.fault.at_s, end, window_s)
+        faults.append(
+            FaultRecovery(
+                at_s=record.fault.at_s,
+                kind=record.fault.kind,
+                target=record.fault.target,
+                nodes=record.nodes,
+                detected_s=record.detected_s,
+                interrupted=record.interrupted,
+                by_method=dict(sorted(record.by_method.items())),
+                recovered_at_s=back,
+                recovery_s=None if back is None else max(0.0, back - record.detected_s),
+                impact_window_s=None if back is None else back - record.fault.at_s,
+            )
+        )
+    return RunMetrics(
+        policy=sim.policy,
+        seed=sim.seed,
+        requests=len(per_request),
+        finished=sum(1 for f in sim.flights if f.finished_at is not None),
+        interrupted=sum(1 for r in per_request if r.interrupted),
+        restored=methods.count("restore"),
+        fetched=methods.count("fetch"),
+        reprefilled=methods.count("reprefill"),
+        ttft_mean_s=_mean(ttft),
+        ttft_p50_s=percentile(ttft, 50),
+        ttft_p99_s=percentile(ttft, 99),
+        tpot_mean_s=_mean(tpot),
+        tpot_p50_s=percentile(tpot, 50),
+        tpot_p99_s=percentile(tpot, 99),
+        e2e_mean_s=_mean([r.e2e_s for r in per_request if r.e2e_s is not None]),
+        stall_mean_s=_mean(stalls),
+        stall_max_s=max(stalls) if stalls else None,
+        faults=tuple(faults),
+        skipped_faults=len(sim.skipped_faults),
+        simulated_s=sim.now,
+        events=sim.events_processed,
+    )

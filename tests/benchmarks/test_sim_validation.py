@@ -1,0 +1,143 @@
+"""benchmarks.sim_validation: the real run's requests replay in the simulator as they were sent, both sides' figures
+come from the same metrics code, and the pipeline runs end to end on a tiny real cluster."""
+
+import asyncio
+
+import pytest
+
+from benchmarks import sim_validation as sv
+from recovery.sim.experiment import run_one
+from recovery.sim.metrics import run_metrics
+from workers import catalog, tokens
+
+T0 = 1000.0  # a run's start, as time.monotonic() gave it
+
+
+def sent(prompt: str, max_tokens: int, at: float, node: str, chunk_times: list[float] = ()) -> sv.Sent:
+    request = sv.Sent(prompt, len(tokens.encode(prompt)), max_tokens, T0 + at, node=node, done=True)
+    request.chunks = [(T0 + t, 1) for t in chunk_times]
+    request.ids = [0] * len(chunk_times)
+    return request
+
+
+def run(requests: list[sv.Sent], kill_node: str | None = None, kill_at: float = 0.0) -> dict:
+    killed = {"node": kill_node, "at": T0 + kill_at, "in_flight": 1} if kill_node else {}
+    return {"policy": "lifeline", "kill": bool(kill_node), "t0": T0, "sent": requests, "killed": killed}
+
+
+@pytest.mark.parametrize("time_scale", [1.0, 2.0])
+def test_the_trace_replays_the_requests_the_real_client_sent(tmp_path, time_scale):
+    setup = sv.Setup(4, 3.0, kill_at_s=2.0, after_kill_s=3.0, time_scale=time_scale)
+    arrivals = sv.schedule(setup)
+    assert arrivals, "the schedule sends something"
+    # Sent out of order on purpose: the trace and the simulator's indices follow the send times.
+    requests = [
+        sent(prompt, max_tokens, offset * time_scale + 0.003, f"n{i % 4:02d}")
+        for i, (offset, prompt, max_tokens) in enumerate(arrivals)
+    ][::-1]
+    real = run(requests, "n02", kill_at=2.0 * time_scale)
+
+    trace = sv.write_trace(real, setup, tmp_path / "trace.csv")
+    scenario = sv.scenario_for(setup, trace, real["killed"], T0)
+    replayed = scenario.requests(sv.SIM_SEED)
+
+    expected = sorted(requests, key=lambda s: s.sent_at)
+    assert [r.arrival_s for r in replayed] == pytest.approx([(s.sent_at - T0) / time_scale for s in expected], abs=1e-6)
+    assert [(r.prompt_tokens, r.output_tokens) for r in replayed] == [(s.prompt_tokens, s.max_tokens) for s in expected]
+    assert [r.prompt_tokens for r in replayed] == [len(p.split()) for _, p, _ in sorted(arrivals)]
+    # The harness's fleet: same count, same racks, in the same order; the same node killed at the same moment.
+    assert [(n.name, n.rack) for n in scenario.nodes] == [
+        ("rack-0-1", "rack-0"),
+        ("rack-0-2", "rack-0"),
+        ("rack-1-1", "rack-1"),
+        ("rack-1-2", "rack-1"),
+    ]
+    assert {n.deployment for n in scenario.nodes} == {catalog.Deployment.of(sv.MODEL, sv.GPU, sv.TP)}
+    (fault,) = scenario.faults(sv.SIM_SEED)
+    assert (fault.kind, fault.target, fault.at_s) == ("crash", "rack-1-1", pytest.approx(2.0))
+    draft = catalog.MODELS[catalog.MODELS[sv.MODEL].draft]
+    assert fault.repair_s == pytest.approx(sv.RESTART_AFTER_S + catalog.load_time_s(draft))
+
+
+def test_error_is_the_simulated_figure_against_the_real_one():
+    assert sv.error_pct(200.0, 220.0) == 10.0
+    assert sv.error_pct(200.0, 150.0) == -25.0
+    assert sv.error_pct(None, 1.0) is None
+    assert sv.error_pct(1.0, None) is None
+    assert sv.error_pct(0.0, 1.0) is None  # no relative error against nothing
+    assert sv.error_pct(0.0, 0.0) == 0.0  # the same figure (a recovery time of 0 on both sides)
+    real = {"ttft_mean_ms": 100.0, "tpot_mean_ms": 40.0, "stall_mean_ms": None, "recovery_s": 10.0}
+    simulated = {"ttft_mean_ms": 95.0, "tpot_mean_ms": 44.0, "stall_mean_ms": 50.0, "recovery_s": 10.0}
+    assert sv.compare(real, simulated) == {
+        "ttft_mean_ms": -5.0,
+        "tpot_mean_ms": 10.0,
+        "stall_mean_ms": None,
+        "recovery_s": 0.0,
+    }
+    assert sv.difference(real, simulated) == {
+        "ttft_mean_ms": -5.0,
+        "tpot_mean_ms": 4.0,
+        "stall_mean_ms": None,
+        "recovery_s": 0.0,
+    }
+
+
+def test_a_real_run_is_measured_by_the_simulators_metrics(tmp_path):
+    """TTFT, TPOT, the interrupted request's stall and the recovery time of a run whose token times are known."""
+    setup = sv.Setup(2, 1.0, kill_at_s=10.0, after_kill_s=20.0)
+    steady = [t / 10 for t in range(0, 11)]  # 11 tokens, 0.1 s apart
+    prompt = " ".join(sv.WORDS[:20])
+    baseline = run(
+        [
+            sent(prompt, 11, 1.0, "n00", [1.2 + t for t in steady]),
+            sent(prompt, 11, 9.0, "n01", [9.2 + t for t in steady]),
+        ]
+    )
+    # The second request was on n01 when it died at 9.5 s: its next token came 0.8 s later, then it went on.
+    moved = [9.2, 9.3, 9.4, 10.3, 10.4, 10.5, 10.6, 10.7, 10.8, 10.9, 11.0]
+    faulted = run(
+        [sent(prompt, 11, 1.0, "n00", [1.2 + t for t in steady]), sent(prompt, 11, 9.0, "n01", moved)], "n01", 9.5
+    )
+    faulted["sent"][1].moves = [": lifeline moved this stream from n01 to n00 at token 3 (restore; holder)"]
+
+    trace = sv.write_trace(faulted, setup, tmp_path / "trace.csv")
+    scenario = sv.scenario_for(setup, trace, faulted["killed"], T0)
+    real = sv.measured(faulted, setup, scenario)
+    metrics = run_metrics(real, sv.measured(baseline, setup, scenario))
+
+    assert metrics.requests == metrics.finished == 2
+    assert metrics.ttft_mean_s == pytest.approx(0.2)
+    assert metrics.tpot_mean_s == pytest.approx((0.1 + (11.0 - 9.2) / 10) / 2)
+    assert metrics.interrupted == 1
+    assert metrics.stall_mean_s == pytest.approx(10.3 - 9.5)
+    (fault,) = metrics.faults
+    assert (fault.target, fault.detected_s) == ("rack-1-1", pytest.approx(9.5))
+    # The stall's gap puts the window [10, 15)'s mean gap at twice the baseline's: out of band; every later window
+    # is within, so the cluster has recovered at 15 s, 15 − 9.5 s after the detection.
+    assert fault.recovery_s == pytest.approx(15.0 - 9.5)
+
+    # The simulator's own run of the same scenario comes out in the same shape.
+    simulated = run_one(scenario, "lifeline", sv.SIM_SEED).metrics
+    assert simulated.requests == 2 and simulated.faults[0].target == "rack-1-1"
+
+
+@pytest.mark.e2e
+def test_a_tiny_real_run_goes_through_the_whole_pipeline(tmp_path):
+    """Two real nodes behind the real gateway for a few seconds, one killed: every figure on both sides."""
+    setup = sv.Setup(
+        2, 3.0, kill_at_s=2.0, after_kill_s=2.5, prompt_words=(40, 80), max_tokens=(20, 40), restart_after_s=60.0
+    )
+    result = asyncio.run(sv.validate(setup, "lifeline", tmp_path))
+
+    real, simulated = result["measured-real"], result["measured-simulated"]
+    assert real["requests"] == simulated["requests"] == len(sv.schedule(setup))
+    assert result["tokens"] == {"lost": 0, "repeated_or_wrong": 0, "request_errors": 0, "errors": []}
+    for side in (real, simulated):
+        assert side["ttft_mean_ms"] > 0 and side["tpot_mean_ms"] > 0
+    assert set(result["error_pct"]) == {key for key, _ in sv.COMPARED}
+    assert result["error_pct"]["ttft_mean_ms"] is not None and result["error_pct"]["tpot_mean_ms"] is not None
+    assert result["kill"]["sim_node"] in {"rack-0-1", "rack-1-1"}
+    assert result["machine"]["with_failure"]["load_average_before"]
+    off_goal = sv.explain(result)  # a sentence per figure off the goal, naming it
+    assert set(off_goal) <= {key for key, _ in sv.COMPARED}
+    assert all(text.startswith(dict(sv.COMPARED)[key]) for key, text in off_goal.items())

@@ -1,0 +1,66 @@
+"""Generated history is shown as simulated on every page that shows it: the incident list and page, a node's
+incidents, the degradation history (page and API) and /slo/ (the share of the window's requests it makes up)."""
+
+import re
+
+import pytest
+from django.utils import timezone
+
+from recovery.actions import history
+from recovery.models import Incident
+from tests.recovery.test_history_backfill import demo_fleet
+
+pytestmark = pytest.mark.django_db
+
+BADGE = re.compile(r'<span class="badge badge-grey" data-simulated[^>]*>simulated</span>')
+
+
+@pytest.fixture
+def eight_days():
+    """Eight days of the demo's history (nine failures, a rack's among them, which takes the level to 3), thin
+    traffic."""
+    demo_fleet()
+    run = history.backfill(timezone.now(), days=8, rate_rps=0.02)
+    assert run.finished_at is not None
+    return run
+
+
+def test_the_incident_list_and_page_badge_generated_incidents(client, cast, eight_days):
+    simulated = list(Incident.objects.filter(simulated=True))
+    assert len(simulated) >= 3
+    client.force_login(cast["operator"])
+    page = client.get("/incidents/").content.decode()
+    rows = re.findall(r'<tr data-incident="(\d+)".*?</tr>', page, re.S)
+    assert sorted(map(int, rows)) == sorted(i.pk for i in simulated)
+    assert len(BADGE.findall(page)) == len(simulated)
+    incident = simulated[0]
+    assert BADGE.search(client.get(f"/incidents/{incident.pk}/").content.decode())
+    assert BADGE.search(client.get(f"/nodes/{incident.nodes.first().name}/").content.decode())
+    listed = client.get("/api/incidents").json()["incidents"]
+    assert listed and all(i["simulated"] for i in listed)
+
+
+def test_a_live_incident_has_no_badge(client, cast, eight_days):
+    live = Incident.objects.filter(simulated=True).first()
+    Incident.objects.filter(pk=live.pk).update(simulated=False)
+    client.force_login(cast["operator"])
+    page = client.get("/incidents/").content.decode()
+    row = re.search(rf'<tr data-incident="{live.pk}".*?</tr>', page, re.S).group(0)
+    assert not BADGE.search(row)
+    assert not BADGE.search(client.get(f"/incidents/{live.pk}/").content.decode())
+
+
+def test_the_degradation_history_badges_generated_changes(client, cast, eight_days):
+    client.force_login(cast["operator"])
+    page = client.get("/degradation/").content.decode()
+    assert BADGE.search(page)
+    api = client.get("/api/degradation").json()
+    assert api["level"] == 0  # the live level: never the history's
+    assert api["history"] and all(h["simulated"] for h in api["history"])
+
+
+def test_slo_shows_the_share_of_the_window_that_is_generated(client, cast, eight_days):
+    client.force_login(cast["manager"])
+    page = client.get("/slo/").content.decode()
+    shares = re.findall(r"data-simulated-share>.*?(\d+)% of the window's requests are generated history", page)
+    assert shares and all(share == "100" for share in shares)  # nothing live yet: all of it is generated
