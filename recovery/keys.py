@@ -51,6 +51,15 @@ class Keys:
         """Stream: what gateways saw and did (failure symptoms, request fates, re-placements)."""
         return self._k("stream", "signals")
 
+    def stream(self, request_id: str) -> str:
+        """String (JSON), while a gateway relays the request: its tenant, content key, node and holders, for any
+        gateway to take its stream over when a client resumes it with Last-Event-ID."""
+        return self._k("stream", "request", request_id)
+
+    def stream_over(self, request_id: str) -> str:
+        """String, for a while after the request ended: how (a resume of it is answered 404 with that)."""
+        return self._k("stream", "over", request_id)
+
     @property
     def outcomes(self) -> str:
         """Stream: one entry per finished request, from the gateways."""

@@ -12,6 +12,8 @@ import asyncio
 import json
 import logging
 import time
+from collections import deque
+from dataclasses import dataclass
 from typing import cast
 
 from aiohttp import web
@@ -236,6 +238,8 @@ async def _run_request(request: web.Request, kind: str) -> web.StreamResponse:
             )
         else:
             req = parse(body, kind, engine.deployment.max_context_tokens)
+        if req.extension.attach is not None:
+            return await _attach(request, runtime, req)
         seq, resume = await _start(request, runtime, req)
     except ApiError as exc:
         metrics.refused.labels(metrics.node, str(exc.status)).inc()
@@ -256,24 +260,16 @@ async def _run_request(request: web.Request, kind: str) -> web.StreamResponse:
     writer.offset = len(seq.text)
     extension = {"resume": resume.to_json()} if resume is not None else None
     last_at = None
+    backlog: deque[tuple[int, bytes]] = deque(maxlen=PARK_BACKLOG)
     try:
         if req.stream:
             response = web.StreamResponse(
                 headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
             )
             await response.prepare(request)
-            first = True
-            role_sent = seq.resumed_with > 0  # a resumed stream continues one the client already has
-            while True:
-                event = await seq.events.get()
-                if isinstance(event, TokenEvent):
-                    last_at = metrics.token(seq, event, last_at)
-                    await response.write(writer.token_sse(event, not role_sent, extension if first else None))
-                    first, role_sent = False, True
-                    continue
-                await _stream_end(response, writer, req, event, extension if first else None)
-                metrics.finish(seq)
-                break
+            runtime.streaming.add(seq.request_id)
+            # A resumed stream continues one the client already has: no role chunk.
+            await _relay_events(response, seq, writer, req, metrics, backlog, seq.resumed_with > 0, extension)
             return response
         events = []
         while True:
@@ -290,8 +286,138 @@ async def _run_request(request: web.Request, kind: str) -> web.StreamResponse:
                 return web.json_response(whole, headers=headers)
             return _abnormal_end(seq, event, headers)
     finally:
-        if seq.finished is None:  # the client went away: free the batch slot and the KV
-            engine.abort(seq.request_id)
+        runtime.streaming.discard(seq.request_id)
+        if seq.finished is None:  # the client went away: hold the request for a gateway, or free its slot and KV
+            _park_or_abort(runtime, seq, writer, req, backlog)
+
+
+# --- streams held for a gateway that takes them over ----------------------------------------------------------------
+PARK_BACKLOG = 4096  # the last chunks written to a stream, replayed from where its client's tokens end
+LET_GO_S = 3.0  # how long a takeover waits for the handler of a broken stream to notice
+
+
+@dataclass(eq=False)
+class Parked:
+    """A gateway's request whose stream broke while it ran: it goes on generating into its queue, and the chunks
+    already written (some of which the client may never have got) are kept, for a gateway that takes it over with
+    `lifeline.attach` (a client reconnecting with Last-Event-ID to any gateway). Aborted when the hold expires."""
+
+    seq: Sequence
+    writer: ChunkWriter
+    req: CompletionRequest
+    backlog: deque
+    expiry: asyncio.TimerHandle
+
+
+def _park_or_abort(
+    runtime: NodeRuntime, seq: Sequence, writer: ChunkWriter, req: CompletionRequest, backlog: deque
+) -> None:
+    engine, ext = runtime.engine, req.extension
+    if not (req.stream and ext.request_id and ext.return_token_ids and runtime.park_grace_s > 0):
+        engine.abort(seq.request_id)  # a plain client's: nobody can take it over
+        return
+
+    def expire() -> None:
+        if runtime.parked.get(seq.request_id) is parked:
+            del runtime.parked[seq.request_id]
+            if seq.finished is None:
+                log.info("request %s: no gateway took it over in %.0f s; aborted", seq.request_id, runtime.park_grace_s)
+                engine.abort(seq.request_id)
+
+    log.info("request %s: its stream broke at token %d; held %g s for a gateway to take it over",
+             seq.request_id, backlog[-1][0] + 1 if backlog else 0, runtime.park_grace_s)  # fmt: skip
+    expiry = asyncio.get_running_loop().call_later(runtime.park_grace_s, expire)
+    parked = Parked(seq, writer, req, backlog, expiry)
+    runtime.parked[seq.request_id] = parked
+
+
+async def _relay_events(
+    response: web.StreamResponse,
+    seq: Sequence,
+    writer: ChunkWriter,
+    req: CompletionRequest,
+    metrics: "RequestMetrics",
+    backlog: deque,
+    role_sent: bool,
+    extension: dict | None = None,
+) -> None:
+    """Write the request's events as they come, each token's chunk kept in `backlog` (by its output index) before
+    it goes out, until it ends."""
+    first, last_at = True, None
+    while True:
+        event = await seq.events.get()
+        if isinstance(event, TokenEvent):
+            last_at = metrics.token(seq, event, last_at)
+            chunk = writer.token_sse(event, not role_sent, extension if first else None)
+            backlog.append((event.index, chunk))
+            await response.write(chunk)
+            first, role_sent = False, True
+            continue
+        await _stream_end(response, writer, req, event, extension if first else None)
+        metrics.finish(seq)
+        return
+
+
+async def _attach(request: web.Request, runtime: NodeRuntime, req: CompletionRequest) -> web.StreamResponse:
+    """A gateway takes over a parked stream: the ids of the tokens its client has, then every chunk from there
+    (those written to the gateway that went away first, then the rest as they are made)."""
+    metrics: RequestMetrics = request.app[METRICS_KEY]
+    headers = {"X-Lifeline-Node": runtime.identity.name, "X-Request-Id": req.request_id}
+    if not token_matches(_bearer(request), runtime.agent_token):
+        return error_response(
+            ApiError(401, "lifeline.attach needs the agent token", param="lifeline", kind="authentication_error"),
+            headers,
+        )
+    delivered = req.extension.attach
+    # A gateway that died leaves its stream's handler here writing into a closed connection until a write fails
+    # (a token or two): a takeover that comes sooner waits for it to let go.
+    deadline = time.monotonic() + LET_GO_S
+    while req.request_id not in runtime.parked and req.request_id in runtime.streaming and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    parked: Parked | None = runtime.parked.get(req.request_id)
+    if parked is None:
+        return error_response(
+            ApiError(
+                404,
+                f"request {req.request_id!r} is not held on this node: it finished, it was never here, no gateway took "
+                f"it over within {runtime.park_grace_s:g} s, or the node restarted",
+                param="lifeline.attach",
+                code="request_not_held",
+            ),
+            headers,
+        )
+    seq, backlog = parked.seq, parked.backlog
+    written = backlog[-1][0] + 1 if backlog else seq.resumed_with  # output tokens written to the stream that broke
+    oldest = backlog[0][0] if backlog else written
+    if delivered > written or (delivered < oldest and delivered < written):
+        reason = "more output tokens than this node has written" if delivered > written else "too far behind"
+        return error_response(
+            ApiError(
+                409,
+                f"lifeline.attach: the client has {delivered} output tokens; this node wrote {written} and keeps the "
+                f"chunks from token {oldest} on ({reason})",
+                param="lifeline.attach",
+            ),
+            headers,
+        )
+    del runtime.parked[req.request_id]
+    parked.expiry.cancel()
+    response = web.StreamResponse(headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    try:
+        await response.prepare(request)
+        attached = {"attached": {"generated_token_ids": list(seq.generated[:delivered]), "written": written}}
+        await response.write(sse({"lifeline": attached}))
+        for index, chunk in list(backlog):
+            if index >= delivered:
+                await response.write(chunk)
+        role_sent = bool(backlog) or delivered > 0 or seq.resumed_with > 0
+        runtime.streaming.add(seq.request_id)
+        await _relay_events(response, seq, parked.writer, parked.req, metrics, backlog, role_sent)
+        return response
+    finally:
+        runtime.streaming.discard(seq.request_id)
+        if seq.finished is None:
+            _park_or_abort(runtime, seq, parked.writer, parked.req, backlog)
 
 
 async def _stream_end(

@@ -164,8 +164,17 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=float(env("LIFELINE_ENGINE_WAIT_S", "900")),
         help="seconds to wait for the engine to load its model before giving up (default 900)",
     )
+    parser.add_argument(
+        "--park-grace",
+        type=float,
+        default=float(env("LIFELINE_PARK_GRACE_S", "20")),
+        help="seconds a gateway's request whose stream broke is held, still generating, for a gateway to take it "
+        "over (a client resuming with Last-Event-ID); 0 aborts it at once (default 20)",
+    )
     parser.add_argument("--log-level", default=env("LIFELINE_LOG_LEVEL", "INFO"))
     args = parser.parse_args(argv)
+    if args.park_grace < 0:
+        parser.error("--park-grace must be 0 or more")
     if args.time_scale <= 0:
         parser.error("--time-scale must be positive")
     if args.network not in catalog.NETWORKS:  # from LIFELINE_NODE_NETWORK, which argparse does not check
@@ -248,6 +257,7 @@ def build_runtime(args: argparse.Namespace) -> tuple[NodeRuntime, DcgmCollector]
         agent_token=agent_token,
         fault_token=os.environ.get("LIFELINE_FAULT_TOKEN") or None,
         draft_agreement=args.draft_agreement,
+        park_grace_s=args.park_grace,
     )
     identity.gpus = runtime.telemetry.gpus() or identity.gpus  # real GPUs when NVML sees them
     return runtime, DcgmCollector(runtime.telemetry, identity.host, identity.name)

@@ -84,6 +84,9 @@ class Extension:
     checkpoint_prefill_chunks: bool = False  # stream prompt blocks as prefill chunks complete
     resume: Resume | None = None
     return_token_ids: bool = False  # each chunk carries the ids of its tokens
+    # Take over the stream of a request this node holds since its gateway went away: the client has its first
+    # `attach` output tokens (a gateway that resumes a stream from Last-Event-ID; workers.agent's parking).
+    attach: int | None = None
 
     @classmethod
     def parse(cls, data) -> "Extension":
@@ -91,7 +94,7 @@ class Extension:
             return cls()
         if not isinstance(data, dict):
             raise bad("lifeline", "must be an object")
-        known = {"request_id", "holders", "checkpoint_prefill_chunks", "resume", "return_token_ids"}
+        known = {"request_id", "holders", "checkpoint_prefill_chunks", "resume", "return_token_ids", "attach"}
         for key in data:
             if key not in known:
                 raise bad(f"lifeline.{key}", f"is not part of Lifeline's protocol: expected {', '.join(sorted(known))}")
@@ -120,12 +123,19 @@ class Extension:
             raise bad(where, message) from None
         if len(holders) > 2:
             raise bad("lifeline.holders", "at most two holders")
+        attach = data.get("attach")
+        if attach is not None:
+            if not _is_int(attach) or attach < 0:
+                raise bad("lifeline.attach", "must be the number of output tokens the client already has (0 or more)")
+            if request_id is None or resume is not None:
+                raise bad("lifeline.attach", "needs lifeline.request_id, and cannot go with lifeline.resume")
         return cls(
             request_id,
             holders,
             _bool(data, "checkpoint_prefill_chunks", "lifeline."),
             resume,
             _bool(data, "return_token_ids", "lifeline."),
+            None if attach is None else int(attach),
         )
 
 

@@ -82,6 +82,11 @@ class NodeRuntime:
     fault_token: str | None = None  # fault injection, when enabled
     # An experiment's override of the catalog's modelled draft agreement (None: the catalog's, for the model pair).
     draft_agreement: float | None = None
+    # A gateway's request whose stream broke (its gateway died, or its client went away) is held this long,
+    # still generating, for a gateway to take over (workers.agent: parked streams); 0 aborts it at once.
+    park_grace_s: float = 20.0
+    parked: dict = field(default_factory=dict)  # request id -> workers.agent.Parked
+    streaming: set = field(default_factory=set)  # request ids whose stream is being written now
     loop_lag: LoopLag = field(default_factory=LoopLag)
     busy_mark: tuple[float, float] = field(default_factory=lambda: (time.monotonic(), 0.0))
     busy_fraction: float = 0.0

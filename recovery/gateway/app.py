@@ -19,14 +19,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from redis.exceptions import RedisError
 
 from recovery.gateway.coordinator import Coordinator, Flight
-from recovery.gateway.relay import ClientGone, Relay, openai_error
+from recovery.gateway.relay import ClientGone, Relay, Takeover, openai_error
 from recovery.gateway.signals import Signals
 from recovery.gateway.table import RoutingView, Tenant
 from recovery.policy import slo
 from workers import catalog
 from workers.aio import cancel
 from workers.openai_api import json_errors, read_json
-from workers.openai_schema import ApiError, CompletionRequest, parse
+from workers.openai_schema import REQUEST_ID, ApiError, CompletionRequest, parse
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,7 @@ STARTED_KEY = web.AppKey("started", int)
 _ALIASES = {m.name: m.key for m in catalog.MODELS.values()}
 SHED_RETRY_AFTER_S = 30  # document 003's shedding answer
 LARGE_BODY_BYTES = 64 * 1024  # validated in a worker thread above this
+TAKEOVER_WAIT_S = 3.0  # how long a resumed stream waits for this gateway to let go of its old relay
 
 
 NO_MODEL = "none"  # the model label of an answer given before the request named a model this cluster serves
@@ -181,8 +182,18 @@ async def _serve(request: web.Request, path: str) -> web.StreamResponse:
     except ApiError as exc:
         metrics.answered("rejected", tenant.tier, exc.status)
         return _refusal(exc)
+    client_key = request_key({**body, "model": req.model})  # before a seed is chosen for it: the client's own
+    takeover = None
+    if request.headers.get("Last-Event-ID") is not None:
+        try:
+            takeover = await _takeover(request, coordinator, tenant, req, client_key)
+        except ApiError as exc:
+            metrics.answered("rejected", tenant.tier, exc.status, req.model)
+            return _refusal(exc)
     degraded = view.config.level_of(req.model)  # this model's level: another model's loss never sheds it
-    if not degraded.accept_new:
+    if takeover is not None:
+        pass  # a stream already under way: no level sheds what it already admitted
+    elif not degraded.accept_new:
         metrics.answered("shed", tenant.tier, 503, req.model)
         _report_shed(coordinator, tenant, req, 503, degraded.level)
         return openai_error(
@@ -203,8 +214,13 @@ async def _serve(request: web.Request, path: str) -> web.StreamResponse:
             "rate_limit_exceeded",
             headers={"Retry-After": str(SHED_RETRY_AFTER_S)},
         )
-    request_id = req.extension.request_id or f"gw-{os.urandom(8).hex()}"
+    request_id = takeover.request_id if takeover else req.extension.request_id or f"gw-{os.urandom(8).hex()}"
     flight = Flight(request_id, tenant.tenant, tenant.tier, req.model, req.prompt_tokens, req.params.max_tokens)
+    if takeover is not None:
+        # The client came back to the gateway that relayed its stream before it noticed the client went away.
+        deadline = time.monotonic() + TAKEOVER_WAIT_S
+        while request_id in coordinator.flights and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
     if not coordinator.admit(flight):
         metrics.answered("rejected", tenant.tier, 409, req.model)
         return openai_error(
@@ -217,7 +233,7 @@ async def _serve(request: web.Request, path: str) -> web.StreamResponse:
     if req.params.temperature > 0 and body.get("seed") is None:
         # A sampled request gets its seed here, so a node that continues it draws the same text.
         body["seed"] = req.params.seed
-    relay = Relay(coordinator, request, body, req, flight, path, request_key(body))
+    relay = Relay(coordinator, request, body, req, flight, path, request_key(body), client_key, takeover)
     status, response = "error", None
     try:
         response = await relay.run()
@@ -245,8 +261,51 @@ async def _serve(request: web.Request, path: str) -> web.StreamResponse:
     finally:
         # Released on every path, an exception included: a flight left behind would block its request id for good.
         coordinator.finished(flight)
+        if status != "client_gone":  # a client that went away may come back for the rest (Last-Event-ID)
+            coordinator.signals.stream_over(request_id, status)
         code = response.status if response is not None else (499 if status == "client_gone" else 500)
         _report(request.app, flight, relay, status, code)
+
+
+async def _takeover(
+    request: web.Request, coordinator: Coordinator, tenant: Tenant, req: CompletionRequest, client_key: str
+) -> Takeover:
+    """A client resumes a stream with Last-Event-ID (`<request id>.<tokens it has>`, the id of the last event it
+    got): the stream this or another gateway relayed, taken over where its node holds it."""
+    raw = request.headers["Last-Event-ID"]
+    request_id, _, count = raw.strip().rpartition(".")
+    if not REQUEST_ID.match(request_id) or not count.isdigit():
+        raise ApiError(
+            400,
+            f"Last-Event-ID {raw[:80]!r} is not an event id of this gateway's: expected "
+            "<request id>.<tokens received>, "
+            "the `id:` of the last event the stream delivered",
+            param="Last-Event-ID",
+        )
+    if not req.stream:
+        raise ApiError(400, "Last-Event-ID resumes a stream: send the request with stream: true", param="stream")
+    try:
+        record, over = await coordinator.signals.stream_lookup(request_id)
+    except (RedisError, OSError) as exc:
+        raise ApiError(
+            503, f"cannot look the stream up right now ({exc}): try again", kind="service_unavailable"
+        ) from None
+    if record is None:
+        known = f"it ended ({over['how']})" if over else "no gateway relays a request with that id"
+        raise ApiError(404, f"request {request_id!r} cannot be resumed: {known}", param="Last-Event-ID")
+    if record["tenant"] != tenant.tenant:
+        log.warning("refused a resume of %s: it belongs to another tenant than %s", request_id, tenant.tenant)
+        raise ApiError(
+            403, f"request {request_id!r} was not sent with this API key's tenant", param="Last-Event-ID",
+            kind="permission_error",
+        )  # fmt: skip
+    if record["request_key"] != client_key or record["model"] != req.model:
+        raise ApiError(
+            400,
+            f"Last-Event-ID names request {request_id!r}, but this body is not that request's: resend the same body",
+            param="Last-Event-ID",
+        )
+    return Takeover(request_id, int(count), record["node"], tuple(record.get("holders") or ()))
 
 
 def _report_shed(coordinator: Coordinator, tenant: Tenant, req: CompletionRequest, code: int, level: int) -> None:

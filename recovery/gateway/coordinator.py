@@ -154,6 +154,11 @@ class Coordinator:
         self.watcher.dispatched(route.name, flight.request_id, flight.context_tokens)
         return holders
 
+    def adopt(self, flight: Flight, route: Route, holders: tuple[str, ...]) -> None:
+        """`flight` is a stream taken over from another gateway: it runs on `route` already, its holders placed."""
+        flight.node, flight.holders = route.name, tuple(h for h in holders if h in self.view.routes)
+        self.watcher.dispatched(route.name, flight.request_id, flight.context_tokens)
+
     def refused(self, flight: Flight, node: str) -> None:
         """The node never took the request (it refused, or could not be reached): stop counting it there."""
         self.watcher.settle(node, flight.request_id)

@@ -63,6 +63,17 @@ class ClientGone(Exception):
     pass
 
 
+@dataclass(frozen=True)
+class Takeover:
+    """A stream a client resumes with Last-Event-ID: its node holds the request (parked since the gateway that
+    relayed it went away) and the client has its first `delivered` output tokens."""
+
+    request_id: str
+    delivered: int
+    node: str
+    holders: tuple[str, ...] = ()
+
+
 def openai_error(
     status: int, message: str, kind: str, param: str | None = None, headers: dict | None = None, code: str | None = None
 ) -> web.Response:
@@ -81,6 +92,8 @@ class Relay:
         flight: Flight,
         path: str,
         request_key: str,
+        client_key: str = "",
+        takeover: Takeover | None = None,
     ):
         self.co = coordinator
         self.request = request
@@ -88,6 +101,9 @@ class Relay:
         self.flight = flight
         self.path = path
         self.request_key = request_key  # the content's fingerprint: the same request sent again has the same key
+        self.client_key = client_key  # the same, of the body as the client sent it: a resume must send it again
+        self.takeover = takeover
+        self._event_prefix = f"id: {flight.request_id}.".encode()
         self.client_stream = req.stream
         self.client_usage = req.include_usage
         self.response: web.StreamResponse | None = None
@@ -97,6 +113,7 @@ class Relay:
         self.nodes: list[str] = []  # every node tried, in order, including those that never took it
         self.streamed_on = ""  # the node whose stream last delivered tokens: where a move starts from
         self._migrated = False
+        self._done_sent = False
         self._failure: Failure | None = None  # the first node that answered it with a server error
 
     # --- the loop --------------------------------------------------------------------------
@@ -108,6 +125,22 @@ class Relay:
         reason = ""
         for _ in range(64):  # a bound, far above any real chain of failures
             flight.upstream, flight.handing_over = None, False  # no node's stream is being read now
+            if self.takeover is not None:
+                takeover, self.takeover = self.takeover, None
+                answer = await self._attach(takeover)
+                if isinstance(answer, web.StreamResponse):
+                    return answer
+                # The node broke the taken-over stream, or handed it over: on as from any other (the ids are known).
+                broke_at = time.monotonic()
+                if answer is None:
+                    self._migrated = False
+                    decision, reason = co.planned_move(flight), "planned migration"
+                    continue
+                node, reason, lost = answer
+                decision, broke_at = await self._recover(node, reason, broke_at, exclude, lost=lost)
+                if decision is None:
+                    return await self._give_up(reason)
+                continue
             route, decision = co.route_for(flight, decision, exclude)
             if route is None and decision is None and not self._sent_any:
                 route = await co.wait_for_a_node(flight, exclude)  # the fleet may be starting: nodes are joining
@@ -167,6 +200,52 @@ class Relay:
                     continue
                 return await self._finish()
         return await self._give_up("too many failures in a row")
+
+    async def _attach(self, takeover: Takeover) -> web.StreamResponse | tuple[str, str, bool] | None:
+        """Take over a stream from the node that holds it: the node sends the ids of the tokens the client has, then
+        every chunk from there. The answer when it ended; 410 when the node does not hold it (any more): the client
+        sends the request again. (node, reason, lost) when the node broke it under way, None when it handed it
+        over (a planned migration): the caller goes on as from any other stream."""
+        flight, co = self.flight, self.co
+        route = co.view.routes.get(takeover.node)
+        if route is None:
+            return self._cannot_resume(f"its node {takeover.node} is not in routing")
+        co.adopt(flight, route, takeover.holders)
+        self.nodes.append(route.name)
+        payload = self._payload(route, (), None)
+        payload["lifeline"] = {"request_id": flight.request_id, "return_token_ids": True, "attach": takeover.delivered}
+        try:
+            upstream = await co.send(route, self.path, payload)
+        except BROKEN + (TimeoutError, OSError) as exc:
+            co.refused(flight, route.name)
+            return self._cannot_resume(f"its node {route.name} cannot be reached ({exc.__class__.__name__})")
+        async with upstream:
+            if upstream.status != 200:
+                co.refused(flight, route.name)
+                answer = (await upstream.read())[:300].decode(errors="replace")
+                return self._cannot_resume(f"{route.name} answered {upstream.status}: {answer}")
+            flight.upstream = upstream
+            try:
+                await self._pump(upstream, route, None, None, "")
+            except UpstreamBroken as exc:
+                if not self._sent_any:
+                    return self._cannot_resume(f"{route.name}: {exc}")
+                return route.name, f"{route.name}: {exc}", exc.lost
+        if self._migrated:
+            return None
+        return await self._finish()
+
+    def _cannot_resume(self, reason: str) -> web.Response:
+        self.finish_reason = "error"
+        log.info("request %s cannot be resumed: %s", self.flight.request_id, reason)
+        return openai_error(
+            410,
+            f"The stream of request {self.flight.request_id} cannot be resumed ({reason}): send the request again "
+            "without Last-Event-ID.",
+            "invalid_request_error",
+            "Last-Event-ID",
+            code="stream_not_resumable",
+        )
 
     def _served_by(self, node: str) -> None:
         """`node` took the request another node had failed with a server error: that one was at fault."""
@@ -258,6 +337,7 @@ class Relay:
             if data == b"[DONE]":
                 if self.client_stream:
                     await self._write(raw)
+                    self._done_sent = True  # the client has the whole answer: a hang-up from here is not a loss
                 continue
             if data.startswith(b'{"error"'):
                 raise UpstreamBroken(f"node failed the request: {json.loads(data)['error'].get('message')}")
@@ -267,6 +347,9 @@ class Relay:
             if chunk is not None and "migrated" in chunk.get("lifeline", {}):
                 self._migrated = True  # a planned migration: the stream ends here, the request continues elsewhere
                 continue
+            if chunk is not None and "attached" in chunk.get("lifeline", {}):
+                await self._attached(node, chunk["lifeline"]["attached"])
+                continue
             ids = TOKEN_IDS.search(data)
             if ids and ids.group(1):
                 now = time.monotonic()
@@ -274,7 +357,9 @@ class Relay:
                 if resumed:
                     await self._announce(node, decision, broke_at, now, chunk, reason)
                     resumed = False
-                self.streamed_on = node
+                if self.streamed_on != node:
+                    self.streamed_on = node
+                    self._record_stream()
                 for token in ids.group(1).split(b","):
                     flight.generated.append(int(token))
                 flight.first_token_at = flight.first_token_at or now
@@ -288,9 +373,41 @@ class Relay:
                 if not self.client_usage:
                     continue
             if self.client_stream:
+                if ids and ids.group(1):
+                    # Each token's event has an id: the tokens the client has with it, for a resume (Last-Event-ID).
+                    raw = self._event_prefix + str(len(flight.generated)).encode() + b"\n" + raw
                 await self._write(raw)
             elif chunk is not None:
                 self.chunks.append(chunk)
+
+    async def _attached(self, node: str, attached: dict) -> None:
+        """The node took a stream over for this gateway: the ids of the tokens the client has (the rest follows)."""
+        flight = self.flight
+        flight.generated[:] = [int(t) for t in attached.get("generated_token_ids") or ()]
+        flight.first_token_at = flight.last_token_at = time.monotonic()
+        self.streamed_on = node
+        self._record_stream()
+        self.co.report("request_resumed", request_id=flight.request_id, tenant=flight.tenant, node=node,
+                       at_token=len(flight.generated))  # fmt: skip
+        if self.client_stream:
+            await self._write(f": lifeline resumed this stream on {node} at token {len(flight.generated)}\n\n".encode())
+
+    def _record_stream(self) -> None:
+        """Where the stream runs now, for a gateway that takes it over if this one dies (Last-Event-ID)."""
+        flight = self.flight
+        if not self.client_stream:
+            return
+        self.co.signals.stream_record(
+            flight.request_id,
+            {
+                "tenant": flight.tenant,
+                "model": flight.model,
+                "request_key": self.client_key,
+                "node": flight.node,
+                "holders": list(flight.holders),
+                "gateway": self.co.name,
+            },
+        )
 
     def _handed_over(self) -> bool:
         """This gateway ended the node's stream to move the request (coordinator.migrate_node): a planned move."""
@@ -351,13 +468,17 @@ class Relay:
         try:
             await self.response.write(data)
         except (ConnectionResetError, RuntimeError) as exc:
-            raise ClientGone(str(exc)) from None
+            if not self._done_sent:
+                raise ClientGone(str(exc)) from None
 
     async def _finish(self) -> web.StreamResponse:
         if self.client_stream:
             if self.response is None:
                 await self._write(b"")
-            await self.response.write_eof()
+            try:
+                await self.response.write_eof()
+            except ConnectionResetError:
+                pass  # the client had its last event ([DONE]) and hung up first: the answer is complete
             return self.response
         return web.json_response(
             self._assemble(),

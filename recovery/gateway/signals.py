@@ -21,6 +21,8 @@ log = logging.getLogger(__name__)
 
 MAX_SIGNALS = 100_000
 MAX_OUTCOMES = 500_000
+STREAM_RECORD_S = 3600  # a stream's record outlives any request; removed when it ends
+STREAM_OVER_S = 600  # how long "it ended" is remembered for a late resume
 
 
 class Signals:
@@ -47,6 +49,35 @@ class Signals:
             await self.redis.xadd(stream, fields, maxlen=maxlen, approximate=True)
         except (RedisError, OSError) as exc:
             log.warning("lost a %s entry (%s): %s", stream.rsplit(":", 1)[-1], exc, fields.get("kind"))
+
+    # --- streams another gateway may take over (Last-Event-ID) ---------------------------------------------------
+    def stream_record(self, request_id: str, record: dict) -> None:
+        """Where the request's stream runs now (written when its node changes), so that any gateway can take it over
+        if this one dies."""
+        self._call(self.redis.set(self.keys.stream(request_id), json.dumps(record), ex=STREAM_RECORD_S))
+
+    def stream_over(self, request_id: str, how: str) -> None:
+        """The request ended (`how`): a resume of it is answered 404, saying so."""
+        pipe = self.redis.pipeline()
+        pipe.delete(self.keys.stream(request_id))
+        pipe.set(self.keys.stream_over(request_id), json.dumps({"how": how, "at": time.time()}), ex=STREAM_OVER_S)
+        self._call(pipe.execute())
+
+    async def stream_lookup(self, request_id: str) -> tuple[dict | None, dict | None]:
+        """The request's stream record, or how it ended; (None, None) for a request no gateway knows."""
+        record, over = await self.redis.mget(self.keys.stream(request_id), self.keys.stream_over(request_id))
+        return (json.loads(record) if record else None), (json.loads(over) if over else None)
+
+    def _call(self, awaitable) -> None:
+        async def run():
+            try:
+                await awaitable
+            except (RedisError, OSError) as exc:
+                log.warning("could not record a stream for resumption: %s", exc)
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def publish_inflight(self, flights: dict[str, dict]) -> None:
         """This gateway's in-flight requests, for the checkpoint page and drain plans (expires unless refreshed)."""

@@ -1,0 +1,226 @@
+"""Streams survive the death of their gateway (issue 16): every token event has an id, `<request id>.<tokens so far>`;
+a client that reconnects to any gateway with Last-Event-ID gets the rest of its stream from the node that holds the
+request, nothing lost or repeated. A gateway is SIGKILLed under 24 streams; the reference resuming client
+(clients/resuming.py) finishes every one through the other gateway with text identical to an undisturbed run."""
+
+import asyncio
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import aiohttp
+import pytest
+
+from clients.resuming import Resumes, stream
+from tests.gateway_cluster import AGENT, KEY
+from tests.helpers import BASE_DIR, http_json, wait_for
+
+MODEL = "Qwen3-32B"
+OTHER_TENANT_KEY = "llk_test-key-of-another-tenant"
+
+
+def body(index: int, max_tokens: int = 120) -> dict:
+    words = "the operator drains node seven in rack b and watches the queue".split()
+    prompt = " ".join(words[(index + i) % len(words)] for i in range(40))
+    request = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": f"{index} {prompt}"}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    }
+    # Every stream runs to max_tokens (the emulated model may pick its end-of-text token early otherwise).
+    request["min_tokens"] = max_tokens
+    return request
+
+
+def text_of(chunks: list[dict]) -> str:
+    return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c.get("choices"))
+
+
+def finish_reason(chunks: list[dict]) -> str | None:
+    return next((c["choices"][0]["finish_reason"] for c in reversed(chunks) if c.get("choices")), None)
+
+
+async def collect(session, gateways, request_body, resumes=None, key=KEY) -> list[dict]:
+    return [chunk async for chunk in stream(session, gateways, key, request_body, resumes=resumes)]
+
+
+def gateway_process(cluster, name: str, tmp_path) -> tuple[subprocess.Popen, str]:
+    from console.stack import free_port
+
+    port = free_port()
+    env = {
+        **os.environ,
+        "LIFELINE_NAMESPACE": cluster.keys.namespace,
+        "LIFELINE_AGENT_TOKEN": AGENT,
+        "LIFELINE_VAR_DIR": str(tmp_path / name),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "manage.py", "gateway", "--port", str(port), "--name", name],
+        cwd=BASE_DIR,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def watching_all(base: str, count: int) -> bool:
+    try:
+        return len(http_json(base + "/healthz", timeout=1)[1]["watching"]) == count
+    except OSError:
+        return False
+
+
+async def test_a_sigkilled_gateways_streams_finish_through_the_other_with_identical_text(cluster, tmp_path):
+    cluster.start_nodes("tk-a", "tk-b", "tk-c")
+    first, first_url = gateway_process(cluster, "gw-doomed", tmp_path)
+    second, second_url = gateway_process(cluster, "gw-survivor", tmp_path)
+    try:
+        for url in (first_url, second_url):
+            await asyncio.to_thread(wait_for, lambda u=url: watching_all(u, 3), 30, 0.1, f"{url} up")
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+            reference = await asyncio.gather(*(collect(session, [second_url], body(i)) for i in range(24)))
+            resumes = [Resumes() for _ in range(24)]
+            runs = [
+                asyncio.create_task(collect(session, [first_url, second_url], body(i), resumes[i])) for i in range(24)
+            ]
+            # Every stream under way through the first gateway: then it dies, as a SIGKILL leaves it.
+            await asyncio.to_thread(
+                wait_for,
+                lambda: (
+                    sum(http_json(n.address + "/agent/status")[1]["load"]["running"] for n in cluster.nodes.values())
+                    == 24
+                ),
+                30,
+                0.02,
+                "every stream running",
+            )
+            await asyncio.sleep(0.3)
+            first.send_signal(signal.SIGKILL)
+            answers = await asyncio.gather(*runs)
+    finally:
+        for proc in (first, second):
+            if proc.poll() is None:
+                proc.kill()
+    assert [text_of(a) for a in answers] == [text_of(r) for r in reference]
+    assert all(text_of(r) for r in reference)
+    # Every stream was cut mid-way and taken over once, from a token it already had: none started over.
+    assert [finish_reason(r) for r in reference] == ["length"] * 24
+    assert [(r.count, r.restarts) for r in resumes] == [(1, 0)] * 24, [(r.from_ids, r.restarts) for r in resumes]
+    assert all(0 < int(r.from_ids[0].rsplit(".", 1)[1]) < 120 for r in resumes)
+
+
+async def test_a_client_that_comes_back_within_the_hold_gets_the_rest_and_after_it_a_410(cluster):
+    cluster.start_nodes("tk-d", extra=("--park-grace", "1.5"))
+    base = await cluster.gateway("gw-hold")
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        reference = text_of(await collect(session, [base], body(1)))
+        for wait_s, expect in ((0.2, "rest"), (2.5, 410)):
+            request = {**body(1), "stream": True}
+            last_id, got = None, []
+            async with session.post(
+                base + "/v1/chat/completions", json=request, headers={"Authorization": f"Bearer {KEY}"}
+            ) as response:
+                async for line in response.content:  # read 10 tokens, then go away
+                    if line.startswith(b"id: "):
+                        last_id = line[4:].strip().decode()
+                    elif line.startswith(b"data: {"):
+                        got.append(json.loads(line[6:]))
+                        if len(got) == 10:
+                            break
+            await asyncio.sleep(wait_s)
+            headers = {"Authorization": f"Bearer {KEY}", "Last-Event-ID": last_id}
+            async with session.post(base + "/v1/chat/completions", json=request, headers=headers) as response:
+                if expect == 410:
+                    answer = await response.json()
+                    assert response.status == 410 and answer["error"]["code"] == "stream_not_resumable", answer
+                    assert "not held on this node" in answer["error"]["message"]
+                    continue
+                assert response.status == 200
+                raw = (await response.read()).decode()
+            rest = [json.loads(line[6:]) for line in raw.splitlines() if line.startswith("data: {")]
+            assert ": lifeline resumed this stream on tk-d at token 10" in raw
+            assert text_of(got + rest) == reference
+
+
+async def test_resuming_someone_elses_stream_a_finished_one_or_a_malformed_id_is_refused(cluster):
+    cluster.start_nodes("tk-e")
+    cluster.client.hset(
+        cluster.keys.gateway_keys,
+        hashlib.sha256(OTHER_TENANT_KEY.encode()).hexdigest(),
+        json.dumps({"id": 2, "tenant": "globex", "tier": "premium"}),
+    )
+    base = await cluster.gateway("gw-refusals")
+    url = base + "/v1/chat/completions"
+
+    async def post(headers, request=None, key=KEY):
+        async with aiohttp.ClientSession() as session:
+            async with session.post(
+                url, json=request or {**body(2), "stream": True}, headers={"Authorization": f"Bearer {key}", **headers}
+            ) as response:
+                raw = await response.read()
+                return response.status, raw
+
+    # A running stream of acme's, its id taken from its first event.
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            url, json={**body(2, 400), "stream": True}, headers={"Authorization": f"Bearer {KEY}"}
+        ) as response:
+            event_id = None
+            async for line in response.content:
+                if line.startswith(b"id: "):
+                    event_id = line[4:].strip().decode()
+                    break
+            request_id = event_id.rsplit(".", 1)[0]
+            await asyncio.sleep(0.2)  # its record is written
+
+            status, raw = await post({"Last-Event-ID": event_id}, {**body(2, 400), "stream": True}, OTHER_TENANT_KEY)
+            assert status == 403 and b"tenant" in raw, raw
+            status, raw = await post({"Last-Event-ID": event_id}, {**body(3, 400), "stream": True})
+            assert status == 400 and b"not that request" in raw, raw
+            status, raw = await post({"Last-Event-ID": event_id}, {**body(2, 400), "stream": False})
+            assert status == 400 and b"stream: true" in raw, raw
+    for malformed in ("no-dot", "x.y", "a b.3", ""):
+        status, raw = await post({"Last-Event-ID": malformed})
+        assert status == 400 and b"Last-Event-ID" in raw, (malformed, raw)
+    status, raw = await post({"Last-Event-ID": "gw-never-seen.4"})
+    assert status == 404 and b"no gateway relays" in raw, raw
+
+    # The first stream was left when its client went away; a short one finishes, and is then "ended".
+    async with aiohttp.ClientSession() as session:
+        chunks = await collect(session, [base], body(4, 5))
+    assert text_of(chunks)
+
+    def ended() -> list[str]:  # the gateway writes it once its relay is over, a moment after the client's [DONE]
+        over = cluster.client.scan_iter(match=cluster.keys.stream_over("*"))
+        return [k for k in over if request_id not in k]
+
+    finished = await asyncio.to_thread(wait_for, ended, 5, 0.05, "a finished stream leaves its end behind")
+    over_id = finished[0].rsplit(":", 1)[1]
+    status, raw = await post({"Last-Event-ID": f"{over_id}.3"}, {**body(4, 5), "stream": True})
+    assert status == 404 and b"it ended (ok)" in raw, raw
+
+
+async def test_a_plain_client_cannot_attach_to_a_held_stream():
+    """`lifeline.attach` takes a held request's tokens: only a gateway (with the agent token) may."""
+    from workers.openai_schema import Extension
+
+    with pytest.raises(Exception, match="lifeline.attach"):
+        Extension.parse({"attach": 3})  # no request id
+    with pytest.raises(Exception, match="lifeline.attach"):
+        Extension.parse({"request_id": "r1", "attach": -1})
+    assert Extension.parse({"request_id": "r1", "attach": 3.0}).attach == 3
+
+
+async def test_attach_without_the_agent_token_is_refused(cluster):
+    (node,) = cluster.start_nodes("tk-f")
+    status, answer = await asyncio.to_thread(
+        http_json,
+        node.address + "/v1/chat/completions",
+        data={**body(5), "stream": True, "lifeline": {"request_id": "tk-f-1", "attach": 2}},
+    )
+    assert status == 401 and "agent token" in answer["error"]["message"]
