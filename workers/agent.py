@@ -368,7 +368,7 @@ async def _attach(request: web.Request, runtime: NodeRuntime, req: CompletionReq
             ApiError(401, "lifeline.attach needs the agent token", param="lifeline", kind="authentication_error"),
             headers,
         )
-    delivered = req.extension.attach
+    delivered = req.extension.attach or 0  # set: this is an attach
     # A gateway that died leaves its stream's handler here writing into a closed connection until a write fails
     # (a token or two): a takeover that comes sooner waits for it to let go.
     deadline = time.monotonic() + LET_GO_S
