@@ -55,7 +55,9 @@ def ask(address: str, model: str, prompt: dict, timeout: float) -> Reply:
         headers={"Content-Type": "application/json"},
     )
     started = time.monotonic()
-    ids, tops, texts = [], [], []
+    ids: list[int] = []
+    tops: list = []
+    texts: list[str] = []
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             for raw in response:

@@ -19,6 +19,7 @@ dropped in silence. A field the API does not have is refused too, as OpenAI
 refuses it.
 """
 
+import json
 import re
 import secrets
 from dataclasses import dataclass, field
@@ -207,6 +208,18 @@ CHAT = COMMON | {
     "prompt_cache_retention",
 }
 COMPLETION = COMMON | {"prompt", "logprobs", "echo", "best_of", "suffix"}
+# What the routers people put in front of vLLM and SGLang add to every request they forward (vllm-router and
+# sglang-router write SGLang's and vLLM's extras with their default values): accepted at exactly those values, which
+# change nothing here; any other value is refused with a 400 that names the field.
+ROUTER_DEFAULTS = {
+    "no_stop_trim": False,
+    "continue_final_message": False,
+    "skip_special_tokens": True,
+    "separate_reasoning": True,
+    "stream_reasoning": True,
+    "return_hidden_states": False,
+    "include_reasoning": True,
+}
 
 
 def _is_int(value) -> bool:
@@ -548,6 +561,10 @@ def parse(body, kind: str, context_tokens: int | None = None) -> CompletionReque
         raise ApiError(400, "The body must be a JSON object.", param="body")
     known = CHAT if kind == "chat" else COMPLETION
     for key in body:
+        if key in ROUTER_DEFAULTS and key not in known:
+            if body[key] is not ROUTER_DEFAULTS[key]:
+                raise unsupported(key, f"only {json.dumps(ROUTER_DEFAULTS[key])} is supported (its default)")
+            continue
         if key not in known:
             raise bad(
                 key,

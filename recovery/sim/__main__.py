@@ -51,15 +51,23 @@ def main(argv: list[str] | None = None) -> int:
     for result in results:
         m = result.metrics
         if m.skipped_faults:
-            print(f"  {m.policy} seed {m.seed}: {m.skipped_faults} silent-corruption fault(s) not simulated (not yet)")
+            print(f"  {m.policy} seed {m.seed}: {m.skipped_faults} fault(s) of a kind not simulated")
         for fault in result.metrics.faults:
             methods = ", ".join(f"{k} {v}" for k, v in fault.by_method.items()) or "none"
+            moved = "moved off" if fault.kind == "sdc" else "interrupted"
+            corrupt = f", {fault.possibly_corrupt} possibly corrupt" if fault.kind == "sdc" and fault.nodes else ""
             print(
                 f"  {result.metrics.policy} seed {result.metrics.seed}: {fault.kind} {fault.target} at "
-                f"{fault.at_s:.1f} s, out of routing at {fault.detected_s:.1f} s, {fault.interrupted} interrupted "
-                f"({methods}), back within 10 % of the baseline at "
+                f"{fault.at_s:.1f} s, out of routing at {fault.detected_s:.1f} s, {fault.interrupted} {moved} "
+                f"({methods}){corrupt}, back within 10 % of the baseline at "
                 + ("n/a (not within the run)" if fault.recovered_at_s is None else f"{fault.recovered_at_s:.1f} s")
             )
+        for model, seconds in m.seconds_at_level.items():
+            at_levels = ", ".join(f"level {level} {s:.0f} s" for level, s in seconds.items())
+            print(f"  {m.policy} seed {m.seed}: {model} at {at_levels}")
+        if m.shed_by_tier:
+            shed = ", ".join(f"{tier} {n}" for tier, n in m.shed_by_tier.items())
+            print(f"  {m.policy} seed {m.seed}: refused by a degradation level (429/503), by tier: {shed}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as out:
             json.dump([r.to_json(args.per_request) for r in results], out, indent=2)

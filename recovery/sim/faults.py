@@ -75,9 +75,10 @@ crash      at once: the node's event stream breaks as its            DOWN after 
 hang       DOWN after the heartbeat miss (republished routing), or   DOWN after the heartbeat miss
            the stall timeout of a request in flight, or the event
            stream's read timeout, whichever is first
-sdc        weight 0 at the unhealthy_after-th failed canary: the     UNHEALTHY at the same moment; SUSPICIOUS
-           next canary comes in [0, interval), then one retry        (weight 0.5) at the first failed canary
-           every canary_retry_s
+sdc        weight 0 at the unhealthy_after-th failed canary's        UNHEALTHY at the same moment; SUSPICIOUS
+           verdict: the next canary comes in [0, interval), then     (weight 0.5) at the first failed canary's
+           one retry every canary_retry_s, and each canary takes     verdict
+           its own run time (``canary_s``) to answer
 gpu_lost   at once: the engine fails its requests in flight and      UNHEALTHY when the Xid arrives with the next
            refuses new ones (workers/engine.py)                      heartbeat: a CRITICAL Xid acts at once
 rack       as hang, for each node of the rack                        as hang
@@ -86,7 +87,12 @@ rack       as hang, for each node of the rack                        as hang
 The heartbeat miss: the last beat came a uniform [0, interval) before the fault; the node is silent "too long"
 ``miss`` after that beat, and the check that notices runs every ``heartbeat_check_s``, a uniform wait. With the
 defaults a silent node is DOWN 2–4 s after its fault, 3 s on average. A canary's own run time (well under its 3 s
-timeout, Cluster.canary_timeout_s) is left out, and a corrupting GPU is taken to fail every canary it gets.
+timeout, Cluster.canary_timeout_s) is the caller's ``canary_s`` (the simulator gives the roofline's time for one
+of document 003's canary prompts, as recovery.actions.health.canary_gpu_ms counts it; 0 by default), and a
+corrupting GPU is taken to fail every canary it gets. Retries are scheduled from each canary's start
+(recovery.actions.health.schedule_canaries stamps canary_last_at when it sends one), so the run time adds once.
+The canary round before the first failing one (``first_canary_s`` − interval after the fault) passed: the
+requests the node served since then are the ones the real system names as possibly corrupt.
 
 Determinism: every node's faults come from its own ``random.Random`` seeded by the run's seed and the node's name
 (a string seed is hashed with SHA-512, the same in every process), so adding a node to a fleet leaves the others'
@@ -260,10 +266,12 @@ class Detection:
     confirmed_s: float  # after the fault: the control plane's DOWN or UNHEALTHY
     by: str  # what noticed it first
     suspicious_s: float | None = None  # sdc: the first failed canary halves the node's routing weight
+    first_canary_s: float | None = None  # sdc: when the first canary after the fault starts
 
 
-def detect(kind: str, rng: random.Random, defaults: DetectionDefaults = DETECTION) -> Detection:
-    """When the real system notices a fault of `kind` (for a rack: one of its nodes)."""
+def detect(kind: str, rng: random.Random, defaults: DetectionDefaults = DETECTION, canary_s: float = 0.0) -> Detection:
+    """When the real system notices a fault of `kind` (for a rack: one of its nodes); `canary_s` is one canary's
+    run time, from its start to its verdict (sdc only)."""
     d = defaults
     if kind == "crash":
         return Detection(0.0, d.heartbeat_down_s(rng), "event stream closed")
@@ -274,9 +282,9 @@ def detect(kind: str, rng: random.Random, defaults: DetectionDefaults = DETECTIO
         return Detection(routing, down, by)
     if kind == "sdc":
         first = rng.uniform(0, d.canary_interval_s)
-        suspicious = first + (d.suspicious_after - 1) * d.canary_retry_s
-        unhealthy = first + (d.unhealthy_after - 1) * d.canary_retry_s
-        return Detection(unhealthy, unhealthy, "canary", suspicious_s=suspicious)
+        suspicious = first + (d.suspicious_after - 1) * d.canary_retry_s + canary_s
+        unhealthy = first + (d.unhealthy_after - 1) * d.canary_retry_s + canary_s
+        return Detection(unhealthy, unhealthy, "canary", suspicious_s=suspicious, first_canary_s=first)
     if kind == "gpu_lost":
         return Detection(0.0, rng.uniform(0, d.heartbeat_interval_s), "requests failed; Xid on the next heartbeat")
     raise ScenarioError("kind", f"{kind!r} is not a fault", ", ".join(KINDS))

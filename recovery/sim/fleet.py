@@ -2,8 +2,9 @@
 
 Events, in time order (ties in the order they were pushed): a request arrives; a node's step ends; a fault hits;
 the gateway learns of it (`faults.detect`'s routing_s); a resumed request reaches its new node (after the KV
-restore or fetch time); a node is back (repair, then the model load of `workers.catalog.load_time_s`). Every
-node is a `workers.core.EngineCore` for its catalog deployment, stepped one planned step at a time for
+restore or fetch time); a node is back (repair, then the model load of `workers.catalog.load_time_s`); the control
+plane evaluates capacity (with a throughput objective only); a corrupt node fails a canary. Every node is a
+`workers.core.EngineCore` for its catalog deployment, stepped one planned step at a time for
 `step_seconds(plan)`, exactly as `run_virtual` drives one node.
 
 The gateway makes the real gateway's decisions with the same policy functions, fed the way
@@ -22,6 +23,18 @@ recovery/gateway/coordinator.py and fleet.py feed them:
 
 A resumed request keeps the tokens its client already has (`Sequence.generated`) and continues from the
 context, so its stream is the undisturbed one: no token lost, none repeated.
+
+Degradation (recovery.sim.degradation, with a throughput objective in the scenario): every `interval_s` the
+control plane's `capacity.next_level` over the nodes in service; a new request of a shed tier is refused 429
+(every new one 503 at level 4) and never dispatched; each node of the model gets the level's batch factor
+(`EngineCore.batch_factor`, as the node's /agent/config sets it); each request keeps the level it finished at.
+
+Silent corruption (sdc): the node serves on, its answers wrong, until its canaries find it (`faults.detect`, each
+canary taking its own roofline time): SUSPICIOUS halves its routing weight; UNHEALTHY puts it at weight 0, names
+every request it had since its last good canary (possibly corrupt), moves those in flight off live at once
+(transfer of their KV or re-prefill, `dispatch.migration_method`), promotes a spare, and resets the node. Token
+ids are not corrupted: a moved request's stream is still the undisturbed one, which is what lets the tests hold
+the migration to "no token lost, none repeated".
 """
 
 import heapq
@@ -33,11 +46,15 @@ from collections import deque
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
+from recovery.canary import PROMPTS as CANARY_PROMPTS
 from recovery.policy import dispatch, load, placement, recovery
+from recovery.policy import health as health_policy
+from recovery.sim.degradation import Degradation, LevelChange
 from recovery.sim.faults import Fault, detect
 from recovery.sim.scenario import Scenario, SimNode
 from recovery.sim.workload import Request
 from workers import catalog
+from workers import tokens as vocabulary
 from workers.core import COUNTED_TOKEN, BlockComplete, EngineCore, Finished, SamplingParams, Sequence, StepPlan, Token
 from workers.protocol import RoutingStatus  # NodeStatus at run time, every figure a number for the type checker
 
@@ -46,7 +63,8 @@ CHECKPOINT_BUDGET = 0.05  # workers/node.py --checkpoint-budget default: share o
 HOST_MEMORY_PER_GPU_MEMORY = 2  # workers/node.py: host memory defaults to twice the GPUs' memory
 DEFAULT_TAU = 512  # recovery/gateway/table.py ClusterConfig.tau_tokens
 DEFAULT_THETA_FACTOR = 2.0  # ClusterConfig.theta_factor
-UNMODELLED_KINDS = ("sdc",)  # silent corruption: the node keeps answering; left for later
+UNMODELLED_KINDS: tuple[str, ...] = ()  # fault kinds drawn but not played out (none since sdc is modelled)
+SUSPICIOUS_WEIGHT = health_policy.routing_weight(health_policy.SUSPICIOUS)  # 0.5: one failed canary
 SERIES_S = 0.5  # latency over time is kept in buckets this wide; recovery-time windows are multiples of it
 MAX_RUN = 256  # fast path: decode steps advanced in one event at most (a longer run is two)
 MIN_RUN = 2  # fast path: shorter runs go step by step
@@ -89,6 +107,10 @@ class Flight:
     second_asked: bool = False
     blocks_sent: int = 0  # BlockComplete events of its current Sequence so far
     finished_at: float | None = None
+    shed: tuple[int, int] | None = None  # (HTTP code, level) when its model's degradation level refused it
+    level: int = 0  # its model's degradation level when it finished (level 3 relaxes its latency objectives)
+    spans: list[list] = field(default_factory=list)  # [node, from, until or None] of each node that had it
+    possibly_corrupt: bool = False  # served by a node found corrupt, since that node's last good canary
 
     @property
     def context_tokens(self) -> int:
@@ -121,6 +143,10 @@ class NodeState:
     run: "DecodeRun | None" = None  # fast path: the pure decode steps it is advancing in closed form
     undetected: bool = False  # failed, and the gateway has not noticed yet
     loaded_early: bool = False  # back before the gateway noticed it had gone: it rejoins once noticed
+    weight: float = 1.0  # its routing weight while routable: SUSPICIOUS_WEIGHT after a failed canary
+    down: bool = False  # the control plane's DOWN or UNHEALTHY verdict, until its model is loaded again
+    session_s: float = 0.0  # when it last started serving: its canaries count from then
+    corrupt_since: float | None = None  # silent corruption: answering wrongly since then, not found yet
 
     @property
     def name(self) -> str:
@@ -134,6 +160,11 @@ class FaultRecord:
     detected_s: float  # when the gateway took the (first) node out of routing
     interrupted: int = 0
     by_method: dict[str, int] = field(default_factory=dict)
+    # Silent corruption: the first failed canary's verdict (weight 0.5), the last good canary, and the requests
+    # the node served from then until it was found (recovery.actions.health.served_since_last_good_canary).
+    suspicious_s: float | None = None
+    last_good_canary_s: float | None = None
+    possibly_corrupt: tuple[str, ...] = ()
 
 
 @dataclass
@@ -212,11 +243,17 @@ class Simulation:
         self._started = False
         self._order = 0
         self.nodes: dict[str, NodeState] = {}
+        self.max_num_seqs, self.max_batched_tokens = max_num_seqs, max_batched_tokens
+        serving_at_start = [n for n in scenario.nodes if not n.spare]
+        self.degradation = Degradation(
+            scenario.degradation,
+            {m: [n.deployment for n in serving_at_start if n.deployment.model.key == m] for m in scenario.models},
+        )
+        self._capacity_stale = True  # a node joined or left service since the last evaluation
         for spec in scenario.nodes:
             d = spec.deployment
             host = HOST_MEMORY_PER_GPU_MEMORY * d.gpu.memory_gb * d.tp * 1e9
-            core = EngineCore(d, max_num_seqs, max_batched_tokens, name=spec.name, token_ids=not fast)
-            node = NodeState(spec, core, int(host * CHECKPOINT_BUDGET))
+            node = NodeState(spec, self._new_core(spec), int(host * CHECKPOINT_BUDGET))
             if spec.spare:
                 node.routable, node.standby = False, True
             self.nodes[spec.name] = node
@@ -245,6 +282,15 @@ class Simulation:
         self._order += 1
         heapq.heappush(self._heap, (at, self._order, kind, payload))
 
+    def _new_core(self, spec: SimNode) -> EngineCore:
+        """A node's engine as it starts: empty, with its model's degradation level's batch factor (the control plane
+        sends it to a node that joins, recovery.actions.capacity.apply_batch_factor)."""
+        core = EngineCore(
+            spec.deployment, self.max_num_seqs, self.max_batched_tokens, name=spec.name, token_ids=not self.fast
+        )
+        core.batch_factor = self.degradation.effects(spec.deployment.model.key).batch_factor
+        return core
+
     def run(self, until: float = math.inf) -> "Simulation":
         """Process events up to `until` (all of them by default: every request finished, or stranded with no node
         left); a later call goes on from there."""
@@ -257,6 +303,8 @@ class Simulation:
                     self.skipped_faults.append(fault)
                 else:
                     self._push(fault.at_s, "fault", i, fault)
+            if self.degradation.enabled:
+                self._push(0.0, "capacity")
         handlers: dict[str, Callable[..., None]] = {
             "arrival": self._on_arrival,
             "step": self._on_step,
@@ -268,6 +316,9 @@ class Simulation:
             "pages": self._on_pages,
             "repair": self._on_repair,
             "loaded": self._on_loaded,
+            "capacity": self._on_capacity,
+            "suspicious": self._on_suspicious,
+            "corrupt": self._on_corrupt_found,
         }
         while self._heap and self._heap[0][0] <= until:
             at, _, kind, payload = heapq.heappop(self._heap)
@@ -278,7 +329,7 @@ class Simulation:
 
     # --- the gateway: routing and placement ----------------------------------------------------
     def _entry(self, node: NodeState) -> tuple:
-        weight = 1.0 if node.routable else 0.0
+        weight = node.weight if node.routable else 0.0
         return (node.status, node.pending, node.spec.deployment, weight)
 
     def l_hat(self, name: str) -> float:
@@ -381,6 +432,10 @@ class Simulation:
         return chosen
 
     def _on_arrival(self, flight: Flight) -> None:
+        refused = self.degradation.refuses(flight.request.model, flight.request.tier)
+        if refused is not None:
+            flight.shed = refused  # 429 for a shed tier, 503 for every new request at level 4: never dispatched
+            return
         self._dispatch(flight, self.choose(flight.request.model, flight.request.prompt_tokens), None, 0)
 
     def _dispatch(self, flight: Flight, target: str | None, decision: dispatch.Decision | None, restored: int) -> None:
@@ -391,6 +446,7 @@ class Simulation:
         node = self.nodes[target]
         self._settle(node)
         flight.node = target
+        flight.spans.append([target, self.now, None])
         flight.holders = self.place(flight, target)
         flight.pages = {h: [] for h in flight.holders}
         flight.refused = set()
@@ -726,6 +782,8 @@ class Simulation:
 
     def _finished(self, flight: Flight, event: Finished) -> None:
         flight.finished_at = self.now
+        flight.spans[-1][2] = self.now
+        flight.level = self.degradation.level(flight.request.model)
         self.in_flight.pop(flight.request_id, None)
         self._drop_checkpoint(flight)
         if self.fast:
@@ -742,6 +800,9 @@ class Simulation:
             self._settle(node)
 
     def _on_fault(self, index: int, fault: Fault) -> None:
+        if fault.kind == "sdc":
+            self._corrupt(index, fault)  # nothing changes yet: the node answers on, wrongly
+            return
         self._settle_all()
         names = [n for n in self._targets(fault) if self.nodes[n].alive and not self.nodes[n].standby]
         record = FaultRecord(fault, tuple(names), math.inf)
@@ -779,13 +840,7 @@ class Simulation:
             if flight.waiting_since is None:
                 flight.waiting_since = record.fault.at_s
         # Its engine and KV cache are gone.
-        node.core = EngineCore(
-            node.spec.deployment,
-            node.core.max_num_seqs,
-            node.core.max_batched_tokens,
-            name=name,
-            token_ids=not self.fast,
-        )
+        node.core = self._new_core(node.spec)
         node.pending = load.Pending()
         self._changed(node)
         record.interrupted += len(stranded)
@@ -814,9 +869,13 @@ class Simulation:
             self._set_holders(flight, holders)
 
     def _on_confirmed(self, name: str, epoch: int) -> None:
-        """The control plane's DOWN or UNHEALTHY: a hot spare of the node's group is promoted."""
+        """The control plane's DOWN or UNHEALTHY: out of service for capacity, and a hot spare of the node's group
+        is promoted."""
         node = self.nodes[name]
         if epoch == node.epoch:
+            if not node.alive:
+                node.down = True
+                self._capacity_stale = True
             self._promote_spare(node)
 
     def _plan(self, stranded: list[Flight], record: FaultRecord | None) -> None:
@@ -869,6 +928,7 @@ class Simulation:
     def _leave(self, flight: Flight) -> None:
         """The request is off its node: its old checkpoints stay readable until it resumes (their pages are kept)."""
         flight.seq = None
+        flight.spans[-1][2] = self.now
 
     def _carry_out(self, flight: Flight, decision: dispatch.Decision, record: FaultRecord | None) -> None:
         fault_at = record.fault.at_s if record else self.now
@@ -909,9 +969,174 @@ class Simulation:
             if node.standby and node.spec.group == lost.spec.group and node.alive:
                 node.standby, node.routable = False, True
                 lost.replaced_by = name
+                self._capacity_stale = True
                 self._changed(node)
                 self._retry_waiting()
                 return
+
+    # --- degradation levels (recovery.sim.degradation) -------------------------------------------
+    def _in_service(self, node: NodeState) -> bool:
+        """In service for the control plane's capacity: not a hot spare waiting, not DOWN or UNHEALTHY."""
+        return not node.standby and not node.down
+
+    def _on_capacity(self) -> None:
+        """recovery.actions.capacity.evaluate at its beat: each model's capacity against its objective, its level
+        moved with hysteresis, the new level's effects applied."""
+        if self._capacity_stale:
+            for model in self.degradation.models:
+                serving = [
+                    n.spec.deployment
+                    for n in self.nodes.values()
+                    if n.spec.deployment.model.key == model and self._in_service(n)
+                ]
+                self.degradation.count(model, serving)
+            self._capacity_stale = False
+        for change in self.degradation.evaluate(self.now):
+            self._apply_level(change)
+        # Every beat while the run goes on: until the arrivals end, then while requests are in flight.
+        later = self.now + self.scenario.degradation.interval_s
+        if later < self.scenario.duration_s or (self.in_flight and self._heap):
+            self._push(later, "capacity")
+
+    def _apply_level(self, change: LevelChange) -> None:
+        """The level's batch factor to each node of the model (recovery.reactions.on_degradation_change): running
+        sequences go on, new ones wait while the batch is at its new limit (workers.engine.set_batch_factor)."""
+        factor = self.degradation.effects(change.model).batch_factor
+        for _, node in sorted(self.nodes.items()):
+            if node.spec.deployment.model.key != change.model or node.core.batch_factor == factor:
+                continue
+            self._settle(node)  # the step under way was planned with the old limit
+            node.core.batch_factor = factor
+            self._changed(node)  # the node publishes its new batch limit
+            self._wake(node)
+
+    # --- silent corruption --------------------------------------------------------------------------
+    def _corrupt(self, index: int, fault: Fault) -> None:
+        """`fault.target` answers wrongly from now on, until its canaries find it: SUSPICIOUS (weight 0.5) at the
+        first failed canary's verdict, UNHEALTHY (weight 0) at the unhealthy_after-th (faults.detect)."""
+        node = self.nodes[fault.target]
+        if not node.alive or node.standby or node.corrupt_since is not None:
+            self.fault_records.append(FaultRecord(fault, (), math.inf))  # nothing serving there to corrupt
+            return
+        name = fault.target
+        canary_s = self._canary_s(node, random.Random(f"{self.seed}:canary:{name}:{index}"))
+        found = detect("sdc", random.Random(f"{self.seed}:detect:{name}:{index}"), self.scenario.detection, canary_s)
+        assert found.first_canary_s is not None and found.suspicious_s is not None
+        record = FaultRecord(fault, (name,), fault.at_s + found.routing_s)
+        # The canary round before the first failing one passed; a node that joined since had none before.
+        previous = fault.at_s + found.first_canary_s - self.scenario.detection.canary_interval_s
+        record.last_good_canary_s = max(previous, node.session_s)
+        self.fault_records.append(record)
+        node.corrupt_since = fault.at_s
+        if found.suspicious_s < found.routing_s:
+            record.suspicious_s = fault.at_s + found.suspicious_s
+            self._push(record.suspicious_s, "suspicious", name, node.epoch)
+        self._push(record.detected_s, "corrupt", name, record, node.epoch)
+
+    @staticmethod
+    def _canary_s(node: NodeState, rng: random.Random) -> float:
+        """One canary's run time on `node`: one of document 003's prompts (recovery.canary.PROMPTS, chosen as
+        recovery.actions.health.run_canary chooses), its prefill pass and a decode step per further token, as
+        recovery.actions.health.canary_gpu_ms counts it."""
+        prompt = rng.choice(CANARY_PROMPTS)
+        deployment = node.spec.deployment
+        tokens = len(vocabulary.encode(str(prompt["prompt"])))
+        max_tokens = int(prompt["max_tokens"])  # type: ignore[call-overload]  # PROMPTS mixes str and int values
+        decode = sum(deployment.decode_step_s(1, tokens + i) for i in range(1, max(max_tokens, 1)))
+        return deployment.prefill_s(tokens) + decode
+
+    def _on_suspicious(self, name: str, epoch: int) -> None:
+        node = self.nodes[name]
+        if epoch == node.epoch and node.routable:
+            node.weight = SUSPICIOUS_WEIGHT
+            self._refresh(node)
+
+    def _on_corrupt_found(self, name: str, record: FaultRecord, epoch: int) -> None:
+        """UNHEALTHY with wrong answers (recovery.actions.health.record_canary, then recovery.reactions): weight 0,
+        the requests it served since its last good canary named, those in flight moved off live at once
+        (recovery.actions.live_migration.move_off_corrupt), a hot spare promoted; then the node is reset (its
+        engine, KV cache and the checkpoints it held are gone) and out until its repair and model load."""
+        node = self.nodes[name]
+        if epoch != node.epoch:
+            record.nodes = ()  # another fault took it out first, and that fault's recovery moved its requests
+            record.detected_s = math.inf
+            return
+        self._settle_all()
+        since = record.last_good_canary_s
+        assert since is not None
+        named = [f for f in self.flights if self._served_between(f, name, since, self.now)]
+        for flight in named:
+            flight.possibly_corrupt = True
+        record.possibly_corrupt = tuple(f.request_id for f in named)
+        self.failed[name] = self.now
+        node.routable, node.weight, node.down, node.corrupt_since = False, 1.0, True, None
+        self._capacity_stale = True
+        self._refresh(node)
+        moving = [f for f in self.in_flight.values() if f.node == name and f.seq is not None]
+        record.interrupted = len(moving)
+        for flight in moving:
+            self._move_off(flight, node, record)
+        # The reset: as after a crash, but nothing is left on it to recover.
+        node.alive = False
+        node.epoch += 1
+        node.busy, node.run, node.plan = False, None, None
+        for flight in self.in_flight.values():
+            if flight.pages.get(name):
+                flight.pages[name] = []
+        node.held_bytes, node.held_requests = 0, 0
+        node.core, node.pending = self._new_core(node.spec), load.Pending()
+        self._changed(node)
+        self._replace_holders(name)
+        self._promote_spare(node)
+        if record.fault.repair_s is not None:
+            self._push(max(self.now, record.fault.back_at_s), "repair", name, node.epoch)
+
+    @staticmethod
+    def _served_between(flight: Flight, name: str, since: float, until: float) -> bool:
+        """Whether `name` had `flight` at any moment from `since` to `until`."""
+        return any(n == name and start <= until and (end is None or end >= since) for n, start, end in flight.spans)
+
+    def _move_off(self, flight: Flight, source: NodeState, record: FaultRecord) -> None:
+        """Coordinator.migrate_node for one request: the least-loaded other node, its KV moved when that is faster
+        than re-prefilling and the target has room (dispatch.migration_method), else re-prefilled there. The request
+        stops at the token its client last got."""
+        seq = flight.seq
+        assert seq is not None
+        context = flight.context_tokens
+        target = self.choose(flight.request.model, context, (source.name,))
+        computed = seq.computed
+        self._leave(flight)
+        flight.interrupted_at.append(self.now)
+        if flight.waiting_since is None:
+            flight.waiting_since = self.now
+        method, restored, delay = "reprefill", 0, 0.0
+        if target is not None:
+            to = self.nodes[target]
+            survivor = recovery.survivor(target, to.spec.placement, self.l_hat(target), to.status, to.spec.deployment)
+            planned, _, _ = dispatch.migration_method(context, context, source.spec.placement, survivor)
+            # Whole blocks of what it computed, the last context token left for the step that continues it.
+            restored = min(computed, context - 1) // catalog.BLOCK_TOKENS * catalog.BLOCK_TOKENS
+            if planned == "transfer" and restored > 0:
+                method = "transfer"
+                link, share = catalog.node_link(source.spec.placement, to.spec.placement, to.spec.deployment.gpu)
+                size = restored // catalog.BLOCK_TOKENS * to.spec.deployment.model.kv_bytes_per_block
+                delay = catalog.kv_transfer_s(size, link, share)
+            else:
+                restored = 0
+        flight.methods.append(method)
+        flight.restored_tokens.append(restored)
+        record.by_method[method] = record.by_method.get(method, 0) + 1
+        if target is None:
+            self.waiting_for_node.append((flight, "no node can take it"))
+            return
+        decision = dispatch.Decision(
+            flight.request_id,
+            target,
+            "fetch" if method == "transfer" else "reprefill",
+            source.name if method == "transfer" else None,
+            f"moved off {source.name}, found corrupt: {method}",
+        )
+        self._push(self.now + delay, "resume", flight, decision, restored)
 
     def _on_repair(self, name: str, epoch: int) -> None:
         node = self.nodes[name]
@@ -927,6 +1152,8 @@ class Simulation:
             node.loaded_early = True
             return
         node.alive = True
+        node.down, node.weight, node.session_s, node.corrupt_since = False, 1.0, self.now, None
+        self._capacity_stale = True
         self.failed.pop(name, None)
         if node.replaced_by is not None:
             node.standby, node.replaced_by = True, None  # a spare serves in its place: it is the spare now

@@ -11,11 +11,21 @@ shows up when it resumes. A window is within the bound when its mean TTFT and it
 1.1 × the baseline's same window (a window with no samples in either run is within). The cluster has recovered
 at the start of the first window after which every window up to the next fault (or the end of the arrivals) is
 within; a run that never gets there has no recovery time (None).
+
+Degradation (a scenario with a throughput objective): the requests refused, by tier and by (model, tier, level,
+HTTP code), each model's time at each level and its level changes in order (the timeline a chart steps through);
+each request's tier, the level it finished at and the latency-objective factor that level gives it (×2 from level
+3). A shed request has no latency: it is counted in `requests` and `shed`, never in `finished` or the latencies.
+
+Silent corruption: each sdc fault's detection delay (fault to weight 0), when its first failed canary halved the
+node's weight, and how many requests the real system would name as possibly corrupt (served by the node since its
+last good canary); live migrations that moved KV are counted in `transferred`.
 """
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
+from recovery.policy.capacity import EFFECTS
 from recovery.sim.fleet import SERIES_S, Flight, Simulation
 
 TOLERANCE = 0.10  # document 000: "within 10 % of its no-failure baseline"
@@ -34,13 +44,19 @@ class RequestMetrics:
     e2e_s: float | None  # arrival to last token; None when unfinished
     interrupted: bool
     stall_s: float | None  # the longest: from a fault that cut it off to its next token
-    recovered_by: str | None  # "restore", "fetch" or "reprefill" (the last recovery); None if never interrupted
+    recovered_by: str | None  # "restore", "fetch", "transfer" or "reprefill" (the last); None if never interrupted
     restored_tokens: int
+    tier: str = "standard"
+    shed_code: int | None = None  # 429 or 503 when its model's degradation level refused it
+    level: int = 0  # its model's degradation level when it finished (or was refused)
+    latency_slo_factor: float = 1.0  # what that level multiplies its latency objectives by
+    possibly_corrupt: bool = False  # served by a node found corrupt, since that node's last good canary
 
 
 def request_metrics(flight: Flight) -> RequestMetrics:
     first, last, emitted = flight.first_token_s, flight.last_token_s, flight.emitted
     finished = flight.finished_at is not None
+    level = flight.shed[1] if flight.shed else flight.level
     return RequestMetrics(
         request_id=flight.request_id,
         arrival_s=flight.request.arrival_s,
@@ -54,6 +70,11 @@ def request_metrics(flight: Flight) -> RequestMetrics:
         stall_s=max(flight.stalls) if flight.stalls else None,
         recovered_by=flight.methods[-1] if flight.methods else None,
         restored_tokens=flight.restored_tokens[-1] if flight.restored_tokens else 0,
+        tier=flight.request.tier,
+        shed_code=flight.shed[0] if flight.shed else None,
+        level=level,
+        latency_slo_factor=EFFECTS[level].latency_slo_factor,
+        possibly_corrupt=flight.possibly_corrupt,
     )
 
 
@@ -83,6 +104,9 @@ class FaultRecovery:
     recovered_at_s: float | None
     recovery_s: float | None  # from detection (document 000's recovery time)
     impact_window_s: float | None  # from the fault
+    detection_s: float | None = None  # from the fault to out of routing (sdc: to weight 0 at the last canary)
+    suspicious_s: float | None = None  # sdc: when the first failed canary halved its weight
+    possibly_corrupt: int = 0  # sdc: requests served by the node since its last good canary
 
 
 @dataclass(frozen=True)
@@ -105,9 +129,16 @@ class RunMetrics:
     stall_mean_s: float | None
     stall_max_s: float | None
     faults: tuple[FaultRecovery, ...]
-    skipped_faults: int  # of kinds the simulator does not model yet (fleet.UNMODELLED_KINDS: sdc)
+    skipped_faults: int  # of kinds the simulator does not model (fleet.UNMODELLED_KINDS: none since sdc is)
     simulated_s: float
     events: int
+    transferred: int = 0  # requests moved live with their KV (off a node found corrupt)
+    possibly_corrupt: int = 0
+    shed: int = 0  # requests refused by a degradation level (429 or 503)
+    shed_by_tier: dict = field(default_factory=dict)  # tier -> requests refused
+    shed_detail: list = field(default_factory=list)  # {model, tier, level, code, requests}
+    seconds_at_level: dict = field(default_factory=dict)  # model -> {level: seconds}, over the whole run
+    level_changes: list = field(default_factory=list)  # each LevelChange as a dict, in time order
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -186,6 +217,9 @@ def run_metrics(sim: Simulation, baseline: Simulation | None = None, window_s: f
                 recovered_at_s=back,
                 recovery_s=None if back is None else max(0.0, back - record.detected_s),
                 impact_window_s=None if back is None else back - record.fault.at_s,
+                detection_s=record.detected_s - record.fault.at_s if record.nodes else None,
+                suspicious_s=record.suspicious_s,
+                possibly_corrupt=len(record.possibly_corrupt),
             )
         )
     return RunMetrics(
@@ -210,4 +244,11 @@ def run_metrics(sim: Simulation, baseline: Simulation | None = None, window_s: f
         skipped_faults=len(sim.skipped_faults),
         simulated_s=sim.now,
         events=sim.events_processed,
+        transferred=methods.count("transfer"),
+        possibly_corrupt=sum(1 for f in sim.flights if f.possibly_corrupt),
+        shed=sum(1 for f in sim.flights if f.shed),
+        shed_by_tier=sim.degradation.shed_by_tier() if sim.degradation.enabled else {},
+        shed_detail=sim.degradation.shed_rows(),
+        seconds_at_level=sim.degradation.seconds_at_levels(sim.now),
+        level_changes=[asdict(c) for c in sim.degradation.changes],
     )

@@ -26,7 +26,8 @@ field (``fleet[2].tp``, ``faults.scripted[0].target``), the row of a file, and w
           {"at_s": 600, "kind": "crash", "target": "a-2", "repair_s": 120},
           {"at_s": 1800, "kind": "rack", "target": "r2"}
         ]
-      }
+      },
+      "degradation": {"required_share": 0.92}
     }
 
 - ``fleet``: groups of identical nodes. A group's nodes are named ``<name>-1`` … ``<name>-<count>`` and its hot
@@ -36,10 +37,17 @@ field (``fleet[2].tp``, ``faults.scripted[0].target``), the row of a file, and w
   ``cv`` (gamma), ``lengths`` (recovery.sim.workload.LENGTHS, default splitwise-conversation). Replayed:
   ``trace`` (a CSV path, relative to the scenario file) and ``too_long`` (refuse or clip). ``model`` may be left
   out when the fleet serves one model. Lengths are clipped to the shortest context among the model's nodes.
+  ``tiers`` (either kind): the tier mix as weights, ``{"premium": 1, "standard": 1, "best_effort": 1}`` by default
+  (recovery.sim.workload).
 - ``faults``: ``per_1000_node_days`` (default 4), ``rack_per_1000_rack_days`` (default 0), ``mix`` (kind →
   weight, default Meta's), ``outage_median_h`` and ``outage_p90_h`` (default StepFun's 22 and 341), and
   ``scripted``: ``at_s``, ``kind``, ``target`` and ``repair_s`` (left out: out for the rest of the run).
 - ``detection``: any of recovery.sim.faults.DetectionDefaults' fields, to try other settings than the shipped ones.
+- ``degradation``: the throughput objectives that degradation levels follow (recovery.sim.degradation), off when
+  left out: ``required_rps`` (model → requests/s) and/or ``required_share`` (every other model's objective as that
+  share of what its nodes carry at the start, 0.92 as the demo sets it); ``ttft_ms``, ``tpot_ms``,
+  ``avg_prompt_tokens``, ``avg_output_tokens`` (what capacity is counted within, ModelCapacity's defaults);
+  ``interval_s`` (2, the beat's), ``margin`` (0.05) and ``hold_s`` (30), the cluster's hysteresis.
 - ``policies``: checkpoint placement policies (recovery.policy.placement.POLICIES), default all of them;
   ``seeds``: default [1]. Every policy runs once per seed, and a seed gives every policy the same requests and
   the same faults.
@@ -54,6 +62,8 @@ from pathlib import Path
 from typing import Any
 
 from recovery.policy.placement import POLICIES
+from recovery.sim import degradation as degradation_settings
+from recovery.sim.degradation import DegradationSettings
 from recovery.sim.distributions import LogNormal
 from recovery.sim.errors import ScenarioError
 from recovery.sim.faults import (
@@ -65,7 +75,16 @@ from recovery.sim.faults import (
     Fault,
     FaultRates,
 )
-from recovery.sim.workload import Arrivals, Request, SyntheticWorkload, TraceWorkload, Workload, read_trace
+from recovery.sim.workload import (
+    DEFAULT_TIER_MIX,
+    Arrivals,
+    Request,
+    SyntheticWorkload,
+    TraceWorkload,
+    Workload,
+    read_trace,
+    tier_mix,
+)
 from workers import catalog
 
 MAX_DURATION_S = 366 * 86400.0
@@ -168,6 +187,7 @@ class Scenario:
     policies: tuple[str, ...] = POLICIES
     seeds: tuple[int, ...] = (1,)
     name: str = ""
+    degradation: DegradationSettings = field(default_factory=DegradationSettings)
 
     def __post_init__(self) -> None:
         _check_number(self.duration_s, "duration_s", 0, MAX_DURATION_S, DURATION_ALLOWED)
@@ -193,6 +213,9 @@ class Scenario:
                 )
             if isinstance(workload, TraceWorkload):
                 workload.check(self.duration_s, self.context_tokens(workload.model), f"workload[{i}].trace")
+        for model in self.degradation.required_rps:
+            if model not in served:
+                raise ScenarioError(f"degradation.required_rps.{model}", "is not served by the fleet", _served(served))
         nodes, racks = {n.name for n in self.nodes}, set(self.racks)
         for i, fault in enumerate(self.scripted_faults):
             where = f"faults.scripted[{i}]"
@@ -280,7 +303,9 @@ def load(path: str | Path) -> Scenario:
 def parse(data: Any, base_dir: str | Path = ".") -> Scenario:
     """A scenario from a dict as JSON gives it, checked whole."""
     top = _object(data, "scenario")
-    _only(top, "", ("name", "duration_s", "seeds", "policies", "fleet", "workload", "faults", "detection"))
+    _only(
+        top, "", ("name", "duration_s", "seeds", "policies", "fleet", "workload", "faults", "detection", "degradation")
+    )
     duration_s = _check_number(_required(top, "duration_s", ""), "duration_s", 0, MAX_DURATION_S, DURATION_ALLOWED)
     fleet = tuple(_group(item, f"fleet[{i}]", i) for i, item in enumerate(_list(_required(top, "fleet", ""), "fleet")))
     if not fleet:
@@ -305,6 +330,7 @@ def parse(data: Any, base_dir: str | Path = ".") -> Scenario:
         policies=policies,
         seeds=seeds,
         name=_str(top.get("name", ""), "name", empty=True),
+        degradation=degradation_settings.parse(top.get("degradation", {})),
     )
 
 
@@ -341,20 +367,27 @@ def _workload(item: Any, where: str, models: tuple[str, ...], base_dir: Path) ->
         model = models[0]
     else:
         raise ScenarioError(f"{where}.model", "is required: the fleet serves more than one model", _served(models))
+    tiers = tier_mix(data["tiers"], f"{where}.tiers") if "tiers" in data else DEFAULT_TIER_MIX
     if "trace" in data:
-        _only(data, where, ("model", "trace", "too_long"))
+        _only(data, where, ("model", "trace", "too_long", "tiers"))
         path = base_dir / _str(data["trace"], f"{where}.trace")
         rows = read_trace(path, f"{where}.trace")
         try:
-            return TraceWorkload(model, str(path), rows, _str(data.get("too_long", "refuse"), "too_long"))
+            return TraceWorkload(model, str(path), rows, _str(data.get("too_long", "refuse"), "too_long"), tiers)
         except ScenarioError as exc:
             raise exc.within(where) from None
-    _only(data, where, ("model", "arrival", "rate_rps", "cv", "lengths"), hint="or trace and too_long for a replay")
+    _only(
+        data,
+        where,
+        ("model", "arrival", "rate_rps", "cv", "lengths", "tiers"),
+        hint="or trace and too_long for a replay",
+    )
     try:
         arrivals = Arrivals(
             _str(data.get("arrival", "poisson"), "arrival"), _required(data, "rate_rps", ""), data.get("cv", 1.0)
         )
-        return SyntheticWorkload(model, arrivals, _str(data.get("lengths", "splitwise-conversation"), "lengths"))
+        lengths = _str(data.get("lengths", "splitwise-conversation"), "lengths")
+        return SyntheticWorkload(model, arrivals, lengths, tiers)
     except ScenarioError as exc:
         raise exc.within(where) from None
 

@@ -50,9 +50,18 @@ numbers of at least 1 (a request has a prompt token to prefill and produces a to
 numbers ≥ 0 in non-decreasing order. An out-of-order file is refused rather than sorted: a trace replays
 exactly what it says or not at all, and disorder usually means two files were concatenated.
 
+Tiers
+-----
+Every request has a tenant tier (premium, standard or best_effort, recovery.policy.slo_rules.TIERS), which the
+degradation levels shed by (recovery.policy.capacity.EFFECTS: best_effort is answered 429 from level 2). A
+workload's ``tiers`` gives the mix as weights; the default, ``DEFAULT_TIER_MIX``, is a third each, as the demo's
+traffic generator sends them (workers/traffic.py picks one of the demo's three keys, one per tier, at random).
+A replayed trace gets its tiers from the same mix: splitwise-sim's format has no tier column.
+
 Determinism: a workload draws from ``random.Random`` instances seeded by strings derived from the run's seed
-(a string seed is hashed with SHA-512, the same in every process), one for arrivals and one for lengths, so the
-i-th request's lengths do not depend on the arrival process or its rate.
+(a string seed is hashed with SHA-512, the same in every process), one for arrivals, one for lengths and one for
+tiers, so the i-th request's lengths do not depend on the arrival process or its rate, and a different tier mix
+changes which requests are best-effort, never when they arrive or how long they are.
 """
 
 import csv
@@ -62,10 +71,12 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from recovery.policy.slo_rules import TIERS
 from recovery.sim.distributions import LogNormal
 from recovery.sim.errors import ScenarioError
 
 ARRIVALS = ("poisson", "gamma")
+DEFAULT_TIER_MIX: tuple[tuple[str, float], ...] = tuple((tier, 1.0) for tier in TIERS)
 MAX_RATE_RPS = 1e5
 MAX_CV = 20.0
 
@@ -78,6 +89,32 @@ class Request:
     model: str
     prompt_tokens: int
     output_tokens: int
+    tier: str = "standard"  # the tenant's tier: what a degradation level sheds by
+
+
+# --- tiers -------------------------------------------------------------------------------------
+def tier_mix(raw: object, where: str = "tiers") -> tuple[tuple[str, float], ...]:
+    """A tier mix from JSON ({"premium": 1, "standard": 3, "best_effort": 1}), checked: known tiers, weights ≥ 0,
+    not all 0. A tier left out gets none of the requests."""
+    if not isinstance(raw, dict):
+        raise ScenarioError(where, f"is a {type(raw).__name__}", 'a JSON object of weights, e.g. {"standard": 1}')
+    mix = []
+    for tier, weight in raw.items():
+        if tier not in TIERS:
+            raise ScenarioError(f"{where}.{tier}", "is not a tier", ", ".join(TIERS))
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 <= weight < math.inf:
+            raise ScenarioError(f"{where}.{tier}", f"{weight!r}", "a weight ≥ 0")
+        mix.append((tier, float(weight)))
+    if not sum(w for _, w in mix) > 0:
+        raise ScenarioError(where, "gives every tier a weight of 0", "at least one weight above 0")
+    return tuple(mix)
+
+
+def draw_tiers(mix: tuple[tuple[str, float], ...], count: int, seed: int | str) -> list[str]:
+    """`count` tiers drawn from `mix`, from their own random stream."""
+    rng = random.Random(f"{seed}:tiers")
+    tiers, weights = [t for t, _ in mix], [w for _, w in mix]
+    return rng.choices(tiers, weights, k=count)
 
 
 # --- arrivals ----------------------------------------------------------------------------------
@@ -174,6 +211,7 @@ class SyntheticWorkload:
     model: str
     arrivals: Arrivals
     lengths: str = "splitwise-conversation"
+    tiers: tuple[tuple[str, float], ...] = DEFAULT_TIER_MIX
 
     def __post_init__(self) -> None:
         if self.lengths not in LENGTHS:
@@ -183,10 +221,11 @@ class SyntheticWorkload:
         times = self.arrivals.times(random.Random(f"{seed}:arrivals"), duration_s)
         lengths_rng = random.Random(f"{seed}:lengths")
         length_model = LENGTHS[self.lengths]
+        tiers = draw_tiers(self.tiers, len(times), seed)
         requests = []
-        for t in times:
+        for t, tier in zip(times, tiers):
             prompt, output = length_model.sample(lengths_rng, context_tokens)
-            requests.append(Request(t, self.model, prompt, output))
+            requests.append(Request(t, self.model, prompt, output, tier))
         return requests
 
 
@@ -305,6 +344,7 @@ class TraceWorkload:
     path: str
     rows: tuple[TraceRow, ...]
     too_long: str = "refuse"  # a row longer than the model's context: refuse the scenario, or clip the row
+    tiers: tuple[tuple[str, float], ...] = DEFAULT_TIER_MIX
 
     def __post_init__(self) -> None:
         if self.too_long not in TOO_LONG:
@@ -339,16 +379,15 @@ class TraceWorkload:
                 )
 
     def requests(self, duration_s: float, seed: int | str = 0, context_tokens: int | None = None) -> list[Request]:
-        """The rows that arrive before `duration_s`; a trace needs no seed (it is taken as an argument so every
-        workload is called alike)."""
+        """The rows that arrive before `duration_s`, as they are; the seed draws only their tiers."""
+        rows = [r for r in self.rows if r.arrival_s < duration_s]  # in arrival order: the first late row ends them
+        tiers = draw_tiers(self.tiers, len(rows), seed)
         requests = []
-        for r in self.rows:
-            if r.arrival_s >= duration_s:
-                break
+        for r, tier in zip(rows, tiers):
             prompt, output = r.prompt_tokens, r.output_tokens
             if self.too_long == "clip":
                 prompt, output = clip_to_context(prompt, output, context_tokens)
-            requests.append(Request(r.arrival_s, self.model, prompt, output))
+            requests.append(Request(r.arrival_s, self.model, prompt, output, tier))
         return requests
 
 

@@ -292,7 +292,7 @@ def test_no_data_reads_no_data_never_100_percent():
 
 
 def test_pruning_keeps_what_is_not_rolled_up_and_rollups_for_13_months():
-    old = NOW - dt.timedelta(days=40)
+    old = (NOW - dt.timedelta(days=40)).replace(second=0, microsecond=0)  # three outcomes in one minute
     store(report(old), report(old + dt.timedelta(seconds=1)))
     slo.roll_up()
     store(report(old + dt.timedelta(seconds=2)))  # not rolled up yet: kept

@@ -406,10 +406,13 @@ def test_a_hang_is_noticed_later_than_a_crash_and_requests_sent_meanwhile_recove
             assert flight.generated == undisturbed(flight.index, flight.request)
 
 
-def test_silent_corruption_is_not_simulated_yet_and_says_so():
+def test_silent_corruption_is_simulated_now_and_found_by_the_canaries():
+    # Was "not simulated yet": sdc is played out since issue 13 (tests/recovery/sim/test_sdc_sim.py has the rest).
     scenario = make(duration_s=10, rate_rps=4, scripted=[{"at_s": 5.0, "kind": "sdc", "target": "a-1"}])
     result = run_one(scenario, "lifeline", 1)
-    assert result.metrics.skipped_faults == 1 and result.metrics.faults == () and result.metrics.interrupted == 0
+    (fault,) = result.metrics.faults
+    assert result.metrics.skipped_faults == 0 and fault.kind == "sdc" and fault.nodes == ("a-1",)
+    assert 5.0 < fault.detected_s < 5.0 + 30 + 2 * 2 + 1
 
 
 def test_a_node_back_before_the_gateway_noticed_it_had_gone_rejoins_once_noticed():
