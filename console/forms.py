@@ -116,11 +116,12 @@ EXAMPLE_FLEET = """[
   {"name": "a", "count": 4, "model": "Qwen3-32B", "gpu": "H100-SXM", "tp": 2, "rack": "rack-a"},
   {"name": "b", "count": 4, "model": "Qwen3-32B", "gpu": "H200-SXM", "tp": 2, "rack": "rack-b", "spares": 1}
 ]"""
-# Faults the simulator plays out; silent corruption (sdc) is drawn but not simulated yet (recovery.sim.fleet).
+# Faults the simulator plays out (recovery.sim.faults).
 EXPERIMENT_FAULTS = [
     ("", "no failure"),
     ("crash", "crash"),
     ("hang", "hang"),
+    ("sdc", "silent corruption (found by canaries)"),
     ("gpu_lost", "GPU lost"),
     ("rack", "rack"),
 ]
@@ -158,6 +159,14 @@ class ExperimentForm(forms.Form):
     fault_repair_s = _number(
         forms.FloatField, "fault_repair_s", "seconds until repaired; empty: never", required=False, initial=30
     )
+    objective_percent = _number(
+        forms.FloatField,
+        "objective_percent",
+        "the throughput objective, % of what the fleet carries at the start; empty: no degradation levels",
+        required=False,
+        min_value=1,
+        max_value=200,
+    )
     policies = forms.MultipleChoiceField(
         choices=PlacementPolicy.choices,
         initial=list(POLICIES),
@@ -187,6 +196,11 @@ class ExperimentForm(forms.Form):
         if data["arrival"] == "gamma" and data["cv"] is not None:
             workload["cv"] = data["cv"]
         return workload
+
+    def degradation(self) -> dict | None:
+        """Degradation levels and shedding against a throughput objective (recovery.sim.degradation), or None."""
+        percent = self.cleaned_data.get("objective_percent")
+        return None if percent is None else {"required_share": percent / 100}
 
     def fault(self, names: dict[str, str]) -> dict | None:
         """The failure, its target in the simulation's names (a live node's name is translated through `names`)."""

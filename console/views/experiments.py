@@ -1,7 +1,9 @@
 """Experiments: start a simulator run from the page, watch it, read and download its results, compare two runs.
 
 Operators and managers start and cancel runs; on-call reads them (console.auth). A scenario that cannot run is
-refused on submit with the simulator's own message naming the field, before any row is written.
+refused on submit with the simulator's own message naming the field, before any row is written. `?preset=<setup>`
+fills the form with one of source document 000's setups (console.readmodels.experiments.presets); a finished run's
+page sets it against the paper, and `summary.csv?against=paper` downloads that table.
 """
 
 from django.contrib import messages
@@ -60,6 +62,7 @@ def _submit(request, form: ExperimentForm) -> ExperimentRun:
         duration_s=data["duration_s"],
         workload=form.workload(),
         fault=form.fault(names),
+        degradation=form.degradation(),
         policies=data["policies"],
         seeds=data["seeds"],
     )
@@ -70,7 +73,11 @@ def _submit(request, form: ExperimentForm) -> ExperimentRun:
 @page_view(*READ_EXPERIMENTS)
 def experiment_list(request):
     may_run = roles.has_role(request.user, *RUN_EXPERIMENTS)
-    form, error, status = ExperimentForm(), None, 200
+    presets = experiment_model.presets()
+    preset = next((p for p in presets if p["key"] == request.GET.get("preset")), None)
+    form, error, status = ExperimentForm(initial=preset["initial"] if preset else None), None, 200
+    if request.GET.get("preset") and preset is None:
+        error, status = f"There is no preset {request.GET['preset']!r}: pick one of those below.", 404
     if request.method == "POST":
         if not may_run:
             role = roles.role_of(request.user)
@@ -86,8 +93,9 @@ def experiment_list(request):
                 if field:
                     form.add_error(field, error)
             else:
+                # No flash message: the run's page says it is queued while it is (_experiment_body.html), and a flash
+                # would stay on the page after the run is done.
                 tasks.run_experiment.delay_on_commit(run.pk)
-                messages.success(request, f"Experiment #{run.pk} queued.")
                 return redirect("experiment", run_id=run.pk)
         else:
             problems = "; ".join(e for errors in form.errors.values() for e in errors)
@@ -96,6 +104,8 @@ def experiment_list(request):
         "form": form,
         "error": error,
         "may_run": may_run,
+        "presets": presets,
+        "preset": preset,
         "runs": experiment_model.run_list(),
         "limits": {
             "nodes": experiments.MAX_NODES,
@@ -129,16 +139,27 @@ def experiment_cancel(request, run_id: int):
     return redirect("experiment", run_id=run.pk)
 
 
+CSV_TABLES = {
+    "summary": experiment_model.summary_csv,
+    "windows": experiment_model.windows_csv,
+    "paper": experiment_model.paper_csv,
+}
+
+
 @page_view(*READ_EXPERIMENTS)
 def experiment_csv(request, run_id: int, kind: str):
+    """A finished run's table as CSV: its summary, its windows, or (summary.csv?against=paper) its table against
+    document 000."""
     run = _run(run_id)
+    if kind == "summary" and request.GET.get("against") == "paper":
+        kind = "paper"
     if run.status != ExperimentStatus.DONE:
         return HttpResponse(
             f"Experiment #{run.pk} is {run.get_status_display().lower()}: it has results only once done.\n",
             status=409,
             content_type="text/plain; charset=utf-8",
         )
-    body = experiment_model.windows_csv(run) if kind == "windows" else experiment_model.summary_csv(run)
+    body = CSV_TABLES[kind](run)
     response = HttpResponse(body, content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="lifeline-experiment-{run.pk}-{kind}.csv"'
     return response

@@ -37,6 +37,11 @@ BROKEN = (
 RETRY_AFTER_S = 2
 
 
+def data_line(raw: bytes) -> bytes:
+    """A node's `data:` line as a whole event: the line and the blank line that ends it."""
+    return raw + b"\n" if raw.endswith(b"\n") else raw + b"\n\n"
+
+
 class UpstreamBroken(Exception):
     """The node stopped giving this request tokens: it died, hung, or failed it.
 
@@ -134,7 +139,7 @@ class Relay:
                 broke_at = time.monotonic()
                 if answer is None:
                     self._migrated = False
-                    decision, reason = co.planned_move(flight), "planned migration"
+                    decision, reason = await co.planned_move(flight), "planned migration"
                     continue
                 node, reason, lost = answer
                 decision, broke_at = await self._recover(node, reason, broke_at, exclude, lost=lost)
@@ -195,8 +200,8 @@ class Relay:
                     continue
                 if self._migrated:
                     self._migrated = False
-                    decision = co.planned_move(flight)
                     broke_at, reason = time.monotonic(), "planned migration"
+                    decision = await co.planned_move(flight)  # once the source has handed the KV over
                     continue
                 return await self._finish()
         return await self._give_up("too many failures in a row")
@@ -330,10 +335,9 @@ class Relay:
                     return
                 raise UpstreamBroken("stream ended before the request finished")
             if not raw.startswith(b"data: "):
-                if raw.strip() == b"" and self.client_stream and self.response is not None:
-                    await self._write(raw)
-                continue
+                continue  # the blank line that ends each event: written with the event's data line, in one write
             data = raw[6:].rstrip()
+            raw = data_line(raw)
             if data == b"[DONE]":
                 if self.client_stream:
                     await self._write(raw)

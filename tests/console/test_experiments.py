@@ -377,7 +377,7 @@ def test_the_csvs_hold_each_runs_summary_and_its_windows(client, start):
     assert list(rows[0]) == [
         "policy", "seed", "requests", "finished", "interrupted", "restored", "fetched", "reprefilled",
         "ttft_mean_ms", "ttft_p99_ms", "tpot_mean_ms", "tpot_p99_ms", "stall_mean_ms", "stall_max_ms",
-        "recovery_s", "wall_s",
+        "recovery_s", "shed", "possibly_corrupt", "wall_s",
     ]  # fmt: skip
     by_run = {(r["policy"], int(r["seed"])): r for r in run.results["runs"]}
     assert [(r["policy"], int(r["seed"])) for r in rows] == list(by_run)
