@@ -126,6 +126,11 @@ class Harness:
         self.assisting: dict[str, str] = {}  # restarting node -> survivor it assists
         self.gateway_url = ""
         self.capabilities: list[str] | None = None  # what the nodes offer, where not all an emulated node does
+        # Each node's place in the fabric beyond its rack ({"server": ..., "nvl_domain": ...}), given to the node and
+        # published in its route; a node not named here is alone on its server (workers.catalog.Placement).
+        self.fabric: dict[str, dict[str, str]] = {}
+        self.cordoned: set[str] = set()  # routed with weight 0: no new requests, no checkpoints (a drain's cordon)
+        self.restarts: list[dict] = []  # each kill's restart: start mode, when the node was killed, ready, assisted
         self._server = None
         self._tasks: list[asyncio.Task] = []
 
@@ -144,6 +149,7 @@ class Harness:
             str(self.time_scale),
             "--start",
             start,
+            *(arg for key, value in self.fabric.get(name, {}).items() for arg in (f"--{key.replace('_', '-')}", value)),
             *self.extra,
         )
 
@@ -174,7 +180,8 @@ class Harness:
                     "rack": self.rack_of[name],
                     "gpu": self.gpu,
                     "tp": self.tp,
-                    "weight": 1.0,
+                    "weight": 0.0 if name in self.cordoned else 1.0,
+                    **self.fabric.get(name, {}),
                     "session": str(node.proc.pid),
                     **({"capabilities": self.capabilities} if self.capabilities is not None else {}),
                 }
@@ -228,21 +235,33 @@ class Harness:
                 await asyncio.sleep(0.05)
         raise RuntimeError("the gateway did not start")
 
-    async def kill(self, name: str, restart_after_s: float = 2.0, confirm_after_s: float = 1.0) -> float:
-        """SIGKILL a node; take it out of routing, restart it cold, and assist with its draft, as the control plane
-        does."""
+    async def kill(
+        self, name: str, restart_after_s: float = 2.0, confirm_after_s: float = 1.0, start: str | None = None
+    ) -> float:
+        """SIGKILL a node; take it out of routing, restart it (`start`: cold or warm, the harness's `restart` unless
+        given), and assist with its draft while it loads, as the control plane does."""
         killed_at = time.monotonic()
         self.nodes[name].stop(signal.SIGKILL)
-        self._tasks.append(asyncio.create_task(self._recover(name, restart_after_s, confirm_after_s)))
+        restart = {"node": name, "start": start or self.restart, "killed_at": killed_at}
+        self.restarts.append(restart)
+        self._tasks.append(asyncio.create_task(self._recover(name, restart_after_s, confirm_after_s, restart)))
         return killed_at
 
-    async def _recover(self, name: str, restart_after_s: float, confirm_after_s: float) -> None:
+    async def _recover(self, name: str, restart_after_s: float, confirm_after_s: float, restart: dict) -> None:
+        """Out of routing, restarted, assisting while it loads, back in routing; `restart` gets the moments
+        (time.monotonic()) it was restarted, draft-ready, paired with a survivor and serving."""
         await asyncio.sleep(confirm_after_s)
         await asyncio.to_thread(self.publish)
         await asyncio.sleep(max(restart_after_s - confirm_after_s, 0))
-        node = await asyncio.to_thread(Node, name, *self._args(name, self.restart))
+        restart["restarted_at"] = time.monotonic()
+        node = await asyncio.to_thread(Node, name, *self._args(name, restart["start"]))
         self.nodes[name] = node
         while (state := await asyncio.to_thread(self._state, node)) != "serving":
+            states = restart.setdefault("states", [])  # the model states it went through, in order
+            if state not in states:
+                states.append(state)
+            if state == "draft_ready":
+                restart.setdefault("draft_ready_at", time.monotonic())
             if self.assist and state == "draft_ready" and name not in self.assisting:
                 survivor = await asyncio.to_thread(self._most_loaded, name)
                 if survivor and await asyncio.to_thread(
@@ -252,16 +271,17 @@ class Harness:
                     "/agent/assist",
                     {
                         "draft": {"name": name, "address": node.address, "rack": self.rack_of[name]},
-                        "k": 4,
-                        "alpha": 0.6,
+                        "k": 4,  # the agreement is the catalog's for the model pair (the node refuses an alpha)
                     },
                 ):
                     self.assisting[name] = survivor
+                    restart.update(assisted=survivor, assist_at=time.monotonic())
             await asyncio.sleep(0.2)
         survivor = self.assisting.pop(name, None)
         if survivor:
             await asyncio.to_thread(self._call, self.nodes[survivor], "DELETE", "/agent/assist", None)
         await asyncio.to_thread(self.publish)
+        restart["serving_at"] = time.monotonic()
 
     def _most_loaded(self, exclude: str) -> str | None:
         loads = {}

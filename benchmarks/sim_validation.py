@@ -79,6 +79,7 @@ from benchmarks.looplag_probe import cpu_times, steal_share
 from benchmarks.policy_comparison import busiest
 from recovery.policy.placement import POLICIES
 from recovery.sim import scenario as sim_scenario
+from recovery.sim.degradation import Degradation, DegradationSettings
 from recovery.sim.experiment import run_one
 from recovery.sim.faults import Fault
 from recovery.sim.fleet import SERIES_S, FaultRecord, Flight
@@ -316,6 +317,8 @@ class MeasuredRun:
     skipped_faults: list = field(default_factory=list)
     now: float = 0.0
     events_processed: int = 0
+    # The real runs set no throughput objective: no levels, nothing shed (as a Simulation without one).
+    degradation: Degradation = field(default_factory=lambda: Degradation(DegradationSettings(), {}))
 
 
 def _add(series: dict[int, list], at: float, total: float, count: int) -> None:

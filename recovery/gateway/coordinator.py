@@ -205,8 +205,16 @@ class Coordinator:
             # The plan saw no survivor; a node may have come back since: a fresh pick, re-prefilling.
             return dispatch.Decision(flight.request_id, node, "reprefill", None, "no survivor in the plan")
 
-    def planned_move(self, flight: Flight) -> dispatch.Decision:
-        """The decision a finished planned migration hands the relay: KV already on the target, or re-prefill there."""
+    async def planned_move(self, flight: Flight) -> dispatch.Decision:
+        """The decision a finished planned migration hands the relay: KV already on the target, or re-prefill there.
+
+        The source ends the request's stream at the token boundary and only then sends its KV to the target;
+        it answers the migrate call once the KV is there. The request continues when it has answered: resumed
+        sooner, the target may not have the pages yet and re-prefills what was meant to be a transfer.
+        """
+        handed_over = (self._planned.get(flight.request_id) or {}).get("handed_over")
+        if handed_over is not None:
+            await handed_over.wait()
         plan = self._planned.pop(flight.request_id, None) or {}
         transfer = plan.get("method") == "transfer"
         return dispatch.Decision(
@@ -508,12 +516,14 @@ class Coordinator:
                 flight.upstream.close()
                 results["reprefill"] += 1
                 continue
+            handed_over = asyncio.Event()  # the source has answered: the KV is on the target, or it never will be
             self._planned[flight.request_id] = {
                 "target": target.name,
                 "method": method,
                 "command": command,
                 "transfer_s": transfer_s,
                 "reprefill_s": reprefill_s,
+                "handed_over": handed_over,
             }
             try:
                 async with self._session.post(
@@ -528,5 +538,7 @@ class Coordinator:
                 log.info("planned migration of %s did not start: %s", flight.request_id, exc)
                 self._planned.pop(flight.request_id, None)
                 results["failed"] += 1
+            finally:
+                handed_over.set()
         self.signals.emit("migration_command_done", **results)
         return results
