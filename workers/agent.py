@@ -258,6 +258,8 @@ async def _run_request(request: web.Request, kind: str) -> web.StreamResponse:
         headers["X-Lifeline-Resume"] = resume.method
     writer = ChunkWriter(req, engine.model.key)
     writer.offset = len(seq.text)
+    if req.stream and seq.resumed_with:
+        writer.resumed(seq.generated[: seq.resumed_with])
     extension = {"resume": resume.to_json()} if resume is not None else None
     last_at = None
     backlog: deque[tuple[int, bytes]] = deque(maxlen=PARK_BACKLOG)

@@ -110,6 +110,14 @@ class ChunkWriter:
         self.model = model_name
         self.created = int(time.time())
         self.offset = 0
+        # As vLLM does, the text that may be the start of a stop string is held back until the next token says: a
+        # stop string that spans tokens is cut from the answer whole, never half-written ("time" then ",", for
+        # "time,"). One character or none needs no holding: the engine cuts it within its token.
+        self._hold = max((len(s) for s in req.params.stop), default=1) - 1
+        self._text = ""  # every token's text so far, as the engine gave it (only kept while holding back)
+        self._written = 0  # how much of it went out
+        self._last: TokenEvent | None = None
+        self._previous: int | None = None  # the token before the last: how workers.tokens spaces the last
         # The common chunk (a token, no logprobs, no extension) is rendered from a template:
         # it is written once per token per stream, and a dict plus json.dumps costs several times more.
         head = (
@@ -125,11 +133,50 @@ class ChunkWriter:
             self._next = (head % "chat.completion.chunk") + '"delta":{"content":'
             self._tail = '},"logprobs":null,"finish_reason":null}]}\n\n'
 
+    def resumed(self, generated: list[int]) -> None:
+        """The stream continues one whose client has these tokens, all but the text held back from it."""
+        if self._hold:
+            self._text = tokens.decode(generated)
+            self._written = max(0, len(self._text) - self._hold)
+            self._last = None
+            self._previous = generated[-1] if generated else None
+
+    def _take(self, event: TokenEvent) -> str:
+        """The text to write with this token's chunk."""
+        if not self._hold:
+            return event.text
+        if self._last is not None:
+            self._previous = self._last.token_id
+        self._last = event
+        self._text += event.text
+        written, self._written = self._written, max(self._written, len(self._text) - self._hold)
+        return self._text[written : self._written]
+
+    def _rest(self, reason: str | None) -> str:
+        """The text held back, written with the finish: cut where a stop string begins that the last token ended."""
+        if not self._hold:
+            return ""
+        final, last = self._text, self._last
+        if reason == "stop" and last is not None and last.token is None and last.token_id is not None:
+            # The emulated engine gave the last token only the text before the stop string: if the string began in
+            # tokens already taken, it is found again here, where the engine found it.
+            base = self._text[: len(self._text) - len(last.text)]
+            combined = base + tokens.piece(last.token_id, self._previous)
+            for stop in self.req.params.stop:
+                cut = combined.find(stop, max(0, len(base) - len(stop) + 1))
+                if cut >= 0:
+                    final = combined[:cut]
+                    break
+        rest = final[self._written :]
+        self._written = max(self._written, len(final))
+        return rest
+
     def token_sse(self, event: TokenEvent, first: bool, extension: dict | None = None) -> bytes:
         """The SSE bytes for one token."""
         if self._fast and not extension:
             self.offset += len(event.text)
-            return ((self._first if first else self._next) + json.dumps(event.text) + self._tail).encode()
+            text = self._take(event)
+            return ((self._first if first else self._next) + json.dumps(text) + self._tail).encode()
         return sse(self.token_chunk(event, first, extension))
 
     def _envelope(self, choice: dict, obj: str) -> dict:
@@ -143,17 +190,18 @@ class ChunkWriter:
 
     def token_chunk(self, event: TokenEvent, first: bool, extension: dict | None = None) -> dict:
         want_logprobs = self.req.params.logprobs is not None
+        text = self._take(event)
         if self.req.kind == "completion":
             choice = {
                 "index": 0,
-                "text": event.text,
+                "text": text,
                 "logprobs": _completion_logprobs(event, self.offset) if want_logprobs else None,
                 "finish_reason": None,
             }
             self.offset += len(event.text)
             obj = "text_completion"
         else:
-            delta = {"role": "assistant", "refusal": None, "content": event.text} if first else {"content": event.text}
+            delta = {"role": "assistant", "refusal": None, "content": text} if first else {"content": text}
             choice = {
                 "index": 0,
                 "delta": delta,
@@ -170,11 +218,14 @@ class ChunkWriter:
         return chunk
 
     def finish_chunk(self, reason: str | None) -> dict:
+        """The last chunk, with the text held back; None: the stream moves to another node, which writes that."""
+        rest = self._rest(reason) if reason is not None else ""
         if self.req.kind == "completion":
-            choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": reason}
+            choice = {"index": 0, "text": rest, "logprobs": None, "finish_reason": reason}
             return self._envelope(choice, "text_completion")
         return self._envelope(
-            {"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason}, "chat.completion.chunk"
+            {"index": 0, "delta": {"content": rest} if rest else {}, "logprobs": None, "finish_reason": reason},
+            "chat.completion.chunk",
         )
 
     def usage_chunk(self, finish: FinishEvent) -> dict:
@@ -189,7 +240,7 @@ class ChunkWriter:
         }
 
     def whole(self, events: list[TokenEvent], finish: FinishEvent) -> dict:
-        text = "".join(e.text for e in events)
+        text = "".join(self._take(e) for e in events) + self._rest(finish.reason)
         want_logprobs = self.req.params.logprobs is not None
         if self.req.kind == "completion":
             logprobs: dict[str, Any] | None = None

@@ -8,15 +8,15 @@ OpenAI does, `param` set) instead of failing on a node.
 
 What the emulated engine can do with a parameter decides its fate. Honoured:
 temperature, top_p, seed, stop, max_tokens, logprobs (up to 20), n=1, stream
-and its usage chunk, and vLLM's top_k, min_p, min_tokens and ignore_eos.
-Accepted because they do not change the output: user, metadata,
-safety_identifier, prompt_cache_key, prompt_cache_retention, prediction,
-parallel_tool_calls, tools offered with tool_choice auto or none (the model
-answers in text, as a model may). Everything else that would change the
-output (JSON mode, a forced tool call, penalties, logit bias, images, audio,
-web search, reasoning effort) is refused with a 400 saying so; it is never
-dropped in silence. A field the API does not have is refused too, as OpenAI
-refuses it.
+and its usage chunk, vLLM's top_k, min_p, min_tokens and ignore_eos, and tools
+offered with tool_choice auto or none (written into the prompt, as a chat
+template writes them; the model answers in text, as a model may). Accepted
+because they do not change the output: user, metadata, safety_identifier,
+prompt_cache_key, prompt_cache_retention, prediction, parallel_tool_calls.
+Everything else that would change the output (JSON mode, a forced tool call,
+penalties, logit bias, images, audio, web search, reasoning effort) is refused
+with a 400 saying so; it is never dropped in silence. A field the API does not
+have is refused too, as OpenAI refuses it.
 """
 
 import json
@@ -591,8 +591,14 @@ def parse(body, kind: str, context_tokens: int | None = None) -> CompletionReque
         explicit = _int(body, "max_tokens", None, 1)
         default = DEFAULT_COMPLETION_MAX_TOKENS
     else:
-        prompt_ids = tokens.encode(_chat_text(body.get("messages")))
+        text = _chat_text(body.get("messages"))
         _chat_only(body)
+        offered = [body[key] for key in ("tools", "functions") if body.get(key)]
+        if offered:
+            # The model reads the tools it is offered, as a chat template writes them into the prompt (vLLM's, with
+            # tool_choice none too): they take their room in the context and their time in the prefill.
+            text = "".join(f"<|tools|> {json.dumps(tools)}\n" for tools in offered) + text
+        prompt_ids = tokens.encode(text)
         logprobs = None
         if _bool(body, "logprobs"):
             logprobs = _int(body, "top_logprobs", 0, 0, MAX_TOP_LOGPROBS)
