@@ -132,6 +132,8 @@ class Harness:
         self.cordoned: set[str] = set()  # routed with weight 0: no new requests, no checkpoints (a drain's cordon)
         self.restarts: list[dict] = []  # each kill's restart: start mode, when the node was killed, ready, assisted
         self._server = None
+        self._more_gateways: list = []  # start_more_gateways
+        self.gateway_urls: list[str] = []
         self._tasks: list[asyncio.Task] = []
 
     # --- the cluster ----------------------------------------------------------------------
@@ -201,6 +203,17 @@ class Harness:
 
     async def start_gateway(self) -> None:
         """The gateway as its own process, as in production (`manage.py gateway`)."""
+        self._server, self.gateway_url = await self._spawn_gateway("bench-gw")
+
+    async def start_more_gateways(self, count: int) -> list[str]:
+        """`count` more gateway processes sharing the routing table (as several behind a balancer); their URLs."""
+        for i in range(count):
+            proc, url = await self._spawn_gateway(f"bench-gw-{i + 2}")
+            self._more_gateways.append(proc)
+            self.gateway_urls.append(url)
+        return self.gateway_urls
+
+    async def _spawn_gateway(self, name: str):
         import subprocess
         import sys
         import tempfile
@@ -216,24 +229,24 @@ class Harness:
             "LIFELINE_LOG_LEVEL": "WARNING",
         }
         log = open(os.environ["BENCH_GATEWAY_LOG"], "ab") if os.environ.get("BENCH_GATEWAY_LOG") else subprocess.DEVNULL
-        self._server = subprocess.Popen(
-            [sys.executable, "manage.py", "gateway", "--port", str(port), "--name", "bench-gw"],
+        proc = subprocess.Popen(
+            [sys.executable, "manage.py", "gateway", "--port", str(port), "--name", name],
             cwd=BASE_DIR,
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=log,
         )
-        self.gateway_url = f"http://127.0.0.1:{port}"
+        url = f"http://127.0.0.1:{port}"
         async with aiohttp.ClientSession() as session:
             for _ in range(400):
                 try:
-                    async with session.get(self.gateway_url + "/healthz") as response:
+                    async with session.get(url + "/healthz") as response:
                         if len((await response.json())["watching"]) == len(self.serving()):
-                            return
+                            return proc, url
                 except aiohttp.ClientError:
                     pass
                 await asyncio.sleep(0.05)
-        raise RuntimeError("the gateway did not start")
+        raise RuntimeError(f"the gateway {name} did not start")
 
     async def kill(
         self, name: str, restart_after_s: float = 2.0, confirm_after_s: float = 1.0, start: str | None = None
@@ -309,17 +322,20 @@ class Harness:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._server is not None:
-            self._server.terminate()
-            self._server.wait(timeout=30)
+        for server in [self._server, *self._more_gateways]:
+            if server is not None:
+                server.terminate()
+                server.wait(timeout=30)
         for node in self.nodes.values():
             node.stop(signal.SIGKILL)
         for key in self.redis.scan_iter(match=self.namespace + ":*"):
             self.redis.delete(key)
 
     # --- clients ----------------------------------------------------------------------------------
-    async def request(self, session: aiohttp.ClientSession, prompt: str, max_tokens: int) -> Result:
-        return await checked_stream(session, self.gateway_url + "/v1", KEY, self.model, prompt, max_tokens)
+    async def request(
+        self, session: aiohttp.ClientSession, prompt: str, max_tokens: int, gateway: str | None = None
+    ) -> Result:
+        return await checked_stream(session, (gateway or self.gateway_url) + "/v1", KEY, self.model, prompt, max_tokens)
 
     def gateway_metrics(self) -> str:
         return urllib.request.urlopen(self.gateway_url + "/metrics").read().decode()

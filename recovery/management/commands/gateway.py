@@ -1,3 +1,4 @@
+import asyncio
 import os
 
 from aiohttp import web
@@ -20,8 +21,14 @@ class Command(BaseCommand):
             default=30.0,
             help="on SIGTERM, seconds to let requests in flight finish before closing their streams",
         )
+        parser.add_argument(
+            "--reuse-port",
+            action="store_true",
+            help="share the port with other gateway processes on this host (SO_REUSEPORT: the kernel spreads the "
+            "connections); run one per core",
+        )
 
-    def handle(self, *args, host, port, name, drain_timeout, **options):
+    def handle(self, *args, host, port, name, drain_timeout, reuse_port, **options):
         if not settings.REDIS_URL:
             raise CommandError(
                 "REDIS_URL is not set: the gateway reads its routing table from Redis (e.g. REDIS_URL=redis://127.0.0.1:6379/0)."
@@ -36,7 +43,8 @@ class Command(BaseCommand):
             redis_url=settings.REDIS_URL, namespace=settings.LIFELINE_NAMESPACE, name=name, agent_token=agent_token
         )
         app = build_app(config)
-        self.stdout.write(f"gateway {config.gateway_name} listening on http://{host}:{port}/v1")
+        loop = _event_loop(os.environ.get("LIFELINE_GATEWAY_LOOP", "uvloop"))
+        self.stdout.write(f"gateway {config.gateway_name} listening on http://{host}:{port}/v1 ({loop})")
         # On SIGTERM aiohttp stops accepting, then lets the handlers in flight run up to shutdown_timeout.
         web.run_app(
             app,
@@ -46,4 +54,20 @@ class Command(BaseCommand):
             access_log=None,
             handler_cancellation=True,
             shutdown_timeout=drain_timeout,
+            reuse_port=reuse_port or None,
         )
+
+
+def _event_loop(wanted: str) -> str:
+    """uvloop where it is installed (it relays a token in less CPU than asyncio's own loop: benchmarks/gateway_peers),
+    asyncio's otherwise or when LIFELINE_GATEWAY_LOOP=asyncio. Returns the one in use."""
+    if wanted not in ("uvloop", "asyncio"):
+        raise CommandError(f"LIFELINE_GATEWAY_LOOP={wanted!r}: expected uvloop or asyncio")
+    if wanted == "uvloop":
+        try:
+            import uvloop
+        except ImportError:
+            return "asyncio (uvloop is not installed)"
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+        return "uvloop"
+    return "asyncio"

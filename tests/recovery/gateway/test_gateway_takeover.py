@@ -224,3 +224,45 @@ async def test_attach_without_the_agent_token_is_refused(cluster):
         data={**body(5), "stream": True, "lifeline": {"request_id": "tk-f-1", "attach": 2}},
     )
     assert status == 401 and "agent token" in answer["error"]["message"]
+
+
+async def test_several_gateway_processes_share_one_port(cluster, tmp_path):
+    """`--reuse-port`: gateway processes on one host share a port (SO_REUSEPORT), the kernel spreads connections,
+    and each serves from the shared routing table."""
+    from console.stack import free_port
+
+    cluster.start_nodes("tk-g")
+    port = free_port()
+    env = {**os.environ, "LIFELINE_NAMESPACE": cluster.keys.namespace, "LIFELINE_AGENT_TOKEN": AGENT}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "manage.py", "gateway", "--port", str(port), "--name", f"gw-port-{i}", "--reuse-port"],
+            cwd=BASE_DIR,
+            env={**env, "LIFELINE_VAR_DIR": str(tmp_path / str(i))},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for i in range(2)
+    ]
+    base = f"http://127.0.0.1:{port}"
+    try:
+        seen: set[str] = set()
+
+        def both_answer() -> bool:
+            for _ in range(20):  # each call a new connection: the kernel picks a process for each
+                try:
+                    status, health = http_json(base + "/healthz", timeout=2)
+                except OSError:
+                    return False
+                if status == 200 and health["watching"] == ["tk-g"]:
+                    seen.add(health["gateway"])
+            return seen == {"gw-port-0", "gw-port-1"}
+
+        await asyncio.to_thread(wait_for, both_answer, 30, 0.2, "both gateways answering on one port")
+        async with aiohttp.ClientSession() as session:
+            chunks = await collect(session, [base], body(6, 8))
+        assert text_of(chunks)
+        assert [p.poll() for p in procs] == [None, None]
+    finally:
+        for proc in procs:
+            proc.kill()
