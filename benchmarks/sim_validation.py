@@ -319,6 +319,7 @@ class MeasuredRun:
     events_processed: int = 0
     # The real runs set no throughput objective: no levels, nothing shed (as a Simulation without one).
     degradation: Degradation = field(default_factory=lambda: Degradation(DegradationSettings(), {}))
+    assists: list = field(default_factory=list)  # the real runs' draft pairings are not recorded as the simulator's
 
 
 def _add(series: dict[int, list], at: float, total: float, count: int) -> None:

@@ -407,9 +407,12 @@ class EngineCore:
         """Accept drafted tokens left to right while they match the target; emit them plus one."""
         state, accepted = seq.state, 0
         for offset, drafted in enumerate(proposal):
-            target = tokens.next_token(
-                state, len(seq.generated) + offset, seq.params.temperature, seq.params.seed, seq.sampling
-            ).token_id
+            if not self.token_ids:
+                target = COUNTED_TOKEN  # a core that counts tokens has every one COUNTED_TOKEN
+            else:
+                target = tokens.next_token(
+                    state, len(seq.generated) + offset, seq.params.temperature, seq.params.seed, seq.sampling
+                ).token_id
             if drafted != target:
                 break
             accepted += 1

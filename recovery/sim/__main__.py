@@ -65,6 +65,15 @@ def main(argv: list[str] | None = None) -> int:
         for model, seconds in m.seconds_at_level.items():
             at_levels = ", ".join(f"level {level} {s:.0f} s" for level, s in seconds.items())
             print(f"  {m.policy} seed {m.seed}: {model} at {at_levels}")
+        for pairing in m.assist["by_pairing"]:
+            ended = "the end" if pairing["ended_s"] is None else f"{pairing['ended_s']:.1f} s"
+            print(
+                f"    {pairing['draft']}'s draft model assisted {pairing['survivor']} "
+                f"from {pairing['started_s']:.1f} s to {ended}: {pairing['assist_steps']} steps, "
+                f"{pairing['draft_proposed']} tokens drafted, "
+                f"{pairing['draft_accepted']} accepted (modelled: each accepted at the draft agreement "
+                f"α = {pairing['agreement']['value']:g}, an input)"
+            )
         if m.shed_by_tier:
             shed = ", ".join(f"{tier} {n}" for tier, n in m.shed_by_tier.items())
             print(f"  {m.policy} seed {m.seed}: refused by a degradation level (429/503), by tier: {shed}")

@@ -35,6 +35,22 @@ every request it had since its last good canary (possibly corrupt), moves those 
 (transfer of their KV or re-prefill, `dispatch.migration_method`), promotes a spare, and resets the node. Token
 ids are not corrupted: a moved request's stream is still the undisturbed one, which is what lets the tests hold
 the migration to "no token lost, none repeated".
+
+Speculative draft assist (progressive recovery, `draft_assist`): a node restarting cold (after its repair) loads its
+model's catalogued draft model first; from draft-ready (`workers.catalog.load_time_s` of the draft after the repair)
+until its full model is loaded, it assists the most loaded survivor of its model that is decoding and not assisted
+already (`progressive.pick_assisted` on L̂, as recovery.actions.incidents picks it). The survivor plans its steps
+with room for ASSIST_K drafted tokens per decoding sequence (`EngineCore.plan(lookahead=...)`), has ASSIST_K drafts
+verified for each of its first MAX_ASSISTED decoding sequences, takes `step_seconds(plan, verified_drafts)` for the
+step, and emits the accepted drafts plus one (`EngineCore.apply(plan, now, drafts)`), as workers.engine does. The
+tokens are not computed on the fast path, so how many drafts are accepted is drawn: each drafted token left to right
+with probability α, the model pair's draft agreement (`workers.catalog.Model.draft_agreement`, a MODEL PARAMETER,
+an input), from the pairing's own seeded generator; the step-by-step run draws the same and hands the core drafts
+that match the target's tokens that far and no further. A node is stepped one step at a time while it is assisted.
+The figures of each pairing (assisted steps, drafted, tested and accepted tokens) are outcomes of those draws at α:
+modelled, never a measured acceptance. The full model's load time is the simulator's as before (`load_time_s` of the
+model after the repair) with the draft ready within it; the real node loads the draft and then the full model, one
+after the other, which would add the draft's load to every cold restart, with or without assist.
 """
 
 import heapq
@@ -42,12 +58,12 @@ import math
 import random
 import zlib
 from bisect import bisect_right
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from recovery.canary import PROMPTS as CANARY_PROMPTS
-from recovery.policy import dispatch, load, placement, recovery
+from recovery.policy import dispatch, load, placement, progressive, recovery
 from recovery.policy import health as health_policy
 from recovery.sim.degradation import Degradation, LevelChange
 from recovery.sim.faults import Fault, detect
@@ -69,6 +85,11 @@ SERIES_S = 0.5  # latency over time is kept in buckets this wide; recovery-time 
 MAX_RUN = 256  # fast path: decode steps advanced in one event at most (a longer run is two)
 MIN_RUN = 2  # fast path: shorter runs go step by step
 _PLACEHOLDERS = [COUNTED_TOKEN] * MAX_RUN  # fast path: the tokens of a decode run, counted, not computed
+# Draft assist: drafted tokens per sequence a survivor verifies (recovery.actions.incidents.ASSIST_K, the k that
+# benchmarks/harness.py and workers/control_api.py default to), for at most MAX_ASSISTED decoding sequences a step
+# (workers.engine.EngineConfig.max_assisted).
+ASSIST_K = 4
+MAX_ASSISTED = 64
 
 
 def prompt_ids(index: int, length: int) -> list[int]:
@@ -122,6 +143,22 @@ class Flight:
 
 
 @dataclass
+class Assist:
+    """A restarting node's draft model paired with a survivor that verifies its drafts (workers.engine.Assist), from
+    the draft node's draft-ready until its full model is loaded, or until the survivor fails."""
+
+    draft: str  # the restarting node
+    survivor: str
+    agreement: float  # α, the model pair's draft agreement from the catalog: an input, not a measurement
+    rng: random.Random  # draws each drafted token's acceptance; its own per pairing, so runs are deterministic
+    started_s: float
+    ended_s: float | None = None
+    # workers.core.StepResult.assist's figures summed over the pairing (assist_steps, draft_proposed,
+    # draft_accepted, draft_tested, assisted_tokens, assisted_sequence_steps): outcomes of the draws at α, modelled.
+    counters: Counter = field(default_factory=Counter)
+
+
+@dataclass
 class NodeState:
     spec: SimNode
     core: EngineCore
@@ -147,6 +184,8 @@ class NodeState:
     down: bool = False  # the control plane's DOWN or UNHEALTHY verdict, until its model is loaded again
     session_s: float = 0.0  # when it last started serving: its canaries count from then
     corrupt_since: float | None = None  # silent corruption: answering wrongly since then, not found yet
+    assist: Assist | None = None  # the draft node whose drafts it verifies, while one assists it
+    step_drafts: tuple[Assist, dict[str, list[int]]] | None = None  # the drafts of the step under way, if any
 
     @property
     def name(self) -> str:
@@ -214,19 +253,23 @@ class Simulation:
         locality_dispatch: bool = True,
         second_holder: bool = True,
         prefill_chunk_checkpoints: bool = True,
+        draft_assist: bool = True,
         fast: bool = False,
     ):
-        """The four switches after `max_batched_tokens` take one of Lifeline's mechanisms away at a time, for the
+        """The five switches after `max_batched_tokens` take one of Lifeline's mechanisms away at a time, for the
         ablations of recovery/sim/lumen.py: `load_aware_placement` False places the first holder as the fixed
         neighbour; `locality_dispatch` False sends every interrupted request to its holder whatever the holder's
         load (θ infinite, DéjàVu's dispatch); `second_holder` False never gives a request a second holder;
-        `prefill_chunk_checkpoints` False streams no page before the first token."""
+        `prefill_chunk_checkpoints` False streams no page before the first token; `draft_assist` False has a
+        restarting node load its model without assisting a survivor with its draft model meanwhile."""
         if policy not in placement.POLICIES:
             raise ValueError(f"unknown placement policy {policy!r}: expected one of {', '.join(placement.POLICIES)}")
         self.scenario, self.policy, self.seed = scenario, policy, seed
         self.tau, self.theta_factor, self.alpha, self.beta = tau, theta_factor, alpha, beta
         self.load_aware_placement, self.locality_dispatch = load_aware_placement, locality_dispatch
         self.second_holder, self.prefill_chunk_checkpoints = second_holder, prefill_chunk_checkpoints
+        self.draft_assist = draft_assist
+        self.assists: list[Assist] = []  # every pairing of a draft node with a survivor, in the order they began
         self.requests = requests if requests is not None else scenario.requests(seed)
         self.faults = (fault_list if fault_list is not None else scenario.faults(seed)) if faults else []
         self.fast = fast
@@ -316,6 +359,7 @@ class Simulation:
             "pages": self._on_pages,
             "repair": self._on_repair,
             "loaded": self._on_loaded,
+            "draft_ready": self._on_draft_ready,
             "capacity": self._on_capacity,
             "suspicious": self._on_suspicious,
             "corrupt": self._on_corrupt_found,
@@ -472,12 +516,21 @@ class Simulation:
     def _wake(self, node: NodeState) -> None:
         if node.busy or not node.alive or node.core.next_due(self.now) is None:
             return
-        plan = node.core.plan(self.now)
+        assist = node.assist
+        # An assisted node keeps KV room for the drafts it will verify (workers.engine plans with lookahead k).
+        plan = node.core.plan(self.now, lookahead=ASSIST_K if assist is not None else 0)
         if plan is None:
             return
         node.busy, node.plan = True, plan
-        end = self.now + node.core.step_seconds(plan)
-        run = self._decode_run(node, plan, end) if self.fast else None
+        verified = 0
+        if assist is not None:
+            drafts = self._drafts(node.core, assist, plan)
+            if drafts:
+                node.step_drafts = (assist, drafts)
+                verified = len(drafts) * ASSIST_K
+        end = self.now + node.core.step_seconds(plan, verified)
+        # An assisted node goes step by step: its steps' lengths depend on the drafts accepted.
+        run = self._decode_run(node, plan, end) if self.fast and assist is None else None
         if run is None:
             self._push(end, "step", node.name, node.epoch)
             return
@@ -616,8 +669,14 @@ class Simulation:
         node.steps += 1
         self.steps_simulated += 1
         node.step_s = self.now - plan.started
-        result = node.core.apply(plan, self.now)
         node.plan = None
+        if node.step_drafts is not None:
+            pairing, drafts = node.step_drafts
+            node.step_drafts = None
+            result = node.core.apply(plan, self.now, drafts)
+            pairing.counters.update(result.assist)
+        else:
+            result = node.core.apply(plan, self.now)
         # The gateway's view of the node changes when its batch does; a step that only decoded moves its
         # context on, which the real gateway sees at the node's next load message (every 250 ms at most).
         changed = bool(plan.admitted or plan.preempted or plan.shape[0])
@@ -812,6 +871,7 @@ class Simulation:
             node.alive, node.undetected = False, True
             node.epoch += 1  # the step under way never ends
             node.busy, node.run = False, None
+            self._stop_assisting(node)
             # Its host memory is gone: the checkpoints it held are lost.
             for flight in self.in_flight.values():
                 if flight.pages.get(name):
@@ -1080,6 +1140,7 @@ class Simulation:
         node.alive = False
         node.epoch += 1
         node.busy, node.run, node.plan = False, None, None
+        self._stop_assisting(node)
         for flight in self.in_flight.values():
             if flight.pages.get(name):
                 flight.pages[name] = []
@@ -1139,15 +1200,99 @@ class Simulation:
         self._push(self.now + delay, "resume", flight, decision, restored)
 
     def _on_repair(self, name: str, epoch: int) -> None:
+        """The node restarts cold: its model loads, its draft model (when the family has one) ready first."""
         node = self.nodes[name]
         if epoch != node.epoch:
             return
-        self._push(self.now + catalog.load_time_s(node.spec.deployment.model), "loaded", name, epoch)
+        model = node.spec.deployment.model
+        self._push(self.now + catalog.load_time_s(model), "loaded", name, epoch)
+        if self.draft_assist and model.draft is not None:
+            self._push(self.now + catalog.load_time_s(catalog.MODELS[model.draft]), "draft_ready", name, epoch)
+
+    # --- speculative draft assist (progressive recovery) ---------------------------------------
+    def _on_draft_ready(self, name: str, epoch: int) -> None:
+        """recovery.actions.incidents.start_assist at the node's draft_ready: the most loaded survivor of its model
+        (progressive.pick_assisted on L̂) among those decoding and not assisted already; none, and the node waits for
+        its full model."""
+        node = self.nodes[name]
+        if epoch != node.epoch:
+            return
+        model = node.spec.deployment.model
+        loads = {
+            other: self.l_hat(other)
+            for other, s in sorted(self.nodes.items())
+            if other != name
+            and s.spec.deployment.model.key == model.key
+            and s.alive
+            and s.routable
+            and other not in self.failed
+            and s.assist is None
+            and s.core.running
+        }
+        chosen = progressive.pick_assisted(loads)
+        if chosen is None:
+            return
+        survivor = self.nodes[chosen]
+        self._settle(survivor)  # the step under way was planned without drafts; the next ones have them
+        pairing = Assist(
+            name, chosen, model.draft_agreement, random.Random(f"{self.seed}:draft:{name}:{epoch}"), self.now
+        )
+        self.assists.append(pairing)
+        survivor.assist = pairing
+
+    def _stop_assisting(self, node: NodeState) -> None:
+        """`node` verifies no more drafts (it failed): its pairing ends; its draft node goes on loading."""
+        if node.assist is not None:
+            node.assist.ended_s = self.now
+            node.assist = None
+        node.step_drafts = None
+
+    def _end_assist(self, draft: str) -> None:
+        """The draft node's full model is loaded: the survivor it assisted decodes on its own again (harness and
+        control plane unpair them); a step already planned with drafts verifies them."""
+        for pairing in self.assists:
+            if pairing.draft == draft and pairing.ended_s is None:
+                pairing.ended_s = self.now
+                survivor = self.nodes[pairing.survivor]
+                if survivor.assist is pairing:
+                    survivor.assist = None
+
+    def _drafts(self, core: EngineCore, pairing: Assist, plan: StepPlan) -> dict[str, list[int]]:
+        """ASSIST_K drafted tokens for each of the first MAX_ASSISTED decoding sequences of `plan`
+        (workers.engine.Engine._drafts). How many the survivor accepts is drawn: each drafted token, left to right,
+        with probability α (the pair's draft agreement); the proposal then matches the target's tokens exactly that
+        far, so EngineCore.apply verifies and accepts as many, whether it computes tokens or counts them."""
+        drafts = {}
+        for seq in plan.decode[:MAX_ASSISTED]:
+            accepted = 0
+            while accepted < ASSIST_K and pairing.rng.random() < pairing.agreement:
+                accepted += 1
+            drafts[seq.request_id] = self._proposal(core, seq, accepted)
+        return drafts
+
+    @staticmethod
+    def _proposal(core: EngineCore, seq: Sequence, accepted: int) -> list[int]:
+        """ASSIST_K tokens of which the first `accepted` are the target's next tokens and the one after is not."""
+        if not core.token_ids:
+            # A core that counts tokens has every one COUNTED_TOKEN: any other id is a draft it rejects.
+            return [COUNTED_TOKEN] * accepted + [COUNTED_TOKEN + 1] * (ASSIST_K - accepted)
+        proposal: list[int] = []
+        state = seq.state
+        params = seq.params
+        while len(proposal) < ASSIST_K:
+            position = len(seq.generated) + len(proposal)
+            target = vocabulary.next_token(state, position, params.temperature, params.seed, seq.sampling).token_id
+            if len(proposal) == accepted:
+                return proposal + [target + 1] * (ASSIST_K - accepted)  # never tested past the first rejected
+            proposal.append(target)
+            state = vocabulary.advance(state, target)
+        return proposal
 
     def _on_loaded(self, name: str, epoch: int) -> None:
         node = self.nodes[name]
         if epoch != node.epoch:
             return
+        self._end_assist(name)  # its model state is serving now, noticed or not
         if node.undetected:
             node.loaded_early = True
             return

@@ -20,9 +20,15 @@ each request's tier, the level it finished at and the latency-objective factor t
 Silent corruption: each sdc fault's detection delay (fault to weight 0), when its first failed canary halved the
 node's weight, and how many requests the real system would name as possibly corrupt (served by the node since its
 last good canary); live migrations that moved KV are counted in `transferred`.
+
+Draft assist: each pairing of a restarting node's draft model with a survivor, and the steps it assisted, the tokens
+it drafted and the survivor tested and accepted. These are MODELLED: the simulator draws each drafted token's
+acceptance at the model pair's draft agreement α (an input from workers.catalog), so the acceptance they give is
+the draws', not a measurement of any draft model.
 """
 
 import math
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 from recovery.policy.capacity import EFFECTS
@@ -139,6 +145,7 @@ class RunMetrics:
     shed_detail: list = field(default_factory=list)  # {model, tier, level, code, requests}
     seconds_at_level: dict = field(default_factory=dict)  # model -> {level: seconds}, over the whole run
     level_changes: list = field(default_factory=list)  # each LevelChange as a dict, in time order
+    assist: dict = field(default_factory=dict)  # draft assist's figures (assist_figures): modelled
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -189,6 +196,42 @@ def recovered_at(
     if recovered is None:
         return None
     return max(start_s, recovered * window_s)
+
+
+ASSIST_KIND = (
+    "modelled: outcomes of the simulator's draws, each drafted token accepted with probability α, the model pair's "
+    "draft agreement (an input from workers.catalog, not measured)"
+)
+
+
+def assist_figures(sim: Simulation) -> dict:
+    """Draft assist over the run: its pairings and, summed over them, the steps assisted and the tokens drafted,
+    tested (the drafts up to the first rejected one) and accepted; every figure an outcome of draws at α."""
+    total: Counter = Counter()
+    for pairing in sim.assists:
+        total.update(pairing.counters)
+    tested, accepted = total["draft_tested"], total["draft_accepted"]
+    return {
+        "kind": ASSIST_KIND,
+        "pairings": len(sim.assists),
+        "assisted_steps": total["assist_steps"],
+        "drafted_tokens": total["draft_proposed"],
+        "tested_tokens": tested,
+        "accepted_tokens": accepted,
+        "assisted_tokens": total["assisted_tokens"],  # emitted on assisted sequence steps: accepted plus one each
+        "acceptance": accepted / tested if tested else None,
+        "by_pairing": [
+            {
+                "draft": p.draft,
+                "survivor": p.survivor,
+                "started_s": p.started_s,
+                "ended_s": p.ended_s,
+                "agreement": {"value": p.agreement, "kind": "input (workers.catalog draft agreement)"},
+                **{key: p.counters[key] for key in ("assist_steps", "draft_proposed", "draft_accepted")},
+            }
+            for p in sim.assists
+        ],
+    }
 
 
 def run_metrics(sim: Simulation, baseline: Simulation | None = None, window_s: float = WINDOW_S) -> RunMetrics:
@@ -251,4 +294,5 @@ def run_metrics(sim: Simulation, baseline: Simulation | None = None, window_s: f
         shed_detail=sim.degradation.shed_rows(),
         seconds_at_level=sim.degradation.seconds_at_levels(sim.now),
         level_changes=[asdict(c) for c in sim.degradation.changes],
+        assist=assist_figures(sim),
     )
