@@ -44,7 +44,13 @@ from benchmarks.harness import KEY, WORDS, Harness
 
 PEERS_DIR = Path.home() / ".cache" / "lifeline" / "peers"
 PATHS = ("direct", "lifeline", "lifeline-none", "lifeline-asyncio", "vllm-router", "sglang-router", "litellm")
-PACKAGES = {"vllm-router": "vllm-router", "sglang-router": "sglang-router", "litellm": "litellm[proxy]"}
+PACKAGES = {
+    "vllm-router": "vllm-router",
+    "sglang-router": "sglang-router",
+    "litellm": "litellm[proxy]",
+    "aiperf": "aiperf",  # NVIDIA's load client, run offline beside ours as a second opinion
+}
+AIPERF_TOKENIZER = "lifeline/emulated-tokenizer"  # the emulated models' word vocabulary, as a local HF cache entry
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -121,6 +127,72 @@ def tree_cpu_s(pid: int) -> float:
         total += times.get(current, 0.0)
         todo.extend(child for child, parent in parents.items() if parent == current)
     return total
+
+
+# --- aiperf, the outside load client ------------------------------------------------------------------------------
+def aiperf_home() -> Path:
+    """An HF cache holding a tokenizer of the emulated models' vocabulary (workers.tokens), for aiperf to run offline
+    (HF_HUB_OFFLINE=1): it counts prompt tokens with it; output tokens come from the server (--use-server-token-count).
+    """
+    from workers import tokens
+
+    home = PEERS_DIR / "aiperf-hf"
+    repo = home / "hub" / ("models--" + AIPERF_TOKENIZER.replace("/", "--"))
+    snapshot = repo / "snapshots" / ("0" * 39 + "1")
+    if (snapshot / "tokenizer.json").exists():
+        return home
+    venv = peer_venv("aiperf")
+    snapshot.mkdir(parents=True, exist_ok=True)
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / "main").write_text(snapshot.name)
+    script = (
+        "import json, sys\n"
+        "from tokenizers import Tokenizer, models, pre_tokenizers\n"
+        "from transformers import PreTrainedTokenizerFast\n"
+        "words = json.loads(sys.argv[1])\n"
+        "ids = {w: i for i, w in enumerate(['<unk>', '<eos>'] + words)}\n"
+        "tok = Tokenizer(models.WordLevel(vocab=ids, unk_token='<unk>'))\n"
+        "tok.pre_tokenizer = pre_tokenizers.Whitespace()\n"
+        "fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token='<unk>', eos_token='<eos>')\n"
+        "fast.save_pretrained(sys.argv[2])"
+    )
+    words = [w for w in tokens.VOCAB if w not in ("<unk>", "<eos>")]
+    subprocess.run([str(venv / "bin" / "python"), "-c", script, json.dumps(words), str(snapshot)], check=True)
+    return home
+
+
+def run_aiperf(targets: list[str], headers: dict, rate: float, seconds: float, body: dict, scratch: Path) -> dict:
+    """aiperf's own measurement of the same path at the same rate: TTFT and inter-token latency as it reports them
+    (its ITL is each request's mean gap; the percentiles are over requests)."""
+    venv = peer_venv("aiperf")
+    out = scratch / f"aiperf-{time.monotonic_ns()}"
+    argv = [str(venv / "bin" / "aiperf"), "profile", "--model", body["model"], "--tokenizer", AIPERF_TOKENIZER,
+            "--endpoint-type", "chat", "--streaming", "--use-server-token-count", "--request-rate", str(rate),
+            "--request-count", str(max(int(rate * seconds), 10)), "--synthetic-input-tokens-mean", "60",
+            "--output-tokens-mean", str(body["max_tokens"]), "--artifact-dir", str(out),
+            "--ui-type", "none"]  # fmt: skip
+    for url in targets:
+        argv += ["--url", url]
+    if len(targets) > 1:
+        argv += ["--url-strategy", "round_robin"]
+    key = headers.get("Authorization", "").removeprefix("Bearer ")
+    if key:
+        argv += ["--api-key", key]
+    env = {**os.environ, "HF_HOME": str(aiperf_home()), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=seconds * 6 + 120)
+    report_file = out / "profile_export_aiperf.json"
+    if done.returncode != 0 or not report_file.exists():
+        raise RuntimeError(f"aiperf failed ({done.returncode}): {(done.stdout + done.stderr)[-300:]}")
+    data = json.loads(report_file.read_text())
+    pick = lambda name: {q: _r(data[name][q]) for q in ("p50", "p99")}  # noqa: E731
+    return {
+        "rate": rate,
+        "requests": data["request_count"]["avg"] if isinstance(data.get("request_count"), dict) else None,
+        "ttft_ms": pick("time_to_first_token"),
+        "itl_ms": pick("inter_token_latency"),
+        "output_tokens_per_s": _r(data["output_token_throughput"]["avg"], 1),
+        "errors": (data.get("error_summary") or []),
+    }
 
 
 # --- the load generator --------------------------------------------------------------------------------------------
@@ -300,6 +372,15 @@ async def run(args) -> dict:
                         headers = {"Authorization": f"Bearer {LITELLM_KEY}"}
                 await wait_ready(targets[0], headers, args.model)
                 results["paths"][path] = await measure_path(path, targets, headers, pid, rates, args.seconds, body)
+                if args.aiperf_rate:
+                    try:
+                        seen = await asyncio.to_thread(
+                            run_aiperf, targets, headers, args.aiperf_rate, args.seconds, body, scratch
+                        )
+                    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+                        seen = {"skipped": str(exc)}
+                    print(f"  {path:>14} aiperf: {json.dumps(seen)}", flush=True)
+                    results["paths"][path]["aiperf"] = seen
             except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
                 reason = str(exc)
                 if proc is not None:
@@ -413,6 +494,9 @@ def main(argv=None) -> None:
     parser.add_argument("--policy", default="lifeline", help="Lifeline's placement policy (lifeline, none, …)")
     parser.add_argument("--paths", default=",".join(PATHS))
     parser.add_argument("--out", default="gateway_peers", help="results file name under benchmarks/results/")
+    parser.add_argument(
+        "--aiperf-rate", type=float, default=16.0, help="each path measured by aiperf too, at this rate; 0: not"
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
     save(args.out, asyncio.run(run(args)))
