@@ -41,23 +41,27 @@ from recovery import urls as node_urls  # noqa: E402
 from recovery import views as node_views  # noqa: E402
 
 
-@convert_exception_to_response  # the 400 of a bad Host or body, the logged 500 of a failure: Django's answers
-def _heartbeat(request):
-    request.get_host()  # a Host outside ALLOWED_HOSTS is refused, as CommonMiddleware refuses it
-    return node_views.heartbeat(request, **request.scope["url_route"]["kwargs"])
-
-
 class NodeHeartbeats:
     """POST /api/nodes/<name>/heartbeat, what every node sends every second, answered by its Django view
     (recovery.views.heartbeat) without the pages' middleware and request signals: no session, CSRF, messages or
     static files for a machine with a bearer token, and no thread of its own per request. At 256 heartbeats a second
-    this is what lets one web process keep up (benchmarks/README.md, `console_scale`).
+    this is what lets one web process keep up (benchmarks/README.md, `console_scale`). Registration and
+    deregistration go the same way: a fleet that starts or stops at once sends them all together, and a thread (and
+    a database connection) for each ran PostgreSQL out of connections at 67 nodes.
 
     The view runs in database_sync_to_async's one thread, which closes stale database connections before and after
     as the request signals do. Anything but a POST goes to Django."""
 
-    def __init__(self, django_app: ASGIHandler):
+    def __init__(self, django_app: ASGIHandler, view=None):
         self.django_app = django_app
+        view = view or node_views.heartbeat
+
+        @convert_exception_to_response  # the 400 of a bad Host or body, the logged 500 of a failure: Django's answers
+        def answer(request):
+            request.get_host()  # a Host outside ALLOWED_HOSTS is refused, as CommonMiddleware refuses it
+            return view(request, **request.scope["url_route"]["kwargs"])
+
+        self.answer = answer
 
     async def __call__(self, scope, receive, send):
         if scope["method"] != "POST":
@@ -73,10 +77,9 @@ class NodeHeartbeats:
         finally:
             body_file.close()
 
-    @staticmethod
     @database_sync_to_async
-    def _respond(request):
-        response = _heartbeat(request)
+    def _respond(self, request):
+        response = self.answer(request)
         if response.status_code >= 400:
             log_response("%s: %s", response.reason_phrase, request.path, response=response, request=request)
         return response
@@ -87,6 +90,8 @@ application = ProtocolTypeRouter(
         "http": URLRouter(
             [
                 path(node_urls.HEARTBEAT, NodeHeartbeats(django_asgi_app)),
+                path(node_urls.REGISTER, NodeHeartbeats(django_asgi_app, node_views.register)),
+                path(node_urls.DEREGISTER, NodeHeartbeats(django_asgi_app, node_views.deregister)),
                 re_path(r"", django_asgi_app),
             ]
         ),

@@ -5,9 +5,11 @@ from recovery import views
 # What every node sends every second: the web process's ASGI application answers it before Django's middleware
 # (console.asgi.NodeHeartbeats), with the same view.
 HEARTBEAT = "api/nodes/<str:name>/heartbeat"
+REGISTER = "api/nodes/register"
+DEREGISTER = "api/nodes/<str:name>/deregister"
 
 urlpatterns = [
-    path("api/nodes/register", views.register, name="node-register"),
+    path(REGISTER, views.register, name="node-register"),
     path(HEARTBEAT, views.heartbeat, name="node-heartbeat"),
-    path("api/nodes/<str:name>/deregister", views.deregister, name="node-deregister"),
+    path(DEREGISTER, views.deregister, name="node-deregister"),
 ]
