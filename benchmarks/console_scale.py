@@ -370,7 +370,7 @@ def main(argv=None) -> dict:
     result = {
         "nodes": args.nodes,
         "runs": runs,
-        "path": "node HTTP request (a heartbeat straight to its view: console.asgi.NodeHeartbeats) -> control plane "
+        "path": "node HTTP request (a heartbeat straight to its view: console.asgi.NodeEndpoint) -> control plane "
         "action -> Redis channel layer (a state change at once; every node's latest load figures in one message "
         "per 250 ms: recovery.events.LoadPublisher) -> Channels consumer -> WebSocket -> cluster.js (batched per "
         "animation frame) -> DOM; one web process (daphne), embedded Redis, SQLite; no gateway, no Celery (not on "

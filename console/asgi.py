@@ -41,7 +41,7 @@ from recovery import urls as node_urls  # noqa: E402
 from recovery import views as node_views  # noqa: E402
 
 
-class NodeHeartbeats:
+class NodeEndpoint:
     """POST /api/nodes/<name>/heartbeat, what every node sends every second, answered by its Django view
     (recovery.views.heartbeat) without the pages' middleware and request signals: no session, CSRF, messages or
     static files for a machine with a bearer token, and no thread of its own per request. At 256 heartbeats a second
@@ -52,9 +52,8 @@ class NodeHeartbeats:
     The view runs in database_sync_to_async's one thread, which closes stale database connections before and after
     as the request signals do. Anything but a POST goes to Django."""
 
-    def __init__(self, django_app: ASGIHandler, view=None):
+    def __init__(self, django_app: ASGIHandler, view):
         self.django_app = django_app
-        view = view or node_views.heartbeat
 
         @convert_exception_to_response  # the 400 of a bad Host or body, the logged 500 of a failure: Django's answers
         def answer(request):
@@ -89,9 +88,9 @@ application = ProtocolTypeRouter(
     {
         "http": URLRouter(
             [
-                path(node_urls.HEARTBEAT, NodeHeartbeats(django_asgi_app)),
-                path(node_urls.REGISTER, NodeHeartbeats(django_asgi_app, node_views.register)),
-                path(node_urls.DEREGISTER, NodeHeartbeats(django_asgi_app, node_views.deregister)),
+                path(node_urls.HEARTBEAT, NodeEndpoint(django_asgi_app, node_views.heartbeat)),
+                path(node_urls.REGISTER, NodeEndpoint(django_asgi_app, node_views.register)),
+                path(node_urls.DEREGISTER, NodeEndpoint(django_asgi_app, node_views.deregister)),
                 re_path(r"", django_asgi_app),
             ]
         ),

@@ -3,7 +3,7 @@ from django.urls import path
 from recovery import views
 
 # What every node sends every second: the web process's ASGI application answers it before Django's middleware
-# (console.asgi.NodeHeartbeats), with the same view.
+# (console.asgi.NodeEndpoint), with the same view.
 HEARTBEAT = "api/nodes/<str:name>/heartbeat"
 REGISTER = "api/nodes/register"
 DEREGISTER = "api/nodes/<str:name>/deregister"

@@ -261,7 +261,7 @@ async def _serve(request: web.Request, path: str) -> web.StreamResponse:
     finally:
         # Released on every path, an exception included: a flight left behind would block its request id for good.
         coordinator.finished(flight)
-        if status != "client_gone":  # a client that went away may come back for the rest (Last-Event-ID)
+        if relay.recorded and status != "client_gone":  # a client gone may come back for the rest (Last-Event-ID)
             coordinator.signals.stream_over(request_id, status)
         code = response.status if response is not None else (499 if status == "client_gone" else 500)
         _report(request.app, flight, relay, status, code)

@@ -119,6 +119,7 @@ class Relay:
         self.streamed_on = ""  # the node whose stream last delivered tokens: where a move starts from
         self._migrated = False
         self._done_sent = False
+        self.recorded = False  # a record of this stream is in Redis, for a takeover (Last-Event-ID)
         self._failure: Failure | None = None  # the first node that answered it with a server error
 
     # --- the loop --------------------------------------------------------------------------
@@ -401,6 +402,7 @@ class Relay:
         flight = self.flight
         if not self.client_stream:
             return
+        self.recorded = True
         self.co.signals.stream_record(
             flight.request_id,
             {

@@ -19,26 +19,13 @@ from recovery import tasks
 from recovery.actions import experiments
 from recovery.models import ExperimentRun
 from recovery.sim import lumen
+from tests.console.test_experiments import form
 
 pytestmark = pytest.mark.django_db
 
 SMALL_FLEET = json.dumps([{"name": "b", "count": 2, "model": "Qwen3-32B", "gpu": "H100-SXM", "tp": 2}])
-SMALL = {  # not one of the paper's setups: 2 nodes, 20 s, 2 requests/s, b-1 crashing at 8 s
-    "name": "small",
-    "fleet_source": "described",
-    "fleet_json": SMALL_FLEET,
-    "duration_s": "20",
-    "arrival": "poisson",
-    "rate_rps": "2",
-    "cv": "",
-    "lengths": "splitwise-conversation",
-    "fault_kind": "crash",
-    "fault_target": "b-1",
-    "fault_at_s": "8",
-    "fault_repair_s": "",
-    "policies": ["none", "lifeline"],
-    "seeds": "1",
-}
+# Not one of the paper's setups: 2 nodes, 20 s, 2 requests/s, b-1 crashing at 8 s.
+SMALL = form(name="small", fleet_json=SMALL_FLEET)
 
 
 def percent(value: float) -> str:

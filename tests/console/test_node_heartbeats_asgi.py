@@ -1,4 +1,4 @@
-"""The web process answers a node's heartbeat before Django's middleware (console.asgi.NodeHeartbeats), with the same
+"""The web process answers a node's heartbeat before Django's middleware (console.asgi.NodeEndpoint), with the same
 view: every answer the same as through Django's whole request handling, errors included."""
 
 import json
