@@ -36,6 +36,8 @@ from django.core.handlers.exception import convert_exception_to_response  # noqa
 from django.urls import path, re_path  # noqa: E402
 from django.utils.log import log_response  # noqa: E402
 
+from console import outage  # noqa: E402
+from console.middleware import BodySizeLimit  # noqa: E402
 from console.routing import websocket_urlpatterns  # noqa: E402
 from recovery import urls as node_urls  # noqa: E402
 from recovery import views as node_views  # noqa: E402
@@ -58,7 +60,10 @@ class NodeEndpoint:
         @convert_exception_to_response  # the 400 of a bad Host or body, the logged 500 of a failure: Django's answers
         def answer(request):
             request.get_host()  # a Host outside ALLOWED_HOSTS is refused, as CommonMiddleware refuses it
-            return view(request, **request.scope["url_route"]["kwargs"])
+            try:
+                return view(request, **request.scope["url_route"]["kwargs"])
+            except outage.STORE_ERRORS as exc:
+                return outage.unavailable(request, exc)  # the node retries its beat; nothing to trace
 
         self.answer = answer
 
@@ -86,13 +91,16 @@ class NodeEndpoint:
 
 application = ProtocolTypeRouter(
     {
-        "http": URLRouter(
-            [
-                path(node_urls.HEARTBEAT, NodeEndpoint(django_asgi_app, node_views.heartbeat)),
-                path(node_urls.REGISTER, NodeEndpoint(django_asgi_app, node_views.register)),
-                path(node_urls.DEREGISTER, NodeEndpoint(django_asgi_app, node_views.deregister)),
-                re_path(r"", django_asgi_app),
-            ]
+        # A body over LIFELINE_MAX_BODY_BYTES is refused (413) before anything reads it (docs/security.md).
+        "http": BodySizeLimit(
+            URLRouter(
+                [
+                    path(node_urls.HEARTBEAT, NodeEndpoint(django_asgi_app, node_views.heartbeat)),
+                    path(node_urls.REGISTER, NodeEndpoint(django_asgi_app, node_views.register)),
+                    path(node_urls.DEREGISTER, NodeEndpoint(django_asgi_app, node_views.deregister)),
+                    re_path(r"", django_asgi_app),
+                ]
+            )
         ),
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }

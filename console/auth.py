@@ -4,15 +4,21 @@ The roles named for each kind of act are here, in one place; the admin role may 
 """
 
 import functools
+import hashlib
+import time
 
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
+from django.contrib.auth.signals import user_logged_in, user_login_failed
+from django.core.cache import cache
+from django.dispatch import receiver
 from django.middleware.csrf import CsrfViewMiddleware
 from django.shortcuts import render
 from django.views.decorators.csrf import csrf_exempt
 
 from console.models import ApiToken
 from recovery import roles
-from recovery.actions import drains
+from recovery.actions import audit, drains
 from recovery.http import bearer_token
 from recovery.http import json_error as error
 
@@ -92,3 +98,62 @@ def page_view(*allowed_roles: str):
         return wrapper
 
     return decorator
+
+
+# --- Log-in failures: counted per user name and address, audited, and refused past the limit -------------------------
+
+
+def client_address(request) -> str:
+    """The caller's address: behind the TLS proxy (settings.SECURE_PROXY_SSL_HEADER set) the last hop the proxy added
+    to X-Forwarded-For, since REMOTE_ADDR is the proxy's; otherwise REMOTE_ADDR."""
+    if getattr(settings, "SECURE_PROXY_SSL_HEADER", None):
+        forwarded = [hop.strip() for hop in request.META.get("HTTP_X_FORWARDED_FOR", "").split(",") if hop.strip()]
+        if forwarded:
+            return forwarded[-1][:64]
+    return request.META.get("REMOTE_ADDR", "")[:64]
+
+
+def _failures_key(username: str, address: str) -> str:
+    # Hashed: the user name is what the caller typed, of any length and any characters.
+    return "login-failures:" + hashlib.sha256(f"{username.strip().lower()}\0{address}".encode()).hexdigest()
+
+
+def login_blocked_for(username: str, address: str) -> float:
+    """Seconds until this user name may try again from this address; 0 when it may now."""
+    entry = cache.get(_failures_key(username, address))
+    if not entry or entry["count"] < settings.LIFELINE_LOGIN_MAX_FAILURES:
+        return 0.0
+    return max(entry["until"] - time.time(), 0.0)
+
+
+def _count_failure(username: str, address: str) -> int:
+    key, window = _failures_key(username, address), settings.LIFELINE_LOGIN_WINDOW_S
+    entry = cache.get(key) or {"count": 0}
+    # The window restarts with each failure: a patient guesser stays locked out, not one try per window.
+    entry = {"count": entry["count"] + 1, "until": time.time() + window}
+    cache.set(key, entry, timeout=window)
+    return entry["count"]
+
+
+@receiver(user_login_failed, dispatch_uid="lifeline-login-failed")
+def record_login_failure(sender, credentials, request=None, **kwargs):
+    """Every failed log-in, through the console's form or the admin site's, is counted and audited."""
+    username = str(credentials.get("username", ""))[:150]
+    address = client_address(request) if request is not None else ""
+    failures = _count_failure(username, address)
+    audit.record(username or "anonymous", "login_failed", f"user:{username}"[:200], address=address, failures=failures)
+
+
+@receiver(user_logged_in, dispatch_uid="lifeline-logged-in")
+def forget_login_failures(sender, request=None, user=None, **kwargs):
+    if request is not None and user is not None:
+        cache.delete(_failures_key(user.get_username(), client_address(request)))
+
+
+def audit_login_refused(request, username: str) -> None:
+    audit.record(
+        username[:150] or "anonymous",
+        "login_throttled",
+        f"user:{username}"[:200],
+        address=client_address(request),
+    )

@@ -1,11 +1,47 @@
+import logging
 import os
 
 from celery import Celery
+from celery.contrib.django.task import DjangoTask
+from celery.exceptions import Ignore
 from celery.signals import beat_init
+from django.conf import settings
+from django.db import InterfaceError, OperationalError, close_old_connections
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+log = logging.getLogger(__name__)
 
-app = Celery("lifeline")
+# A store that is away (console.outage says the same for the web process); a wrong query stays a failure.
+STORE_AWAY = (OperationalError, InterfaceError, RedisConnectionError, RedisTimeoutError)
+RETRY_BACKOFF_MAX_S = 60
+RETRIES_WHILE_AWAY = 12  # about ten minutes of backoff, then the task fails for good
+
+
+class Task(DjangoTask):
+    """Every Lifeline task. Its database or Redis being away is an outage to wait out, not a bug to trace: a
+    periodic task skips this tick (the next one does the work; they are idempotent), any other is retried with
+    exponential backoff."""
+
+    def __call__(self, *args, **kwargs):
+        try:
+            return super().__call__(*args, **kwargs)
+        except STORE_AWAY as exc:
+            close_old_connections()  # a broken connection is not reused
+            if self.request.called_directly:
+                raise
+            store = "Redis" if isinstance(exc, (RedisConnectionError, RedisTimeoutError)) else "database"
+            reason = (str(exc).strip().splitlines() or [exc.__class__.__name__])[0][:200]
+            if self.name in {entry["task"] for entry in settings.CELERY_BEAT_SCHEDULE.values()}:
+                log.warning("%s skipped: the %s is unavailable (%s); the next tick runs it", self.name, store, reason)
+                raise Ignore() from None
+            countdown = min(2**self.request.retries, RETRY_BACKOFF_MAX_S)
+            log.warning("%s: the %s is unavailable (%s); retrying in %d s", self.name, store, reason, countdown)
+            raise self.retry(exc=exc, countdown=countdown, max_retries=RETRIES_WHILE_AWAY) from None
+
+
+app = Celery("lifeline", task_cls=Task)
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 app.autodiscover_tasks(related_name="reactions")  # recovery.reactions.react: the outbox, every second

@@ -161,6 +161,9 @@ class IncidentConsumer(RoleConsumer):
 
 
 class CheckpointsConsumer(RoleConsumer):
+    """The checkpoint distribution: a nudge when it changes (recovery.events.checkpoints_moved, coalesced), and the
+    page fetches its fragment again."""
+
     def groups_for(self):
         return [CHECKPOINTS_GROUP]
 

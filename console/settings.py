@@ -34,12 +34,14 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "console.outage.StoreOutageMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
+    "console.middleware.LoginRateLimit",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
@@ -95,9 +97,43 @@ STATICFILES_DIRS = [BASE_DIR / "static", ("vendor/plotly", _plotly_bundle_dir())
 # no collectstatic step; a production image runs collectstatic instead.
 WHITENOISE_USE_FINDERS = True
 
+# --- Production hardening (docs/security.md) --------------------------------
+# LIFELINE_PRODUCTION=1 behind a TLS-terminating proxy: secure cookies, HSTS, HTTPS redirects, and
+# `manage.py check --deploy` clean. Each part can still be set on its own with the variables below.
+LIFELINE_PRODUCTION = env.boolean("LIFELINE_PRODUCTION", False)
+if LIFELINE_PRODUCTION and DEBUG:
+    raise env.ConfigError("LIFELINE_DEBUG=1 with LIFELINE_PRODUCTION=1: a production console never runs with DEBUG")
+
 SESSION_COOKIE_HTTPONLY = True
-SESSION_COOKIE_SECURE = env.boolean("LIFELINE_SECURE_COOKIES", False)
+SESSION_COOKIE_SECURE = env.boolean("LIFELINE_SECURE_COOKIES", LIFELINE_PRODUCTION)
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+# Lax: a link from elsewhere opens the console logged in; a form posted from elsewhere carries no cookie.
+SESSION_COOKIE_SAMESITE = CSRF_COOKIE_SAMESITE = "Lax"
+SESSION_COOKIE_AGE = env.integer("LIFELINE_SESSION_AGE_S", 12 * 3600, minimum=300)  # a working day and a bit
+SECURE_SSL_REDIRECT = env.boolean("LIFELINE_SSL_REDIRECT", LIFELINE_PRODUCTION)
+# Load balancers' health checks, and nodes on the cluster's own network, may speak plain HTTP to the web process.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^api/nodes/"]
+if env.boolean("LIFELINE_BEHIND_TLS_PROXY", LIFELINE_PRODUCTION):
+    # The proxy terminates TLS and says so; it must strip this header from what clients send.
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SECURE_HSTS_SECONDS = env.integer("LIFELINE_HSTS_SECONDS", 365 * 86400 if LIFELINE_PRODUCTION else 0, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.boolean("LIFELINE_HSTS_INCLUDE_SUBDOMAINS", LIFELINE_PRODUCTION)
+SECURE_HSTS_PRELOAD = env.boolean("LIFELINE_HSTS_PRELOAD", LIFELINE_PRODUCTION)
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+
+# Request bodies (console.middleware.BodySizeLimit): larger ones are refused with a 413 before they are read.
+# Forms and JSON are small; the largest legitimate body is a node's registration or heartbeat with many GPUs.
+LIFELINE_MAX_BODY_BYTES = env.integer("LIFELINE_MAX_BODY_BYTES", 2 * 1024 * 1024, minimum=1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = LIFELINE_MAX_BODY_BYTES
+FILE_UPLOAD_MAX_MEMORY_SIZE = LIFELINE_MAX_BODY_BYTES
+
+# Log-in rate limit (console.auth): this many failures for one user name from one address within the window,
+# then refused until the window has passed. Counted in the cache (Redis when REDIS_URL is set).
+LIFELINE_LOGIN_MAX_FAILURES = env.integer("LIFELINE_LOGIN_MAX_FAILURES", 5, minimum=1)
+LIFELINE_LOGIN_WINDOW_S = env.integer("LIFELINE_LOGIN_WINDOW_S", 900, minimum=1)
 
 # --- Redis: hot state, pub/sub, Celery broker and the Channels layer --------
 # Every key, channel and queue Lifeline uses is prefixed with the namespace, so
@@ -117,6 +153,20 @@ else:
     # not need it (migrate, issue_token) still work, the servers refuse to start.
     CHANNEL_LAYERS = {}
 
+# The cache holds the log-in failure counters: shared by every web process through Redis, else per process.
+CACHES = {
+    "default": (
+        {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": f"{LIFELINE_NAMESPACE}:cache",
+            "OPTIONS": {"socket_timeout": 5, "socket_connect_timeout": 5},
+        }
+        if REDIS_URL
+        else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+    )
+}
+
 CELERY_BROKER_URL = REDIS_URL
 CELERY_BROKER_TRANSPORT_OPTIONS = {"global_keyprefix": f"{LIFELINE_NAMESPACE}:celery:"}
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
@@ -131,11 +181,20 @@ CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 # --- Node lifecycle (source document 004) -----------------------------------
 LIFELINE_HEARTBEAT_INTERVAL_S = env.number("LIFELINE_HEARTBEAT_INTERVAL_S", 1.0, minimum=0.05, maximum=60)
 LIFELINE_HEARTBEAT_MISS_S = env.number("LIFELINE_HEARTBEAT_MISS_S", 3.0, minimum=0.2, maximum=600)
+# Every watched node silent at once is the control plane not hearing (its web process restarting, Redis away):
+# nobody is marked DOWN for it for this long; a whole fleet that is really gone is declared after it.
+LIFELINE_HEARTBEAT_DEAF_MAX_S = env.number("LIFELINE_HEARTBEAT_DEAF_MAX_S", 30.0, minimum=0, maximum=3600)
 # Whole seconds: django-celery-beat stores intervals as integers.
 LIFELINE_HEARTBEAT_CHECK_S = env.integer("LIFELINE_HEARTBEAT_CHECK_S", 1, minimum=1)
 LIFELINE_LEFT_AFTER_S = env.number("LIFELINE_LEFT_AFTER_S", 600.0, minimum=1, maximum=30 * 86400)
 # Shared secret nodes present when they register and send heartbeats.
 LIFELINE_NODE_TOKEN = env.secret("LIFELINE_NODE_TOKEN")
+# Rotating it: the old one, accepted beside the new one until every node has the new one.
+LIFELINE_NODE_TOKEN_PREVIOUS = env.secret("LIFELINE_NODE_TOKEN_PREVIOUS")
+# Per-node tokens instead (`manage.py node_token NAME`): each speaks only for its own node (docs/security.md).
+# Leave LIFELINE_NODE_TOKEN unset to accept per-node tokens only.
+LIFELINE_NODE_TOKEN_SECRET = env.secret("LIFELINE_NODE_TOKEN_SECRET")
+LIFELINE_NODE_TOKEN_SECRET_PREVIOUS = env.secret("LIFELINE_NODE_TOKEN_SECRET_PREVIOUS")
 # What the control plane presents to node agents (assist, migration) and, on staging, fault injection.
 LIFELINE_AGENT_TOKEN = env.secret("LIFELINE_AGENT_TOKEN")
 LIFELINE_FAULT_TOKEN = env.secret("LIFELINE_FAULT_TOKEN")
@@ -178,15 +237,16 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": 30.0,
         "options": {"expires": 30.0},
     },
+    # Redis restarted empty: the routing table, keys and settings are written again within a second.
+    "restore-hot-state": {
+        "task": "recovery.tasks.restore_hot_state",
+        "schedule": 1.0,
+        "options": {"expires": 2.0},
+    },
     "process-gateway-streams": {
         "task": "recovery.tasks.process_gateway_streams",
         "schedule": 1.0,
         "options": {"expires": 5.0},
-    },
-    "publish-checkpoints": {
-        "task": "recovery.tasks.publish_checkpoints",
-        "schedule": 2.0,
-        "options": {"expires": 4.0},
     },
     "check-incident-recovery": {
         "task": "recovery.tasks.check_incident_recovery",

@@ -128,27 +128,32 @@ class Supervisor:
         return child is not None and child.proc is not None and child.proc.poll() is not None
 
     def stop(self, timeout_s: float = 10.0, order: list[str] | None = None) -> None:
-        """SIGTERM every child's process group (in `order` first), then SIGKILL what remains."""
-        names = list(order or []) + [n for n in reversed(list(self.children)) if n not in (order or [])]
-        for name in names:
-            child = self.children.get(name)
-            if child is not None and child.alive:
-                _signal_group(child.proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        for name in names:
-            child = self.children.get(name)
-            if child is None or child.proc is None:
-                continue
-            try:
-                child.proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                log.warning("%s did not stop in %.0f s: killing it", child.name, timeout_s)
-            # Kill the group even when its leader exited: a forked helper may remain.
-            _signal_group(child.proc.pid, signal.SIGKILL)
-            try:
-                child.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
+        """SIGTERM the children in `order` first and wait for them (nodes deregister through the web process and
+        Redis, so those must still be up), then every other child's process group; SIGKILL what remains."""
+        first = [n for n in order or [] if n in self.children]
+        rest = [n for n in reversed(list(self.children)) if n not in first]
+        for names in (first, rest):
+            deadline = time.monotonic() + timeout_s
+            for name in names:
+                child = self.children[name]
+                if child.alive:
+                    _signal_group(child.proc.pid, signal.SIGTERM)
+            for name in names:
+                self._reap(self.children[name], deadline, timeout_s)
+
+    def _reap(self, child: Child, deadline: float, timeout_s: float) -> None:
+        if child.proc is None:
+            return
+        try:
+            child.proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            log.warning("%s did not stop in %.0f s: killing it", child.name, timeout_s)
+        # Kill the group even when its leader exited: a forked helper may remain.
+        _signal_group(child.proc.pid, signal.SIGKILL)
+        try:
+            child.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
 
 
 def _signal_group(pid: int, signum: int) -> None:
@@ -200,7 +205,7 @@ def start_embedded_redis(supervisor: Supervisor, data_dir: Path, host: str = "12
         "--loglevel",
         "warning",
     ]
-    supervisor.spawn(Child("redis", argv, dict(os.environ)))
+    supervisor.spawn(Child("redis", argv, dict(os.environ), restart_delay_s=1.0))  # on the same port: clients reconnect
     url = f"redis://{host}:{port}/0"
     client = redis.Redis.from_url(url, socket_timeout=1)
     deadline = time.monotonic() + 15

@@ -14,6 +14,7 @@ from console.views import (
     nodes,
     reports,
     runbooks,
+    schema,
     settings,
     slo,
 )
@@ -79,6 +80,7 @@ urlpatterns = [
     path("api/slo", slo.api_slo, name="api-slo"),
     path("api/slo/<int:objective_id>", slo.api_slo_one, name="api-slo-one"),
     path("api/reports", reports.api_reports, name="api-reports"),
+    path("api/schema", schema.api_schema, name="api-schema"),
     path("healthz", cluster.healthz, name="healthz"),
     path("metrics", cluster.metrics, name="metrics"),
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),

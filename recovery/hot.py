@@ -46,6 +46,8 @@ def keys() -> Keys:
     return Keys(settings.LIFELINE_NAMESPACE)
 
 
+RESUMED_KEPT_S = 3600  # the last resumption of heartbeats matters for seconds; kept an hour
+
 LOAD_FIELDS = (
     HEARTBEAT_LOAD_FIELDS  # what a heartbeat's load keeps in a node's entry (workers.protocol, the one status schema)
 )
@@ -177,7 +179,40 @@ def heartbeat(
         pipe.ltrim(keys().telemetry(name), 0, TELEMETRY_KEPT - 1)
     pipe.lpush(keys().checkpoint_history(name), json.dumps({"at": now, "checkpoints": checkpoints or {}}))
     pipe.ltrim(keys().checkpoint_history(name), 0, CHECKPOINTS_KEPT - 1)
-    pipe.execute()
+    pipe.getset(keys().heartbeats_ingested, now)
+    previous = pipe.execute()[-1]
+    # (None: the first beat Redis holds; every silence it can measure starts after it anyway.)
+    if previous is not None and now - float(previous) > settings.LIFELINE_HEARTBEAT_MISS_S:
+        # No node's beat came in for longer than a miss: the control plane was deaf, not the fleet silent.
+        client().set(keys().heartbeats_resumed, now, ex=RESUMED_KEPT_S)
+
+
+def hot_state_present() -> bool:
+    """False when Redis lost what the control plane writes (it restarted empty): the cluster's settings are
+    always there once written."""
+    return bool(client().exists(keys().cluster_config))
+
+
+def watched_count() -> int:
+    return client().zcard(keys().heartbeats)
+
+
+def heartbeats_deaf_since(now: float) -> float:
+    """When the control plane found every watched node silent at once, this time round (set now if not yet)."""
+    r = client()
+    r.set(keys().heartbeats_deaf, now, nx=True, ex=RESUMED_KEPT_S)
+    return float(r.get(keys().heartbeats_deaf) or now)
+
+
+def heartbeats_heard() -> None:
+    """Some node is heard again: the next fleet-wide silence starts its own allowance."""
+    client().delete(keys().heartbeats_deaf)
+
+
+def heartbeats_resumed_at() -> float:
+    """When heartbeats came in again after the control plane took none for longer than a miss; 0 if never."""
+    raw = client().get(keys().heartbeats_resumed)
+    return float(raw) if raw else 0.0
 
 
 def telemetry(name: str, count: int = TELEMETRY_KEPT) -> list[dict]:

@@ -22,7 +22,7 @@ def patch_body(request) -> tuple[dict, str] | JsonResponse:
     wrong with it."""
     try:
         body = json.loads(request.body or b"{}")
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past reading
         return json_error(400, "The body is not valid JSON.", field="body")
     if not isinstance(body, dict):
         return json_error(400, 'The body must be a JSON object: {field: value, ..., "reason": ...}.', field="body")

@@ -21,6 +21,22 @@ class Keys:
         return self._k("heartbeats")
 
     @property
+    def heartbeats_ingested(self) -> str:
+        """String: epoch seconds of the latest heartbeat the control plane took in, from any node."""
+        return self._k("heartbeats", "ingested")
+
+    @property
+    def heartbeats_deaf(self) -> str:
+        """String: epoch seconds since which every watched node has been silent at once (the control plane deaf)."""
+        return self._k("heartbeats", "deaf")
+
+    @property
+    def heartbeats_resumed(self) -> str:
+        """String: epoch seconds at which heartbeats came in again after the control plane took none for a while
+        (its web process, or Redis, was away): silence from before then is the control plane's, not the nodes'."""
+        return self._k("heartbeats", "resumed")
+
+    @property
     def routing(self) -> str:
         return self._k("routing")
 

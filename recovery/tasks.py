@@ -8,7 +8,6 @@ import datetime as dt
 
 from celery import shared_task
 
-from recovery import events
 from recovery.actions import (
     capacity,
     drains,
@@ -36,6 +35,11 @@ def sync_hot_state() -> None:
 
 
 @shared_task(ignore_result=True)
+def restore_hot_state() -> bool:
+    return routing.restore_hot_state_if_lost()
+
+
+@shared_task(ignore_result=True)
 def process_gateway_streams() -> dict:
     """Failure symptoms, request fates and outcomes the gateways reported."""
     return streams.process()
@@ -54,12 +58,6 @@ def start_assist(node_id: int) -> str:
 @shared_task(ignore_result=True)
 def end_assist(node_id: int) -> str:
     return incidents.end_assist(node_id)
-
-
-@shared_task(ignore_result=True)
-def publish_checkpoints() -> None:
-    """Nudge the checkpoint pages: the distribution moves with every heartbeat."""
-    events.checkpoints_changed()
 
 
 # --- health and operations (source document 003) --------------------------------------------------

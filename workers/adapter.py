@@ -57,6 +57,7 @@ from workers.catalog import BLOCK_TOKENS, Deployment
 from workers.engine import EngineError, FinishEvent, ResumeInfo, Sequence, TokenEvent
 from workers.openai_schema import ApiError, CompletionRequest, parse
 from workers.protocol import NodeStatus
+from workers.status_feed import StatusFeed
 
 log = logging.getLogger(__name__)
 
@@ -470,7 +471,7 @@ class AdapterEngine:
         self.last_poll_at: float | None = None
         self.forwarded: dict[str, Forwarded] = {}  # requests passed on and not seen end
         self._relays: dict[str, tuple[asyncio.Task, aiohttp.ClientResponse | None]] = {}
-        self._subscribers: set[asyncio.Queue] = set()
+        self._feed = StatusFeed()  # the status events' subscribers
         self._poke = asyncio.Event()
         self._task: asyncio.Task | None = None
         self.session: aiohttp.ClientSession | None = None
@@ -852,25 +853,24 @@ class AdapterEngine:
         )
 
     def subscribe(self) -> asyncio.Queue:
-        queue: asyncio.Queue = asyncio.Queue(maxsize=256)
-        self._subscribers.add(queue)
-        return queue
+        return self._feed.subscribe()
 
     def unsubscribe(self, queue: asyncio.Queue) -> None:
-        self._subscribers.discard(queue)
+        self._feed.unsubscribe(queue)
 
     def publish(self, reason: str) -> None:
         self._publish(reason)
 
     def _publish(self, reason: str, request_id: str | None = None) -> None:
         self.status_seq += 1
+        if reason == "finished" and request_id is not None:
+            self._feed.finished(request_id)
+        if not self._feed:
+            return
         status = {**self.status().to_json(), "reason": reason}
         if request_id is not None:
             status["request_id"] = request_id
-        for queue in list(self._subscribers):
-            if queue.full():
-                queue.get_nowait()
-            queue.put_nowait(status)
+        self._feed.publish(status, self.forwarded)  # a subscriber that lost statuses gets the request ids with it
 
 
 async def _events(upstream: aiohttp.ClientResponse) -> AsyncIterator[dict | None]:

@@ -271,7 +271,10 @@ async def _run_request(request: web.Request, kind: str) -> web.StreamResponse:
             await response.prepare(request)
             runtime.streaming.add(seq.request_id)
             # A resumed stream continues one the client already has: no role chunk.
-            await _relay_events(response, seq, writer, req, metrics, backlog, seq.resumed_with > 0, extension)
+            try:
+                await _relay_events(response, seq, writer, req, metrics, backlog, seq.resumed_with > 0, extension)
+            except ConnectionResetError:  # the gateway went away mid-stream (killed, or moved the request on)
+                log.info("the reader of %s went away mid-stream at %d tokens", seq.request_id, len(seq.generated))
             return response
         events = []
         while True:
@@ -415,6 +418,9 @@ async def _attach(request: web.Request, runtime: NodeRuntime, req: CompletionReq
         role_sent = bool(backlog) or delivered > 0 or seq.resumed_with > 0
         runtime.streaming.add(seq.request_id)
         await _relay_events(response, seq, parked.writer, parked.req, metrics, backlog, role_sent)
+        return response
+    except ConnectionResetError:  # this gateway went away too: parked again, for the next
+        log.info("the reader of %s went away mid-stream at %d tokens", seq.request_id, len(seq.generated))
         return response
     finally:
         runtime.streaming.discard(seq.request_id)

@@ -28,12 +28,14 @@ class ControlPlaneLink:
         interval_s: float = 1.0,
         timeout_s: float = 3.0,
         on_session_closed: Callable[[], None] | None = None,
+        partitioned: Callable[[], bool] = lambda: False,
     ):
         self.base_url = base_url.rstrip("/")
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.registration = registration
         self.heartbeat = heartbeat
         self.on_session_closed = on_session_closed or (lambda: None)
+        self.partitioned = partitioned  # an injected network partition (workers.faults): nothing gets through
         self.interval_s = interval_s
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.registered = False
@@ -46,6 +48,8 @@ class ControlPlaneLink:
             while True:
                 started = time.monotonic()
                 try:
+                    if self.partitioned():
+                        raise OSError("network partition (injected fault)")
                     if not self.registered:
                         await self._register(session)
                     await self._beat(session)

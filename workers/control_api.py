@@ -11,8 +11,8 @@ engine as one offering that capability (engine_api.MigrateEngine and the like).
 
 import asyncio
 import functools
-import json
 import logging
+import math
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import replace
@@ -39,8 +39,9 @@ from workers.engine_api import (
     ServingEngine,
 )
 from workers.kvstore import PageRefused, page_from_wire
-from workers.openai_api import error_response
+from workers.openai_api import error_response, read_json
 from workers.openai_schema import ApiError
+from workers.protocol import KvBatch, ProtocolError
 from workers.runtime import NodeRuntime, token_matches
 
 log = logging.getLogger(__name__)
@@ -112,70 +113,62 @@ def agent_control(handler):
 
 
 async def _body(request: web.Request) -> dict:
-    try:
-        body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise web.HTTPBadRequest(
-            text=json.dumps({"error": {"message": "The body is not valid JSON.", "param": "body"}}),
-            content_type="application/json",
-        ) from None
-    if not isinstance(body, dict):
-        raise web.HTTPBadRequest(
-            text=json.dumps({"error": {"message": "The body must be a JSON object.", "param": "body"}}),
-            content_type="application/json",
-        )
-    return body
+    """The JSON object a control call sends; not JSON, or not an object, is a 400 naming the body."""
+    return await read_json(request)
 
 
 # --- checkpoint pages: this node as a holder -------------------------------------------
 @agent_control
 async def kv_batch(request: web.Request, runtime: NodeRuntime) -> web.Response:
     """Pages, commit records and drops from a serving node, in order."""
-    body = await _body(request)
-    if body.get("model") != runtime.engine.model.key:
+    try:
+        batch = KvBatch.parse(await _body(request))
+    except ProtocolError as exc:
+        return error(400, str(exc), exc.field)
+    if batch.model != runtime.engine.model.key:
         return error(
             400,
-            f"model: this node serves {runtime.engine.model.key}; it cannot hold pages of {body.get('model')!r}",
+            f"model: this node serves {runtime.engine.model.key}; it cannot hold pages of {batch.model!r}",
             "model",
         )
-    source = str(body.get("source") or "?")
-    direct = bool(body.get("direct"))
     store = runtime.store
     accepted, refused = 0, []
-    for data in body.get("pages") or []:
+    for i, data in enumerate(batch.pages):
         try:
-            request_id, seq, page = page_from_wire(data)
-            store.put(source, body["model"], request_id, seq, page, direct=direct)
+            request_id, seq, page = page_from_wire(data, f"pages[{i}]")
+            store.put(batch.source, batch.model, request_id, seq, page, direct=batch.direct)
             accepted += 1
         except PageRefused as exc:
-            log.warning("refused a page from %s: %s", source, exc)
+            log.warning("refused a page from %s: %s", batch.source, exc)
             refused.append(
                 {
-                    "request_id": data.get("request_id"),
-                    "seq": data.get("seq"),
+                    "request_id": request_id,
+                    "seq": seq,
                     "reason": exc.reason,
                     "message": str(exc),
                     "expected": exc.expected,
                 }
             )
-        except ValueError as exc:
+        except ProtocolError as exc:
             store.counters["refused_malformed"] = store.counters.get("refused_malformed", 0) + 1
+            known = data if isinstance(data, dict) else {}
             refused.append(
                 {
-                    "request_id": data.get("request_id"),
-                    "seq": data.get("seq"),
+                    "request_id": known.get("request_id"),
+                    "seq": known.get("seq"),
                     "reason": "malformed",
                     "message": str(exc),
+                    "field": exc.field,
                 }
             )
     committed = {}
-    for commit in body.get("commits") or []:
-        tokens_ = store.commit(str(commit.get("request_id")), int(commit.get("seq", 0)), int(commit.get("tokens", 0)))
+    for commit in batch.commits:
+        tokens_ = store.commit(commit.request_id, commit.seq, commit.tokens)
         if tokens_ is not None:
-            committed[commit["request_id"]] = tokens_
-    for request_id in body.get("drops") or []:
-        store.drop(str(request_id))
-    if accepted or body.get("drops"):
+            committed[commit.request_id] = tokens_
+    for request_id in batch.drops:
+        store.drop(request_id)
+    if accepted or batch.drops:
         runtime.engine.publish("checkpoint")
     return web.json_response({"accepted": accepted, "refused": refused, "committed": committed})
 
@@ -367,6 +360,39 @@ def assist_report(counters: Mapping[str, int]) -> dict:
     }
 
 
+DRAFT_FIGURES = {"temperature": float, "seed": int, "top_p": float, "top_k": int, "min_p": float, "min_tokens": int}
+
+
+def _draft_items_refusal(items) -> tuple[str, str] | None:
+    """(field, why) for the first sequence a verifier sent that a draft model cannot continue, or None."""
+    if not isinstance(items, list):
+        return "items", "must be a list of sequences: {state, position, and their sampling figures}"
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            return f"items[{i}]", "must be an object: {state, position, ...}"
+        state = item.get("state")
+        try:
+            bytes.fromhex(state if isinstance(state, str) else "?")
+        except ValueError:
+            return f"items[{i}].state", "must be the sequence's state, in hex"
+        position = item.get("position")
+        if not isinstance(position, int) or isinstance(position, bool) or not 0 <= position < 2**62:
+            return f"items[{i}].position", "must be the sequence's position, a whole number"
+        for key, kind in DRAFT_FIGURES.items():
+            value = item.get(key)
+            if value is None:
+                continue
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or (kind is int and isinstance(value, float))
+            ):
+                return f"items[{i}].{key}", f"must be {'an integer' if kind is int else 'a number'}"
+            if (isinstance(value, float) and not math.isfinite(value)) or abs(value) > 2**62:
+                return f"items[{i}].{key}", "must be a finite number"
+    return None
+
+
 @agent_control
 async def draft(request: web.Request, runtime: NodeRuntime) -> web.Response:
     """As a restarting node with only its draft model loaded: propose k tokens per sequence."""
@@ -378,7 +404,12 @@ async def draft(request: web.Request, runtime: NodeRuntime) -> web.Response:
     if body.get("model") != engine.model.key:
         return error(400, f"model: this node drafts for {engine.model.key}, not {body.get('model')!r}", "model")
     items = body.get("items") or []
-    k = int(body.get("k", 4))
+    k = body.get("k", 4)
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 16:
+        return error(400, "must be an integer from 1 to 16", "k")
+    refusal = _draft_items_refusal(items)
+    if refusal is not None:
+        return error(400, refusal[1], refusal[0])
     drafted = propose_drafts(engine.model.key, k, items, _agreement(runtime, engine.model))
     # The draft model runs k decode steps over the batch on this node's GPU.
     draft_model = catalog.model(draft_key)

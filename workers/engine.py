@@ -33,6 +33,7 @@ from workers.core import BlockComplete, EngineCore, EngineError, Finished, Sampl
 from workers.faults import FaultState
 from workers.kvstore import CheckpointStore, Page
 from workers.protocol import AssistStatus, NodeStatus
+from workers.status_feed import StatusFeed
 
 if TYPE_CHECKING:  # for the annotation only: workers.openai_schema imports this module
     from workers.openai_schema import CompletionRequest
@@ -177,7 +178,7 @@ class Engine:
         # What the core's steps produced, handed out in order (see _deliver).
         self._outbox: deque[Token | BlockComplete | Finished] = deque()
         self._wake = asyncio.Event()
-        self._subscribers: set[asyncio.Queue] = set()
+        self._feed = StatusFeed()  # the status events' subscribers
         self._task: asyncio.Task | None = None
         self._load_task: asyncio.Task | None = None
         self._steps_since_status = 0
@@ -536,29 +537,23 @@ class Engine:
         )
 
     def subscribe(self) -> asyncio.Queue:
-        queue: asyncio.Queue = asyncio.Queue(maxsize=256)
-        self._subscribers.add(queue)
-        return queue
+        return self._feed.subscribe()
 
     def unsubscribe(self, queue: asyncio.Queue) -> None:
-        self._subscribers.discard(queue)
+        self._feed.unsubscribe(queue)
 
     def _publish(self, reason: str, request_id: str | None = None) -> None:
         self.status_seq += 1
-        if not self._subscribers:
+        if reason == "finished" and request_id is not None:
+            self._feed.finished(request_id)
+        if not self._feed:
             return
         status = self.status().to_json()
         status["reason"] = reason
         if request_id is not None:
             # A gateway that dispatched this request settles its own account against this status.
             status["request_id"] = request_id
-        for queue in list(self._subscribers):
-            if queue.full():  # a slow subscriber loses old statuses, never blocks the engine
-                try:
-                    queue.get_nowait()
-                except asyncio.QueueEmpty:
-                    pass
-            queue.put_nowait(status)
+        self._feed.publish(status, self.by_id)  # a subscriber that lost statuses gets the request ids with it
 
     def publish(self, reason: str) -> None:
         """A load-changing event from outside the step loop (a checkpoint page stored, say)."""

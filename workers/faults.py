@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from workers import tokens
 
-KINDS = ("crash", "hang", "slow", "sdc", "thermal", "xid", "nvlink_down", "poison")
+KINDS = ("crash", "hang", "slow", "sdc", "thermal", "xid", "nvlink_down", "poison", "partition")
 
 # Xid codes whose hardware effect telemetry shows beyond the event itself.
 ECC_UNCORRECTED_XIDS = {48, 94, 95}
@@ -116,6 +116,16 @@ class FaultState:
     @property
     def gpu_lost(self) -> bool:
         return bool(self.lost_gpus)
+
+    def partitioned(self, now: float | None = None) -> bool:
+        """Cut off from the control plane: no registration or heartbeat leaves; the data path is untouched."""
+        fault = self.active.get("partition")
+        if fault is None:
+            return False
+        if (time.time() if now is None else now) < fault.at + fault.params["seconds"]:
+            return True
+        self.active.pop("partition", None)  # healed
+        return False
 
     @property
     def nvlink_down(self) -> bool:
@@ -237,6 +247,8 @@ def _validate(kind: str, params: dict, tp: int) -> dict:
         if not isinstance(match, str):
             raise FaultError("match", 'must be the text that makes the engine fail, or "" for every request')
         return {"match": match, "ids": tokens.encode(match)}
+    if kind == "partition":
+        return {"seconds": _number(params, "seconds", 30.0, 0.1, 86400.0)}
     if kind == "nvlink_down":
         if tp < 2:
             raise FaultError(

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 from workers.catalog import BLOCK_TOKENS
+from workers.protocol import ProtocolError
 
 
 def page_digest(request_id: str, block: int, token_ids: list[int], payload: bytes) -> str:
@@ -210,21 +211,41 @@ class CheckpointStore:
         }
 
 
-def page_from_wire(data: dict) -> tuple[str, int, Page]:
-    """(request_id, seq, page) from one page of a batch; ValueError names a bad field."""
+PAGE_FIELDS = ("request_id", "seq", "block", "tokens", "nbytes", "payload", "digest")
+MAX_BLOCK = 2**32 - 1  # the digest holds a block's index in 4 bytes, each token id in 8
+MAX_TOKEN_ID = 2**64 - 1
+
+
+def _whole(data: dict, key: str, where: str, low: int, high: int) -> int:
+    value = data[key]
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ProtocolError(f"{where}.{key}", f"must be a whole number from {low} to {high}, not {value!r:.40}")
+    return value
+
+
+def page_from_wire(data, where: str = "page") -> tuple[str, int, Page]:
+    """(request_id, seq, page) from one page of a batch; ProtocolError (a ValueError) names the bad field."""
+    if not isinstance(data, dict):
+        raise ProtocolError(where, f"must be an object with {', '.join(PAGE_FIELDS)}")
+    missing = [key for key in PAGE_FIELDS if key not in data]
+    if missing:
+        raise ProtocolError(f"{where}.{missing[0]}", "is required")
+    if not isinstance(data["request_id"], str) or not data["request_id"]:
+        raise ProtocolError(f"{where}.request_id", "must be the request's id, a string")
+    seq = _whole(data, "seq", where, 1, 2**63 - 1)
+    block = _whole(data, "block", where, 0, MAX_BLOCK)
+    nbytes = _whole(data, "nbytes", where, 0, 2**63 - 1)
+    tokens = data["tokens"]
+    if not isinstance(tokens, list) or len(tokens) != BLOCK_TOKENS:
+        raise ProtocolError(f"{where}.tokens", f"a page holds {BLOCK_TOKENS} token ids")
+    for i, token_id in enumerate(tokens):
+        if isinstance(token_id, bool) or not isinstance(token_id, int) or not 0 <= token_id <= MAX_TOKEN_ID:
+            raise ProtocolError(f"{where}.tokens[{i}]", f"must be a token id, not {token_id!r:.40}")
+    if not isinstance(data["digest"], str):
+        raise ProtocolError(f"{where}.digest", "must be the page's digest, a hex string")
     try:
-        request_id = str(data["request_id"])
-        seq = int(data["seq"])
-        tokens = [int(t) for t in data["tokens"]]
-        page = Page(
-            block=int(data["block"]),
-            token_ids=tokens,
-            nbytes=int(data["nbytes"]),
-            payload=base64.b64decode(data["payload"], validate=True),
-            digest=str(data["digest"]),
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"malformed page: {exc.__class__.__name__} {exc}") from None
-    if len(tokens) != BLOCK_TOKENS:
-        raise ValueError(f"a page holds {BLOCK_TOKENS} tokens, this one {len(tokens)}")
-    return request_id, seq, page
+        payload = base64.b64decode(data["payload"], validate=True)
+    except (TypeError, ValueError):
+        raise ProtocolError(f"{where}.payload", "must be the page's bytes in base64") from None
+    page = Page(block=block, token_ids=list(tokens), nbytes=nbytes, payload=payload, digest=data["digest"])
+    return data["request_id"], seq, page

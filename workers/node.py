@@ -364,6 +364,7 @@ async def serve(args: argparse.Namespace) -> None:
             heartbeat,
             args.heartbeat_interval,
             on_session_closed=new_session,
+            partitioned=runtime.faults.partitioned,
         )
     else:
         log.info("no --control-url: running stand-alone, without registration or heartbeats")

@@ -39,6 +39,8 @@ def json_errors(server: str, log: logging.Logger):
             return error_response(
                 ApiError(exc.status, f"{exc.reason}: {request.method} {request.path}", kind=kind), headers
             )
+        except ApiError as exc:  # a refusal raised past its handler (read_json), answered as it says
+            return error_response(exc)
         except (ConnectionResetError, asyncio.CancelledError):
             raise
         except Exception:

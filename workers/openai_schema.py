@@ -646,6 +646,11 @@ def parse(body, kind: str, context_tokens: int | None = None) -> CompletionReque
     if body.get("user") is not None:
         _text(body["user"], "user")
     extension = Extension.parse(body.get("lifeline"))
+    if extension.resume is not None and len(extension.resume.generated) >= max_tokens:
+        raise bad(
+            "lifeline.resume.generated_token_ids",
+            f"nothing left to generate: {len(extension.resume.generated)} of max_tokens={max_tokens} already sent",
+        )
     if _bool(body, "return_token_ids"):
         extension.return_token_ids = True
     return CompletionRequest(

@@ -59,6 +59,26 @@ class ProtocolError(ValueError):
         self.message = message
 
 
+def refuse_nul(value, where: str = "") -> None:
+    """Refuse a NUL character anywhere in a parsed JSON message, naming its field: no name, session or figure of the
+    protocol has one, and PostgreSQL's text cannot hold one. Walked without recursion: JSON nests deeper than the
+    stack."""
+    pending = [(value, where)]
+    while pending:
+        item, at = pending.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                raise ProtocolError(at or "body", "must not contain a NUL character (\\u0000)")
+        elif isinstance(item, dict):
+            for key, inner in item.items():
+                path = f"{at}.{key}" if at else str(key)
+                if "\x00" in str(key):
+                    raise ProtocolError(path, "must not contain a NUL character (\\u0000)")
+                pending.append((inner, path))
+        elif isinstance(item, list):
+            pending.extend((inner, f"{at}[{i}]") for i, inner in enumerate(item))
+
+
 def _require(data: dict, key: str, kind, prefix: str = ""):
     name = f"{prefix}{key}"
     if key not in data or data[key] is None:
@@ -167,6 +187,9 @@ class Registration:
         network = data.get("network") or "infiniband"
         if network not in NETWORKS:
             raise ProtocolError("network", f"{network!r} is not a network: expected one of {', '.join(NETWORKS)}")
+        version = data.get("version") or PROTOCOL_VERSION
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise ProtocolError("version", f"must be the protocol's version, an int, got {_type_name(version)}")
         return cls(
             name=name,
             session=session,
@@ -184,7 +207,7 @@ class Registration:
             server=server,
             nvl_domain=nvl_domain,
             network=network,
-            version=int(data.get("version") or PROTOCOL_VERSION),
+            version=version,
         )
 
     def to_json(self) -> dict:
@@ -534,3 +557,60 @@ def _parse_gpu_readings(value) -> list[dict]:
     if len({r["index"] for r in readings}) != len(readings):
         raise ProtocolError("gpus", "two readings share a GPU index")
     return readings
+
+
+# --- checkpoint batches: a serving node to a holder (POST /agent/kv/batch) ---------------------------------------
+@dataclass(frozen=True)
+class Commit:
+    """A commit record: the holder's checkpoint of `request_id` is complete up to `tokens`, once it has page `seq`."""
+
+    request_id: str
+    seq: int
+    tokens: int
+
+
+@dataclass(frozen=True)
+class KvBatch:
+    """Pages, commit records and drops, in order. The pages stay raw: each is parsed on its own
+    (workers.kvstore.page_from_wire), so one malformed page is refused alone; the rest of the batch is checked whole
+    before anything of it is acted on, so a malformed batch changes nothing."""
+
+    model: str
+    source: str
+    direct: bool
+    pages: list
+    commits: tuple[Commit, ...]
+    drops: tuple[str, ...]
+
+    @classmethod
+    def parse(cls, data) -> "KvBatch":
+        if not isinstance(data, dict):
+            raise ProtocolError("body", "must be a JSON object")
+        model = data.get("model")
+        if not isinstance(model, str):
+            raise ProtocolError("model", "must be the model's catalog key, e.g. Qwen3-32B")
+        source = data.get("source")
+        if source is not None and not isinstance(source, str):
+            raise ProtocolError("source", "must be the serving node's name")
+        direct = data.get("direct")
+        if direct is not None and not isinstance(direct, bool):
+            raise ProtocolError("direct", f"must be bool, got {_type_name(direct)}")
+        commits = []
+        for i, item in enumerate(_list(data.get("commits"), "commits")):
+            if not isinstance(item, dict):
+                raise ProtocolError(f"commits[{i}]", "must be an object with request_id, seq and tokens")
+            request_id = _require(item, "request_id", str, f"commits[{i}].")
+            seq, tokens = (_whole(item, key, f"commits[{i}].") for key in ("seq", "tokens"))
+            commits.append(Commit(request_id, seq, tokens))
+        drops = _list(data.get("drops"), "drops")
+        for i, request_id in enumerate(drops):
+            if not isinstance(request_id, str):
+                raise ProtocolError(f"drops[{i}]", "must be a request id, a string")
+        return cls(model, source or "?", bool(direct), _list(data.get("pages"), "pages"), tuple(commits), tuple(drops))
+
+
+def _whole(data: dict, key: str, prefix: str) -> int:
+    value = _require(data, key, int, prefix)
+    if isinstance(value, bool) or not 0 <= value < 2**63:
+        raise ProtocolError(f"{prefix}{key}", f"must be a whole number, 0 or more, not {value!r}")
+    return value

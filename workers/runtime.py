@@ -1,6 +1,7 @@
 """Everything one node process holds, in one place for the HTTP handlers."""
 
 import asyncio
+import hashlib
 import hmac
 import os
 import statistics
@@ -112,3 +113,34 @@ def token_matches(presented: str | None, expected: str | None) -> bool:
     if not presented or not expected:
         return False
     return hmac.compare_digest(presented.encode(), expected.encode())
+
+
+# --- Node tokens ----------------------------------------------------------------------------------------------------
+# A node registers and beats with a bearer token. The cluster's shared token (LIFELINE_NODE_TOKEN) lets any node speak
+# for any name; a per-node token names its node, "lln.<name>.<mac>", the MAC keyed by the control plane's node token
+# secret (LIFELINE_NODE_TOKEN_SECRET), so it speaks for that name only. The control plane keeps no list: it recomputes
+# the MAC. Rotation: a new secret, the old one accepted beside it until every node has its new token.
+NODE_TOKEN_PREFIX = "lln."
+
+
+def node_token(secret: str, name: str) -> str:
+    """The per-node token of `name` under `secret` (`manage.py node_token NAME` prints it)."""
+    return f"{NODE_TOKEN_PREFIX}{name}.{_node_mac(secret, name)}"
+
+
+def _node_mac(secret: str, name: str) -> str:
+    return hmac.new(secret.encode(), b"lifeline-node:" + name.encode(), hashlib.sha256).hexdigest()
+
+
+def node_token_name(presented: str | None, secrets: tuple[str | None, ...]) -> str | None:
+    """The node name a per-node token speaks for, when its MAC matches one of `secrets`; else None."""
+    if not presented or not presented.startswith(NODE_TOKEN_PREFIX):
+        return None
+    name, dot, mac = presented[len(NODE_TOKEN_PREFIX) :].rpartition(".")
+    if not dot or not name:
+        return None
+    matched = False
+    for secret in secrets:
+        if secret:  # every secret is tried, so the time taken does not say which one matched
+            matched |= hmac.compare_digest(mac.encode(), _node_mac(secret, name).encode())
+    return name if matched else None

@@ -9,6 +9,7 @@ from django.views.decorators.cache import never_cache
 from console import metrics as control_plane_metrics
 from console.auth import api_view, page_view
 from console.readmodels import cluster as cluster_model
+from console.views import allow
 from recovery import hot
 from recovery.http import json_error
 
@@ -48,11 +49,13 @@ def cluster(request):
 
 
 @api_view()
+@allow("GET")
 def api_cluster(request):
     return JsonResponse(cluster_model.cluster_snapshot())
 
 
 @api_view()
+@allow("GET")
 def api_cluster_series(request):
     """The cluster page's charts: per model and tier, TTFT and TPOT p50/p99, tokens/s, error and shed shares."""
     raw = request.GET.get("minutes", "15")

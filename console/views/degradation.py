@@ -6,6 +6,7 @@ from django.views.decorators.cache import never_cache
 
 from console.auth import api_view, page_view
 from console.readmodels import degradation as degradation_model
+from console.views import allow
 from recovery.actions import capacity
 
 
@@ -22,6 +23,7 @@ def degradation_page(request):
 
 
 @api_view()
+@allow("GET")
 def api_degradation(request):
     return JsonResponse(
         {

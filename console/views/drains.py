@@ -11,6 +11,7 @@ from django.views.decorators.http import require_POST
 from console.auth import DECIDE_DRAINS, REQUEST_DRAINS, api_view, page_view
 from console.forms import DrainRequestForm
 from console.readmodels import drains as drain_model
+from console.views import allow, refuse_nul
 from recovery import roles
 from recovery.actions import drains
 from recovery.http import json_error
@@ -80,7 +81,19 @@ def drain_action(request, drain_id: int, action: str):
 
 
 # --- JSON -------------------------------------------------------------------------------------------------------
+def _json_object(request) -> dict | JsonResponse:
+    """The request's JSON object (none sent: empty), or the 400 that names the body."""
+    try:
+        body = json.loads(request.body or b"{}")
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past reading
+        return json_error(400, "The body is not valid JSON.", field="body")
+    if not isinstance(body, dict):
+        return json_error(400, "The body must be a JSON object.", field="body")
+    return body
+
+
 @api_view()
+@allow("GET", "POST")
 def api_drains(request):
     if request.method == "GET":
         return JsonResponse({"drains": drain_model.drain_list()})
@@ -90,11 +103,12 @@ def api_drains(request):
         return json_error(
             403, f"Role {roles.role_of(request.user)!r} may not request drains: it needs operator, oncall or admin."
         )
-    try:
-        body = json.loads(request.body or b"{}")
-    except json.JSONDecodeError:
-        return json_error(400, "The body is not valid JSON.", field="body")
-    node = Node.objects.filter(name=body.get("node")).first()
+    body = _json_object(request)
+    if isinstance(body, JsonResponse):
+        return body
+    if not isinstance(body.get("node"), str):
+        return json_error(400, "node: the name of the node to drain is required.", field="node")
+    node = Node.objects.filter(name=body["node"]).first()
     if node is None:
         return json_error(
             404 if body.get("node") else 400, f"node: there is no node {body.get('node')!r}.", field="node"
@@ -111,6 +125,7 @@ def api_drains(request):
 
 
 @api_view()
+@allow("GET")
 def api_drain(request, drain_id: int):
     drain = Drain.objects.select_related("node", "requested_by").filter(pk=drain_id).first()
     if drain is None:
@@ -126,14 +141,17 @@ def api_drain_decide(request, drain_id: int, decision: str):
         )
     if request.method != "POST":
         return json_error(405, f'POST {{"reason": ...}} to {decision}.')
+    refused = refuse_nul(request, {})
+    if refused is not None:
+        return refused
     drain = Drain.objects.select_related("node").filter(pk=drain_id).first()
     if drain is None:
         return json_error(404, f"There is no drain {drain_id}.")
+    body = _json_object(request)
+    if isinstance(body, JsonResponse):
+        return body
     try:
-        body = json.loads(request.body or b"{}")
         drains.decide(drain, request.user, decision, str(body.get("reason", "")))
-    except json.JSONDecodeError:
-        return json_error(400, "The body is not valid JSON.", field="body")
     except drains.NotAllowed as exc:
         return json_error(403, str(exc))
     except drains.DrainRefused as exc:

@@ -1,5 +1,6 @@
 """Incidents: the list, one incident's live timeline, and what people do with it."""
 
+import datetime as dt
 import json
 
 from django.contrib import messages
@@ -12,16 +13,31 @@ from django.views.decorators.http import require_POST
 from console.auth import ACT_ON_NODES, CLOSE_INCIDENTS, api_view, page_view
 from console.forms import IncidentFilterForm
 from console.readmodels import incidents as incident_model
+from console.views import allow
 from recovery import roles
 from recovery.actions import incidents
 from recovery.http import json_error
 from recovery.models import Incident
+
+MAX_LIMIT = 1000  # incidents in one answer
 
 
 def _incident(incident_id: int) -> Incident:
     return get_object_or_404(
         Incident.objects.select_related("acknowledged_by", "commander").prefetch_related("nodes"), pk=incident_id
     )
+
+
+def _in_utc(filters: dict) -> dict:
+    """The time filters in UTC, as the database compares them (an offset such as -18:57 is not one PostgreSQL takes);
+    OverflowError names a time that leaves the years 1 to 9999 on the way."""
+    for name in ("since", "until"):
+        if name in filters:
+            try:
+                filters[name] = filters[name].astimezone(dt.UTC)
+            except OverflowError:
+                raise OverflowError(name) from None
+    return filters
 
 
 @never_cache
@@ -32,6 +48,11 @@ def incident_list(request):
     form = IncidentFilterForm(request.GET or None)
     valid = form.is_valid() if form.is_bound else True
     filters = {k: v for k, v in form.cleaned_data.items() if v} if form.is_bound and valid else {}
+    try:
+        filters = _in_utc(filters)
+    except OverflowError as exc:
+        form.add_error(exc.args[0], f"{exc.args[0]}: not a time the database holds (years 1 to 9999, in UTC)")
+        valid, filters = False, {}
     query = request.GET.copy()
     query["partial"] = "rows"  # the live refresh keeps the filters
     context = {
@@ -100,23 +121,33 @@ def incident_action(request, incident_id: int, action: str):
 
 
 @api_view()
+@allow("GET")
 def api_incidents(request):
     """The incidents list as JSON, with the page's filters (status, severity, node, since, until) and totals."""
     try:
         limit = int(request.GET.get("limit", 100))
     except ValueError:
         return json_error(400, "limit: not a whole number of incidents, e.g. 100", param="limit")
+    if not 1 <= limit <= MAX_LIMIT:
+        return json_error(400, f"limit: from 1 to {MAX_LIMIT} incidents, not {limit}", param="limit")
     form = IncidentFilterForm(request.GET)
     if not form.is_valid():
         field, errors = next(iter(form.errors.items()))
         return json_error(400, errors[0], param=field)
     filters = {k: v for k, v in form.cleaned_data.items() if v}
+    try:
+        filters = _in_utc(filters)
+    except OverflowError as exc:
+        return json_error(
+            400, f"{exc.args[0]}: not a time the database holds (years 1 to 9999, in UTC)", param=exc.args[0]
+        )
     return JsonResponse(
         {"incidents": incident_model.incident_list(limit, **filters), "totals": incident_model.totals(**filters)}
     )
 
 
 @api_view()
+@allow("GET")
 def api_incident(request, incident_id: int):
     incident = Incident.objects.filter(pk=incident_id).first()
     if incident is None:

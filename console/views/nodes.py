@@ -22,6 +22,7 @@ from console.readmodels import checkpoints as checkpoint_model
 from console.readmodels import cluster as cluster_model
 from console.readmodels import incidents as incident_model
 from console.readmodels import nodes as node_model
+from console.views import allow
 from recovery import hot, nodeclient, roles
 from recovery.actions import drains, faults, health, live_migration
 from recovery.choices import DrainMode, Remediation
@@ -165,6 +166,7 @@ def node_golden(request, name: str):
 
 # --- JSON -------------------------------------------------------------------------------------------------
 @api_view(*INJECT_FAULTS)
+@allow("POST")
 def api_node_fault(request, name: str):
     if request.method != "POST":
         return json_error(405, 'POST a fault: {"kind": "crash", ...}')
@@ -173,7 +175,7 @@ def api_node_fault(request, name: str):
         return json_error(404, f"There is no node {name!r}.")
     try:
         body = json.loads(request.body or b"{}")
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past reading
         return json_error(400, "The body is not valid JSON.", field="body")
     if not isinstance(body, dict):
         return json_error(400, 'The body must be a JSON object: {"kind": ..., "reason": ...}.', field="body")
@@ -184,6 +186,7 @@ def api_node_fault(request, name: str):
 
 
 @api_view(*ACT_ON_NODES)
+@allow("POST")
 def api_node_migrate(request, name: str):
     if request.method != "POST":
         return json_error(405, "POST to move every request off the node.")
@@ -192,18 +195,21 @@ def api_node_migrate(request, name: str):
         return json_error(404, f"There is no node {name!r}.")
     try:
         body = json.loads(request.body or b"{}") if request.body else {}
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past reading
         return json_error(400, "The body is not valid JSON.", field="body")
-    command = live_migration.start(
-        node,
-        request.user.get_username(),
-        body.get("reason") or "planned migration",
-        cordon=bool(body.get("cordon", True)),
-    )
+    if not isinstance(body, dict):
+        return json_error(400, 'The body must be a JSON object: {"reason": ..., "cordon": true}.', field="body")
+    reason, cordon = body.get("reason") or "planned migration", body.get("cordon", True)
+    if not isinstance(reason, str):
+        return json_error(400, "reason: must be a string.", field="reason")
+    if not isinstance(cordon, bool):
+        return json_error(400, "cordon: must be true or false.", field="cordon")
+    command = live_migration.start(node, request.user.get_username(), reason, cordon=cordon)
     return JsonResponse({"command": command, "status_url": f"/api/migrations/{command}"}, status=202)
 
 
 @api_view()
+@allow("GET")
 def api_migration(request, command: str):
     status = live_migration.status(command)
     if status is None:
@@ -212,6 +218,7 @@ def api_migration(request, command: str):
 
 
 @api_view()
+@allow("GET")
 def api_node_health(request, name: str):
     node = Node.objects.filter(name=name).first()
     if node is None:

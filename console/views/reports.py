@@ -11,6 +11,7 @@ from django.views.decorators.cache import never_cache
 from console import exports
 from console.auth import READ_SLO, api_view, page_view
 from console.readmodels import reports
+from console.views import allow
 from recovery.http import json_error
 
 FORMATS = {"json": "application/json", "csv": "text/csv; charset=utf-8", "pdf": "application/pdf"}
@@ -63,6 +64,7 @@ def report_page(request):
 
 
 @api_view(*READ_SLO)
+@allow("GET")
 def api_reports(request):
     """`GET /api/reports?period=week|month|quarter|custom&start=&end=&tenant=1&format=json|csv|pdf`."""
     if request.method != "GET":

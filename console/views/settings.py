@@ -6,6 +6,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.cache import never_cache
 
 from console.auth import api_view, page_view
+from console.views import allow
 from recovery import roles
 from recovery.actions import cluster_settings, health
 from recovery.forms import MODEL_RANGES, SettingsForm, number
@@ -75,6 +76,7 @@ def _model_rows(cluster: Cluster, typed: dict | None = None, errors: dict | None
 
 
 @api_view(roles.ADMIN)
+@allow("GET", "PATCH")
 def api_settings(request):
     """GET the cluster's operating settings; PATCH some of them (admin), validated and audited as on the page."""
     cluster = Cluster.default()

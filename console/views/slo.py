@@ -11,6 +11,7 @@ from django.views.decorators.cache import never_cache
 
 from console.auth import READ_SLO, api_view, page_view
 from console.readmodels import slo as slo_model
+from console.views import allow
 from recovery import roles
 from recovery.actions import slo
 from recovery.forms import SloCorrectionForm, SloObjectiveForm
@@ -114,6 +115,7 @@ def slo_corrections(request, correction_id: int | None = None):
 
 
 @api_view(*READ_SLO)
+@allow("GET")
 def api_slo(request):
     if request.method != "GET":
         return json_error(405, "GET the objectives; PATCH one at /api/slo/<id> (admins).")
@@ -127,6 +129,7 @@ def api_slo(request):
 
 
 @api_view(*READ_SLO)
+@allow("GET", "PATCH")
 def api_slo_one(request, objective_id: int):
     """GET one objective's figures with its days; PATCH some of its fields (admins), validated and audited."""
     objective = SloObjective.objects.filter(pk=objective_id).first()

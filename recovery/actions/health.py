@@ -20,6 +20,7 @@ from django.utils import timezone
 from recovery import canary, events, hot
 from recovery.actions import audit, notify, routing
 from recovery.choices import (
+    OPEN_DRAIN_STATES,
     BreakerState,
     CanaryKind,
     Health,
@@ -31,6 +32,7 @@ from recovery.models import (
     CanaryGolden,
     CanaryResult,
     Cluster,
+    Drain,
     HealthTransition,
     Node,
     RequestOutcome,
@@ -346,8 +348,16 @@ def record_canary(
         trial=trial,
         gpu_ms=canary_gpu_ms(node, prompt, tokens or prompt.get("max_tokens", 1)) if prompt else None,
     )
+    # A drain proposed or under way holds its node: a canary pass never puts it back into service.
+    held = node.health == Health.UNHEALTHY and Drain.objects.filter(node=node, state__in=OPEN_DRAIN_STATES).exists()
     step = policy.after_canary(
-        node.health, node.canary_failures, verdict.passed, cluster.suspicious_after, cluster.unhealthy_after
+        node.health,
+        node.canary_failures,
+        verdict.passed,
+        cluster.suspicious_after,
+        cluster.unhealthy_after,
+        breaker=node.breaker,
+        held=held,
     )
     baseline = (
         policy.next_baseline(node.canary_baseline_ms, latency_ms)
@@ -362,15 +372,19 @@ def record_canary(
     current = breaker_of(node)
     after = current.on_success() if verdict.passed else current.on_failure(now, cluster.breaker_threshold)
     cause = f"canary {verdict.kind}: {verdict.detail}"
-    set_breaker(
-        node,
-        after,
-        f"{cause} ({after.failures} consecutive failures)"
-        if not verdict.passed
-        else f"{cause}: trial passed"
-        if trial
-        else cause,
-    )
+    if step.half_open:
+        # An UNHEALTHY node answers well again: it returns only through the breaker's half-open trial.
+        after = after.to_half_open()
+        breaker_cause = f"{cause}: {node.name} is UNHEALTHY, so the pass alone does not return it; one trial canary"
+    elif not verdict.passed:
+        breaker_cause = f"{cause} ({after.failures} consecutive failures)"
+    elif current.state == BreakerState.HALF_OPEN:
+        breaker_cause = f"{cause}: trial passed"
+        if held:
+            breaker_cause += f"; {node.name} stays UNHEALTHY, its drain holds it"
+    else:
+        breaker_cause = cause
+    set_breaker(node, after, breaker_cause)
     if step.state == Health.UNHEALTHY and node.health != Health.UNHEALTHY:
         why = f"{step.failures} canary failures in a row; last: {verdict.kind} ({verdict.detail})"
         # Wrong answers point at the GPU (silent corruption): reset it. A slow or silent node: restart the engine.
@@ -382,6 +396,8 @@ def record_canary(
         # way.
         _take_out(node, cluster, why, evidence, Remediation.RESET if wrong else Remediation.RESTART)
     elif step.state != node.health:
+        if node.health == Health.UNHEALTHY:
+            cause = f"{cause}: half-open trial passed, the breaker closed"
         set_health(node, step.state, cause, details=evidence)
     transaction.on_commit(lambda: events.node_canary(node.pk, result.pk))
     return result

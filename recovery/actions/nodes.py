@@ -98,6 +98,7 @@ def _published(node: Node) -> None:
     )
     routing.publish_routing()
     events.node_changed(node.pk)
+    events.checkpoints_moved()  # a node joined or left the checkpoint distribution
 
 
 # --- registration and heartbeats ---------------------------------------------------
@@ -218,6 +219,8 @@ def record_heartbeat(name: str, beat: Heartbeat) -> str:
     load = beat.load
     previous_model_state = entry.model_state
     hot.heartbeat(name, now, beat.model_state, vars(load), beat.checkpoints, beat.gpus)
+    if (beat.checkpoints or {}) != entry.checkpoints:
+        events.checkpoints_moved()  # the checkpoint pages refresh on a change, not on a timer
     if beat.xids:
         health.ingest_xids(name, beat.xids)
     if previous_model_state != beat.model_state and previous_model_state is not None:
@@ -263,10 +266,16 @@ def mark_silent_nodes_down() -> list[str]:
     now = time.time()
     downed = []
     started = Cluster.default().control_plane_started_at
-    for name, _ in hot.silent_nodes(now - miss):
+    # Silence while the control plane itself took no heartbeat at all (its web process restarting, Redis away)
+    # is its own deafness: each node gets a whole allowance from the moment heartbeats came in again.
+    resumed = hot.heartbeats_resumed_at()
+    silent = hot.silent_nodes(now - miss)
+    if _deaf(silent, now, started):
+        return []
+    for name, _ in silent:
         entry = hot.node(name)  # the session whose silence this is
         seen = hot.last_seen(name)  # re-read: a beat may have landed since the scan
-        if seen is None or not lifecycle.is_silent(seen, now, miss):
+        if seen is None or not lifecycle.is_silent(max(seen, resumed), now, miss):
             continue
         node = Node.objects.filter(name=name).first()
         if node is None or node.state not in lifecycle.ALIVE:
@@ -290,6 +299,30 @@ def mark_silent_nodes_down() -> list[str]:
         if transition_node(node, NodeState.DOWN, cause, actor=actor, last_seen_at=_epoch(seen)):
             downed.append(name)
     return downed
+
+
+def _deaf(silent: list[tuple[str, float]], now: float, started: dt.datetime | None) -> bool:
+    """Every watched node silent at once (two or more): the control plane is deaf (its web process restarting,
+    Redis just back), not the whole fleet dead. Nobody is marked DOWN for it, for at most
+    LIFELINE_HEARTBEAT_DEAF_MAX_S; a fleet still silent after that is judged as usual. Not a fleet none of which
+    was heard since the control plane started: those sessions are judged by when it started."""
+    watched = hot.watched_count()
+    newest = max((seen for _, seen in silent), default=0.0)
+    heard_since_start = started is None or newest >= started.timestamp()
+    if not (watched >= 2 and len(silent) == watched and heard_since_start):
+        hot.heartbeats_heard()
+        return False
+    since = hot.heartbeats_deaf_since(now)
+    if now - since > settings.LIFELINE_HEARTBEAT_DEAF_MAX_S:
+        return False
+    log.warning(
+        "all %d watched nodes silent for more than %g s at once: the control plane is not hearing heartbeats "
+        "(its web process or Redis was away), not marking them down for %.0f s more",
+        watched,
+        settings.LIFELINE_HEARTBEAT_MISS_S,
+        settings.LIFELINE_HEARTBEAT_DEAF_MAX_S - (now - since),
+    )
+    return True
 
 
 def _of_a_previous_run(node: Node, heard: float | None, started: dt.datetime | None) -> bool:

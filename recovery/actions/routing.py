@@ -61,3 +61,11 @@ def sync_hot_state() -> None:
     publish_routing()
     publish_gateway_keys()
     publish_cluster_config()
+
+
+def restore_hot_state_if_lost() -> bool:
+    """Rewrite the hot state at once when Redis lost it (restarted empty), rather than at the next full sync."""
+    if hot.hot_state_present():
+        return False
+    sync_hot_state()
+    return True

@@ -182,6 +182,9 @@ class Coordinator:
     def answering(self, node: str) -> bool:
         return self.watcher.answering(node)
 
+    def frozen(self, node: str) -> bool:
+        return self.watcher.frozen(node)
+
     def working(self, node: str, window_s: float) -> bool:
         return self.watcher.progressed_within(node, window_s)
 

@@ -14,7 +14,7 @@ import json
 import logging
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 from aiohttp import web
@@ -35,6 +35,7 @@ BROKEN = (
     ConnectionResetError,
 )
 RETRY_AFTER_S = 2
+LIVENESS_CHECK_S = 0.5  # while a node is given time for a line, whether it still answers at all is looked at this often
 
 
 def data_line(raw: bytes) -> bytes:
@@ -66,6 +67,15 @@ class Failure:
 
 class ClientGone(Exception):
     pass
+
+
+@dataclass
+class Pace:
+    """How long a request's node is given for its next line (`Relay._next_line`)."""
+
+    timeout: float  # seconds from `asked_at`
+    asked_at: float = field(default_factory=time.monotonic)  # its last line, or when it was given more time
+    waiting_since: float = field(default_factory=time.monotonic)  # its last token, or when the request was sent
 
 
 @dataclass(frozen=True)
@@ -310,23 +320,11 @@ class Relay:
         """Forward the node's chunks until it finishes, hands the request over, or breaks."""
         flight, stall, node = self.flight, self.co.config.stall_timeout_s, route.name
         resumed = decision is not None
-        timeout = stall + self.co.first_token_s(route, flight.context_tokens)  # the work in front of it, with margin
-        waiting_since = time.monotonic()
+        # the work in front of it, with margin
+        pace = Pace(timeout=stall + self.co.first_token_s(route, flight.context_tokens))
         while True:
             try:
-                raw = await asyncio.wait_for(upstream.content.readline(), timeout=timeout)
-            except TimeoutError:
-                waited = time.monotonic() - waiting_since
-                if not self.co.answering(node):
-                    raise UpstreamBroken(
-                        f"no byte for {waited:.1f} s and its status stream is silent too (hung)"
-                    ) from None
-                if self.co.working(node, timeout):
-                    timeout = stall  # alive and working (a long prefill, a queue, a slow GPU): not a failure
-                    continue
-                raise UpstreamBroken(
-                    f"no byte for {waited:.1f} s while its engine made no progress", lost=False
-                ) from None
+                raw = await self._next_line(upstream, node, pace)
             except BROKEN as exc:
                 if self._handed_over():
                     return
@@ -343,6 +341,8 @@ class Relay:
                 if self.client_stream:
                     await self._write(raw)
                     self._done_sent = True  # the client has the whole answer: a hang-up from here is not a loss
+                if self.finish_reason is not None:
+                    return  # nothing follows: not waiting for the node's end of stream, which a hang-up may beat
                 continue
             if data.startswith(b'{"error"'):
                 raise UpstreamBroken(f"node failed the request: {json.loads(data)['error'].get('message')}")
@@ -358,7 +358,7 @@ class Relay:
             ids = TOKEN_IDS.search(data)
             if ids and ids.group(1):
                 now = time.monotonic()
-                timeout, waiting_since = stall, now
+                pace.timeout, pace.waiting_since = stall, now
                 if resumed:
                     await self._announce(node, decision, broke_at, now, chunk, reason)
                     resumed = False
@@ -384,6 +384,40 @@ class Relay:
                 await self._write(raw)
             elif chunk is not None:
                 self.chunks.append(chunk)
+
+    async def _next_line(self, upstream: aiohttp.ClientResponse, node: str, pace: "Pace") -> bytes:
+        """The node's next line, given `pace.timeout` since the last one, and more while its engine works.
+
+        Whether the node still answers at all (its status stream) is looked at every LIVENESS_CHECK_S meanwhile:
+        a node that froze is found within seconds, not after the whole allowance of a long prefill, and a request
+        whose node hangs before its first token goes on elsewhere. UpstreamBroken when the node is hung (lost) or
+        its engine is stuck (not lost); the read is never cancelled while the node is given time (a cancelled
+        readline loses what it had of a line).
+        """
+        stall = self.co.config.stall_timeout_s
+        reading = asyncio.ensure_future(upstream.content.readline())
+        try:
+            while True:
+                left = pace.asked_at + pace.timeout - time.monotonic()
+                done, _ = await asyncio.wait({reading}, timeout=max(0.0, min(left, LIVENESS_CHECK_S)))
+                now = time.monotonic()
+                if done:
+                    pace.asked_at = now
+                    return reading.result()
+                waited = now - pace.waiting_since
+                within = now - pace.asked_at < pace.timeout
+                if not self.co.answering(node) and (not within or self.co.frozen(node)):
+                    raise UpstreamBroken(f"no byte for {waited:.1f} s and its status stream is silent too (hung)")
+                if within:
+                    continue
+                if self.co.working(node, pace.timeout):
+                    # alive and working (a long prefill, a queue, a slow GPU): not a failure
+                    pace.timeout, pace.asked_at = stall, now
+                    continue
+                raise UpstreamBroken(f"no byte for {waited:.1f} s while its engine made no progress", lost=False)
+        finally:
+            if not reading.done():  # given up on, or this request's handler was cancelled
+                reading.cancel()
 
     async def _attached(self, node: str, attached: dict) -> None:
         """The node took a stream over for this gateway: the ids of the tokens the client has (the rest follows)."""

@@ -138,6 +138,7 @@ class RoutingView:
         self.keys = Keys(self.namespace)
         self.loaded = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self.hot_state_missing = False
 
     async def start(self) -> None:
         await self.reload()
@@ -158,6 +159,14 @@ class RoutingView:
         except (RedisError, OSError) as exc:
             log.warning("cannot read the routing table, keeping the last copy: %s", exc)
             return
+        if raw_config is None and raw_models is None and self.loaded.is_set():
+            # Not an empty fleet (the control plane always writes both): Redis lost the hot state, restarted
+            # empty. Route on the last copy until the control plane writes it again (recovery.tasks).
+            if not self.hot_state_missing:
+                log.warning("the hot state is missing from Redis (restarted?): routing on the last copy")
+            self.hot_state_missing = True
+            return
+        self.hot_state_missing = False
         routes = {}
         for name, raw in raw_routes.items():
             entry = json.loads(raw)

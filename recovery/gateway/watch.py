@@ -19,7 +19,7 @@ from collections.abc import Callable
 import aiohttp
 
 from recovery.gateway.table import Route, RoutingView
-from recovery.policy.load import NodeStatus, Pending
+from recovery.policy.load import ClockOffset, NodeStatus, Pending
 from workers.aio import cancel
 
 log = logging.getLogger(__name__)
@@ -38,12 +38,15 @@ class NodeWatcher:
         headers: dict | None = None,
         on_back: Callable[[str], None] | None = None,
         on_status: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.time,
     ):
         self.view = view
         self.on_lost = on_lost
         self.on_back = on_back or (lambda name: None)
         self.on_status = on_status or (lambda name: None)  # after every new status of a node
         self.headers = headers or {}
+        self.clock = clock  # the gateway's epoch seconds: what a node's status time is put on
+        self._clocks: dict[str, ClockOffset] = {}  # node -> its clock's offset from ours, as its statuses show it
         self.statuses: dict[str, NodeStatus] = {}
         self.pending: dict[str, Pending] = {}
         self._ledger: dict[str, dict[str, int]] = {}  # node -> request id -> prompt tokens, until the node confirms
@@ -99,6 +102,7 @@ class NodeWatcher:
                     response.raise_for_status()
                     connected = True
                     self._answered.add((route.name, route.session))
+                    self._clocks[route.name] = ClockOffset()  # a new connection, maybe a new host: measured afresh
                     data = None
                     async for raw in response.content:
                         self._heard_at[route.name] = time.monotonic()
@@ -119,6 +123,7 @@ class NodeWatcher:
             if current is None or current.session != route.session:
                 return
             if (route.name, route.session) in self._answered:
+                self._settle_all(route.name)
                 self.lost[route.name] = time.time()
                 self.on_lost(route.name, reason, time.time())
                 return
@@ -127,6 +132,9 @@ class NodeWatcher:
 
     def _update(self, name: str, data: dict) -> None:
         status = NodeStatus.from_event(data)
+        # Dated on this gateway's clock, not the node's (built here, not shared yet): forward prediction compares
+        # it with our own time, and hosts' clocks disagree.
+        status.at = self._clocks.setdefault(name, ClockOffset()).observe(status.at, self.clock())
         previous = self.statuses.get(name)
         if previous is None or status.steps != previous.steps:
             now = time.monotonic()
@@ -138,12 +146,31 @@ class NodeWatcher:
             self._heard.add(name)
             self.silent.discard(name)
             self.on_back(name)
-        request_id = data.get("request_id")
-        if data.get("reason") == "arrival" and request_id:
-            prompt = self._ledger.get(name, {}).pop(request_id, None)
-            if prompt is not None:
-                self.pending_for(name).confirm(prompt)  # the node's status now counts it
+        if self._ledger.get(name):
+            self._reconcile(name, data)
         self.on_status(name)
+
+    def _reconcile(self, name: str, data: dict) -> None:
+        """Settle the local account of `name` against its status: a request the status counts is no longer ours to.
+
+        Its arrival event settles a request; any later event naming it (its end) does too. A node whose
+        subscriber queue overflowed drops old events, the arrival among them, and then sends a full status
+        naming every request it has and those it finished lately: what it names is settled, so a lost event
+        never leaves a request counted here for good.
+        """
+        ledger = self._ledger[name]
+        settled = []
+        request_id = data.get("request_id")
+        if isinstance(request_id, str) and request_id in ledger:
+            settled.append(request_id)
+        for key in ("requests", "finished"):
+            ids = data.get(key)
+            if isinstance(ids, list):
+                settled.extend(rid for rid in ids if isinstance(rid, str) and rid in ledger)
+        for rid in settled:
+            prompt = ledger.pop(rid, None)
+            if prompt is not None:
+                self.pending_for(name).confirm(prompt)  # the node's status now counts it (or it is over)
 
     # --- the local account ---------------------------------------------------------------
     def dispatched(self, name: str, request_id: str, prompt_tokens: int) -> None:
@@ -158,10 +185,16 @@ class NodeWatcher:
         if prompt is not None:
             self.pending_for(name).confirm(prompt)
 
+    def _settle_all(self, name: str) -> None:
+        """The node is lost: what was dispatched to it and not confirmed is not coming (its requests move on), and
+        if it comes back its first status counts whatever it has."""
+        for prompt in self._ledger.pop(name, {}).values():
+            self.pending_for(name).confirm(prompt)
+
     def status(self, name: str) -> NodeStatus:
         status = self.statuses.get(name)
         if status is None:  # not heard from yet: idle as far as we know (kept, so it is the same object next time)
-            status = self.statuses[name] = NodeStatus(at=time.time())
+            status = self.statuses[name] = NodeStatus(at=self.clock())
         return status
 
     def pending_for(self, name: str) -> Pending:
@@ -174,6 +207,12 @@ class NodeWatcher:
         """The node's status stream spoke within the last few seconds: the process is alive."""
         heard = self._heard_at.get(name)
         return self.connected(name) and heard is not None and time.monotonic() - heard < SILENT_S
+
+    def frozen(self, name: str) -> bool:
+        """The node's status stream spoke to this gateway and has been silent for SILENT_S since (keep-alives come
+        every second): its process froze or died, whatever its request streams still promise."""
+        heard = self._heard_at.get(name)
+        return heard is not None and time.monotonic() - heard >= SILENT_S
 
     def progressed_within(self, name: str, window_s: float) -> bool:
         """The node's engine took a step in the last `window_s` seconds, or in the last three of its own

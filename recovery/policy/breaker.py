@@ -44,6 +44,11 @@ class Breaker:
             return self
         return Breaker(CLOSED, 0, None, None)
 
+    def to_half_open(self) -> "Breaker":
+        """Half-open with no trial out yet: the next call asked for is the trial. For a node that is answering
+        again but must prove it before it takes traffic (an UNHEALTHY node whose canary passed)."""
+        return Breaker(HALF_OPEN, self.failures, self.opened_at, None)
+
     def allow(self, now: float, open_s: float = 60.0) -> tuple[bool, "Breaker"]:
         """May a call go to the node now? Returns the answer and the breaker after asking.
 

@@ -5,7 +5,9 @@ probabilities were recorded on a node known to be good (the golden run). A
 check fails on no response, a timeout, a token that differs, a top logprob
 outside its recorded range, or a latency over 3× the node's moving baseline.
 One failure makes a node SUSPICIOUS (routing weight 0.5), three in a row
-UNHEALTHY (weight 0, a drain is proposed); a pass makes it HEALTHY again.
+UNHEALTHY (weight 0, a drain is proposed); a pass makes a SUSPICIOUS node
+HEALTHY again, while an UNHEALTHY one comes back only through its circuit
+breaker's half-open trial, and never while a drain holds it.
 Telemetry feeds the same machine: a CRITICAL Xid makes a node UNHEALTHY at
 once; WARN Xids are shown for triage only.
 """
@@ -13,6 +15,8 @@ once; WARN Xids are shown for triage only.
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from recovery.policy import breaker as breakers
 
 HEALTHY = "healthy"
 SUSPICIOUS = "suspicious"
@@ -125,23 +129,48 @@ class HealthStep:
     state: str
     failures: int  # consecutive failures after this result
     propose_drain: bool  # the node just became UNHEALTHY: a drain should be proposed
+    half_open: bool = False  # an UNHEALTHY node passed: its breaker goes half-open, the next canary is its trial
 
 
 def after_canary(
-    state: str, failures: int, passed: bool, suspicious_after: int = 1, unhealthy_after: int = 3
+    state: str,
+    failures: int,
+    passed: bool,
+    suspicious_after: int = 1,
+    unhealthy_after: int = 3,
+    *,
+    breaker: str = breakers.CLOSED,
+    held: bool = False,
 ) -> HealthStep:
     """The health state after one canary result.
 
     HEALTHY → SUSPICIOUS after `suspicious_after` consecutive failures, →
-    UNHEALTHY after `unhealthy_after`; any pass → HEALTHY with the count reset.
+    UNHEALTHY after `unhealthy_after`; a pass resets the count and makes a
+    SUSPICIOUS node HEALTHY. An UNHEALTHY node is not returned by a pass alone
+    (document 003): a pass with its breaker closed sends the breaker half-open,
+    a pass with it open waits for the breaker's own timeout, and only the
+    half-open trial's pass (`breaker` is HALF_OPEN) makes it HEALTHY; the
+    trial's failure opens the breaker again and it stays UNHEALTHY. While a
+    drain holds the node (`held`: proposed or approved, on-call is deciding or
+    it runs) no pass returns it: the drain does, after its remediation.
     A DRAINING node's state belongs to its drain: results only count.
     An UNHEALTHY node stays UNHEALTHY through further failures (its drain is
     already proposed).
     """
     if state not in STATES:
         raise ValueError(f"unknown health state {state!r}: expected one of {', '.join(STATES)}")
+    if breaker not in breakers.STATES:
+        raise ValueError(f"unknown breaker state {breaker!r}: expected one of {', '.join(breakers.STATES)}")
     if passed:
-        return HealthStep(DRAINING if state == DRAINING else HEALTHY, 0, False)
+        if state == DRAINING:
+            return HealthStep(DRAINING, 0, False)
+        if state == UNHEALTHY:
+            if held:
+                return HealthStep(UNHEALTHY, 0, False)
+            if breaker == breakers.HALF_OPEN:
+                return HealthStep(HEALTHY, 0, False)  # the trial passed: the breaker closes, the node returns
+            return HealthStep(UNHEALTHY, 0, False, half_open=breaker == breakers.CLOSED)
+        return HealthStep(HEALTHY, 0, False)
     failures += 1
     if state == DRAINING:
         return HealthStep(DRAINING, failures, False)

@@ -14,6 +14,7 @@ idle one.
 import bisect
 import math
 import threading
+from collections import deque
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 
@@ -44,6 +45,44 @@ class Pending:
         """The node's status now includes a request of `prompt_tokens`: stop counting it here."""
         self.requests = max(0, self.requests - 1)
         self.prompt_tokens = max(0, self.prompt_tokens - max(0, prompt_tokens))
+
+
+# --- the node's clock ----------------------------------------------------------------
+
+
+class ClockOffset:
+    """A node's status times on the gateway's clock: hosts' clocks disagree, and prediction must not.
+
+    A status's `at` is the node's own clock. The offset to the gateway's is measured
+    from the statuses themselves: the least (received - at) over the last `window`
+    statuses is the node's clock error plus the shortest trip a status made. A status
+    pushed at once arrives within a millisecond or so; one held back in a queue or a
+    socket shows a larger difference and is not taken as the offset, so it is dated
+    when it was taken, not when it came in, and predicted forward accordingly. The
+    window lets the offset follow a clock that is stepped (NTP).
+    """
+
+    def __init__(self, window: int = 64):
+        self.window = window
+        self._count = 0
+        # (sample number, received - at) of the window, the differences increasing: its minimum comes first
+        self._low: deque[tuple[int, float]] = deque()
+
+    def observe(self, at: float, received: float) -> float:
+        """`at`, a status's time on its node's clock, on the gateway's clock; `received` is when it came in here."""
+        difference = received - at
+        while self._low and self._low[-1][1] >= difference:
+            self._low.pop()
+        self._low.append((self._count, difference))
+        self._count += 1
+        while self._low[0][0] <= self._count - 1 - self.window:
+            self._low.popleft()
+        return at + self._low[0][1]
+
+    @property
+    def offset(self) -> float | None:
+        """Seconds to add to the node's clock to read the gateway's (with the shortest trip); None before a status."""
+        return self._low[0][1] if self._low else None
 
 
 # --- forward prediction and cost ----------------------------------------------------
@@ -81,7 +120,8 @@ def predict(
     requests that were prefilling join the decode batch: predicted load never
     falls below what the status reported, so a node busy prefilling never
     looks idle. Requests that finish in the window are not removed: the next
-    status says so.
+    status says so. `status.at` and `now` must be on one clock: the gateway dates
+    a node's status on its own (`ClockOffset`), as a node's clock may be off.
     """
     uncomputed, context, batch = _advance(status, now, _step_s(status, deployment), chunk_tokens)
     return replace(

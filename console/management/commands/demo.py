@@ -12,7 +12,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
-from django.db import close_old_connections
+from django.db import DatabaseError, close_old_connections
 
 from console import actions as console_actions
 from console import celery_app
@@ -42,6 +42,12 @@ class Command(BaseCommand):
         parser.add_argument("--host", default="127.0.0.1", help="address every server binds (default: loopback only)")
         parser.add_argument("--port", type=int, default=8000, help="console (web) port")
         parser.add_argument("--gateway-port", type=int, default=8100, help="gateway port")
+        parser.add_argument(
+            "--gateways",
+            type=int,
+            default=1,
+            help="gateway processes sharing the routing table, on --gateway-port and the ports after it",
+        )
         parser.add_argument("--nodes", type=int, default=8, help="emulated serving nodes to start")
         parser.add_argument(
             "--spares",
@@ -93,7 +99,8 @@ class Command(BaseCommand):
         finally:
             self.stdout.write("Stopping Lifeline…")
             node_names = [n for n in self.supervisor.children if n.startswith("node-")]
-            self.supervisor.stop(order=STOP_ORDER + node_names)
+            gateways = [n for n in self.supervisor.children if n.startswith("gateway-")]  # beyond the first
+            self.supervisor.stop(order=STOP_ORDER + gateways + node_names)
             close_old_connections()
             self.stdout.write("Stopped: no process left running.")
 
@@ -115,7 +122,11 @@ class Command(BaseCommand):
             except catalog.CatalogError as exc:
                 raise CommandError(f"--gpus/--tp: {exc}") from None
         opts["gpu_list"] = gpus
-        for port, option in ((opts["port"], "--port"), (opts["gateway_port"], "--gateway-port")):
+        if not 1 <= opts["gateways"] <= 16:
+            raise CommandError("--gateways must be between 1 and 16")
+        ports = [(opts["port"], "--port")]
+        ports += [(opts["gateway_port"] + i, "--gateway-port (and --gateways)") for i in range(opts["gateways"])]
+        for port, option in ports:
             if port_in_use(opts["host"], port):
                 raise CommandError(
                     f"port {port} on {opts['host']} is in use (another Lifeline, or another server): "
@@ -187,26 +198,15 @@ class Command(BaseCommand):
                 restart_delay_s=2,
             )
         )
-        gateway = self.supervisor.spawn(
-            Child(
-                "gateway",
-                [
-                    python(),
-                    "manage.py",
-                    "gateway",
-                    "--host",
-                    host,
-                    "--port",
-                    str(opts["gateway_port"]),
-                    "--name",
-                    "gateway-1",
-                ],
-                env,
-                restart_delay_s=2,
-            )
-        )
+        gateways = []
+        for i in range(opts["gateways"]):
+            port = opts["gateway_port"] + i
+            argv = [python(), "manage.py", "gateway", "--host", host, "--port", str(port), "--name", f"gateway-{i + 1}"]
+            name = "gateway" if i == 0 else f"gateway-{i + 1}"
+            gateways.append((f"http://{host}:{port}", self.supervisor.spawn(Child(name, argv, env, restart_delay_s=2))))
         wait_http(f"{web_url}/healthz", 60, web, self.supervisor)
-        wait_http(f"{gateway_url}/healthz", 60, gateway, self.supervisor)
+        for url, child in gateways:
+            wait_http(f"{url}/healthz", 60, child, self.supervisor)
 
         restart = opts["restart_delay"] if opts["restart_delay"] >= 0 else None
         total = opts["nodes"] + opts["spares"]
@@ -276,6 +276,7 @@ class Command(BaseCommand):
                 "api_cluster": f"{web_url}/api/cluster",
                 "admin": f"{web_url}/admin/",
                 "gateway": f"{gateway_url}/v1",
+                "gateways": [f"{url}/v1" for url, _ in gateways],
             },
             "logins": logins,
             "api_token": api_token,
@@ -355,7 +356,17 @@ class Command(BaseCommand):
 
     def _write_info(self):
         info = dict(self.info)
-        info["nodes"] = self._nodes_info()
+        try:
+            info["nodes"] = self._nodes_info()
+        except DatabaseError as exc:
+            # The database went away (restarted, cut off): the supervisor carries on, with the last addresses known.
+            close_old_connections()
+            info["nodes"] = getattr(self, "_written", {}).get("nodes", [])
+            if not getattr(self, "_db_gone", False):
+                self.stdout.write(f"database unreachable; node addresses in demo.json kept: {exc}".splitlines()[0])
+            self._db_gone = True
+        else:
+            self._db_gone = False
         info["pids"] = {name: child.pid for name, child in self.supervisor.children.items()}
         close_old_connections()
         if info == getattr(self, "_written", None):

@@ -76,7 +76,7 @@ def test_one_failure_is_suspicious_three_are_unhealthy_a_pass_is_healthy():
     assert (step.state, step.failures, step.propose_drain) == (health.UNHEALTHY, 3, True)
     again = health.after_canary(step.state, step.failures, False)
     assert again.state == health.UNHEALTHY and not again.propose_drain  # proposed once
-    back = health.after_canary(again.state, again.failures, True)
+    back = health.after_canary(again.state, again.failures, True, breaker=breakers.HALF_OPEN)  # its trial passed
     assert (back.state, back.failures) == (health.HEALTHY, 0)
 
 
@@ -100,12 +100,13 @@ def test_routing_weights():
 def test_health_follows_the_consecutive_failures(results):
     state, failures = health.HEALTHY, 0
     for passed in results:
+        was = state
         step = health.after_canary(state, failures, passed)
         state, failures = step.state, step.failures
-        if passed:
-            assert state == health.HEALTHY and failures == 0
+        if passed:  # an UNHEALTHY node returns only through its breaker's half-open trial
+            assert state == (health.UNHEALTHY if was == health.UNHEALTHY else health.HEALTHY) and failures == 0
         else:
-            assert state == (health.UNHEALTHY if failures >= 3 else health.SUSPICIOUS)
+            assert state == (health.UNHEALTHY if failures >= 3 or was == health.UNHEALTHY else health.SUSPICIOUS)
 
 
 # --- Xid events ---------------------------------------------------------------------------------------

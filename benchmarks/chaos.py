@@ -1,0 +1,749 @@
+"""The chaos soak: the whole system under steady, checked traffic while a seeded fault schedule breaks its parts.
+
+    python -m benchmarks.chaos --minutes 30 --seed 7        # on demand; the suite runs a 3-minute form
+
+`manage.py demo` on its embedded default (its own Redis, which the soak kills and pauses; SQLite, or the
+PostgreSQL that DATABASE_URL names, in a database of its own that the soak cuts off and lets back) with two
+gateways, 8 nodes in 4 racks and a hot spare. Clients stream greedy completions through both gateways with the
+resuming client (`clients/resuming.py`: a killed gateway's streams continue on the other from Last-Event-ID) and
+check every token against the pure token function. The faults come from a seeded schedule, printed before the
+run and replayable with the same seed. The on-call part is played too: a drain the health machine proposes is
+approved.
+
+At the end the invariants are checked and the report is written to benchmarks/results/chaos.json: tokens lost
+or repeated (0), requests accepted and never answered (0), every node fault followed by its incident and its
+transition rows, every node back SERVING and HEALTHY, every gateway's weights equal to the control plane's, the
+degradation level back at 0, memory of each long-lived process within 20 % of its value after warm-up, no
+unhandled exception in any log. Exit status 1 when an invariant failed.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import aiohttp
+import redis
+
+from benchmarks.common import BASE_DIR
+from benchmarks.harness import WORDS, expected_ids
+from clients.resuming import Resumes, StreamFailed, stream
+from console.stack import free_port
+from recovery.keys import Keys
+from tests.helpers import DemoStack, http_json
+
+RESULTS = BASE_DIR / "benchmarks" / "results" / "chaos.json"
+MODEL = "Qwen3-32B"
+
+# Every fault kind the soak knows, in the order a full schedule visits them before it repeats.
+NODE_FAULTS = ("node_kill", "node_hang", "slow_gpu", "sdc", "nvlink_down", "node_and_holder", "rack", "partition")
+INFRA_FAULTS = (
+    "redis_restart",
+    "redis_pause",
+    "db_restart",
+    "worker_kill",
+    "beat_restart",
+    "web_restart",
+    "gateway_kill",
+)
+FAULTS = NODE_FAULTS + INFRA_FAULTS
+# Faults whose node(s) must get their rows: a DOWN transition and an incident event (sdc: health, drain steps).
+ROW_FAULTS = {"node_kill", "node_hang", "node_and_holder", "rack", "sdc"}
+ON_CALL = "chaos soak on-call"
+LONG_LIVED = ("web", "worker", "beat", "gateway", "gateway-2", "redis")
+CONVERGE_S = 180.0
+WARM_S = 60.0  # a process restarted by a fault is measured from this long after its start
+MEMORY_EVERY = 10  # seconds between memory samples
+JUDGED_S = 120.0  # growth over a shorter stretch of a process's life is reported, not judged
+RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")  # the first line of a log record
+# Libraries that log, with its traceback, an exception they handled and retry after: not a Lifeline failure.
+HANDLED = {
+    "beat's schedule read while the database was away": "django_celery_beat.schedulers: Database gave error",
+    "beat's send while Redis was away": "celery.beat: Message Error",
+    "worker's broker connection lost": "consumer: Connection to broker lost",
+    "worker's broker reconnect": "consumer: Cannot connect",
+}  # every node back SERVING and HEALTHY this long after the last fault, at most
+
+
+@dataclass
+class Fault:
+    kind: str
+    at_s: float  # planned, from the start of the fault phase
+    targets: list[str] = field(default_factory=list)
+    injected_wall: float | None = None
+    note: str = ""
+    converged_s: float | None = None  # from injection until the fleet was whole again (all serving, healthy, level 0)
+    effect_seen: bool = False  # the fleet stopped being whole after it
+
+
+@dataclass
+class Stream:
+    gateway: str
+    expected: list[int]
+    ids: list[int] = field(default_factory=list)
+    error: str = ""
+    status: int | None = None
+    resumed: int = 0
+    restarts: int = 0
+    started_wall: float = 0.0
+
+    @property
+    def lost(self) -> int:
+        return max(len(self.expected) - len(self.ids), 0) if not self.error else len(self.expected) - len(self.ids)
+
+    @property
+    def wrong(self) -> int:
+        """Tokens repeated or different from the reference."""
+        extra = max(len(self.ids) - len(self.expected), 0)
+        return extra + sum(1 for a, b in zip(self.ids, self.expected) if a != b)
+
+
+def schedule(seed: int, duration_s: float, gap_s: float, kinds: tuple[str, ...] = FAULTS) -> list[Fault]:
+    """The faults, seeded: every kind once in a shuffled round, round after round, `gap_s` apart (jittered)."""
+    rng = random.Random(seed)
+    faults, at, round_ = [], gap_s, []
+    while at < duration_s:
+        if not round_:
+            round_ = list(kinds)
+            rng.shuffle(round_)
+        faults.append(Fault(round_.pop(), round(at, 1)))
+        at += gap_s * rng.uniform(0.8, 1.2)
+    return faults
+
+
+class Soak:
+    def __init__(self, args):
+        self.args = args
+        self.rng = random.Random(args.seed)
+        self.var_dir = Path(tempfile.mkdtemp(prefix="chaos-"))
+        self.namespace = f"chaos-{secrets.token_hex(3)}"
+        env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}  # its own Redis: the soak restarts it
+        self.pg_db = None
+        database_url = os.environ.get("DATABASE_URL", "")
+        if database_url.startswith("postgres"):
+            self.pg_admin = database_url
+            self.pg_db = f"lifeline_chaos_{secrets.token_hex(3)}"
+            self._psql(f"CREATE DATABASE {self.pg_db}")
+            env["DATABASE_URL"] = database_url.rsplit("/", 1)[0] + "/" + self.pg_db
+        else:
+            env.pop("DATABASE_URL", None)
+        env.update(
+            {
+                "LIFELINE_VAR_DIR": str(self.var_dir),
+                "LIFELINE_NAMESPACE": self.namespace,
+                "PYTHONUNBUFFERED": "1",
+                "LIFELINE_LOG_LEVEL": "WARNING",
+            }
+        )
+        gateway_port = free_port()
+        while any(free_port() == gateway_port + 1 for _ in range(1)):
+            gateway_port = free_port()
+        argv = [
+            sys.executable,
+            "manage.py",
+            "demo",
+            "--nodes",
+            str(args.nodes),
+            "--spares",
+            "1",
+            "--racks",
+            "4",
+            "--gateways",
+            "2",
+            "--no-traffic",
+            "--port",
+            str(free_port()),
+            "--gateway-port",
+            str(gateway_port),
+            "--restart-delay",
+            "3",
+            "--time-scale",
+            str(args.time_scale),
+        ]
+        self.stack = DemoStack(self.var_dir, env, argv)
+        self.streams: list[Stream] = []
+        self.faults: list[Fault] = []
+        self.memory: dict[tuple[str, int], dict] = {}
+        self.timeline: list[tuple[float, bool, str]] = []  # (epoch, whole, why not) each second
+        self.violations: list[str] = []
+        self.fault_phase_started = 0.0
+        self.healing: list[asyncio.Task] = []
+        self.approvals = 0
+
+    # --- the stack ---------------------------------------------------------------------------
+    def _psql(self, sql: str) -> None:
+        subprocess.run(["psql", self.pg_admin, "-v", "ON_ERROR_STOP=1", "-qc", sql], check=True, capture_output=True)
+
+    def start(self) -> None:
+        self.stack.start(timeout_s=300)
+        info = self.stack.info
+        self.console = info["urls"]["console"].rstrip("/")
+        self.gateways = [g.removesuffix("/v1") for g in info["urls"]["gateways"]]
+        self.key = info["gateway_key"]
+        self.redis_url = info["redis_url"]
+
+    def pids(self) -> dict[str, int]:
+        return self.stack.refresh()["pids"]
+
+    def api(self, method: str, path: str, body=None) -> tuple[int, dict]:
+        return http_json(
+            self.console + path,
+            data=body,
+            method=method,
+            headers={"Authorization": f"Bearer {self.stack.info['api_token']}"},
+            timeout=10,
+        )
+
+    def cluster(self) -> dict:
+        status, body = self.api("GET", "/api/cluster")
+        if status != 200:
+            raise RuntimeError(f"/api/cluster answered {status}")
+        return body
+
+    def nodes(self) -> dict[str, dict]:
+        return {n["name"]: n for n in self.cluster()["nodes"]}
+
+    def whole(self) -> tuple[bool, str]:
+        """Every node SERVING and HEALTHY, the spare standing by, level 0, both gateways agreeing on weights."""
+        try:
+            body = self.cluster()
+            nodes = {n["name"]: n for n in body["nodes"]}
+            bad = [
+                f"{n['name']} {n['state']}/{n['health']}"
+                for n in nodes.values()
+                if n["state"] != "serving" or n["health"] != "healthy"
+            ]
+            if bad:
+                return False, "not serving and healthy: " + ", ".join(bad)
+            status, level = self.api("GET", "/api/degradation")
+            if status != 200 or level.get("level", level.get("current", {}).get("level")) not in (0, None):
+                return False, f"degradation level {level.get('level')}"
+            weights = self._control_plane_weights(nodes)
+            for gateway in self.gateways:
+                seen = http_json(gateway + "/healthz", timeout=5)[1].get("weights", {})
+                if {k: float(v) for k, v in seen.items()} != weights:
+                    return False, f"{gateway} weights {seen} != control plane {weights}"
+            return True, ""
+        except (OSError, ValueError, RuntimeError, KeyError) as exc:
+            return False, f"cannot tell: {exc.__class__.__name__} {exc}"
+
+    @staticmethod
+    def _control_plane_weights(nodes: dict[str, dict]) -> dict[str, float]:
+        return {name: float(n["weight"]) for name, n in nodes.items() if n["state"] == "serving"}
+
+    # --- traffic -------------------------------------------------------------------------------
+    async def client(self, session: aiohttp.ClientSession, index: int, until: float) -> None:
+        rng = random.Random(self.args.seed * 1000 + index)
+        first = self.gateways[index % len(self.gateways)]
+        order = [first] + [g for g in self.gateways if g != first]
+        while time.monotonic() < until:
+            prompt = " ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 200)))
+            max_tokens = rng.randint(30, 120)
+            result = Stream(first, expected_ids(MODEL, prompt, max_tokens, ignore_eos=True), started_wall=time.time())
+            self.streams.append(result)
+            resumes = Resumes()
+            body = {
+                "model": MODEL,
+                "prompt": prompt,
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                "ignore_eos": True,
+            }
+            try:
+                async for chunk in stream(session, order, self.key, body, path="/v1/completions", resumes=resumes):
+                    if chunk.get("choices"):
+                        result.ids += chunk["choices"][0].get("token_ids") or []
+            except StreamFailed as exc:
+                result.error, result.status = str(exc)[:300], exc.status
+                if exc.status in (429, 503):  # shed or no capacity: answered, honestly
+                    result.error = f"refused {exc.status}"
+                await asyncio.sleep(0.5)
+            except Exception as exc:  # noqa: BLE001 - a client bug is a finding too, not a crash of the soak
+                result.error = f"client {exc.__class__.__name__}: {exc}"[:300]
+            result.resumed, result.restarts = resumes.count, resumes.restarts
+
+    # --- faults --------------------------------------------------------------------------------
+    def serving_nodes(self, exclude_spare: bool = True) -> list[str]:
+        nodes = self.nodes()
+        return sorted(
+            name
+            for name, n in nodes.items()
+            if n["state"] == "serving" and n["health"] == "healthy" and not (exclude_spare and n.get("spare"))
+        )
+
+    def node_address(self, name: str) -> str:
+        """From demo.json, which the supervisor keeps while the web process or the database is away."""
+        return next(n["address"] for n in self.stack.refresh()["nodes"] if n["name"] == name)
+
+    def agent_fault(self, name: str, kind: str, **params) -> None:
+        status, body = http_json(
+            self.node_address(name) + "/agent/faults",
+            data={"kind": kind, **params},
+            headers={"Authorization": f"Bearer {self.stack.info['fault_token']}"},
+            timeout=5,
+        )
+        if status >= 300:
+            raise RuntimeError(f"{name} refused the {kind} fault: {status} {body}")
+
+    def clear_faults(self, name: str) -> None:
+        try:
+            http_json(
+                self.node_address(name) + "/agent/faults",
+                method="DELETE",
+                headers={"Authorization": f"Bearer {self.stack.info['fault_token']}"},
+                timeout=5,
+            )
+        except OSError:
+            pass
+
+    def kill_group(self, child: str, signum: int = signal.SIGKILL) -> None:
+        pid = self.pids()[child]
+        try:
+            os.killpg(pid, signum)
+        except ProcessLookupError:
+            pass
+
+    def holder_pair(self) -> list[str]:
+        """A node serving a request and that request's first checkpoint holder, from a gateway's in-flight table."""
+        client = redis.Redis.from_url(self.redis_url, decode_responses=True, socket_timeout=2)
+        for gateway in ("gateway-1", "gateway-2"):
+            for raw in client.hgetall(Keys(self.namespace).gateway_inflight(gateway)).values():
+                flight = json.loads(raw)
+                if flight.get("node") and flight.get("holders"):
+                    return [flight["node"], flight["holders"][0]]
+        serving = self.serving_nodes()
+        return serving[:2]
+
+    async def inject(self, fault: Fault) -> None:
+        kind, rng = fault.kind, self.rng
+        serving = await asyncio.to_thread(self.serving_nodes)
+        fault.injected_wall = time.time()
+        if kind in ("node_kill", "node_hang", "slow_gpu", "sdc", "nvlink_down", "partition") and not serving:
+            fault.note = "skipped: no healthy serving node to break"
+            return
+        if kind == "node_kill":
+            fault.targets = [rng.choice(serving)]
+            self.kill_group(fault.targets[0])
+        elif kind == "node_hang":
+            fault.targets = [rng.choice(serving)]
+            self.agent_fault(fault.targets[0], "hang", seconds=12.0)
+            fault.note = "hung 12 s: heartbeats stop, sockets stay open"
+        elif kind == "slow_gpu":
+            fault.targets = [rng.choice(serving)]
+            self.agent_fault(fault.targets[0], "slow", factor=4.0)
+            self.later(20, self.clear_faults, fault.targets[0])
+            fault.note = "4x slower for 20 s"
+        elif kind == "sdc":
+            fault.targets = [rng.choice(serving)]
+            self.agent_fault(fault.targets[0], "sdc", rate=0.0, logprob_drift=-1.5)
+            fault.note = "log-probability drift until the drain's remediation resets the GPUs"
+        elif kind == "nvlink_down":
+            fault.targets = [rng.choice(serving)]
+            self.agent_fault(fault.targets[0], "nvlink_down")
+            self.later(20, self.clear_faults, fault.targets[0])
+            fault.note = "NVLink down 20 s"
+        elif kind == "partition":
+            fault.targets = [rng.choice(serving)]
+            self.agent_fault(fault.targets[0], "partition", seconds=15.0)
+            fault.note = "no heartbeat reaches the control plane for 15 s; the node keeps serving"
+        elif kind == "node_and_holder":
+            fault.targets = await asyncio.to_thread(self.holder_pair)
+            for name in fault.targets:
+                self.kill_group(name)
+        elif kind == "rack":
+            nodes = await asyncio.to_thread(self.nodes)
+            rack = rng.choice(sorted({n["rack"] for n in nodes.values() if n["state"] == "serving"}))
+            fault.targets = sorted(name for name, n in nodes.items() if n["rack"] == rack)
+            fault.note = rack
+            for name in fault.targets:
+                self.kill_group(name)
+        elif kind == "redis_restart":
+            fault.targets = ["redis"]
+            self.kill_group("redis")
+            fault.note = "SIGKILL; the supervisor starts it again, empty, on the same port"
+        elif kind == "redis_pause":
+            fault.targets = ["redis"]
+            self.kill_group("redis", signal.SIGSTOP)
+            self.later(10, self.kill_group, "redis", signal.SIGCONT)
+            fault.note = "unreachable 10 s (SIGSTOP: connections hang)"
+        elif kind == "db_restart":
+            if self.pg_db is None:
+                fault.note = "skipped: SQLite has no server to restart (set DATABASE_URL to a PostgreSQL)"
+                return
+            fault.targets = [self.pg_db]
+            self.later(0, self._db_outage, 5.0)
+            fault.note = "every connection terminated and new ones refused for 5 s"
+        elif kind == "worker_kill":
+            fault.targets = ["worker"]
+            self.kill_group("worker")
+        elif kind == "beat_restart":
+            fault.targets = ["beat"]
+            self.kill_group("beat", signal.SIGTERM)
+        elif kind == "web_restart":
+            fault.targets = ["web"]
+            self.kill_group("web")
+        elif kind == "gateway_kill":
+            fault.targets = ["gateway-2"]
+            self.kill_group("gateway-2")
+            fault.note = "its clients resume on gateway 1 from Last-Event-ID"
+
+    def later(self, seconds: float, fn, *args) -> None:
+        """Heal a lasting fault after `seconds`, while the schedule goes on."""
+
+        async def heal():
+            await asyncio.sleep(seconds)
+            try:
+                await asyncio.to_thread(fn, *args)
+            except Exception as exc:  # noqa: BLE001 - a heal that failed is a finding, reported
+                self.violations.append(f"could not heal {fn.__name__}{args}: {exc.__class__.__name__} {exc}")
+
+        self.healing.append(asyncio.create_task(heal()))
+
+    def _db_outage(self, seconds: float) -> None:
+        self._psql(f"ALTER DATABASE {self.pg_db} ALLOW_CONNECTIONS false")
+        self._psql(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{self.pg_db}'")
+        time.sleep(seconds)
+        self._psql(f"ALTER DATABASE {self.pg_db} ALLOW_CONNECTIONS true")
+
+    async def on_call(self, until: float) -> None:
+        """Approve every drain the health machine proposes, as the on-call engineer would."""
+        while time.monotonic() < until:
+            await asyncio.sleep(2)
+            try:
+                status, body = await asyncio.to_thread(self.api, "GET", "/api/drains")
+                for drain in body.get("drains", []) if status == 200 else []:
+                    if drain.get("state") == "proposed":
+                        status, _ = await asyncio.to_thread(
+                            self.api, "POST", f"/api/drains/{drain['id']}/approve", {"reason": ON_CALL}
+                        )
+                        self.approvals += status == 200
+            except OSError:
+                pass
+
+    # --- watching: the fleet's wholeness each second, each process's memory over its lifetime ---------------------
+    async def monitor(self) -> None:
+        ticks = 0
+        while True:
+            ok, why = await asyncio.to_thread(self.whole)
+            self.timeline.append((time.time(), ok, why))
+            if ticks % MEMORY_EVERY == 0:
+                await asyncio.to_thread(self.sample_memory)
+            ticks += 1
+            await asyncio.sleep(1)
+
+    def sample_memory(self) -> None:
+        """RSS of each long-lived process (with its children) and each node. A process that was up when the fault
+        phase began is warm; one started later (restarted by a fault) is measured from WARM_S after it started."""
+        now = time.time()
+        first_round = not self.memory
+        for name, pid in self.pids().items():
+            if name not in LONG_LIVED and not name.startswith("node-"):
+                continue
+            rss = rss_of_group(pid)
+            if not rss:
+                continue
+            entry = self.memory.setdefault((name, pid), {"seen": now, "base": rss if first_round else None})
+            if entry["base"] is None and now - entry["seen"] >= WARM_S:
+                entry["base"], entry["base_at"] = rss, now
+            entry.setdefault("base_at", now)
+            entry["last"], entry["last_at"] = rss, now
+
+    def memory_growth(self) -> dict[str, dict]:
+        """Per process name, the largest growth over any of its lifetimes measured for at least WARM_S."""
+        growth: dict[str, dict] = {}
+        for (name, _), m in self.memory.items():
+            if not m.get("base") or m["last_at"] - m["base_at"] < WARM_S:
+                continue
+            percent = round(100 * (m["last"] - m["base"]) / m["base"], 1)
+            minutes = round((m["last_at"] - m["base_at"]) / 60, 1)
+            judged = minutes * 60 >= JUDGED_S  # a leak shows over minutes; a restart's first minutes are refilling
+            if name not in growth or (judged, percent) > (growth[name]["judged"], growth[name]["percent"]):
+                growth[name] = {
+                    "percent": percent,
+                    "over_minutes": minutes,
+                    "rss_mb": round(m["last"] / 1e6),
+                    "judged": judged,
+                }
+        return growth
+
+    def convergence(self) -> None:
+        """Each fault's time to a whole fleet, from the timeline: its effect (the fleet not whole) within 20 s of
+        it, then the first whole second after that; a fault the fleet absorbed without a visible change converges
+        at its first whole second."""
+        for fault in self.faults:
+            if not fault.injected_wall:
+                continue
+            after = [(t, ok) for t, ok, _ in self.timeline if t >= fault.injected_wall]
+            broken = next((t for t, ok in after if not ok and t <= fault.injected_wall + 20), None)
+            fault.effect_seen = broken is not None
+            whole = next((t for t, ok in after if ok and (broken is None or t > broken)), None)
+            fault.converged_s = round(whole - fault.injected_wall, 1) if whole else None
+
+    # --- the run -----------------------------------------------------------------------------
+    async def run(self) -> dict:
+        args = self.args
+        started = time.monotonic()
+        warm_until = started + args.warmup
+        duration = args.minutes * 60
+        self.faults = schedule(args.seed, duration, args.gap, tuple(args.kinds))
+        print(f"fault schedule (seed {args.seed}):")
+        for f in self.faults:
+            print(f"  +{f.at_s:6.1f} s  {f.kind}")
+        traffic_until = warm_until + duration + args.settle
+        connector = aiohttp.TCPConnector(limit=0)
+        timeout = aiohttp.ClientTimeout(total=None, sock_read=60)
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+            clients = [
+                asyncio.create_task(self.client(session, i, traffic_until - args.settle / 2))
+                for i in range(args.clients)
+            ]
+            on_call = asyncio.create_task(self.on_call(traffic_until + CONVERGE_S))
+            await asyncio.sleep(max(warm_until - time.monotonic(), 0))
+            monitor = asyncio.create_task(self.monitor())
+            self.fault_phase_started = time.monotonic()
+            for fault in self.faults:
+                await asyncio.sleep(max(self.fault_phase_started + fault.at_s - time.monotonic(), 0))
+                print(f"  +{time.monotonic() - self.fault_phase_started:6.1f} s  injecting {fault.kind}", flush=True)
+                try:
+                    await self.inject(fault)
+                except Exception as exc:  # noqa: BLE001 - a fault that could not be injected is reported
+                    fault.note = f"not injected: {exc.__class__.__name__} {exc}"
+                print(f"           {fault.targets} {fault.note}", flush=True)
+            await asyncio.gather(*clients, *self.healing)
+            last = max((f.injected_wall or 0 for f in self.faults), default=time.time())
+            whole_at = await self.wait_whole(CONVERGE_S)
+            await asyncio.to_thread(self.sample_memory)
+            on_call.cancel()
+            monitor.cancel()
+        self.convergence()
+        return self.report(whole_at - last if whole_at else None)
+
+    async def wait_whole(self, timeout_s: float) -> float | None:
+        deadline, why = time.monotonic() + timeout_s, ""
+        while time.monotonic() < deadline:
+            ok, why = await asyncio.to_thread(self.whole)
+            if ok:
+                return time.time()
+            await asyncio.sleep(1)
+        self.violations.append(f"the fleet was not whole {timeout_s:.0f} s after the last fault: {why}")
+        return None
+
+    # --- invariants ---------------------------------------------------------------------------
+    def report(self, converged_after_last_s: float | None) -> dict:
+        streams = self.streams
+        done = [s for s in streams if not s.error or s.ids]
+        refused = Counter(s.status for s in streams if s.error.startswith("refused"))
+        failed = [s for s in streams if s.error and not s.error.startswith("refused")]
+        lost = sum(s.lost for s in done if not s.error)
+        wrong = sum(s.wrong for s in streams)
+        unfinished = [s for s in streams if not s.error and len(s.ids) < len(s.expected)]
+        if wrong:
+            self.violations.append(f"{wrong} tokens repeated or different from the reference")
+        if lost or unfinished:
+            self.violations.append(f"{lost} tokens lost on {len(unfinished)} streams that ended without an error")
+        if failed:
+            causes = Counter(s.error.split(":")[0][:80] for s in failed)
+            self.violations.append(f"{len(failed)} requests accepted and never answered: {dict(causes)}")
+        try:
+            rows = self.check_rows()
+        except (OSError, subprocess.CalledProcessError) as exc:
+            rows = {}
+            self.violations.append(f"cannot count the rows: {exc}")
+        self.check_logs()
+        growth = self.memory_growth()
+        for name, g in growth.items():
+            if g["judged"] and g["percent"] > 20:
+                self.violations.append(f"{name} memory grew {g['percent']} % in {g['over_minutes']} min after warm-up")
+        by_kind: dict[str, list] = defaultdict(list)
+        for f in self.faults:
+            if f.converged_s is not None:
+                by_kind[f.kind].append(f.converged_s)
+        report = {
+            "measured": True,
+            "seed": self.args.seed,
+            "minutes": self.args.minutes,
+            "nodes": self.args.nodes,
+            "spares": 1,
+            "gateways": 2,
+            "clients": self.args.clients,
+            "database": "postgresql" if self.pg_db else "sqlite",
+            "faults_by_kind": dict(Counter(f.kind for f in self.faults if not f.note.startswith(("skipped", "not")))),
+            "faults_skipped": [asdict(f) for f in self.faults if f.note.startswith(("skipped", "not"))],
+            "faults": [asdict(f) for f in self.faults],
+            "streams_checked": len(streams),
+            "tokens_checked": sum(len(s.ids) for s in streams),
+            "streams_resumed_on_another_gateway": sum(1 for s in streams if s.resumed),
+            "tokens_lost": lost,
+            "tokens_repeated_or_wrong": wrong,
+            "requests_lost": len(failed) + len(unfinished),
+            "refused_by_status": {str(k): v for k, v in refused.items()},
+            "slowest_convergence_s_by_kind": {k: max(v) for k, v in by_kind.items()},
+            "never_converged": [f.kind for f in self.faults if f.converged_s is None and f.injected_wall],
+            "faults_without_visible_effect": [f.kind for f in self.faults if f.injected_wall and not f.effect_seen],
+            "seconds_not_whole": sum(1 for _, ok, _ in self.timeline if not ok),
+            "converged_after_last_fault_s": round(converged_after_last_s, 1) if converged_after_last_s else None,
+            "rows_counted": rows,
+            "drains_approved": self.approvals,
+            "memory_growth_percent": growth,
+            "library_retries_logged_with_traceback": dict(self.library_retries),
+            "violations": self.violations,
+        }
+        return report
+
+    def sql(self, query: str, *params) -> int:
+        """One number from the stack's database (PostgreSQL through psql, or the SQLite file)."""
+        if self.pg_db:
+            for value in params:
+                query = query.replace("%s", "'" + str(value).replace("'", "''") + "'", 1)
+            url = self.pg_admin.rsplit("/", 1)[0] + "/" + self.pg_db
+            out = subprocess.run(["psql", url, "-Atqc", query], check=True, capture_output=True, text=True).stdout
+            return int(out.strip() or 0)
+        import sqlite3
+
+        with sqlite3.connect(self.var_dir / "lifeline.sqlite3") as db:
+            return db.execute(
+                query.replace("%s", "?").replace("to_timestamp(?)", "datetime(?, 'unixepoch')"), params
+            ).fetchone()[0]
+
+    def check_rows(self) -> dict:
+        """The rows every fault must have produced are there: a node that died or went silent has its DOWN
+        transition, an incident event names it; silent corruption has its health transition, its drain with
+        its steps, and the on-call's approval in the audit log. Counted, not sampled."""
+        counted: Counter = Counter()
+        for fault in self.faults:
+            if not fault.targets or fault.note.startswith(("skipped", "not")):
+                continue
+            since = fault.injected_wall - 1
+            for target in fault.targets if fault.kind in ROW_FAULTS else ():
+                node = "(SELECT id FROM recovery_node WHERE name = %s)"
+                checks = {
+                    "node transitions": (
+                        f"SELECT count(*) FROM recovery_nodetransition WHERE node_id = {node} "
+                        "AND new_state = 'down' AND at >= to_timestamp(%s)"
+                    ),
+                    "incident events": (
+                        f"SELECT count(*) FROM recovery_incidentevent WHERE node_id = {node} AND at >= to_timestamp(%s)"
+                    ),
+                }
+                if fault.kind == "sdc":
+                    checks = {
+                        "health transitions": (
+                            f"SELECT count(*) FROM recovery_healthtransition WHERE node_id = {node} "
+                            "AND new IN ('suspicious', 'unhealthy') AND at >= to_timestamp(%s)"
+                        ),
+                        "drain steps": (
+                            "SELECT count(*) FROM recovery_drainstep s JOIN recovery_drain d ON d.id = s.drain_id "
+                            f"WHERE d.node_id = {node} AND s.at >= to_timestamp(%s)"
+                        ),
+                        "incident events": checks["incident events"],
+                    }
+                for what, query in checks.items():
+                    found = self.sql(query, target, since)
+                    counted[what] += found
+                    if not found:
+                        self.violations.append(f"no {what[:-1]} row for {target} after {fault.kind}")
+        audit = self.sql("SELECT count(*) FROM recovery_auditentry WHERE actor = 'admin' AND reason = %s", ON_CALL)
+        counted["audit lines of approvals"] = audit
+        if audit < self.approvals:
+            self.violations.append(f"{self.approvals} drains approved, {audit} audit lines of it")
+        return dict(counted)
+
+    def check_logs(self) -> None:
+        """Every traceback in every log is a violation, unless its record is one of the libraries' own retries
+        (they log the exception they recovered from): those are counted in the report, by kind."""
+        self.library_retries: Counter = Counter()
+        for path in sorted((self.var_dir / "log").glob("*.log")):
+            header = ""
+            for line in path.read_text(errors="replace").splitlines():
+                if RECORD.match(line):
+                    header, seen = line, False
+                    continue
+                if not line.startswith("Traceback (most recent call last)") or seen:
+                    continue
+                seen = True  # one record, one finding (a chained exception prints several tracebacks)
+                handled = next((label for label, pattern in HANDLED.items() if pattern in header), None)
+                if handled:
+                    self.library_retries[handled] += 1
+                else:
+                    self.violations.append(f"unhandled exception in {path.name}: {header[24:260] or line}")
+
+    def stop(self) -> None:
+        self.stack.stop(timeout_s=60)
+        if self.pg_db:
+            try:
+                self._psql(f"DROP DATABASE IF EXISTS {self.pg_db} WITH (FORCE)")
+            except subprocess.CalledProcessError:
+                pass
+
+
+def _epoch(value) -> float:
+    """A transition's time, as the API gives it: epoch seconds, or ISO 8601."""
+    import datetime as dt
+
+    if not value:
+        return 0.0
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return dt.datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+
+
+def rss_of_group(pid: int) -> int:
+    """Resident memory of a process and its children (Celery's pool), in bytes."""
+    total = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(entry.name) == pid or int(stat[2]) == pid:  # stat[2]: its process group
+                total += int(stat[21]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--minutes", type=float, default=30.0, help="length of the fault phase")
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--gap", type=float, default=45.0, help="mean seconds between faults")
+    p.add_argument("--nodes", type=int, default=8)
+    p.add_argument("--clients", type=int, default=8, help="concurrent streaming clients")
+    p.add_argument("--warmup", type=float, default=20.0)
+    p.add_argument("--settle", type=float, default=30.0, help="traffic after the last fault")
+    p.add_argument("--time-scale", type=float, default=0.25, help="emulated GPU time multiplier")
+    p.add_argument("--kinds", nargs="+", default=list(FAULTS), choices=FAULTS)
+    p.add_argument("--results", default=str(RESULTS))
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    soak = Soak(args)
+    print(f"starting the stack in {soak.var_dir} …", flush=True)
+    soak.start()
+    try:
+        report = asyncio.run(soak.run())
+    finally:
+        soak.stop()
+    report["log_dir"] = str(soak.var_dir / "log")
+    Path(args.results).write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in report.items() if k not in ("faults",)}, indent=2))
+    print(f"written to {args.results}")
+    return 1 if report["violations"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,297 @@
+"""Infrastructure faults handled by design, against the real Redis and database: a control plane that was deaf does
+not mark its fleet DOWN, a gateway keeps routing when Redis restarts empty, the control plane writes the hot state
+back within a second, and Celery tasks wait out a store that is away instead of failing with a traceback."""
+
+import logging
+import os
+import secrets
+import time
+import uuid
+
+import pytest
+import redis
+from celery.exceptions import Retry
+from django.conf import settings as django_settings
+
+from console.celery import Task, app
+from console.stack import free_port
+from recovery import hot, tasks
+from recovery.actions import keys as key_actions
+from recovery.actions import nodes, routing
+from recovery.choices import NodeState
+from recovery.gateway.table import RoutingView
+from recovery.models import Node, NodeTransition
+from workers.protocol import Heartbeat, Load, Registration
+
+
+# --- Fixtures and helpers -----------------------------------------------------------------------------------------
+@pytest.fixture
+def namespace(settings):
+    """Redis keys of this test's own, so that deleting them all is a Redis restart no other test sees."""
+    settings.LIFELINE_NAMESPACE = f"{os.environ['LIFELINE_NAMESPACE']}-outage-{secrets.token_hex(3)}"
+    yield settings.LIFELINE_NAMESPACE
+    wipe(settings.LIFELINE_NAMESPACE)
+
+
+def wipe(namespace: str) -> int:
+    """What a Redis that restarted empty holds of the namespace: nothing."""
+    client = redis.Redis.from_url(os.environ["REDIS_URL"])
+    doomed = list(client.scan_iter(match=namespace + ":*", count=500))
+    if doomed:
+        client.delete(*doomed)
+    return len(doomed)
+
+
+@pytest.fixture
+def redis_away(settings, monkeypatch):
+    """Redis stops answering: REDIS_URL points at a closed port and the cached client is dropped (restored after)."""
+    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
+    monkeypatch.setattr(hot, "_client", None)
+    monkeypatch.setattr(hot, "_client_pid", None)
+
+
+def serving_node(name: str, rack: str = "rack-a") -> Node:
+    """A node registered and made SERVING by its first heartbeat, as the node endpoints do it."""
+    registration = Registration.parse(
+        {
+            "name": name,
+            "session": uuid.uuid4().hex,
+            "address": f"http://127.0.0.1:{9100 + len(name)}",
+            "rack": rack,
+            "model": "Qwen3-32B",
+            "gpu": "H100-SXM",
+            "tp": 1,
+            "pid": 4242,
+            "host": "h",
+            "gpus": [{"index": 0, "uuid": f"GPU-{name}", "name": "H100", "memory_bytes": 80 * 10**9}],
+        }
+    )
+    nodes.register_node(registration)
+    nodes.record_heartbeat(name, Heartbeat(session=registration.session, load=Load(running=1, waiting=0)))
+    node = Node.objects.get(name=name)
+    assert node.state == NodeState.SERVING
+    return node
+
+
+def beat(name: str, at: float) -> None:
+    hot.heartbeat(name, at, "serving", {"running": 1, "waiting": 0})
+
+
+def forget_heartbeat_history() -> None:
+    """Start the control plane's record of when it last took a heartbeat afresh (the setup's beats set it)."""
+    hot.client().delete(hot.keys().heartbeats_ingested, hot.keys().heartbeats_resumed)
+
+
+# --- 2. Silence of the control plane's own making -----------------------------------------------------------------
+@pytest.mark.django_db
+def test_a_node_silent_only_while_the_control_plane_was_deaf_gets_a_whole_allowance(namespace, settings):
+    settings.LIFELINE_HEARTBEAT_MISS_S = 3.0
+    serving_node("node-a")
+    serving_node("node-b")
+    forget_heartbeat_history()
+    now = time.time()
+    beat("node-a", now - 10)
+    beat("node-b", now - 10)
+    # Then nothing came in for 10 s (the web process restarted, Redis was away); node-a is heard first.
+    beat("node-a", now)
+    assert hot.heartbeats_resumed_at() == now
+    assert float(hot.client().get(hot.keys().heartbeats_ingested)) == now
+    # node-b's last beat is 10 s old, but heartbeats only came in again just now: it has its allowance from then.
+    assert nodes.mark_silent_nodes_down() == []
+    assert Node.objects.get(name="node-b").state == NodeState.SERVING
+
+    # The resumption was more than an allowance ago and node-b said nothing since: that silence is its own.
+    hot.client().set(hot.keys().heartbeats_resumed, time.time() - 3.0 - 1.0)
+    beat("node-a", time.time())  # the fleet beats on (no gap: the resumption stays where it was)
+    assert hot.heartbeats_resumed_at() < time.time() - 3.0
+    assert nodes.mark_silent_nodes_down() == ["node-b"]
+    node_b = Node.objects.get(name="node-b")
+    assert node_b.state == NodeState.DOWN
+    last = NodeTransition.objects.filter(node=node_b).order_by("-at", "-id").first()
+    assert (last.old_state, last.new_state, last.actor) == (NodeState.SERVING, NodeState.DOWN, "system")
+    assert last.cause.startswith("no heartbeat for 1") and "(allowed 3 s)" in last.cause
+    assert Node.objects.get(name="node-a").state == NodeState.SERVING
+
+
+@pytest.mark.django_db
+def test_one_node_silent_while_the_rest_of_the_fleet_beats_is_down_at_once(namespace, settings):
+    settings.LIFELINE_HEARTBEAT_MISS_S = 3.0
+    serving_node("node-a")
+    serving_node("node-b")
+    forget_heartbeat_history()
+    now = time.time()
+    beat("node-a", now - 10)
+    beat("node-b", now - 10)
+    for ago in range(9, -1, -1):  # node-a every second, node-b never again: the control plane was listening
+        beat("node-a", now - ago)
+    assert hot.heartbeats_resumed_at() == 0.0  # the first beat Redis holds resumes nothing; no gap after it
+    assert nodes.mark_silent_nodes_down() == ["node-b"]
+    assert Node.objects.get(name="node-b").state == NodeState.DOWN
+    assert Node.objects.get(name="node-a").state == NodeState.SERVING
+
+
+# --- 3. A gateway keeps routing when Redis restarts empty -----------------------------------------------------------
+ROUTE = {"address": "http://127.0.0.1:9101", "model": "Qwen3-32B", "rack": "rack-a", "gpu": "H100-SXM", "tp": 1}
+
+
+async def test_the_gateway_routes_on_its_last_copy_while_redis_has_lost_the_hot_state(namespace, caplog):
+    hot.publish_cluster_config({"tau_tokens": 777})
+    hot.publish_gateway_keys({"digest-1": {"id": 1, "tenant": "acme", "tier": "standard"}})
+    hot.publish_routing({"node-a": ROUTE}, deployed_models=["Qwen3-32B"])
+    view = RoutingView(os.environ["REDIS_URL"], namespace)
+    try:
+        await view.reload()
+        assert set(view.routes) == {"node-a"} and view.config.tau_tokens == 777
+        assert view.hot_state_missing is False
+
+        assert wipe(namespace) > 0  # Redis restarted empty
+        caplog.set_level(logging.WARNING, logger="recovery.gateway.table")
+        await view.reload()
+        await view.reload()
+        assert view.hot_state_missing is True
+        assert set(view.routes) == {"node-a"} and view.routes["node-a"].address == ROUTE["address"]
+        assert set(view.tenants) == {"digest-1"} and view.config.tau_tokens == 777
+        assert view.deployed == frozenset({"Qwen3-32B"})
+        said = [r.getMessage() for r in caplog.records if r.name == "recovery.gateway.table"]
+        assert len(said) == 1 and "hot state is missing" in said[0]  # said once, not at every reload
+
+        # The control plane writes it back: an empty fleet this time, which the gateway follows.
+        hot.publish_cluster_config({"tau_tokens": 512})
+        hot.publish_routing({}, deployed_models=[])
+        await view.reload()
+        assert view.hot_state_missing is False
+        assert view.routes == {} and view.deployed == frozenset() and view.config.tau_tokens == 512
+    finally:
+        await view.close()
+
+
+async def test_an_empty_fleet_published_by_the_control_plane_clears_the_routes(namespace):
+    hot.publish_cluster_config({"tau_tokens": 512})
+    hot.publish_routing({"node-a": ROUTE}, deployed_models=["Qwen3-32B"])
+    view = RoutingView(os.environ["REDIS_URL"], namespace)
+    try:
+        await view.reload()
+        assert set(view.routes) == {"node-a"}
+        hot.publish_routing({}, deployed_models=[])  # every node left: the keys are there, the table empty
+        await view.reload()
+        assert view.routes == {} and view.hot_state_missing is False
+        # A gateway that starts on an empty Redis has no copy to keep: it loads the nothing there is.
+        wipe(namespace)
+        fresh = RoutingView(os.environ["REDIS_URL"], namespace)
+        try:
+            await fresh.reload()
+            assert fresh.loaded.is_set() and fresh.routes == {} and fresh.hot_state_missing is False
+        finally:
+            await fresh.close()
+    finally:
+        await view.close()
+
+
+# --- 4. The control plane writes the hot state back ---------------------------------------------------------------
+@pytest.mark.django_db
+def test_the_hot_state_lost_by_redis_is_written_back_from_the_database_once(namespace):
+    serving_node("node-a")
+    key, _ = key_actions.create_api_key("acme", "standard", "outage test")
+    routing.sync_hot_state()
+    assert routing.restore_hot_state_if_lost() is False  # nothing lost: nothing written
+
+    assert wipe(namespace) > 0  # Redis restarted empty
+    assert hot.routing_table() == {} and not hot.hot_state_present()
+    assert tasks.restore_hot_state.apply().get() is True  # the beat task, every second
+    assert set(hot.routing_table()) == {"node-a"}
+    assert hot.routing_table()["node-a"]["address"] == Node.objects.get(name="node-a").address
+    assert set(hot.client().hgetall(hot.keys().gateway_keys)) == {key.digest}
+    assert hot.client().get(hot.keys().cluster_config) is not None
+    assert hot.client().get(hot.keys().deployed_models) == '["Qwen3-32B"]'
+    assert hot.node("node-a").session == Node.objects.get(name="node-a").session
+
+    assert routing.restore_hot_state_if_lost() is False  # written back once, not at every tick
+    assert "restore-hot-state" in django_settings.CELERY_BEAT_SCHEDULE
+    entry = django_settings.CELERY_BEAT_SCHEDULE["restore-hot-state"]
+    assert entry["task"] == tasks.restore_hot_state.name and entry["schedule"] <= 1.0
+
+
+# --- 5. Celery tasks wait out a store that is away -----------------------------------------------------------------
+@app.task(name="tests.store_outages.read_redis", shared=False)
+def read_redis() -> str:
+    """Not periodic: what an action queued for later looks like."""
+    return hot.client().get(hot.keys().cluster_config)
+
+
+@app.task(name="tests.store_outages.wrong_redis_value", shared=False)
+def wrong_redis_value() -> None:
+    hot.client().set(hot.keys().node("outage-test"), {"not": "a string"})  # a real redis DataError: a bug
+
+
+def warnings_of(caplog) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == "console.celery"]
+
+
+def test_every_lifeline_task_is_of_the_outage_aware_class():
+    assert isinstance(tasks.restore_hot_state, Task) and isinstance(read_redis, Task)
+
+
+# The outage paths close broken database connections, which would end a test's wrapping transaction.
+@pytest.mark.django_db(transaction=True)
+def test_a_periodic_task_whose_store_is_away_skips_its_tick_with_one_line(redis_away, caplog):
+    caplog.set_level(logging.INFO)
+    assert tasks.restore_hot_state.name in {e["task"] for e in django_settings.CELERY_BEAT_SCHEDULE.values()}
+    result = tasks.restore_hot_state.apply()
+    assert result.state == "IGNORED"
+    said = warnings_of(caplog)
+    assert len(said) == 1 and said[0].levelno == logging.WARNING
+    message = said[0].getMessage()
+    assert message.startswith("recovery.tasks.restore_hot_state skipped: the Redis is unavailable (Error ")
+    assert message.endswith("); the next tick runs it")
+    assert [r.getMessage() for r in caplog.records if r.exc_info] == []  # no traceback
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_queued_task_whose_store_is_away_is_retried_with_backoff_then_fails(redis_away, caplog):
+    caplog.set_level(logging.INFO)
+    # Retried (apply() runs the retries at once, eagerly), with the countdown doubling up to the cap.
+    result = read_redis.apply()
+    said = [r.getMessage() for r in warnings_of(caplog)]
+    assert all("tests.store_outages.read_redis: the Redis is unavailable" in m for m in said)
+    countdowns = [int(m.rsplit("retrying in ", 1)[1].split()[0]) for m in said]
+    assert countdowns == [1, 2, 4, 8, 16, 32, 60, 60, 60, 60, 60, 60, 60]  # 12 retries, then it fails for good
+    assert result.state == "FAILURE" and isinstance(result.result, redis.ConnectionError)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_one_retry_is_a_celery_retry_with_the_countdown_of_its_attempt(redis_away):
+    for retries, countdown in ((0, 1), (3, 8), (7, 60)):
+        read_redis.push_request(called_directly=False, retries=retries, is_eager=True, id=f"try-{retries}")
+        try:
+            with pytest.raises(Retry) as raised:
+                read_redis()
+        finally:
+            read_redis.pop_request()
+        assert raised.value.when == countdown
+        assert isinstance(raised.value.exc, redis.ConnectionError)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_task_called_directly_while_its_store_is_away_raises(redis_away):
+    with pytest.raises(redis.ConnectionError):
+        tasks.restore_hot_state()
+    with pytest.raises(redis.ConnectionError):
+        read_redis()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failure_that_is_not_an_outage_still_fails(caplog, settings, monkeypatch):
+    caplog.set_level(logging.INFO)
+    result = wrong_redis_value.apply()
+    assert result.state == "FAILURE" and isinstance(result.result, redis.DataError)
+    assert warnings_of(caplog) == []  # neither skipped nor retried
+    # The same task with its store away waits it out instead.
+    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
+    monkeypatch.setattr(hot, "_client", None)
+    monkeypatch.setattr(hot, "_client_pid", None)
+    wrong_redis_value.push_request(called_directly=False, retries=0, is_eager=True, id="away")
+    try:
+        with pytest.raises(Retry):
+            wrong_redis_value()
+    finally:
+        wrong_redis_value.pop_request()
