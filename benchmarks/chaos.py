@@ -32,6 +32,7 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import redis
@@ -132,10 +133,12 @@ class Soak:
         self.pg_db = None
         database_url = os.environ.get("DATABASE_URL", "")
         if database_url.startswith("postgres"):
-            self.pg_admin = database_url
+            # The server DATABASE_URL names (its database need not exist: the test runner makes test_<name>);
+            # administered through its maintenance database.
             self.pg_db = f"lifeline_chaos_{secrets.token_hex(3)}"
+            self.pg_admin = with_database(database_url, "postgres")
             self._psql(f"CREATE DATABASE {self.pg_db}")
-            env["DATABASE_URL"] = database_url.rsplit("/", 1)[0] + "/" + self.pg_db
+            env["DATABASE_URL"] = with_database(database_url, self.pg_db)
         else:
             env.pop("DATABASE_URL", None)
         env.update(
@@ -606,7 +609,7 @@ class Soak:
         if self.pg_db:
             for value in params:
                 query = query.replace("%s", "'" + str(value).replace("'", "''") + "'", 1)
-            url = self.pg_admin.rsplit("/", 1)[0] + "/" + self.pg_db
+            url = with_database(self.pg_admin, self.pg_db)
             out = subprocess.run(["psql", url, "-Atqc", query], check=True, capture_output=True, text=True).stdout
             return int(out.strip() or 0)
         import sqlite3
@@ -697,6 +700,12 @@ def _epoch(value) -> float:
         return float(value)
     except (TypeError, ValueError):
         return dt.datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+
+
+def with_database(url: str, name: str) -> str:
+    """`url` (postgres://…/db?…) naming database `name` instead."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path="/" + name))
 
 
 def rss_of_group(pid: int) -> int:

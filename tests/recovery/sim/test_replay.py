@@ -192,6 +192,7 @@ def coordinator_for(sim: Simulation) -> tuple[ReplayCoordinator, list[float]]:
     co = ReplayCoordinator(view, _Signals(), "gw-replay", {})
     clock = [0.0]
     co.fleet.clock = lambda: clock[0]
+    co.watcher.clock = lambda: clock[0]  # the gateway receives each status when the simulation publishes it
     return co, clock
 
 
