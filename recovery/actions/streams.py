@@ -59,7 +59,22 @@ def process(count: int = 2000) -> dict:
             if entries:
                 r.xack(stream, GROUP, *[entry_id for entry_id, _ in entries])
             handled["outcomes"] += len(entries)
+    for stream, _ in answer:
+        _trim_processed(r, stream)
     return handled
+
+
+def _trim_processed(r, stream: str) -> None:
+    """Drop the entries every consumer has acknowledged: the stream then holds only what is still to do, not the
+    last MAX_OUTCOMES requests' outcomes (hundreds of MB of Redis at a few hundred requests a second)."""
+    pending = r.xpending(stream, GROUP)
+    if pending and pending.get("pending"):
+        keep_from = pending["min"]  # delivered to a consumer that has not acknowledged it yet
+    else:
+        groups = {g["name"]: g for g in r.xinfo_groups(stream)}
+        keep_from = groups[GROUP]["last-delivered-id"] if GROUP in groups else None
+    if keep_from and keep_from != "0-0":
+        r.xtrim(stream, minid=keep_from, approximate=False)
 
 
 def handle_signal(kind: str, gateway: str, data: dict) -> None:

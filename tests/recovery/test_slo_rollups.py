@@ -2,6 +2,7 @@
 objectives and corrections changed only through the audited actions."""
 
 import datetime as dt
+import json
 import random
 import sys
 import threading
@@ -368,3 +369,21 @@ def test_pruning_drops_days_before_the_13_months_kept():
     slo.prune()
     assert list(SloDayRollup.objects.values_list("day", flat=True)) == [(NOW - dt.timedelta(days=40)).date()]
     assert not SloDayCoverage.objects.exists()
+
+
+def test_the_consumer_trims_what_it_has_handled_and_keeps_what_it_has_not():
+    """The outcomes stream holds what is still to do, not the last 500,000 requests' outcomes (a soak found Redis
+    growing with every request until MAX_OUTCOMES)."""
+    from recovery import hot
+
+    r, keys = hot.client(), hot.keys()
+    r.delete(keys.outcomes, keys.signals)
+    minute = NOW.replace(second=0) - dt.timedelta(minutes=2)
+    for s in range(0, 60, 10):
+        gateway, data = report(minute + dt.timedelta(seconds=s))
+        r.xadd(keys.outcomes, {"gateway": gateway, "data": json.dumps(data)})
+    assert streams.process(count=4)["outcomes"] == 4
+    assert r.xlen(keys.outcomes) == 3  # the two not yet read, and the last one handled (trimmed up to it)
+    assert streams.process()["outcomes"] == 2
+    assert r.xlen(keys.outcomes) <= 1
+    assert RequestOutcome.objects.count() == 6
