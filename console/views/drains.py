@@ -1,7 +1,5 @@
 """Drains for on-call: the list, one drain live, deciding and withdrawing, and their JSON."""
 
-import json
-
 from django.contrib import messages
 from django.http import Http404, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -14,7 +12,7 @@ from console.readmodels import drains as drain_model
 from console.views import allow, refuse_nul
 from recovery import roles
 from recovery.actions import drains
-from recovery.http import json_error
+from recovery.http import json_error, json_object
 from recovery.models import Drain, DrainDecision, Node
 
 
@@ -81,15 +79,6 @@ def drain_action(request, drain_id: int, action: str):
 
 
 # --- JSON -------------------------------------------------------------------------------------------------------
-def _json_object(request) -> dict | JsonResponse:
-    """The request's JSON object (none sent: empty), or the 400 that names the body."""
-    try:
-        body = json.loads(request.body or b"{}")
-    except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past reading
-        return json_error(400, "The body is not valid JSON.", field="body")
-    if not isinstance(body, dict):
-        return json_error(400, "The body must be a JSON object.", field="body")
-    return body
 
 
 @api_view()
@@ -103,7 +92,7 @@ def api_drains(request):
         return json_error(
             403, f"Role {roles.role_of(request.user)!r} may not request drains: it needs operator, oncall or admin."
         )
-    body = _json_object(request)
+    body = json_object(request)
     if isinstance(body, JsonResponse):
         return body
     if not isinstance(body.get("node"), str):
@@ -147,7 +136,7 @@ def api_drain_decide(request, drain_id: int, decision: str):
     drain = Drain.objects.select_related("node").filter(pk=drain_id).first()
     if drain is None:
         return json_error(404, f"There is no drain {drain_id}.")
-    body = _json_object(request)
+    body = json_object(request)
     if isinstance(body, JsonResponse):
         return body
     try:

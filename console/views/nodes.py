@@ -26,7 +26,7 @@ from console.views import allow
 from recovery import hot, nodeclient, roles
 from recovery.actions import drains, faults, health, live_migration
 from recovery.choices import DrainMode, Remediation
-from recovery.http import json_error
+from recovery.http import json_error, json_object
 from recovery.models import Cluster, Node, NodeTransition
 
 
@@ -173,12 +173,9 @@ def api_node_fault(request, name: str):
     node = Node.objects.filter(name=name).first()
     if node is None:
         return json_error(404, f"There is no node {name!r}.")
-    try:
-        body = json.loads(request.body or b"{}")
-    except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past reading
-        return json_error(400, "The body is not valid JSON.", field="body")
-    if not isinstance(body, dict):
-        return json_error(400, 'The body must be a JSON object: {"kind": ..., "reason": ...}.', field="body")
+    body = json_object(request, '{"kind": ..., "reason": ...}')
+    if isinstance(body, JsonResponse):
+        return body
     kind = body.pop("kind", "")
     reason = str(body.pop("reason", ""))
     status, answer = faults.inject(node, kind, body, request.user.get_username(), reason)
@@ -193,12 +190,9 @@ def api_node_migrate(request, name: str):
     node = Node.objects.filter(name=name).first()
     if node is None:
         return json_error(404, f"There is no node {name!r}.")
-    try:
-        body = json.loads(request.body or b"{}") if request.body else {}
-    except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past reading
-        return json_error(400, "The body is not valid JSON.", field="body")
-    if not isinstance(body, dict):
-        return json_error(400, 'The body must be a JSON object: {"reason": ..., "cordon": true}.', field="body")
+    body = json_object(request, '{"reason": ..., "cordon": true}')
+    if isinstance(body, JsonResponse):
+        return body
     reason, cordon = body.get("reason") or "planned migration", body.get("cordon", True)
     if not isinstance(reason, str):
         return json_error(400, "reason: must be a string.", field="reason")
