@@ -188,9 +188,9 @@ def heartbeat(
 
 
 def hot_state_present() -> bool:
-    """False when Redis lost what the control plane writes (it restarted empty): the cluster's settings are
-    always there once written."""
-    return bool(client().exists(keys().cluster_config))
+    """False when Redis lost what the control plane writes (it restarted empty): the mark `publish_hot_state`
+    sets is there once the whole of it was written."""
+    return bool(client().exists(keys().hot_state_written))
 
 
 def watched_count() -> int:
@@ -255,15 +255,33 @@ def last_seen(name: str) -> float | None:
 
 
 # --- routing table --------------------------------------------------------------
-def publish_routing(entries: dict[str, dict], deployed_models: list[str] | None = None) -> None:
-    """Replace the routing table gateways read, and tell them it changed."""
-    r = client()
-    pipe = r.pipeline()
+def _routing(pipe, entries: dict[str, dict], deployed_models: list[str] | None) -> None:
     pipe.delete(keys().routing)
     if entries:
         pipe.hset(keys().routing, mapping={name: json.dumps(entry) for name, entry in entries.items()})
     if deployed_models is not None:
         pipe.set(keys().deployed_models, json.dumps(sorted(deployed_models)))
+
+
+def publish_routing(entries: dict[str, dict], deployed_models: list[str] | None = None) -> None:
+    """Replace the routing table gateways read, and tell them it changed."""
+    pipe = client().pipeline()
+    _routing(pipe, entries, deployed_models)
+    pipe.publish(keys().routing_changed, str(time.time()))
+    pipe.execute()
+
+
+def publish_hot_state(
+    entries: dict[str, dict], deployed_models: list[str], key_entries: dict[str, dict], config: dict
+) -> None:
+    """Write everything a gateway reads in one transaction, then the mark that it is whole: a gateway never reads
+    a routing table without the keys that go with it (every request refused 401), and knows, when the mark
+    goes, that Redis lost the hot state rather than that the fleet emptied."""
+    pipe = client().pipeline()  # MULTI ... EXEC
+    _routing(pipe, entries, deployed_models)
+    _gateway_keys(pipe, key_entries)
+    pipe.set(keys().cluster_config, json.dumps(config))
+    pipe.set(keys().hot_state_written, str(time.time()))
     pipe.publish(keys().routing_changed, str(time.time()))
     pipe.execute()
 
@@ -276,11 +294,15 @@ def routing_table() -> dict[str, dict]:
 def publish_gateway_keys(entries: dict[str, dict]) -> None:
     """Replace the set of valid gateway keys (digest -> tenant and tier)."""
     pipe = client().pipeline()
+    _gateway_keys(pipe, entries)
+    pipe.publish(keys().routing_changed, str(time.time()))
+    pipe.execute()
+
+
+def _gateway_keys(pipe, entries: dict[str, dict]) -> None:
     pipe.delete(keys().gateway_keys)
     if entries:
         pipe.hset(keys().gateway_keys, mapping={digest: json.dumps(info) for digest, info in entries.items()})
-    pipe.publish(keys().routing_changed, str(time.time()))
-    pipe.execute()
 
 
 def publish_cluster_config(config: dict) -> None:

@@ -63,6 +63,11 @@ class Keys:
         return self._k("cluster", "config")
 
     @property
+    def hot_state_written(self) -> str:
+        """String (a time): the control plane wrote the whole hot state from the database. Gone when Redis lost it."""
+        return self._k("hot", "written")
+
+    @property
     def signals(self) -> str:
         """Stream: what gateways saw and did (failure symptoms, request fates, re-placements)."""
         return self._k("stream", "signals")

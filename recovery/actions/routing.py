@@ -49,18 +49,22 @@ def publish_cluster_config() -> None:
     hot.publish_cluster_config(Cluster.default().gateway_config())
 
 
-def publish_gateway_keys() -> None:
+def gateway_key_entries() -> dict[str, dict]:
     rows = ApiKey.objects.filter(revoked_at__isnull=True)
-    hot.publish_gateway_keys({k.digest: {"id": k.pk, "tenant": k.tenant, "tier": k.tier} for k in rows})
+    return {k.digest: {"id": k.pk, "tenant": k.tenant, "tier": k.tier} for k in rows}
+
+
+def publish_gateway_keys() -> None:
+    hot.publish_gateway_keys(gateway_key_entries())
 
 
 def sync_hot_state() -> None:
     """Rebuild what Redis holds from the database."""
     for node in Node.objects.all():
         hot.record_node(node.name, node.session, node.state, node.address, watch=node.state in lifecycle.ALIVE)
-    publish_routing()
-    publish_gateway_keys()
-    publish_cluster_config()
+    hot.publish_hot_state(
+        routing_entries(), deployed_models(), gateway_key_entries(), Cluster.default().gateway_config()
+    )
 
 
 def restore_hot_state_if_lost() -> bool:

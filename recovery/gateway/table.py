@@ -139,6 +139,7 @@ class RoutingView:
         self.loaded = asyncio.Event()
         self._task: asyncio.Task | None = None
         self.hot_state_missing = False
+        self.whole_seen = False  # read the mark of a whole write once: from then on its absence means a loss
 
     async def start(self) -> None:
         await self.reload()
@@ -150,23 +151,28 @@ class RoutingView:
 
     async def reload(self) -> None:
         try:
-            raw_routes, raw_keys, raw_config, raw_models = await asyncio.gather(
-                self.redis.hgetall(self.keys.routing),
-                self.redis.hgetall(self.keys.gateway_keys),
-                self.redis.get(self.keys.cluster_config),
-                self.redis.get(self.keys.deployed_models),
-            )
+            async with self.redis.pipeline(transaction=True) as pipe:  # one snapshot, never half a write
+                pipe.hgetall(self.keys.routing)
+                pipe.hgetall(self.keys.gateway_keys)
+                pipe.get(self.keys.cluster_config)
+                pipe.get(self.keys.deployed_models)
+                pipe.get(self.keys.hot_state_written)
+                raw_routes, raw_keys, raw_config, raw_models, written = await pipe.execute()
         except (RedisError, OSError) as exc:
             log.warning("cannot read the routing table, keeping the last copy: %s", exc)
             return
-        if raw_config is None and raw_models is None and self.loaded.is_set():
-            # Not an empty fleet (the control plane always writes both): Redis lost the hot state, restarted
-            # empty. Route on the last copy until the control plane writes it again (recovery.tasks).
+        lost = raw_config is None and raw_models is None  # the control plane always writes both
+        lost = lost or (self.whole_seen and written is None)  # the mark of a whole write, gone
+        if lost and self.loaded.is_set():
+            # Not an empty fleet: Redis lost the hot state, restarted empty, and what is there now (a node's
+            # change published before the whole was rewritten) is part of it, without the keys, say. Route on
+            # the last copy until the control plane writes all of it again (recovery.tasks.restore_hot_state).
             if not self.hot_state_missing:
                 log.warning("the hot state is missing from Redis (restarted?): routing on the last copy")
             self.hot_state_missing = True
             return
         self.hot_state_missing = False
+        self.whole_seen = self.whole_seen or written is not None
         routes = {}
         for name, raw in raw_routes.items():
             entry = json.loads(raw)

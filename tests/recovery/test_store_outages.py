@@ -165,6 +165,60 @@ async def test_the_gateway_routes_on_its_last_copy_while_redis_has_lost_the_hot_
         await view.close()
 
 
+async def test_a_part_of_the_hot_state_written_before_the_whole_is_not_read_as_the_fleet(namespace):
+    """After Redis restarted empty, a node's change may publish the routing table before the control plane
+    rewrites the whole (keys, settings): a gateway reading that part alone refused every key with a 401 (the
+    chaos soak found it). It keeps its last copy until the mark of a whole write is back."""
+    hot.publish_hot_state({"node-a": ROUTE}, ["Qwen3-32B"], {"digest-1": {"id": 1, "tenant": "acme", "tier": "standard"}}, {"tau_tokens": 777})
+    view = RoutingView(os.environ["REDIS_URL"], namespace)
+    try:
+        await view.reload()
+        assert set(view.tenants) == {"digest-1"} and view.hot_state_missing is False and hot.hot_state_present()
+
+        wipe(namespace)
+        hot.publish_routing({"node-a": ROUTE, "node-b": {**ROUTE, "address": "http://127.0.0.1:9102"}}, ["Qwen3-32B"])
+        hot.publish_cluster_config({"tau_tokens": 512})  # a level change, say: still not the whole
+        assert not hot.hot_state_present()
+        await view.reload()
+        assert view.hot_state_missing is True
+        assert set(view.tenants) == {"digest-1"} and set(view.routes) == {"node-a"} and view.config.tau_tokens == 777
+
+        two = {"node-a": ROUTE, "node-b": {**ROUTE, "address": "http://127.0.0.1:9102"}}
+        hot.publish_hot_state(two, ["Qwen3-32B"], {"digest-2": {"id": 2, "tenant": "acme", "tier": "standard"}}, {"tau_tokens": 512})
+        await view.reload()
+        assert view.hot_state_missing is False
+        assert set(view.tenants) == {"digest-2"} and set(view.routes) == {"node-a", "node-b"}
+        assert view.config.tau_tokens == 512
+    finally:
+        await view.close()
+
+
+@pytest.mark.django_db
+def test_the_control_plane_rewrites_the_hot_state_in_one_transaction(namespace):
+    """Every part in one MULTI/EXEC: a gateway reading between two parts would route without the keys."""
+    serving_node("node-a")
+    key_actions.create_api_key("acme", "standard", "outage test")
+    wipe(namespace)
+    blocks, block = [], None
+    with hot.client().monitor() as monitor:
+        routing.sync_hot_state()
+        for command in monitor.listen():
+            word = command["command"].split()[0].upper()
+            if word == "MULTI":
+                block = []
+            elif word == "EXEC" and block is not None:
+                blocks.append(block)
+                if "PUBLISH" in block:
+                    break
+                block = None
+            elif block is not None:
+                block.append(word)
+    block = blocks[-1]  # the first block with a PUBLISH: the one that tells the gateways
+    for written in ("HSET", "SET", "PUBLISH"):
+        assert written in block, block
+    assert block.count("HSET") == 2 and block.count("SET") == 3  # routing and keys; models, config, the mark
+
+
 async def test_an_empty_fleet_published_by_the_control_plane_clears_the_routes(namespace):
     hot.publish_cluster_config({"tau_tokens": 512})
     hot.publish_routing({"node-a": ROUTE}, deployed_models=["Qwen3-32B"])
