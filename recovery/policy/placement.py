@@ -9,8 +9,9 @@ import bisect
 import math
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from operator import attrgetter, is_not
+from dataclasses import dataclass, field
+from itertools import compress, repeat
+from operator import attrgetter, ge, is_not
 
 POLICIES = ("none", "fixed", "load_aware", "lifeline")
 
@@ -42,9 +43,16 @@ class HolderCandidate:
     bytes_held: int
     budget_bytes: int
     alive: bool = True
+    # What a second copy may still take here (SECOND_COPY_SHARE of the budget less what it holds): kept with the
+    # candidate so a placement can skip, at C speed, the holders too full for one.
+    second_room: float = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "second_room", SECOND_COPY_SHARE * self.budget_bytes - self.bytes_held)
 
 
 _L_HAT = attrgetter("l_hat")
+_SECOND_ROOM = attrgetter("second_room")
 _NAME = attrgetter("name")
 _RACK = attrgetter("rack")
 _L_HAT_NAME = attrgetter("l_hat", "name")
@@ -94,7 +102,14 @@ class _Ranking:
 
     def __init__(self, items: list):
         self.items = items
-        self.order: list | None = None  # sorted on the second sighting with few changes
+        self.order: list | None = None  # (L̂, name, slot), sorted on the second sighting with few changes
+        self.ordered: list[HolderCandidate] = []  # the candidates in that order
+        self.rooms: list[float] = []  # and their second_room, in that order
+
+    def _sort(self) -> None:
+        self.order = sorted((c.l_hat, c.name, i) for i, c in enumerate(self.items))
+        self.ordered = [self.items[i] for _l, _n, i in self.order]
+        self.rooms = list(map(_SECOND_ROOM, self.ordered))
 
     def update(self, items: list) -> bool:
         """Take the new entries; False when too many changed to keep an order (scan instead)."""
@@ -109,8 +124,9 @@ class _Ranking:
             i = moved.index(True, i + 1)
             changed.append(i)
         if self.order is None:
-            self.order = sorted((c.l_hat, c.name, i) for i, c in enumerate(items))
-            changed = []
+            self.items = items
+            self._sort()
+            return True
         for i in changed:
             if not self._rerank(i, items[i]):
                 return False
@@ -126,14 +142,22 @@ class _Ranking:
         at = bisect.bisect_left(order, key)
         if at >= len(order) or order[at] != key:
             return False
-        del order[at]
-        bisect.insort(order, (new.l_hat, new.name, i))
+        del order[at], self.ordered[at], self.rooms[at]
+        key = (new.l_hat, new.name, i)
+        at = bisect.bisect_left(order, key)
+        order.insert(at, key)
+        self.ordered.insert(at, new)
+        self.rooms.insert(at, new.second_room)
         return True
 
     def __iter__(self) -> Iterator[HolderCandidate]:
-        items, order = self.items, self.order
-        assert order is not None, "iterated only after update() kept an order, or as a HolderRanking"
-        return (items[i] for _l, _name, i in order)
+        assert self.order is not None, "iterated only after update() kept an order, or as a HolderRanking"
+        return iter(self.ordered)
+
+    def with_second_room(self, request_bytes: int) -> Iterator[HolderCandidate]:
+        """In order, only the candidates with room for a second copy of `request_bytes`: the others, often most of
+        a loaded fleet, are skipped without a Python-level step each."""
+        return compress(self.ordered, map(ge, self.rooms, repeat(request_bytes)))
 
 
 class HolderRanking(_Ranking):
@@ -147,7 +171,7 @@ class HolderRanking(_Ranking):
 
     def __init__(self, candidates: Sequence[HolderCandidate]):
         super().__init__(list(candidates))
-        self.order = sorted((c.l_hat, c.name, i) for i, c in enumerate(self.items))
+        self._sort()
         self.slot = {c.name: i for i, c in enumerate(self.items)}
 
     def __len__(self) -> int:
@@ -164,22 +188,22 @@ _rankings: dict[int, _Ranking] = {}
 _lock = threading.Lock()
 
 
-def _by_load(candidates: Sequence[HolderCandidate]) -> Iterator[HolderCandidate]:
-    """The candidates in order of (L̂, name): from the caller's HolderRanking, the ranking kept for this list, or a
-    scan."""
+def _by_load(candidates: Sequence[HolderCandidate]) -> tuple[Iterator[HolderCandidate], _Ranking | None]:
+    """The candidates in order of (L̂, name), and the ranking that keeps that order if there is one: the caller's
+    HolderRanking, the ranking kept for this list, or (None) a scan."""
     if isinstance(candidates, HolderRanking):
-        return iter(candidates)
+        return iter(candidates), candidates
     items = list(candidates)
     ranking = _rankings.get(id(candidates))
     if ranking is not None and ranking.update(items):
-        return iter(ranking)
+        return iter(ranking), ranking
     if ranking is not None:
         ranking.items, ranking.order = items, None  # changed too much: start over
     else:
         while len(_rankings) >= _KEPT:
             del _rankings[next(iter(_rankings))]  # the oldest, one at a time
         _rankings[id(candidates)] = _Ranking(items)
-    return _scan(items)
+    return _scan(items), None
 
 
 def _fits(c: HolderCandidate, serving: str, request_bytes: int) -> bool:
@@ -228,13 +252,16 @@ def place(
         return (neighbour.name,) if neighbour and _fits(neighbour, serving, request_bytes) else ()
 
     with _lock:
-        ordered = _by_load(candidates)
+        ordered, ranking = _by_load(candidates)
         first = next((c for c in ordered if _fits(c, serving, request_bytes)), None)
         if first is None:
             return ()
         if policy == "load_aware" or prefix_tokens <= tau:
             return (first.name,)
-        # lifeline: a second copy for a long prefix, in another rack if any has room.
+        # lifeline: a second copy for a long prefix, in another rack if any has room. The same walk in (L̂, name)
+        # order either way; a kept ranking skips the holders without room for it at C speed.
+        if ranking is not None:
+            ordered = ranking.with_second_room(request_bytes)
         same_rack = None
         for c in ordered:
             if c is first or not _fits(c, serving, request_bytes):

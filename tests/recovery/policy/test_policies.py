@@ -518,7 +518,9 @@ def _place_by_definition(policy, serving, candidates, request_bytes, prefix_toke
     first = ranked[0]
     if policy == "load_aware" or prefix_tokens <= tau:
         return (first.name,)
-    others = [c for c in ranked[1:] if c.rack != first.rack] or ranked[1:]
+    # A second copy only where it leaves room for later first copies (SECOND_COPY_SHARE of the budget).
+    roomy = [c for c in ranked[1:] if c.bytes_held + request_bytes <= placement.SECOND_COPY_SHARE * c.budget_bytes]
+    others = [c for c in roomy if c.rack != first.rack] or roomy
     return (first.name, others[0].name) if others else (first.name,)
 
 
