@@ -331,9 +331,20 @@ class Soak:
         serving = self.serving_nodes()
         return serving[:2]
 
+    async def serving_now(self, within_s: float = 30.0) -> list[str]:
+        """The healthy serving nodes, from the console; a web process a fault is restarting is waited for."""
+        deadline = time.monotonic() + within_s
+        while True:
+            try:
+                return await asyncio.to_thread(self.serving_nodes)
+            except (OSError, RuntimeError, ValueError):
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(1)
+
     async def inject(self, fault: Fault) -> None:
         kind, rng = fault.kind, self.rng
-        serving = await asyncio.to_thread(self.serving_nodes)
+        serving = await self.serving_now() if kind in NODE_FAULTS else []
         fault.injected_wall = time.time()
         if kind in ("node_kill", "node_hang", "slow_gpu", "sdc", "nvlink_down", "partition") and not serving:
             fault.note = "skipped: no healthy serving node to break"

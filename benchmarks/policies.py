@@ -227,7 +227,7 @@ def bench_gateway_path(events: int, decisions: int = DECISIONS) -> dict:
             for n in fleet.names
         }
         co = Coordinator(view, None, "bench", {})
-        co.fleet.clock = lambda: clock[0]
+        co.fleet.clock = co.watcher.clock = lambda: clock[0]  # statuses received, and dated, on the benchmark's clock
 
         def push(name: str) -> None:
             status = fleet.status(name, clock[0])

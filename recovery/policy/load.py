@@ -335,6 +335,11 @@ class _Index:
         self.values = values
         self.where: list[tuple | None] = [None] * len(values)  # (group, decode bound)
         self.step: list[float] = [0.0] * len(values)
+        # The (decode context, decode batch) each bound was computed at: the status's, or a prediction of it that a
+        # decision found and kept (`_rebase`): a node's predicted load only grows until its next status.
+        self.basis: list[tuple[int, int]] = [(0, 0)] * len(values)
+        self.rebased: set[int] = set()
+        self.rebased_for = -INF  # the latest decision time a bound was rebased for
         self.groups: dict[tuple, list] = {}  # (roofline id, weight, slope) -> [(decode bound, name, i)]
         self.meta: dict[tuple, tuple[_Roofline, float, float]] = {}
         for i, entry in enumerate(values):
@@ -356,7 +361,12 @@ class _Index:
         if not weight > 0 or status.model_state != "serving":
             self.where[i] = None  # never chosen
             return
-        batch, context = status.decode_batch + status.waiting + 1, status.decode_context_tokens
+        self._bound(i, roof, weight, status.decode_context_tokens, status.decode_batch, status.waiting)
+
+    def _bound(self, i: int, roof: "_Roofline", weight: float, context: int, decode_batch: int, waiting: int) -> None:
+        self.basis[i] = (context, decode_batch)
+        self.rebased.discard(i)
+        batch = decode_batch + waiting + 1
         decode, slope = roof.decode_parts(batch, context)
         bound = decode + roof.idle_step * (batch + context) / roof.kv_tokens
         slope += roof.load_slope
@@ -381,6 +391,20 @@ class _Index:
         before = self.where[i]
         self.values[i] = entry
         self._measure(i, entry)
+        self._move(i, before)
+
+    def _rebase(self, i: int, context: int, decode_batch: int) -> None:
+        """Node `i`'s bound, computed anew at its load predicted for a decision (context, batch): tighter than the
+        status's, and still a lower bound for every later decision until its next status, as prediction only
+        grows. Nodes whose statuses age between decisions are otherwise sharpened at every one."""
+        before = self.where[i]
+        status, _pending, deployment, weight = self.values[i]
+        self._bound(i, _roofline(deployment), weight, context, decode_batch, status.waiting)
+        self.rebased.add(i)
+        self._move(i, before)
+
+    def _move(self, i: int, before: tuple | None) -> None:
+        """Node `i` within its group (or into another) after its bound changed from `before`."""
         after = self.where[i]
         if before == after:
             return
@@ -399,6 +423,12 @@ class _Index:
         bound passes the best cost found. A node's bound is first sharpened with its own
         prediction and pending work (a few multiplications); only a node that could still win
         is costed with the roofline, and that cost is routing_cost's to the last bit."""
+        if now < self.rebased_for:  # a decision for an earlier time: the rebased bounds may overshoot it
+            for i in list(self.rebased):
+                before = self.where[i]
+                self._measure(i, self.values[i])
+                self._move(i, before)
+            self.rebased_for = -INF
         prefill = {}  # per deployment: the prompt's own prefill and its compute and memory parts
         heads = []
         for group, members in self.groups.items():
@@ -410,7 +440,8 @@ class _Index:
                 heads.append(((shift + members[0][0]) / weight, group, shift))
         heads.sort()
         best_name, best = None, INF
-        values, steps = self.values, self.step
+        values, steps, basis = self.values, self.step, self.basis
+        stale = []  # nodes the sharpened bound ruled out: rebased after the search, not while it walks
         for head, group, shift in heads:
             if head > best * _MARGIN:
                 break
@@ -427,17 +458,18 @@ class _Index:
                     continue
                 status, pending, _deployment, _weight = values[i]
                 uncomputed, context_now, batch_now = _advance(status, now, steps[i], DEFAULT_CHUNK_TOKENS)
-                grown = context_now - status.decode_context_tokens
+                basis_context, basis_batch = basis[i]
+                grown = context_now - basis_context
                 waiting_tokens = pending.prompt_tokens
                 queued = uncomputed + waiting_tokens  # prefill ahead of the prompt
                 # decode >= the bound's branch at the longer context, the load term grows by
                 # load_slope per token and per request; prefill >= its parts' slopes
-                low += slope * (grown + waiting_tokens) + load_slope * (
-                    pending.requests + batch_now - status.decode_batch
-                )
+                low += slope * (grown + waiting_tokens) + load_slope * (pending.requests + batch_now - basis_batch)
                 if queued:
                     low += max(compute_p + queued * compute_rate, memory_p + queued * memory_rate) - own_prefill
                 if low > cut:
+                    if grown or batch_now != basis_batch:
+                        stale.append((i, context_now, batch_now))
                     continue
                 new_tokens = waiting_tokens + prompt_tokens
                 prefill_s = own_prefill if queued == 0 else roof.prefill_s(uncomputed + new_tokens)
@@ -450,6 +482,10 @@ class _Index:
                 if cost < best or (cost == best and best_name is not None and name < best_name):
                     best_name, best = name, cost
                     cut = best * _MARGIN * weight
+        for i, context, batch in stale:
+            self._rebase(i, context, batch)
+        if stale:
+            self.rebased_for = max(self.rebased_for, now)
         return best_name
 
 

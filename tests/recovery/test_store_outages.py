@@ -169,7 +169,12 @@ async def test_a_part_of_the_hot_state_written_before_the_whole_is_not_read_as_t
     """After Redis restarted empty, a node's change may publish the routing table before the control plane
     rewrites the whole (keys, settings): a gateway reading that part alone refused every key with a 401 (the
     chaos soak found it). It keeps its last copy until the mark of a whole write is back."""
-    hot.publish_hot_state({"node-a": ROUTE}, ["Qwen3-32B"], {"digest-1": {"id": 1, "tenant": "acme", "tier": "standard"}}, {"tau_tokens": 777})
+    hot.publish_hot_state(
+        {"node-a": ROUTE},
+        ["Qwen3-32B"],
+        {"digest-1": {"id": 1, "tenant": "acme", "tier": "standard"}},
+        {"tau_tokens": 777},
+    )
     view = RoutingView(os.environ["REDIS_URL"], namespace)
     try:
         await view.reload()
@@ -184,7 +189,9 @@ async def test_a_part_of_the_hot_state_written_before_the_whole_is_not_read_as_t
         assert set(view.tenants) == {"digest-1"} and set(view.routes) == {"node-a"} and view.config.tau_tokens == 777
 
         two = {"node-a": ROUTE, "node-b": {**ROUTE, "address": "http://127.0.0.1:9102"}}
-        hot.publish_hot_state(two, ["Qwen3-32B"], {"digest-2": {"id": 2, "tenant": "acme", "tier": "standard"}}, {"tau_tokens": 512})
+        hot.publish_hot_state(
+            two, ["Qwen3-32B"], {"digest-2": {"id": 2, "tenant": "acme", "tier": "standard"}}, {"tau_tokens": 512}
+        )
         await view.reload()
         assert view.hot_state_missing is False
         assert set(view.tenants) == {"digest-2"} and set(view.routes) == {"node-a", "node-b"}

@@ -773,3 +773,35 @@ def test_expected_tokens_per_step_lies_between_one_and_k_plus_one(alpha, k):
     value = progressive.expected_tokens_per_step(alpha, k)
     assert 1 - 1e-9 <= value <= k + 1 + 1e-9
     assert value <= progressive.expected_tokens_per_step(alpha, k + 1) + 1e-9
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_bounds_rebased_on_aging_statuses_keep_every_answer_the_definitions(seed):
+    """A node whose status ages between decisions gets its search bound rebased at its predicted load (the
+    search then skips it cheaply); the answers stay the one-node-at-a-time definition's, through the mapping and
+    through a NodeIndex, with statuses seldom renewed, excluded nodes, and the clock stepping back now and then
+    (a rebased bound is for later decisions only)."""
+    import random
+
+    from benchmarks.policies import Fleet
+
+    rng = random.Random(seed)
+    now = 1_700_000_000.0
+    fleet = Fleet(rng, now)
+    index = load.NodeIndex(fleet.candidates)
+    rebased = 0
+    for i in range(600):
+        now += rng.choice([0.001, 0.003, 0.02]) if rng.random() > 0.03 else -0.05
+        prompt = fleet.new_request()[0]
+        exclude = set(rng.sample(fleet.names, 3)) if rng.random() < 0.1 else ()
+        plain = load._plain_choose_node(fleet.candidates, prompt, now, exclude)
+        assert load.choose_node(fleet.candidates, prompt, now, exclude) == plain
+        assert index.choose(prompt, now, exclude) == plain
+        rebased = max(rebased, len(index._index.rebased))
+        fleet.dispatched(plain, (), prompt)
+        before = dict(fleet.candidates)
+        fleet.status_events(now, i, plain, 1)  # one status a decision: the rest age
+        for name, entry in fleet.candidates.items():
+            if entry is not before[name]:
+                index.set(name, entry)
+    assert rebased > 10  # the path under test was taken
