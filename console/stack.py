@@ -127,12 +127,14 @@ class Supervisor:
         child = self.children.get(name)
         return child is not None and child.proc is not None and child.proc.poll() is not None
 
-    def stop(self, timeout_s: float = 10.0, order: list[str] | None = None) -> None:
-        """SIGTERM the children in `order` first and wait for them (nodes deregister through the web process and
-        Redis, so those must still be up), then every other child's process group; SIGKILL what remains."""
-        first = [n for n in order or [] if n in self.children]
-        rest = [n for n in reversed(list(self.children)) if n not in first]
-        for names in (first, rest):
+    def stop(self, timeout_s: float = 10.0, order: list[list[str]] | None = None) -> None:
+        """SIGTERM each group of children in `order` in turn and wait for it (nodes deregister through the web
+        process and Redis, so those must still be up), then every other child's process group, last started
+        first; SIGKILL what remains."""
+        phases = [[n for n in group if n in self.children] for group in order or []]
+        named = {n for group in phases for n in group}
+        phases.append([n for n in reversed(list(self.children)) if n not in named])
+        for names in phases:
             deadline = time.monotonic() + timeout_s
             for name in names:
                 child = self.children[name]

@@ -32,7 +32,17 @@ from recovery.choices import NodeState, Tier
 from recovery.models import ApiKey, Cluster, HistoryBackfill, ModelCapacity, Node, key_digest
 from workers import catalog
 
-STOP_ORDER = ["traffic", "gateway"]  # stop the load first; nodes next (they deregister), servers last
+# Stopped in turn, each group waited for: the load and the control plane's periodic work first (a capacity check
+# that saw the nodes deregister would raise the level, an incident at every stop), then the gateways and the nodes
+# (they deregister through web and Redis), then everything else.
+STOP_FIRST = ["traffic", "beat", "worker"]
+
+
+def stop_phases(children: list[str]) -> list[list[str]]:
+    """The groups `Supervisor.stop` stops in turn, before everything else, for a stack of these children."""
+    gateways = [n for n in children if n.startswith("gateway")]
+    nodes = [n for n in children if n.startswith("node-")]
+    return [STOP_FIRST, gateways + nodes]
 
 
 class Command(BaseCommand):
@@ -98,9 +108,7 @@ class Command(BaseCommand):
             pass
         finally:
             self.stdout.write("Stopping Lifeline…")
-            node_names = [n for n in self.supervisor.children if n.startswith("node-")]
-            gateways = [n for n in self.supervisor.children if n.startswith("gateway-")]  # beyond the first
-            self.supervisor.stop(order=STOP_ORDER + gateways + node_names)
+            self.supervisor.stop(order=stop_phases(list(self.supervisor.children)))
             close_old_connections()
             self.stdout.write("Stopped: no process left running.")
 
