@@ -151,9 +151,7 @@ class Soak:
                 "LIFELINE_LOG_LEVEL": "WARNING",
             }
         )
-        gateway_port = free_port()
-        while any(free_port() == gateway_port + 1 for _ in range(1)):
-            gateway_port = free_port()
+        gateway_port = free_port(count=2)  # two gateways: this port and the next
         argv = [
             sys.executable,
             "manage.py",

@@ -2,13 +2,15 @@
 
 Used by `manage.py demo` (the embedded default) and by the end-to-end tests.
 Each child runs in its own process group, so stopping it also stops what it
-forked (Celery's pool). On Linux every child also gets SIGTERM if this
+forked; a Celery worker is sent SIGTERM alone, for its warm shutdown, and its
+group is killed after it. On Linux every child also gets SIGTERM if this
 process dies without cleaning up, so no child outlives its supervisor.
 """
 
 import ctypes
 import logging
 import os
+import random
 import shutil
 import signal
 import socket
@@ -49,10 +51,36 @@ def port_in_use(host: str, port: int) -> bool:
     return False
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+def free_port(host: str = "127.0.0.1", count: int = 1) -> int:
+    """The first of `count` consecutive ports that are free now.
+
+    Chosen below the kernel's ephemeral range where there is room: a port the
+    kernel hands out for bind(0) is also one it may give the next outgoing
+    connection, which would then hold it when the server starts (a CI failure:
+    "port … is in use" from a gateway port taken by a client socket).
+    """
+    low, _ = _ephemeral_range()
+    rng = random.Random()
+    if low - count > 10_000:
+        for _ in range(200):
+            first = rng.randrange(10_000, low - count)
+            if not any(port_in_use(host, first + i) for i in range(count)):
+                return first
+    for _ in range(200):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            first = sock.getsockname()[1]
+        if not any(port_in_use(host, first + i) for i in range(1, count)):
+            return first
+    raise StackError(f"no {count} consecutive free ports on {host}")
 
 
 @dataclass
@@ -67,6 +95,10 @@ class Child:
     exited_at: float | None = None
     log_path: Path | None = None
     history: list[int] = field(default_factory=list)  # pids, oldest first
+    # A clean stop signals only the leader, which stops what it forked itself (a Celery worker's warm shutdown
+    # lets its pool finish the tasks it holds; SIGTERM to the pool would lose them: WorkerLostError). The group
+    # is still killed once the leader is gone or the stop's deadline passes.
+    term_leader_only: bool = False
 
     @property
     def pid(self) -> int | None:
@@ -138,7 +170,9 @@ class Supervisor:
             deadline = time.monotonic() + timeout_s
             for name in names:
                 child = self.children[name]
-                if child.alive:
+                if child.alive and child.term_leader_only:
+                    child.proc.send_signal(signal.SIGTERM)
+                elif child.alive:
                     _signal_group(child.proc.pid, signal.SIGTERM)
             for name in names:
                 self._reap(self.children[name], deadline, timeout_s)

@@ -100,6 +100,9 @@ def test_a_restart_of_the_whole_stack_is_not_an_emergency(stack):
     )
     assert status == 200, body
     assert stack.stop(signum=signal.SIGTERM) == 0, stack.log()
+    # A clean stop lets the Celery worker finish its tasks (warm shutdown): none is lost with its pool process.
+    worker_log = (stack.var_dir / "log" / "worker.log").read_text(errors="replace")
+    assert "WorkerLostError" not in worker_log and "Traceback" not in worker_log, worker_log[-3000:]
 
     # The same command again: requests go out from before the gateway listens.
     restarted = time.time()

@@ -197,7 +197,7 @@ class Command(BaseCommand):
             "--without-gossip",
             "--without-mingle",
         ]
-        self.supervisor.spawn(Child("worker", worker, env, restart_delay_s=2))
+        self.supervisor.spawn(Child("worker", worker, env, restart_delay_s=2, term_leader_only=True))
         self.supervisor.spawn(
             Child(
                 "beat",
