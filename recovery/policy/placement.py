@@ -8,6 +8,7 @@ a prefill. The policy decides who holds, and so how recovery work spreads.
 import bisect
 import math
 import threading
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import compress, repeat
@@ -173,6 +174,7 @@ class HolderRanking(_Ranking):
         super().__init__(list(candidates))
         self._sort()
         self.slot = {c.name: i for i, c in enumerate(self.items)}
+        self.racks = Counter(map(_RACK, self.items))  # candidates per rack: one rack or several, known at once
 
     def __len__(self) -> int:
         return len(self.items)
@@ -181,7 +183,16 @@ class HolderRanking(_Ranking):
         i = self.slot[candidate.name]
         if not self._rerank(i, candidate):
             raise ValueError(f"cannot re-rank {candidate.name}: its entry was changed in place or its L̂ is NaN")
+        old = self.items[i]
+        if old.rack != candidate.rack:
+            self.racks[old.rack] -= 1
+            if not self.racks[old.rack]:
+                del self.racks[old.rack]
+            self.racks[candidate.rack] += 1
         self.items[i] = candidate
+
+    def one_rack(self) -> bool:
+        return len(self.racks) == 1
 
 
 _rankings: dict[int, _Ranking] = {}
@@ -272,7 +283,11 @@ def place(
                 return (first.name, c.name)
             if same_rack is None:
                 same_rack = c
-                if all(rack == first.rack for rack in map(_RACK, candidates)):
+                if (
+                    candidates.one_rack()
+                    if isinstance(candidates, HolderRanking)
+                    else all(rack == first.rack for rack in map(_RACK, candidates))
+                ):
                     break  # one rack only: the least loaded other node is the best second copy
         return (first.name, same_rack.name) if same_rack else (first.name,)
 

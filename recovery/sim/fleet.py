@@ -186,6 +186,7 @@ class NodeState:
     corrupt_since: float | None = None  # silent corruption: answering wrongly since then, not found yet
     assist: Assist | None = None  # the draft node whose drafts it verifies, while one assists it
     step_drafts: tuple[Assist, dict[str, list[int]]] | None = None  # the drafts of the step under way, if any
+    page_costs: dict[str, tuple[int, float]] = field(default_factory=dict)  # holder -> (page bytes, link seconds)
 
     @property
     def name(self) -> str:
@@ -279,7 +280,6 @@ class Simulation:
         self._runs = 0
         # Latency over time, for recovery time: SERIES_S bucket -> [sum, count] of TTFT at each first token and of
         # the gap before each later token, where a client sees them.
-        self._page_costs: dict[tuple[str, str], tuple[int, float]] = {}
         self.ttft_series: dict[int, list] = {}
         self.gap_series: dict[int, list] = {}
         self._heap: list = []
@@ -435,6 +435,11 @@ class Simulation:
         nodes.set(node.name, self._entry(node))
         holders.set(self._holder(node))
 
+    def _refresh_holder(self, node: NodeState) -> None:
+        """Only `node`'s L̂ or checkpoint figures changed: its holder candidate, not its routing entry (the routing
+        cost reads no checkpoint figure, and its status object is the one the routing index already holds)."""
+        self.pools[node.spec.deployment.model.key][1].set(self._holder(node))
+
     def expire(self) -> None:
         """FleetState.expire: placements older than RECENT_S stop counting in their holder's L̂."""
         while self._recent and self.now - self._recent[0][0] >= RECENT_S:
@@ -444,7 +449,7 @@ class Simulation:
                 self._recent_pages.pop(name, None)
             else:
                 self._recent_pages[name] = left
-            self._refresh(self.nodes[name])
+            self._refresh_holder(self.nodes[name])
 
     def choose(self, model: str, prompt_tokens: int, exclude: Collection[str] = ()) -> str | None:
         """The real gateway's routing decision (FleetState.choose): the failed nodes left out."""
@@ -472,7 +477,7 @@ class Simulation:
         for name in chosen:
             self._recent.append((self.now, name, pages))
             self._recent_pages[name] = self._recent_pages.get(name, 0.0) + pages
-            self._refresh(self.nodes[name])
+            self._refresh_holder(self.nodes[name])
         return chosen
 
     def _on_arrival(self, flight: Flight) -> None:
@@ -746,23 +751,23 @@ class Simulation:
         request_bytes = (request.prompt_tokens + request.output_tokens) * self.nodes[
             flight.node
         ].spec.deployment.model.kv_bytes_per_token
-        routes = [
-            n
-            for name, n in self.nodes.items()
-            if n.spec.deployment.model.key == request.model
-            and n.routable
-            and name not in self.failed
-            and name not in (flight.node, first)
-            and placement.second_copy_fits(
-                n.status.checkpoint_bytes_held, n.status.checkpoint_budget_bytes, request_bytes
-            )
-        ]
+        # The gateway's choice (min over the routable nodes with room, in (L̂, name) order, another rack first),
+        # read from the pool's ranking, which holds every node's L̂, room and liveness as the gateway sees them:
+        # the first in order that qualifies, not a pass over the whole fleet per request.
+        _, ranking = self.pools[request.model]
         first_rack = self.nodes[first].spec.rack
-        other_rack = [n for n in routes if n.spec.rack != first_rack] or routes
-        if not other_rack:
+        second = same_rack = None
+        for candidate in ranking.with_second_room(request_bytes):
+            if not candidate.alive or candidate.name in (flight.node, first):
+                continue
+            if candidate.rack != first_rack:
+                second = candidate.name
+                break
+            same_rack = same_rack or candidate.name
+        second = second or same_rack
+        if second is None:
             return
-        second = min(other_rack, key=lambda n: (self.l_hat(n.name), n.name))
-        self._set_holders(flight, (first, second.name))
+        self._set_holders(flight, (first, second))
 
     def _page(self, serving: NodeState, flight: Flight) -> None:
         """One KV page to each holder, queued on the serving node's link: it arrives when its transfer ends."""
@@ -776,7 +781,7 @@ class Simulation:
         h = self.nodes[holder]
         if holder in flight.refused or not h.alive:
             return  # refused, or sent to a dead node: lost
-        per_block, seconds = self._page_cost(serving, h)
+        per_block, seconds = serving.page_costs.get(holder) or self._page_cost(serving, h)
         if h.held_bytes + per_block > h.budget_bytes:
             flight.refused.add(holder)
             return
@@ -791,12 +796,11 @@ class Simulation:
 
     def _page_cost(self, serving: NodeState, holder: NodeState) -> tuple[int, float]:
         """A page's bytes and its time on the link from `serving` to `holder` (fixed for a pair: computed once)."""
-        key = (serving.name, holder.name)
-        cost = self._page_costs.get(key)
+        cost = serving.page_costs.get(holder.name)
         if cost is None:
             per_block = serving.spec.deployment.model.kv_bytes_per_block
             link, share = catalog.node_link(serving.spec.placement, holder.spec.placement, serving.spec.deployment.gpu)
-            cost = self._page_costs[key] = (per_block, catalog.kv_transfer_s(per_block, link, share))
+            cost = serving.page_costs[holder.name] = (per_block, catalog.kv_transfer_s(per_block, link, share))
         return cost
 
     def _set_holders(self, flight: Flight, holders: tuple[str, ...]) -> None:
@@ -831,7 +835,7 @@ class Simulation:
                 node = self.nodes[holder]
                 node.status.checkpoint_bytes_held = node.held_bytes
                 node.status.checkpoint_requests = node.held_requests
-                self._refresh(node)
+                self._refresh_holder(node)
             self._touched.clear()
 
     def _drop_checkpoint(self, flight: Flight) -> None:
