@@ -68,6 +68,22 @@ def gateway_process(cluster, name: str, tmp_path) -> tuple[subprocess.Popen, str
     return proc, f"http://127.0.0.1:{port}"
 
 
+async def kill_when_running(cluster, streams: int, gateway: subprocess.Popen) -> None:
+    """SIGKILL `gateway` once the nodes run all `streams` and a few tokens of each have gone out."""
+    await asyncio.to_thread(
+        wait_for,
+        lambda: (
+            sum(http_json(n.address + "/agent/status")[1]["load"]["running"] for n in cluster.nodes.values()) == streams
+        ),
+        30,
+        0.02,
+        "every stream running",
+    )
+    await asyncio.sleep(0.3)
+    gateway.send_signal(signal.SIGKILL)
+    await asyncio.to_thread(gateway.wait)
+
+
 def watching_all(base: str, count: int) -> bool:
     try:
         return len(http_json(base + "/healthz", timeout=1)[1]["watching"]) == count
@@ -89,18 +105,7 @@ async def test_a_sigkilled_gateways_streams_finish_through_the_other_with_identi
                 asyncio.create_task(collect(session, [first_url, second_url], body(i), resumes[i])) for i in range(24)
             ]
             # Every stream under way through the first gateway: then it dies, as a SIGKILL leaves it.
-            await asyncio.to_thread(
-                wait_for,
-                lambda: (
-                    sum(http_json(n.address + "/agent/status")[1]["load"]["running"] for n in cluster.nodes.values())
-                    == 24
-                ),
-                30,
-                0.02,
-                "every stream running",
-            )
-            await asyncio.sleep(0.3)
-            first.send_signal(signal.SIGKILL)
+            await kill_when_running(cluster, 24, first)
             answers = await asyncio.gather(*runs)
     finally:
         for proc in (first, second):

@@ -7,7 +7,6 @@ yet marked the dead gateway down are retried on the other (`retry-on conn-failur
 
 import asyncio
 import re
-import signal
 import subprocess
 
 import aiohttp
@@ -22,6 +21,7 @@ from tests.recovery.gateway.test_gateway_takeover import (
     collect,
     finish_reason,
     gateway_process,
+    kill_when_running,
     text_of,
     watching_all,
 )
@@ -94,19 +94,7 @@ async def test_streams_through_haproxy_survive_a_gateways_sigkill(cluster, tmp_p
             reference = await asyncio.gather(*(collect(session, [survivor_url], body(i)) for i in range(16)))
             resumes = [Resumes() for _ in range(16)]
             runs = [asyncio.create_task(collect(session, [front], body(i), resumes[i])) for i in range(16)]
-            await asyncio.to_thread(
-                wait_for,
-                lambda: (
-                    sum(http_json(n.address + "/agent/status")[1]["load"]["running"] for n in cluster.nodes.values())
-                    == 16
-                ),
-                30,
-                0.02,
-                "every stream running",
-            )
-            await asyncio.sleep(0.3)
-            doomed.send_signal(signal.SIGKILL)
-            doomed.wait()
+            await kill_when_running(cluster, 16, doomed)
             # At once, before HAProxy's checks mark it down (inter 1s, fall 2): plain requests, each on a new
             # connection, half of which HAProxy first tries on the dead gateway.
             plain = [
