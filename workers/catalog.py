@@ -4,6 +4,7 @@ Figures come from ../shared/REFERENCE.md. Times are in seconds of real GPU time;
 the engine multiplies them by its time scale.
 """
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 GB = 1e9
@@ -294,6 +295,23 @@ class Deployment:
             flops / (self.peak_flops * PREFILL_COMPUTE_EFFICIENCY),
             bytes_read / (self.bandwidth * DECODE_BANDWIDTH_EFFICIENCY),
         )
+
+    def decode_step_times(self, batch: int, contexts: Iterable[int]) -> list[float]:
+        """step_s(0, 0, batch, c) for each context c, in one pass: the same operations in the same order, so the
+        same floats (the simulator's closed-form decode runs must equal its step-by-step ones to the bit)."""
+        if batch <= 0:
+            return [self.step_s(0, 0, batch, c) for c in contexts]
+        m = self.model
+        base_flops = 2 * m.active_params * batch
+        per_context = 4 * m.layers * m.q_heads * m.head_dim * 1  # _attention_flops(1, c) is this times c
+        flop_rate = self.peak_flops * PREFILL_COMPUTE_EFFICIENCY
+        weights = self._weight_bytes_read(batch)
+        kv = m.kv_bytes_per_token
+        byte_rate = self.bandwidth * DECODE_BANDWIDTH_EFFICIENCY
+        comm = self.tp_comm_s(batch)
+        return [
+            max((base_flops + per_context * c) / flop_rate, (weights + c * kv) / byte_rate) + comm for c in contexts
+        ]
 
     def prefill_s(self, tokens: int, context_before: int = 0) -> float:
         """A prefill chunk of `tokens` new tokens after `context_before` cached ones."""

@@ -61,6 +61,7 @@ from bisect import bisect_right
 from collections import Counter, deque
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 from recovery.canary import PROMPTS as CANARY_PROMPTS
 from recovery.policy import dispatch, load, placement, progressive, recovery
@@ -583,15 +584,18 @@ class Simulation:
         core = node.core
         free = core.total_blocks - core.used_blocks  # after step 0's plan took its blocks
         batch, context = len(seqs), plan.shape[3]
-        ends = [end]
+        steps = 1
         for i in range(1, limit):
             # Step i's plan takes a block for each sequence whose computed tokens reach a block boundary.
             free -= residues[-i % catalog.BLOCK_TOKENS]
             if free < 0:
                 break
-            ends.append(ends[-1] + core.deployment.step_s(0, 0, batch, context + i * batch))
-        if len(ends) < MIN_RUN:
+            steps += 1
+        if steps < MIN_RUN:
             return None
+        # Step i decodes over context + i·batch tokens; each ends when the one before it did plus its own time.
+        times = core.deployment.decode_step_times(batch, range(context + batch, context + steps * batch, batch))
+        ends = list(accumulate(times, initial=end))
         self._runs += 1
         return DecodeRun(plan, seqs, ends, self._runs)
 

@@ -96,3 +96,21 @@ def test_load_and_transfer_times():
     assert catalog.kv_transfer_s(four_k, "pcie", catalog.LOADED_LINK_FACTOR) == pytest.approx(
         3 * catalog.kv_transfer_s(four_k, "pcie")
     )
+
+
+def test_decode_step_times_in_one_pass_are_step_s_to_the_bit():
+    """The simulator's closed-form decode runs take their step times from decode_step_times; its fast path must equal
+    the step-by-step one exactly, so these are step_s's own floats, dense and MoE, with and without TP."""
+    checked = 0
+    for model_key, model_ in catalog.MODELS.items():
+        for gpu_key in catalog.GPUS:
+            for tp in (1, 2, 4, 8):
+                try:
+                    d = catalog.Deployment.of(model_key, gpu_key, tp=tp)
+                except catalog.CatalogError:
+                    continue  # does not fit
+                for batch in (0, 1, 3, 64, 255):
+                    contexts = range(batch * 7, batch * 7 + 40 * max(batch, 1), max(batch, 1))
+                    assert d.decode_step_times(batch, contexts) == [d.step_s(0, 0, batch, c) for c in contexts]
+                    checked += 1
+    assert checked > 100
