@@ -12,8 +12,10 @@ import logging
 import os
 import socket
 
-from django.db import transaction
+from django.db import InterfaceError, OperationalError, transaction
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from recovery import hot
 from recovery.actions import health, incidents, live_migration, slo
@@ -23,6 +25,11 @@ from recovery.models import Incident, Node, RequestOutcome
 log = logging.getLogger(__name__)
 
 GROUP = "control-plane"
+# An entry read this long ago and still not acknowledged: the worker that read it died (SIGKILL, OOM) or could not
+# store it (the database went away mid-batch). The next call, by any worker, takes it over and handles it.
+RECLAIM_IDLE_MS = 30_000
+# Errors that say a store is away, not that an entry is bad: the entry stays pending and is taken up again later.
+STORE_AWAY = (OperationalError, InterfaceError, RedisConnectionError, RedisTimeoutError)
 
 
 def _consumer() -> str:
@@ -44,24 +51,65 @@ def process(count: int = 2000) -> dict:
     keys = hot.keys()
     _ensure_groups(r, [keys.signals, keys.outcomes])
     handled = {"signals": 0, "outcomes": 0}
-    answer = r.xreadgroup(GROUP, _consumer(), {keys.signals: ">", keys.outcomes: ">"}, count=count) or []
+    answer = _reclaim(r, [keys.signals, keys.outcomes], count)
+    answer += r.xreadgroup(GROUP, _consumer(), {keys.signals: ">", keys.outcomes: ">"}, count=count) or []
     for stream, entries in answer:
         if stream == keys.signals:
             for entry_id, fields in entries:
                 try:
                     handle_signal(fields["kind"], fields.get("gateway", "?"), json.loads(fields["data"]))
+                except STORE_AWAY:
+                    raise  # left pending: taken up again once the store is back
                 except Exception:  # noqa: BLE001 - one bad entry must not block the stream
                     log.exception("could not handle signal %s", entry_id)
                 r.xack(stream, GROUP, entry_id)
                 handled["signals"] += 1
         else:
-            store_outcomes([(fields.get("gateway", "?"), json.loads(fields["data"])) for _, fields in entries])
-            if entries:
-                r.xack(stream, GROUP, *[entry_id for entry_id, _ in entries])
-            handled["outcomes"] += len(entries)
-    for stream, _ in answer:
+            handled["outcomes"] += _store_entries(r, stream, entries)
+    for stream in {stream for stream, _ in answer}:
         _trim_processed(r, stream)
     return handled
+
+
+def _reclaim(r, streams: list[str], count: int) -> list:
+    """Entries another consumer (or this one, in a call that failed) read and never acknowledged, idle for
+    RECLAIM_IDLE_MS: taken over (XAUTOCLAIM), in xreadgroup's shape. Without this they stayed pending for ever,
+    and the outcomes among them never reached the SLA reports."""
+    answer = []
+    for stream in streams:
+        _next, entries, *_ = r.xautoclaim(stream, GROUP, _consumer(), RECLAIM_IDLE_MS, start_id="0-0", count=count)
+        gone = [entry_id for entry_id, fields in entries if entry_id and not fields]  # trimmed since: nothing to do
+        if gone:
+            r.xack(stream, GROUP, *gone)
+        entries = [(entry_id, fields) for entry_id, fields in entries if entry_id and fields]
+        if entries:
+            log.warning("took over %d entries of %s left unacknowledged", len(entries), stream)
+            answer.append((stream, entries))
+    return answer
+
+
+def _store_entries(r, stream: str, entries: list) -> int:
+    """Store a batch of outcome entries and acknowledge them. A batch that fails for a reason other than a store
+    being away is stored entry by entry, so that one malformed entry is logged and dropped, not the batch with it."""
+    if not entries:
+        return 0
+    try:
+        stored = store_outcomes([(fields.get("gateway", "?"), json.loads(fields["data"])) for _, fields in entries])
+    except STORE_AWAY:
+        raise  # left pending: taken up again (by _reclaim) once the store is back
+    except Exception:  # noqa: BLE001 - find the bad entry below
+        stored = 0
+        for entry_id, fields in entries:
+            try:
+                stored += store_outcomes([(fields.get("gateway", "?"), json.loads(fields["data"]))])
+            except STORE_AWAY:
+                raise
+            except Exception:  # noqa: BLE001 - a malformed outcome can never be stored: dropped, said so
+                log.exception("dropping outcome %s of %s: it cannot be stored", entry_id, stream)
+            r.xack(stream, GROUP, entry_id)
+        return stored
+    r.xack(stream, GROUP, *[entry_id for entry_id, _ in entries])
+    return stored
 
 
 def _trim_processed(r, stream: str) -> None:

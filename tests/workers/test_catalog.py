@@ -102,7 +102,7 @@ def test_decode_step_times_in_one_pass_are_step_s_to_the_bit():
     """The simulator's closed-form decode runs take their step times from decode_step_times; its fast path must equal
     the step-by-step one exactly, so these are step_s's own floats, dense and MoE, with and without TP."""
     checked = 0
-    for model_key, model_ in catalog.MODELS.items():
+    for model_key in catalog.MODELS:
         for gpu_key in catalog.GPUS:
             for tp in (1, 2, 4, 8):
                 try:
