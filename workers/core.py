@@ -58,7 +58,7 @@ class Sequence:
     """One request as the scheduler sees it (workers.engine adds the stream its tokens go out on)."""
 
     request_id: str
-    prompt_ids: list[int]
+    prompt_ids: list[int] | range  # a range where the ids are consecutive (the simulator's: 36 bytes less per token)
     params: SamplingParams
     arrival: float = 0.0  # set by EngineCore.add
     generated: list[int] = field(default_factory=list)  # through an adapter, None for an id its engine did not say
@@ -94,8 +94,10 @@ class Sequence:
         start, end = block * BLOCK_TOKENS, (block + 1) * BLOCK_TOKENS
         prompt = len(self.prompt_ids)
         if end <= prompt:
-            return self.prompt_ids[start:end]
-        return (self.prompt_ids + self.generated)[start:end]
+            return list(self.prompt_ids[start:end])
+        if start >= prompt:
+            return self.generated[start - prompt : end - prompt]
+        return [*self.prompt_ids[start:], *self.generated[: end - prompt]]
 
 
 @dataclass
@@ -263,7 +265,7 @@ class EngineCore:
         seq.sampling = seq.params.sampling
         seq.resumed_with = len(seq.generated)
         if self.token_ids:
-            seq.state = tokens.fold(tokens.initial_state(self.model.key), seq.prompt_ids + seq.generated)
+            seq.state = tokens.fold(tokens.initial_state(self.model.key), [*seq.prompt_ids, *seq.generated])
             seq.text = tokens.decode(seq.generated)
         self.by_id[seq.request_id] = seq
         if seq.generated:
