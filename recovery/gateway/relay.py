@@ -131,6 +131,9 @@ class Relay:
         self._done_sent = False
         self.recorded = False  # a record of this stream is in Redis, for a takeover (Last-Event-ID)
         self._failure: Failure | None = None  # the first node that answered it with a server error
+        # What has arrived of the current upstream's stream past its last whole line (`_next_line`).
+        self._pending = bytearray()
+        self._pending_for: aiohttp.ClientResponse | None = None
 
     # --- the loop --------------------------------------------------------------------------
     async def run(self) -> web.StreamResponse:
@@ -388,36 +391,57 @@ class Relay:
     async def _next_line(self, upstream: aiohttp.ClientResponse, node: str, pace: "Pace") -> bytes:
         """The node's next line, given `pace.timeout` since the last one, and more while its engine works.
 
+        Lines come from this relay's own buffer of what has arrived, so a line already here (the blank line after
+        each event, several events in one packet) costs no wait at all; only when nothing is buffered does it wait
+        for more bytes (`readany`, which takes nothing when cancelled, so a timeout loses no part of a line).
         Whether the node still answers at all (its status stream) is looked at every LIVENESS_CHECK_S meanwhile:
         a node that froze is found within seconds, not after the whole allowance of a long prefill, and a request
         whose node hangs before its first token goes on elsewhere. UpstreamBroken when the node is hung (lost) or
-        its engine is stuck (not lost); the read is never cancelled while the node is given time (a cancelled
-        readline loses what it had of a line).
+        its engine is stuck (not lost).
         """
+        if self._pending_for is not upstream:
+            self._pending_for, self._pending = upstream, bytearray()
+        pending, content = self._pending, upstream.content
+        while True:
+            end = pending.find(b"\n")
+            if end >= 0:
+                line = bytes(pending[: end + 1])
+                del pending[: end + 1]
+                pace.asked_at = time.monotonic()
+                return line
+            arrived = content.read_nowait(-1)
+            if arrived:
+                pending += arrived
+                continue
+            if content.at_eof():
+                line = bytes(pending)  # the stream's end: what is left of a last line without its newline, or b""
+                pending.clear()
+                return line
+            await self._await_bytes(content, node, pace)
+
+    async def _await_bytes(self, content: aiohttp.StreamReader, node: str, pace: "Pace") -> None:
+        """Wait until the node sends more (into the pending buffer) or its stream ends, within `pace`."""
         stall = self.co.config.stall_timeout_s
-        reading = asyncio.ensure_future(upstream.content.readline())
-        try:
-            while True:
-                left = pace.asked_at + pace.timeout - time.monotonic()
-                done, _ = await asyncio.wait({reading}, timeout=max(0.0, min(left, LIVENESS_CHECK_S)))
-                now = time.monotonic()
-                if done:
-                    pace.asked_at = now
-                    return reading.result()
-                waited = now - pace.waiting_since
-                within = now - pace.asked_at < pace.timeout
-                if not self.co.answering(node) and (not within or self.co.frozen(node)):
-                    raise UpstreamBroken(f"no byte for {waited:.1f} s and its status stream is silent too (hung)")
-                if within:
-                    continue
-                if self.co.working(node, pace.timeout):
-                    # alive and working (a long prefill, a queue, a slow GPU): not a failure
-                    pace.timeout, pace.asked_at = stall, now
-                    continue
-                raise UpstreamBroken(f"no byte for {waited:.1f} s while its engine made no progress", lost=False)
-        finally:
-            if not reading.done():  # given up on, or this request's handler was cancelled
-                reading.cancel()
+        while True:
+            left = pace.asked_at + pace.timeout - time.monotonic()
+            try:
+                async with asyncio.timeout(max(0.0, min(left, LIVENESS_CHECK_S))):
+                    self._pending += await content.readany()
+                return
+            except TimeoutError:
+                pass
+            now = time.monotonic()
+            waited = now - pace.waiting_since
+            within = now - pace.asked_at < pace.timeout
+            if not self.co.answering(node) and (not within or self.co.frozen(node)):
+                raise UpstreamBroken(f"no byte for {waited:.1f} s and its status stream is silent too (hung)")
+            if within:
+                continue
+            if self.co.working(node, pace.timeout):
+                # alive and working (a long prefill, a queue, a slow GPU): not a failure
+                pace.timeout, pace.asked_at = stall, now
+                continue
+            raise UpstreamBroken(f"no byte for {waited:.1f} s while its engine made no progress", lost=False)
 
     async def _attached(self, node: str, attached: dict) -> None:
         """The node took a stream over for this gateway: the ids of the tokens the client has (the rest follows)."""
