@@ -6,15 +6,13 @@ from celery.contrib.django.task import DjangoTask
 from celery.exceptions import Ignore
 from celery.signals import beat_init
 from django.conf import settings
-from django.db import InterfaceError, OperationalError, close_old_connections
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from django.db import close_old_connections
+
+from recovery.stores import STORE_ERRORS, store_of
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 log = logging.getLogger(__name__)
 
-# A store that is away (console.outage says the same for the web process); a wrong query stays a failure.
-STORE_AWAY = (OperationalError, InterfaceError, RedisConnectionError, RedisTimeoutError)
 RETRY_BACKOFF_MAX_S = 60
 RETRIES_WHILE_AWAY = 12  # about ten minutes of backoff, then the task fails for good
 
@@ -27,11 +25,11 @@ class Task(DjangoTask):
     def __call__(self, *args, **kwargs):
         try:
             return super().__call__(*args, **kwargs)
-        except STORE_AWAY as exc:
+        except STORE_ERRORS as exc:
             close_old_connections()  # a broken connection is not reused
             if self.request.called_directly:
                 raise
-            store = "Redis" if isinstance(exc, (RedisConnectionError, RedisTimeoutError)) else "database"
+            store = store_of(exc)
             reason = (str(exc).strip().splitlines() or [exc.__class__.__name__])[0][:200]
             if self.name in {entry["task"] for entry in settings.CELERY_BEAT_SCHEDULE.values()}:
                 log.warning("%s skipped: the %s is unavailable (%s); the next tick runs it", self.name, store, reason)

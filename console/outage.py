@@ -7,22 +7,15 @@ caller gets 503 with Retry-After and a message naming what is away, and the log 
 
 import logging
 
-from django.db import InterfaceError, OperationalError, close_old_connections
+from django.db import close_old_connections
 from django.http import HttpResponse, JsonResponse
 from django.template import loader
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from recovery.stores import STORE_ERRORS, store_of
 
 log = logging.getLogger(__name__)
 
-# A store that is away, not a query that is wrong: a ProgrammingError or a redis DataError stays a bug (a 500).
-DATABASE_AWAY = (OperationalError, InterfaceError)
-STORE_ERRORS = (*DATABASE_AWAY, RedisConnectionError, RedisTimeoutError)
 RETRY_AFTER_S = 5
-
-
-def store_of(exc: BaseException) -> str:
-    return "database" if isinstance(exc, DATABASE_AWAY) else "Redis"
 
 
 def unavailable(request, exc: BaseException) -> HttpResponse:

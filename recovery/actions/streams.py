@@ -12,15 +12,14 @@ import logging
 import os
 import socket
 
-from django.db import InterfaceError, OperationalError, transaction
-from redis.exceptions import ConnectionError as RedisConnectionError
+from django.db import transaction
 from redis.exceptions import ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from recovery import hot
 from recovery.actions import health, incidents, live_migration, slo
 from recovery.choices import EventKind, IncidentStatus
 from recovery.models import Incident, Node, RequestOutcome
+from recovery.stores import STORE_ERRORS
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +27,6 @@ GROUP = "control-plane"
 # An entry read this long ago and still not acknowledged: the worker that read it died (SIGKILL, OOM) or could not
 # store it (the database went away mid-batch). The next call, by any worker, takes it over and handles it.
 RECLAIM_IDLE_MS = 30_000
-# Errors that say a store is away, not that an entry is bad: the entry stays pending and is taken up again later.
-STORE_AWAY = (OperationalError, InterfaceError, RedisConnectionError, RedisTimeoutError)
 
 
 def _consumer() -> str:
@@ -58,7 +55,7 @@ def process(count: int = 2000) -> dict:
             for entry_id, fields in entries:
                 try:
                     handle_signal(fields["kind"], fields.get("gateway", "?"), json.loads(fields["data"]))
-                except STORE_AWAY:
+                except STORE_ERRORS:
                     raise  # left pending: taken up again once the store is back
                 except Exception:  # noqa: BLE001 - one bad entry must not block the stream
                     log.exception("could not handle signal %s", entry_id)
@@ -78,10 +75,7 @@ def _reclaim(r, streams: list[str], count: int) -> list:
     answer = []
     for stream in streams:
         _next, entries, *_ = r.xautoclaim(stream, GROUP, _consumer(), RECLAIM_IDLE_MS, start_id="0-0", count=count)
-        gone = [entry_id for entry_id, fields in entries if entry_id and not fields]  # trimmed since: nothing to do
-        if gone:
-            r.xack(stream, GROUP, *gone)
-        entries = [(entry_id, fields) for entry_id, fields in entries if entry_id and fields]
+        entries = [(entry_id, fields) for entry_id, fields in entries if fields]  # Redis 6.2: nil for a deleted one
         if entries:
             log.warning("took over %d entries of %s left unacknowledged", len(entries), stream)
             answer.append((stream, entries))
@@ -94,15 +88,15 @@ def _store_entries(r, stream: str, entries: list) -> int:
     if not entries:
         return 0
     try:
-        stored = store_outcomes([(fields.get("gateway", "?"), json.loads(fields["data"])) for _, fields in entries])
-    except STORE_AWAY:
+        stored = store_outcomes([_outcome(fields) for _, fields in entries])
+    except STORE_ERRORS:
         raise  # left pending: taken up again (by _reclaim) once the store is back
     except Exception:  # noqa: BLE001 - find the bad entry below
         stored = 0
         for entry_id, fields in entries:
             try:
-                stored += store_outcomes([(fields.get("gateway", "?"), json.loads(fields["data"]))])
-            except STORE_AWAY:
+                stored += store_outcomes([_outcome(fields)])
+            except STORE_ERRORS:
                 raise
             except Exception:  # noqa: BLE001 - a malformed outcome can never be stored: dropped, said so
                 log.exception("dropping outcome %s of %s: it cannot be stored", entry_id, stream)
@@ -110,6 +104,10 @@ def _store_entries(r, stream: str, entries: list) -> int:
         return stored
     r.xack(stream, GROUP, *[entry_id for entry_id, _ in entries])
     return stored
+
+
+def _outcome(fields: dict) -> tuple[str, dict]:
+    return fields.get("gateway", "?"), json.loads(fields["data"])
 
 
 def _trim_processed(r, stream: str) -> None:
