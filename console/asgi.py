@@ -63,6 +63,8 @@ class NodeEndpoint:
             try:
                 return view(request, **request.scope["url_route"]["kwargs"])
             except outage.STORE_ERRORS as exc:
+                if not outage.away(exc):
+                    raise
                 return outage.unavailable(request, exc)  # the node retries its beat; nothing to trace
 
         self.answer = answer

@@ -8,7 +8,7 @@ from celery.signals import beat_init
 from django.conf import settings
 from django.db import close_old_connections
 
-from recovery.stores import STORE_ERRORS, store_of
+from recovery.stores import STORE_ERRORS, away, store_of
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 log = logging.getLogger(__name__)
@@ -27,7 +27,7 @@ class Task(DjangoTask):
             return super().__call__(*args, **kwargs)
         except STORE_ERRORS as exc:
             close_old_connections()  # a broken connection is not reused
-            if self.request.called_directly:
+            if self.request.called_directly or not away(exc):
                 raise
             store = store_of(exc)
             reason = (str(exc).strip().splitlines() or [exc.__class__.__name__])[0][:200]

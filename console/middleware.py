@@ -106,6 +106,8 @@ class LoginRateLimit:
                 try:
                     wait_s = auth.login_blocked_for(username, auth.client_address(request))
                 except outage.STORE_ERRORS as exc:
+                    if not outage.away(exc):
+                        raise
                     return outage.unavailable(request, exc)  # no log-in unthrottled while the counters are away
                 if wait_s:
                     auth.audit_login_refused(request, username)

@@ -11,7 +11,7 @@ from django.db import close_old_connections
 from django.http import HttpResponse, JsonResponse
 from django.template import loader
 
-from recovery.stores import STORE_ERRORS, store_of
+from recovery.stores import STORE_ERRORS, away, store_of
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,6 @@ class StoreOutageMiddleware:
         return self.get_response(request)
 
     def process_exception(self, request, exception):
-        if isinstance(exception, STORE_ERRORS):
+        if away(exception):
             return unavailable(request, exception)
         return None

@@ -19,7 +19,7 @@ from recovery import hot
 from recovery.actions import health, incidents, live_migration, slo
 from recovery.choices import EventKind, IncidentStatus
 from recovery.models import Incident, Node, RequestOutcome
-from recovery.stores import STORE_ERRORS
+from recovery.stores import away
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +55,9 @@ def process(count: int = 2000) -> dict:
             for entry_id, fields in entries:
                 try:
                     handle_signal(fields["kind"], fields.get("gateway", "?"), json.loads(fields["data"]))
-                except STORE_ERRORS:
-                    raise  # left pending: taken up again once the store is back
-                except Exception:  # noqa: BLE001 - one bad entry must not block the stream
+                except Exception as exc:  # noqa: BLE001 - one bad entry must not block the stream
+                    if away(exc):
+                        raise  # left pending: taken up again once the store is back
                     log.exception("could not handle signal %s", entry_id)
                 r.xack(stream, GROUP, entry_id)
                 handled["signals"] += 1
@@ -89,16 +89,16 @@ def _store_entries(r, stream: str, entries: list) -> int:
         return 0
     try:
         stored = store_outcomes([_outcome(fields) for _, fields in entries])
-    except STORE_ERRORS:
-        raise  # left pending: taken up again (by _reclaim) once the store is back
-    except Exception:  # noqa: BLE001 - find the bad entry below
+    except Exception as exc:  # noqa: BLE001 - find the bad entry below
+        if away(exc):
+            raise  # left pending: taken up again (by _reclaim) once the store is back
         stored = 0
         for entry_id, fields in entries:
             try:
                 stored += store_outcomes([_outcome(fields)])
-            except STORE_ERRORS:
-                raise
-            except Exception:  # noqa: BLE001 - a malformed outcome can never be stored: dropped, said so
+            except Exception as exc:  # noqa: BLE001 - a malformed outcome can never be stored: dropped, said so
+                if away(exc):
+                    raise
                 log.exception("dropping outcome %s of %s: it cannot be stored", entry_id, stream)
             r.xack(stream, GROUP, entry_id)
         return stored
