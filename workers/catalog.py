@@ -81,6 +81,8 @@ GPUS: dict[str, Gpu] = {
         Gpu("H100-SXM", "NVIDIA H100 80GB HBM3", 989, 3350, 80, "nvlink"),
         Gpu("H100-PCIe", "NVIDIA H100 PCIe", 756, 2000, 80, "pcie"),
         Gpu("H200-SXM", "NVIDIA H200", 989, 4800, 141, "nvlink"),
+        # Grace Hopper, the 96 GB HBM3 part (document 004's fleet): an H100's compute with faster memory.
+        Gpu("GH200", "NVIDIA GH200 480GB", 989, 4000, 96, "nvlink"),
         Gpu("A100-80GB", "NVIDIA A100-SXM4-80GB", 312, 2039, 80, "nvswitch"),
         Gpu("L40S", "NVIDIA L40S", 362, 864, 48, "pcie"),
         Gpu("RTX-4090", "NVIDIA GeForce RTX 4090", 165, 1008, 24, "pcie"),
@@ -114,6 +116,21 @@ MODELS: dict[str, Model] = {
             draft="Llama-3.2-1B",
             draft_agreement=0.65,
             context_tokens=8192,
+        ),
+        # Document 004's placement experiment (its Table 1): Llama 2 13B has no grouped-query attention.
+        Model("Llama-2-13B", "meta-llama/Llama-2-13b-chat-hf", 13.0, 40, 40, 128, 40, context_tokens=4096),
+        Model("CodeLlama-34B", "codellama/CodeLlama-34b-Instruct-hf", 33.7, 48, 8, 128, 64, context_tokens=16384),
+        Model(
+            "Llama-3.3-70B",
+            "meta-llama/Llama-3.3-70B-Instruct",
+            70.6,
+            80,
+            8,
+            128,
+            64,
+            draft="Llama-3.2-1B",
+            draft_agreement=0.65,
+            context_tokens=131072,
         ),
         Model(
             "Qwen3-14B",

@@ -256,6 +256,7 @@ BOARDS: dict[str, Board] = {
     "H100-SXM": Board(700, 1980, ecc=True, nvlinks=18),
     "H100-PCIe": Board(350, 1755, ecc=True, nvlinks=0),
     "H200-SXM": Board(700, 1980, ecc=True, nvlinks=18),
+    "GH200": Board(900, 1980, ecc=True, nvlinks=18),  # the module's limit, Grace CPU included
     "A100-80GB": Board(400, 1410, ecc=True, nvlinks=12),
     "L40S": Board(350, 2520, ecc=True, nvlinks=0),
     "RTX-4090": Board(450, 2520, ecc=False, nvlinks=0),
