@@ -41,6 +41,7 @@ from console.middleware import BodySizeLimit  # noqa: E402
 from console.routing import websocket_urlpatterns  # noqa: E402
 from recovery import urls as node_urls  # noqa: E402
 from recovery import views as node_views  # noqa: E402
+from recovery.stores import STORE_ERRORS, away  # noqa: E402
 
 
 class NodeEndpoint:
@@ -62,8 +63,8 @@ class NodeEndpoint:
             request.get_host()  # a Host outside ALLOWED_HOSTS is refused, as CommonMiddleware refuses it
             try:
                 return view(request, **request.scope["url_route"]["kwargs"])
-            except outage.STORE_ERRORS as exc:
-                if not outage.away(exc):
+            except STORE_ERRORS as exc:
+                if not away(exc):
                     raise
                 return outage.unavailable(request, exc)  # the node retries its beat; nothing to trace
 

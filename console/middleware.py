@@ -11,6 +11,7 @@ from django.shortcuts import render
 from django.urls import reverse
 
 from console import auth, outage
+from recovery.stores import STORE_ERRORS, away
 
 
 class BodyTooLarge(Exception):
@@ -105,8 +106,8 @@ class LoginRateLimit:
                 username = request.POST.get("username", "")
                 try:
                     wait_s = auth.login_blocked_for(username, auth.client_address(request))
-                except outage.STORE_ERRORS as exc:
-                    if not outage.away(exc):
+                except STORE_ERRORS as exc:
+                    if not away(exc):
                         raise
                     return outage.unavailable(request, exc)  # no log-in unthrottled while the counters are away
                 if wait_s:

@@ -529,6 +529,44 @@ def document() -> dict:
                 },
             )
         },
+        "/api/placement/plan": {
+            "post": _operation(
+                "A placement plan for the live fleet (or a what-if of it) beside the current placement, each judged by "
+                "the simulator; the moves and their cost. Changes nothing.",
+                {
+                    "200": _json(
+                        _typed(
+                            generated_at="string",
+                            what_if="object",
+                            demands="array",
+                            current="object",
+                            proposed="object",
+                            moves="array",
+                            cost="object",
+                            solver="object",
+                            problems="array",
+                        ),
+                        "The plan; `evaluation` (simulated figures per model) unless `evaluate` was false.",
+                    ),
+                    "400": _error("A what-if is wrong, or no node serves yet: `field` names it."),
+                    **NOT_ALLOWED,
+                },
+                body=_obj(
+                    {
+                        "add": _obj(
+                            {
+                                "gpu": {"type": "string"},
+                                "count": {"type": "integer", "minimum": 1, "maximum": 256},
+                                "gpus": {"type": "integer", "enum": [1, 2, 4, 8]},
+                                "rack": {"type": "string"},
+                            }
+                        ),
+                        "lose_racks": _array({"type": "string"}),
+                        "evaluate": {"type": "boolean"},
+                    }
+                ),
+            )
+        },
         "/api/settings": {
             "get": _operation(
                 "The cluster's operating settings (admin).",

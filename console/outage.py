@@ -11,7 +11,7 @@ from django.db import close_old_connections
 from django.http import HttpResponse, JsonResponse
 from django.template import loader
 
-from recovery.stores import STORE_ERRORS, away, store_of
+from recovery.stores import away, store_of
 
 log = logging.getLogger(__name__)
 

@@ -84,6 +84,7 @@ MATRIX: dict[str, dict[str, dict]] = {
     "drain-action": {"GET": everyone(405), "POST": page(404)},
     "settings": {"GET": page(200, ()), "POST": page(400, ())},
     "degradation": {"GET": page(), "POST": page()},
+    "placement": {"GET": page(), "POST": page()},
     "audit": {"GET": page(200, (roles.ONCALL, roles.MANAGER)), "POST": page(200, (roles.ONCALL, roles.MANAGER))},
     "runbook": {"GET": page(404), "POST": page(404)},
     "slo": {"GET": page(200, (roles.MANAGER, roles.ONCALL, roles.OPERATOR))},
@@ -125,6 +126,7 @@ MATRIX: dict[str, dict[str, dict]] = {
     # The decision word is checked first: an unknown one is a 404 whatever the method.
     "api-drain-decide": {"GET": api(404), "POST": api(404)},
     "api-degradation": {"GET": api(), "POST": api(405)},
+    "api-placement-plan": {"GET": api(405), "POST": api()},
     "api-settings": {"GET": api(200, ()), "POST": api(405, ()), "PATCH": api(200, ())},
     "api-slo": {"GET": api(200, (roles.MANAGER, roles.ONCALL, roles.OPERATOR))},
     "api-slo-one": {

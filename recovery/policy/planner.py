@@ -387,11 +387,12 @@ def plan(
         problems.append(f"no plan found within the {time_limit_s:g} s time limit: the current placement stands")
 
     assignment = _assign(pools, counts, now)
+    measures = _measures(servers, demands, assignment, rps)
     result = Plan(
         assignment=assignment,
-        capacity_rps={},
-        after_rack_loss_rps={},
-        trusted_rps={},
+        capacity_rps=measures.capacity_rps,
+        after_rack_loss_rps=measures.after_rack_loss_rps,
+        trusted_rps=measures.trusted_rps,
         moves=_moves(servers, now, assignment),
         status=status_name,
         objective=objective_value,
@@ -401,7 +402,6 @@ def plan(
         limited_by=limited_by,
         problems=problems,
     )
-    _measure(result, servers, demands, rps)
     for d in demands:
         have = result.capacity_rps[d.model]
         if d.rate_rps > 0 and have < d.rate_rps * (1 - 1e-9) and not any(d.model in p for p in problems):
@@ -493,11 +493,39 @@ def _moves(
     return moves
 
 
-def _measure(result: Plan, servers: Sequence[Server], demands: Sequence[Demand], rps: Mapping) -> None:
-    """Fill the plan's capacities from its concrete assignment (not the solver's variables)."""
+@dataclass(frozen=True)
+class Measures:
+    """What a placement gives each model: capacity, capacity after the worst rack's loss, trusted capacity."""
+
+    capacity_rps: dict[str, float]
+    after_rack_loss_rps: dict[str, float]
+    trusted_rps: dict[str, float]
+
+
+def measure(
+    servers: Sequence[Server],
+    demands: Sequence[Demand],
+    assignment: Mapping[str, Iterable[Replica]],
+    capacity: Capacity = roofline_capacity,
+) -> Measures:
+    """The capacities of any placement (the current one, a heuristic's), counted as a plan's are."""
+    rps = {}
+    gpu_of = {s.name: s.gpu for s in servers}
+    for d in demands:
+        for name, replicas in assignment.items():
+            for r in replicas:
+                if r.model == d.model and (d.model, gpu_of[name], r.tp) not in rps:
+                    rps[(d.model, gpu_of[name], r.tp)] = capacity(d, gpu_of[name], r.tp)
+    return _measures(servers, demands, assignment, rps)
+
+
+def _measures(
+    servers: Sequence[Server], demands: Sequence[Demand], assignment: Mapping[str, Iterable[Replica]], rps: Mapping
+) -> Measures:
     by_name = {s.name: s for s in servers}
-    replicas = [(by_name[name], r) for name, rs in result.assignment.items() for r in rs]
+    replicas = [(by_name[name], r) for name, rs in assignment.items() for r in rs]
     racks = sorted({s.rack for s in servers})
+    result = Measures({}, {}, {})
     for d in demands:
         mine = [(s, rps.get((d.model, s.gpu, r.tp), 0.0)) for s, r in replicas if r.model == d.model]
         total = sum(c for _, c in mine)
@@ -506,6 +534,7 @@ def _measure(result: Plan, servers: Sequence[Server], demands: Sequence[Demand],
         result.after_rack_loss_rps[d.model] = total - lost if len(racks) > 1 else 0.0
         for restriction in d.restrictions:
             result.trusted_rps[trust_key(restriction, d)] = sum(c for s, c in mine if restriction.trusts(s))
+    return result
 
 
 def trust_key(restriction: Restriction, demand: Demand) -> str:

@@ -28,6 +28,7 @@ from workers import catalog
 
 LENGTH_SD_SHARE = 0.5  # a length's standard deviation, as a share of its mean (document 004 gives no figure)
 DEFAULT_DURATION_S = 60.0
+NOMINAL_RPS = 0.01
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,13 @@ def scenario_for(
         for (model, gpu, tp, rack), count in sorted(counts.items())
     )
     served = {g.model for g in groups}
-    workloads = tuple(SyntheticWorkload(d.model, Arrivals("poisson", d.rate_rps)) for d in demands if d.model in served)
+    # The requests are passed to the simulation whole (requests_for); the scenario's workloads only name the
+    # models, at a nominal rate where a model has none yet.
+    workloads = tuple(
+        SyntheticWorkload(d.model, Arrivals("poisson", max(d.rate_rps, NOMINAL_RPS)))
+        for d in demands
+        if d.model in served
+    ) or (SyntheticWorkload(groups[0].model, Arrivals("poisson", NOMINAL_RPS)),)
     return Scenario(duration_s, groups, workloads, policies=("none",))
 
 

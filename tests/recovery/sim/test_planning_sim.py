@@ -66,3 +66,13 @@ def test_the_planner_plans_with_a_simulated_capacity_table():
     assert result.capacity_rps["Llama-3-8B"] == pytest.approx(
         sum(table[("Llama-3-8B", "L40S", r.tp)] for rs in result.assignment.values() for r in rs)
     )
+
+
+def test_a_model_with_no_traffic_yet_is_evaluated_as_such():
+    demands = [Demand("Llama-3-8B", 0.0), Demand("Qwen3-32B", 2.0, 256, 32)]
+    assignment = {"h1": (Replica("Llama-3-8B", 4), Replica("Qwen3-32B", 4)), "a1": ()}
+    figures = planning.evaluate(SERVERS, assignment, demands, duration_s=10)
+    assert figures["Llama-3-8B"].requests == 0 and figures["Llama-3-8B"].attainment == 1.0
+    assert figures["Qwen3-32B"].requests > 0 and figures["Qwen3-32B"].attainment == 1.0
+    idle = planning.evaluate(SERVERS, assignment, [Demand("Llama-3-8B", 0.0)], duration_s=10)
+    assert idle["Llama-3-8B"].requests == 0

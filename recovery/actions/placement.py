@@ -1,0 +1,199 @@
+"""A placement plan for the live fleet (recovery.policy.planner), judged by the simulator beside the placement it
+would replace: what the Placement page and its API answer. Asking for a plan changes nothing.
+
+The fleet comes from the registry: nodes that share a `server` are one server (its GPUs are theirs together);
+a node with none is a server of its own GPUs. A model's workload is what the gateways reported over the last
+WINDOW_S (its arrival rate and mean prompt and output lengths, from RequestOutcome), or its throughput objective
+(ModelCapacity.required_rps) where that is higher, so that a plan covers both what is asked now and what was
+promised; its latency objectives are its ModelCapacity's. "What if" questions are answered on the same inputs:
+servers added (`add`), racks lost (`lose_racks`).
+"""
+
+import dataclasses
+from collections import defaultdict
+from datetime import timedelta
+
+from django.db.models import Avg, Count
+from django.utils import timezone
+
+from recovery.choices import NodeState
+from recovery.models import Cluster, ModelCapacity, Node, RequestOutcome
+from recovery.policy import planner
+from recovery.policy.planner import Demand, Replica, Server
+from recovery.sim import planning
+from workers import catalog
+
+WINDOW_S = 900
+MIN_MEASURED = 20  # fewer requests than this in the window: the lengths are the objective's, not measured
+PLAN_TIME_LIMIT_S = 3.0
+EVALUATION_S = 30.0  # simulated seconds of workload per placement judged
+MAX_EVALUATED_REQUESTS = 20_000  # beyond this, the evaluation's duration shrinks (the page stays interactive)
+MAX_ADDED_SERVERS = 256
+
+
+class PlacementError(ValueError):
+    """A what-if the planner cannot take: says which field and what is allowed."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
+def live_fleet() -> tuple[list[Server], dict[str, tuple[Replica, ...]]]:
+    """The registry's serving nodes (not left, not spares) as servers and the replicas they run now."""
+    nodes = Node.objects.exclude(state=NodeState.LEFT).filter(spare=False).select_related("rack").order_by("name")
+    gpus: dict[str, int] = defaultdict(int)
+    kind: dict[str, tuple[str, str]] = {}
+    current: dict[str, list[Replica]] = defaultdict(list)
+    for node in nodes:
+        server = node.server or node.name
+        gpus[server] += node.tp
+        kind.setdefault(server, (node.gpu_key, node.rack.name))
+        current[server].append(Replica(node.model_key, node.tp))
+    servers = [Server(name, kind[name][0], gpus[name], kind[name][1]) for name in sorted(gpus)]
+    return servers, {name: tuple(sorted(replicas)) for name, replicas in current.items()}
+
+
+def live_demands(models: set[str]) -> list[Demand]:
+    """Each model's workload: measured over the last WINDOW_S, or its objective where that asks more."""
+    since = timezone.now() - timedelta(seconds=WINDOW_S)
+    measured = {
+        row["model_key"]: row
+        for row in RequestOutcome.objects.filter(finished_at__gte=since, simulated=False)
+        .values("model_key")
+        .annotate(count=Count("id"), prompt=Avg("prompt_tokens"), output=Avg("completion_tokens"))
+    }
+    objectives = {row.model_key: row for row in ModelCapacity.objects.filter(cluster=Cluster.default())}
+    demands = []
+    for model in sorted(models | set(objectives)):
+        if model not in catalog.MODELS:
+            continue
+        objective = objectives.get(model) or ModelCapacity(model_key=model)
+        seen = measured.get(model)
+        rate = max(objective.required_rps, (seen["count"] / WINDOW_S) if seen else 0.0)
+        if seen and seen["count"] >= MIN_MEASURED:
+            prompt, output = max(1, round(seen["prompt"] or 1)), max(1, round(seen["output"] or 1))
+        else:
+            prompt, output = objective.avg_prompt_tokens, objective.avg_output_tokens
+        demands.append(Demand(model, round(rate, 3), prompt, output, objective.ttft_ms, objective.tpot_ms))
+    return demands
+
+
+def what_if(servers: list[Server], add: dict | None, lose_racks: list[str]) -> list[Server]:
+    """The fleet with `add` ({"gpu", "count", "gpus", "rack"}) servers more and `lose_racks` taken away."""
+    racks = {s.rack for s in servers}
+    for rack in lose_racks:
+        if rack not in racks:
+            raise PlacementError("lose_racks", f"there is no rack {rack!r}: the fleet's are {', '.join(sorted(racks))}")
+    fleet = [s for s in servers if s.rack not in lose_racks]
+    if add:
+        gpu, count, per_server, rack = add.get("gpu", ""), add.get("count"), add.get("gpus", 8), add.get("rack") or ""
+        if not isinstance(gpu, str) or gpu not in catalog.GPUS:
+            raise PlacementError("add.gpu", f"{gpu!r} is not a catalog GPU: one of {', '.join(catalog.GPUS)}")
+        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_ADDED_SERVERS:
+            raise PlacementError("add.count", f"{count!r}: add between 1 and {MAX_ADDED_SERVERS} servers")
+        if isinstance(per_server, bool) or per_server not in (1, 2, 4, 8):
+            raise PlacementError("add.gpus", f"{per_server!r}: a server has 1, 2, 4 or 8 GPUs")
+        if not isinstance(rack, str) or len(rack) > 63 or rack != rack.strip():
+            raise PlacementError("add.rack", f"{rack!r}: a rack name of at most 63 characters, no spaces around it")
+        rack = rack or "rack-new"
+        taken = {s.name for s in fleet}
+        names = (f"new-{gpu.lower()}-{i}" for i in range(1, count + len(taken) + 1))
+        fleet += [Server(name, gpu, per_server, rack) for name in [n for n in names if n not in taken][:count]]
+    if not fleet:
+        raise PlacementError("lose_racks", "no server would be left to plan for")
+    return fleet
+
+
+def overview() -> dict | None:
+    """The current placement and the workload, without a plan (None when no node serves)."""
+    servers, current = live_fleet()
+    if not servers:
+        return None
+    demands = live_demands({r.model for rs in current.values() for r in rs})
+    return {"demands": [dataclasses.asdict(d) for d in demands], "current": _side(servers, current, demands)}
+
+
+def propose(add: dict | None = None, lose_racks: list[str] | None = None, evaluate: bool = True) -> dict:
+    """The planner's placement for the live fleet (or the what-if one) against the current one, as JSON."""
+    servers, current = live_fleet()
+    if not servers:
+        raise PlacementError("fleet", "the registry has no serving node yet: start some nodes, then ask again")
+    models = {r.model for rs in current.values() for r in rs}
+    demands = live_demands(models)
+    fleet = what_if(servers, add, lose_racks or [])
+    names = {s.name for s in fleet}
+    kept = {name: replicas for name, replicas in current.items() if name in names}
+    plan = planner.plan(fleet, demands, current=kept, time_limit_s=PLAN_TIME_LIMIT_S)
+    result = {
+        "generated_at": timezone.now().isoformat(),
+        "what_if": {"add": add or None, "lose_racks": lose_racks or []},
+        "demands": [dataclasses.asdict(d) for d in demands],
+        "current": _side(servers, current, demands),
+        "proposed": _side(fleet, plan.assignment, demands),
+        "moves": [
+            {
+                "server": m.server,
+                "stop": [dataclasses.asdict(r) for r in m.stop],
+                "start": [dataclasses.asdict(r) for r in m.start],
+            }
+            for m in plan.moves
+        ],
+        "cost": _cost(plan),
+        "solver": {
+            "status": plan.status,
+            "limited_by": plan.limited_by,
+            "solve_s": round(plan.solve_s, 3),
+            "gap": None if plan.status == "UNCHANGED" else plan.gap,
+            "time_limit_s": PLAN_TIME_LIMIT_S,
+        },
+        "problems": plan.problems,
+    }
+    if evaluate:
+        duration = _evaluation_s(demands)
+        result["evaluation"] = {
+            "simulated_s": duration,
+            "current": _figures(servers, current, demands, duration),
+            "proposed": _figures(fleet, plan.assignment, demands, duration),
+        }
+    return result
+
+
+def _side(servers, assignment, demands) -> dict:
+    """One placement as the page shows it: the matrix (model × GPU type and TP: replicas, GPUs) and capacities."""
+    table = planner.allocation_of(assignment, servers)
+    measures = planner.measure(servers, demands, assignment)
+    return {
+        "servers": len(servers),
+        "gpus": sum(s.gpus for s in servers),
+        "racks": sorted({s.rack for s in servers}),
+        "matrix": {
+            model: {
+                f"{gpu} TP{tp}": {"replicas": count, "gpus": count * tp} for (gpu, tp), count in sorted(cells.items())
+            }
+            for model, cells in sorted(table.items())
+        },
+        "capacity_rps": measures.capacity_rps,
+        "after_rack_loss_rps": measures.after_rack_loss_rps,
+    }
+
+
+def _cost(plan: planner.Plan) -> dict:
+    started = [r for m in plan.moves for r in m.start]
+    loads = [catalog.load_time_s(catalog.model(r.model)) for r in started]
+    return {
+        "servers_changed": len(plan.moves),
+        "replicas_stopped": sum(len(m.stop) for m in plan.moves),
+        "replicas_started": len(started),
+        "gpu_minutes_loading": round(sum(load * r.tp for load, r in zip(loads, started)) / 60, 2),
+        "capacity_back_s": round(max(loads, default=0.0), 1),  # the servers load side by side: the slowest one
+    }
+
+
+def _evaluation_s(demands: list[Demand]) -> float:
+    rate = sum(d.rate_rps for d in demands)
+    return EVALUATION_S if rate * EVALUATION_S <= MAX_EVALUATED_REQUESTS else max(5.0, MAX_EVALUATED_REQUESTS / rate)
+
+
+def _figures(servers, assignment, demands, duration_s: float) -> dict:
+    return {m: f.to_json() for m, f in planning.evaluate(servers, assignment, demands, duration_s).items()}
