@@ -951,6 +951,17 @@ def node_document() -> dict:
                 "Reload the model (draft first).", {"type": "object"}, body=_obj({"cold": {"type": "boolean"}})
             )
         },
+        "/agent/model": {
+            "post": _control(
+                "Serve another model: the drained node starts again with it on the same GPUs, loading it cold.",
+                _obj({"switching": {"type": "boolean"}, "from": {"type": "string"}, "model": {"type": "string"}}),
+                body=_obj({"model": {"type": "string"}}, ["model"]),
+                more={
+                    **conflict,
+                    "202": _json({"type": "object"}, "The switch has begun: the node leaves and starts again."),
+                },
+            )
+        },
         "/agent/reset": {"post": _control("Reset the GPUs.", {"type": "object"})},
         "/agent/config": {
             "get": _control("The batch limit.", {"type": "object"}),

@@ -430,6 +430,35 @@ async def reload(request: web.Request, runtime: NodeRuntime) -> web.Response:
 
 
 @agent_control
+async def switch_model(request: web.Request, runtime: NodeRuntime) -> web.Response:
+    """Serve another model (a placement plan's move): the node, drained first, leaves the control plane and starts
+    again as the same node with `model` on the same GPUs, loading it cold (its draft first where it has one), as a
+    `vllm serve` restarted with another model would. 202 once it is on its way; 409 while requests are in flight."""
+    body = await _body(request)
+    engine = runtime.engine
+    model = body.get("model")
+    if not isinstance(model, str) or model not in catalog.MODELS or catalog.MODELS[model].is_draft:
+        served = ", ".join(k for k, m in catalog.MODELS.items() if not m.is_draft)
+        return error(400, f"model: {model!r} is not a catalog model this node can serve: one of {served}", "model")
+    if model == engine.model.key:
+        return error(409, f"the node already serves {model}", "model")
+    try:
+        catalog.Deployment.of(model, engine.deployment.gpu.key, engine.deployment.tp)
+    except catalog.CatalogError as exc:
+        return error(400, f"model: {exc}", "model")
+    status = engine.status()
+    busy = (status.running or 0) + (status.waiting or 0) + len(runtime.parked)
+    if busy:
+        return error(409, f"{busy} requests are in flight here: drain the node first (they migrate), then switch")
+    if runtime.request_stop is None:
+        return error(503, "the node is not serving yet")
+    log.warning("%s: switching from %s to %s", runtime.identity.name, engine.model.key, model)
+    runtime.switch_to = model
+    runtime.request_stop()
+    return web.json_response({"switching": True, "from": engine.model.key, "model": model}, status=202)
+
+
+@agent_control
 async def reset(request: web.Request, runtime: NodeRuntime) -> web.Response:
     """Reset the GPUs (remediation, so the agent token, with or without fault injection).
 
@@ -546,6 +575,7 @@ ROUTES = (
     ("DELETE", "/agent/assist", assist_stop, "assist"),
     ("POST", "/agent/draft", draft, "draft"),
     ("POST", "/agent/reload", reload, "reload"),
+    ("POST", "/agent/model", switch_model, "reload"),
     ("POST", "/agent/reset", reset, "reset"),
     ("GET", "/agent/config", config_get, "config"),
     ("POST", "/agent/config", config_set, "config"),

@@ -263,7 +263,8 @@ def build_runtime(args: argparse.Namespace) -> tuple[NodeRuntime, DcgmCollector]
     return runtime, DcgmCollector(runtime.telemetry, identity.host, identity.name)
 
 
-async def serve(args: argparse.Namespace) -> None:
+async def serve(args: argparse.Namespace) -> str | None:
+    """Serve until stopped; the model to serve next when the stop was a switch of model (POST /agent/model)."""
     runtime, collector = build_runtime(args)
     engine, identity, telemetry, loop_lag = runtime.engine, runtime.identity, runtime.telemetry, runtime.loop_lag
     app = build_app(runtime, collector)
@@ -337,6 +338,7 @@ async def serve(args: argparse.Namespace) -> None:
         identity.session = uuid.uuid4().hex
 
     stop = asyncio.Event()
+    runtime.request_stop = stop.set
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
@@ -374,13 +376,14 @@ async def serve(args: argparse.Namespace) -> None:
     log.info("%s stopping", args.name)
     link_task.cancel()
     if link is not None and not refused:
-        await link.leave("node stopped (signal)")
+        await link.leave(f"switching model to {runtime.switch_to}" if runtime.switch_to else "node stopped (signal)")
     await engine.stop()
     await runtime.streamer.close()
     telemetry.close()
     await runner.cleanup()
     if refused:
         raise refused[0]
+    return runtime.switch_to
 
 
 async def _check_engine(engine: AdapterEngine, wait_s: float) -> None:
@@ -419,13 +422,32 @@ def main(argv=None) -> None:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
     try:
-        asyncio.run(serve(args))
+        switch_to = asyncio.run(serve(args))
     except catalog.CatalogError as exc:
         sys.stderr.write(f"workers.node: {exc}\n")
         sys.exit(2)
     except EngineMismatch as exc:
         sys.stderr.write(f"workers.node: {exc}\n")
         sys.exit(3)
+    if switch_to:
+        # The same process (its supervisor's pid, its name) starts again on the new model, loading it cold.
+        argv = switched_argv(sys.argv[1:] if argv is None else list(argv), switch_to)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(sys.executable, [sys.executable, "-m", "workers.node", *argv])
+
+
+def switched_argv(argv: list[str], model: str) -> list[str]:
+    """`argv` with --model and --start replaced: `model`, loaded cold."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in ("--model", "--start"):
+            skip = True
+        elif not arg.startswith(("--model=", "--start=")):
+            kept.append(arg)
+    return [*kept, "--model", model, "--start", "cold"]
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import os
 import statistics
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from workers import protocol
@@ -89,6 +90,9 @@ class NodeRuntime:
     parked: dict = field(default_factory=dict)  # request id -> workers.agent.Parked
     streaming: set = field(default_factory=set)  # request ids whose stream is being written now
     loop_lag: LoopLag = field(default_factory=LoopLag)
+    # Set by workers.node once it serves: stops the node; with switch_to set, it starts again serving that model.
+    request_stop: Callable[[], None] | None = None
+    switch_to: str | None = None
     busy_mark: tuple[float, float] = field(default_factory=lambda: (time.monotonic(), 0.0))
     busy_fraction: float = 0.0
 

@@ -23,8 +23,10 @@ roofline capacity model of document 003 by default (recovery.policy.capacity.nod
 by the simulator (recovery.sim.planning.simulated_capacities). The solver's objective, in order of weight: the
 least share of its demand any model has capacity for (when the fleet cannot carry all of it, no model is given up
 so that the others are served more), demand within capacity (SLO attainment), demand within capacity after the
-worst rack's loss, the trusted providers' share, the least capacity-to-demand ratio among models (spare capacity
-where the tightest model needs it, which is what keeps its queueing latency down), then fewer moves.
+worst rack's loss, the trusted providers' share; then headroom, capacity over demand up to HEADROOM (2×), the
+least of it among models first (spare capacity where the tightest model needs it, which is what keeps queueing
+latency down; GPUs beyond that stay free as spares); then fewer moves. The solver first reaches the objectives,
+then all of it from that plan.
 
 Nothing here imports Django: the control plane, the console and the simulator call the same function.
 """
@@ -42,18 +44,25 @@ from recovery.policy.capacity import Slo, node_capacity
 from workers import catalog
 
 PER_MILLE = 1000
-MAX_RATIO = 20 * PER_MILLE  # ratios above 20× demand count as 20×: no credit for idling a whole fleet on one model
+MAX_RATIO = 20 * PER_MILLE  # the most capacity over demand the solver counts
+# Headroom counts up to this (2×: room for a burst of twice the rate, or for a rack's loss and then some); GPUs a
+# plan does not need to get every model there stay free, as spares, rather than padding a model that has enough.
+HEADROOM = 2 * PER_MILLE
 DEFAULT_TIME_LIMIT_S = 5.0
 # The objective's weights: each term outweighs everything below it (the terms below it are bounded in practice).
 W_SERVED, W_RACK, W_TRUSTED, W_BALANCE = 100_000, 10_000, 10_000, 10
 # The solver's deterministic work units per second of wall clock, measured on this machine's quiet cores (2 cores,
 # one worker): a solve that stops on work stops at the same point on any machine, loaded or not.
 WORK_PER_SECOND = 0.4
-# A move's cost against the balance term: 1 for planning at leisure (a move for 0.1 % more headroom on the tightest
-# model), REPLAN_MOVE_WEIGHT for re-planning during an incident, where a move must buy 10 % of that headroom: bring
-# every model back within its objectives, otherwise leave nodes where they are.
+# A replica started or stopped, against the headroom term (W_BALANCE per per mille of a model's headroom, and as
+# much again times the number of models for the least one's): at leisure a move must buy 1 % of one model's
+# headroom; re-planning during an incident (REPLAN_MOVE_WEIGHT), 10 %: bring every model back within its
+# objectives, otherwise leave nodes where they are.
+MOVE_WEIGHT = 100
 REPLAN_MOVE_WEIGHT = 1000
-GAP_LIMIT = W_BALANCE  # a plan proven within one per mille of the least capacity ratio of the best is good enough
+# A plan proven within one per mille of one model's headroom of the best, and within one move, is good enough.
+GAP_LIMIT = W_BALANCE
+FIRST_SHARE = 0.6  # of the limits, for the first solve (the objectives)
 EXACT_POOLS = 150  # up to this many (GPU type, size, provider, region, rack) groups, the solver sees racks exactly
 
 
@@ -146,21 +155,22 @@ class Plan:
     after_rack_loss_rps: dict[str, float]  # per model: its capacity after the worst rack for it is lost
     trusted_rps: dict[str, float]  # per "tenant on model": capacity on the servers it trusts
     moves: list[Move]
-    status: str  # OPTIMAL (proven within GAP_LIMIT), FEASIBLE (a limit came first: see gap), UNCHANGED (none found)
+    status: str  # OPTIMAL (proven within the gap limit), FEASIBLE (a limit came first: see gap), UNCHANGED (none)
     objective: float
     bound: float
     solve_s: float  # the whole call: building the model, solving to the limit or a proof, assigning
     found_s: float  # from the call's start to the plan's solution (the rest of solve_s went to proving it)
     limited_by: str  # "" (proven optimal), "work" (reproducible) or "time" (the wall clock: may differ when rerun)
+    first_gap: float  # the objectives' own gap (the first of the two solves), relative to their bound
     problems: list[str] = field(default_factory=list)
 
     @property
     def gap(self) -> float:
         """The optimality gap: how far the objective may be from the best possible one, relative to that bound
-        (OPTIMAL: within GAP_LIMIT of it, proven)."""
+        (OPTIMAL: within GAP_LIMIT, and within one move, of it, proven)."""
         if self.status == "UNCHANGED":
             return math.nan
-        return abs(self.bound - self.objective) / max(abs(self.bound), 1e-9)
+        return max(self.first_gap, abs(self.bound - self.objective) / max(abs(self.bound), 1e-9))
 
     @property
     def replicas_started(self) -> int:
@@ -249,7 +259,7 @@ def plan(
     time_limit_s: float = DEFAULT_TIME_LIMIT_S,
     seed: int = 0,
     workers: int = 1,
-    move_weight: int = 1,
+    move_weight: int = MOVE_WEIGHT,
     rack_spread: bool = True,
     work_limit: float | None = None,
 ) -> Plan:
@@ -314,7 +324,8 @@ def plan(
 
     objective: list[cp_model.LinearExprT] = []
     served: dict[str, cp_model.IntVar] = {}
-    balance = model.new_int_var(0, MAX_RATIO, "balance")
+    headroom_terms: list[cp_model.IntVar] = []
+    balance = model.new_int_var(0, HEADROOM, "balance")  # the least headroom among models
     fair = model.new_int_var(0, PER_MILLE, "fair")  # the least share of its demand any model gets capacity for
     for d in demands:
         demand_m = max(1, round(d.rate_rps * PER_MILLE))
@@ -327,6 +338,9 @@ def plan(
         if d.rate_rps > 0:
             model.add(fair <= served[d.model])
             model.add(balance <= ratio)
+            headroom = model.new_int_var(0, HEADROOM, f"headroom_{d.model}")
+            model.add(headroom <= ratio)
+            headroom_terms.append(headroom)
         if rack_spread and len(racks) > 1 and d.rate_rps > 0:
             survives = model.new_int_var(0, PER_MILLE, f"rack_{d.model}")
             for shares in rack_shares:
@@ -351,37 +365,59 @@ def plan(
             model.add(trusted * max(1, round(restriction.rps * PER_MILLE)) <= inside * PER_MILLE)
             objective.append(W_TRUSTED * trusted)
     objective.append(W_SERVED * len(demands) * fair)  # no model starved so that others are served more
-    objective.append(W_BALANCE * balance)
-    # Moves: replicas started in a pool beyond what it runs now, each a drain elsewhere and a cold load here.
+    major: cp_model.LinearExprT = sum(objective)  # the objectives themselves; what follows only chooses among plans that meet them alike
+    objective.append(W_BALANCE * (len(demands) * balance + sum(headroom_terms)))
+    # Moves, from a placement: replicas started in a pool beyond what it runs now (each a cold load) and replicas
+    # stopped (each a drain). A plan from nothing counts none: everything in it starts.
     moves = []
     for key, var in n.items():
         running = current_counts[key]
-        added = model.new_int_var(0, most[key], f"add_{key[0]}_{key[1]}_{key[2]}")
-        model.add(added >= var - running)
-        moves.append(added)
         model.add_hint(var, running)
-    objective.append(-move_weight * sum(moves))
-    model.maximize(sum(objective))
+        if running or any(now.values()):
+            added = model.new_int_var(0, most[key], f"add_{key[0]}_{key[1]}_{key[2]}")
+            model.add(added >= var - running)
+            removed = model.new_int_var(0, running, f"remove_{key[0]}_{key[1]}_{key[2]}")
+            model.add(removed >= running - var)
+            moves += [added, removed]
+    moved = move_weight * sum(moves)
+    objective.append(-moved)
 
-    solver = cp_model.CpSolver()
-    solver.parameters.random_seed = seed
-    solver.parameters.num_workers = workers
-    # Two limits: the solver's own work units (deterministic: the same inputs stop at the same point, so the plan
-    # is reproducible) and the wall clock (a busy machine still answers in time, possibly with another plan).
-    solver.parameters.max_deterministic_time = time_limit_s * WORK_PER_SECOND if work_limit is None else work_limit
-    solver.parameters.max_time_in_seconds = time_limit_s
-    solver.parameters.absolute_gap_limit = GAP_LIMIT
+    # Two solves: the objectives first (demand served, fairly, surviving a rack, trusted), then all of it (the
+    # balance and the moves too) from that plan. One solve of all of it spent its time on the balance and could
+    # end with a model left in one rack; the weights keep the second from trading an objective for balance.
     found = _Found()
-    status = solver.solve(model, found)
+    work = time_limit_s * WORK_PER_SECOND if work_limit is None else work_limit
+    deadline = time.perf_counter() + time_limit_s
+    # From a placement, the moves count from the start: of the plans that meet the objectives alike, the nearest.
+    from_placement = any(now.values())
+    model.maximize(sum([major, -moved]) if from_placement else major)
+    gap_limit = min(GAP_LIMIT, move_weight) if from_placement else GAP_LIMIT  # within one move of the best
+    first, solver = _solve(model, found, seed, workers, work * FIRST_SHARE, time_limit_s * FIRST_SHARE, gap_limit)
+    first_gap = 0.0
     limited_by = ""
-    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+    status = first
+    if first in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        first_gap = abs(solver.best_objective_bound - solver.objective_value) / max(abs(solver.best_objective_bound), 1)
+        if first == cp_model.FEASIBLE:
+            limited_by = "time" if solver.wall_time >= time_limit_s * FIRST_SHARE * 0.98 else "work"
+        model.clear_hints()
+        for var in n.values():
+            model.add_hint(var, solver.value(var))
         counts = {key: solver.value(var) for key, var in n.items()}
-        status_name = "OPTIMAL" if status == cp_model.OPTIMAL else "FEASIBLE"
         objective_value, bound = solver.objective_value, solver.best_objective_bound
-        if status == cp_model.FEASIBLE:
-            limited_by = "time" if solver.wall_time >= time_limit_s * 0.98 else "work"
+        model.maximize(sum(objective))
+        left_s = max(deadline - time.perf_counter(), 0.01)
+        second, solver = _solve(model, found, seed, workers, work * (1 - FIRST_SHARE), left_s, gap_limit)
+        if second in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            status = second if first == cp_model.OPTIMAL else cp_model.FEASIBLE
+            counts = {key: solver.value(var) for key, var in n.items()}
+            objective_value, bound = solver.objective_value, solver.best_objective_bound
+            if second == cp_model.FEASIBLE and not limited_by:
+                limited_by = "time" if solver.wall_time >= left_s * 0.98 else "work"
+        status_name = "OPTIMAL" if status == cp_model.OPTIMAL else "FEASIBLE"
     else:  # no solution within the limit: the current placement stands
         counts = dict(current_counts)
+        first_gap = math.nan
         status_name, objective_value, bound = "UNCHANGED", math.nan, math.nan
         limited_by = "time"
         problems.append(f"no plan found within the {time_limit_s:g} s time limit: the current placement stands")
@@ -399,6 +435,7 @@ def plan(
         bound=bound,
         solve_s=time.perf_counter() - started,
         found_s=(found.at - started) if found.at else math.nan,
+        first_gap=first_gap,
         limited_by=limited_by,
         problems=problems,
     )
@@ -421,6 +458,18 @@ def plan(
 
 def _pool_trusted(restriction: Restriction, pool: _Pool) -> bool:
     return restriction.trusts(pool.servers[0])  # a pool's servers share provider and region
+
+
+def _solve(model, found, seed: int, workers: int, work: float, wall_s: float, gap_limit: float):
+    solver = cp_model.CpSolver()
+    solver.parameters.random_seed = seed
+    solver.parameters.num_workers = workers
+    # Two limits: the solver's own work units (deterministic: the same inputs stop at the same point, so the plan
+    # is reproducible) and the wall clock (a busy machine still answers in time, possibly with another plan).
+    solver.parameters.max_deterministic_time = work
+    solver.parameters.max_time_in_seconds = wall_s
+    solver.parameters.absolute_gap_limit = gap_limit
+    return solver.solve(model, found), solver
 
 
 class _Found(cp_model.CpSolverSolutionCallback):

@@ -105,7 +105,7 @@ def test_a_plan_is_reproducible_and_replanning_it_moves_nothing():
     servers = [Server(f"s{i}", gpu, 8, f"rack-{i % 3}") for i, gpu in enumerate(("H100-SXM", "A100-80GB", "L40S") * 3)]
     demands = [Demand("Llama-3-8B", 60), Demand("Qwen3-32B", 20), Demand("Llama-3-70B", 8)]
     first = planner.plan(servers, demands)
-    assert first.status == "OPTIMAL" and first.gap == 0 and first.problems == []
+    assert first.status == "OPTIMAL" and first.gap <= planner.GAP_LIMIT / abs(first.bound) and first.problems == []
     assert planner.plan(servers, demands).assignment == first.assignment
     again = planner.plan(servers, demands, current=first.assignment)
     assert again.moves == [] and again.assignment == first.assignment
