@@ -88,8 +88,10 @@ def test_shedding_best_effort_burns_its_budget_and_pages(browser, ops_stack):  #
         "the shed requests rolled up and the alert firing",
     )
     burned = availability(after)
-    assert (burned["good"], burned["valid"]) == (served, served + SHED)
-    assert burned["budget_remaining"] == pytest.approx(1 - SHED / ((served + SHED) * 0.01))
+    # Every shed request is a bad one, and nothing else is; a request of the stack's own (above) that finished after
+    # `before` was read is counted good beside them (seen once on a loaded machine: 31 good of 181).
+    assert burned["valid"] - burned["good"] == SHED and burned["good"] >= served, (burned, served)
+    assert burned["budget_remaining"] == pytest.approx(1 - SHED / (burned["valid"] * 0.01))
     assert burned["budget_remaining"] < before["budget_remaining"]
     assert burned["alert"] == "page", burned  # above the guard: enough requests for a page
     assert "page: 14.4× over 1h and 5m" in burned["alert_firing"]
