@@ -19,7 +19,7 @@ def _rows(result: dict) -> list[dict]:
     rows = []
     for demand in result["demands"]:
         model = demand["model"]
-        row = {"model": model, "demand": demand}
+        row = {"model": model, "demand": demand, "source": result.get("sources", {}).get(model, "")}
         for side in ("current", "proposed"):
             if side not in result:
                 continue

@@ -56,13 +56,7 @@ def live_fleet() -> tuple[list[Server], dict[str, tuple[Replica, ...]]]:
 
 def live_demands(models: set[str]) -> list[Demand]:
     """Each model's workload: measured over the last WINDOW_S, or its objective where that asks more."""
-    since = timezone.now() - timedelta(seconds=WINDOW_S)
-    measured = {
-        row["model_key"]: row
-        for row in RequestOutcome.objects.filter(finished_at__gte=since, simulated=False)
-        .values("model_key")
-        .annotate(count=Count("id"), prompt=Avg("prompt_tokens"), output=Avg("completion_tokens"))
-    }
+    measured = _measured()
     objectives = {row.model_key: row for row in ModelCapacity.objects.filter(cluster=Cluster.default())}
     demands = []
     for model in sorted(models | set(objectives)):
@@ -77,6 +71,30 @@ def live_demands(models: set[str]) -> list[Demand]:
             prompt, output = objective.avg_prompt_tokens, objective.avg_output_tokens
         demands.append(Demand(model, round(rate, 3), prompt, output, objective.ttft_ms, objective.tpot_ms))
     return demands
+
+
+def _measured() -> dict[str, dict]:
+    """Per model, the requests the gateways reported over the last WINDOW_S: count, mean prompt and output."""
+    since = timezone.now() - timedelta(seconds=WINDOW_S)
+    return {
+        row["model_key"]: row
+        for row in RequestOutcome.objects.filter(finished_at__gte=since, simulated=False)
+        .values("model_key")
+        .annotate(count=Count("id"), prompt=Avg("prompt_tokens"), output=Avg("completion_tokens"))
+    }
+
+
+def _sources(demands: list[Demand]) -> dict[str, str]:
+    """Where each model's lengths come from, in words for the page."""
+    measured = _measured()
+    return {
+        d.model: (
+            f"lengths measured over the last {WINDOW_S // 60} min ({measured[d.model]['count']} requests)"
+            if d.model in measured and measured[d.model]["count"] >= MIN_MEASURED
+            else "lengths from the model's objective (too few requests measured)"
+        )
+        for d in demands
+    }
 
 
 def what_if(servers: list[Server], add: dict | None, lose_racks: list[str]) -> list[Server]:
@@ -111,7 +129,11 @@ def overview() -> dict | None:
     if not servers:
         return None
     demands = live_demands({r.model for rs in current.values() for r in rs})
-    return {"demands": [dataclasses.asdict(d) for d in demands], "current": _side(servers, current, demands)}
+    return {
+        "demands": [dataclasses.asdict(d) for d in demands],
+        "sources": _sources(demands),
+        "current": _side(servers, current, demands),
+    }
 
 
 def propose(add: dict | None = None, lose_racks: list[str] | None = None, evaluate: bool = True) -> dict:
@@ -129,6 +151,7 @@ def propose(add: dict | None = None, lose_racks: list[str] | None = None, evalua
         "generated_at": timezone.now().isoformat(),
         "what_if": {"add": add or None, "lose_racks": lose_racks or []},
         "demands": [dataclasses.asdict(d) for d in demands],
+        "sources": _sources(demands),
         "current": _side(servers, current, demands),
         "proposed": _side(fleet, plan.assignment, demands),
         "moves": [

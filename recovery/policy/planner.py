@@ -365,7 +365,8 @@ def plan(
             model.add(trusted * max(1, round(restriction.rps * PER_MILLE)) <= inside * PER_MILLE)
             objective.append(W_TRUSTED * trusted)
     objective.append(W_SERVED * len(demands) * fair)  # no model starved so that others are served more
-    major: cp_model.LinearExprT = sum(objective)  # the objectives themselves; what follows only chooses among plans that meet them alike
+    # The objectives themselves; what follows only chooses among plans that meet them alike.
+    major: cp_model.LinearExprT = sum(objective)
     objective.append(W_BALANCE * (len(demands) * balance + sum(headroom_terms)))
     # Moves, from a placement: replicas started in a pool beyond what it runs now (each a cold load) and replicas
     # stopped (each a drain). A plan from nothing counts none: everything in it starts.
