@@ -18,7 +18,7 @@ JUSTIFIED_CHECKS = {
     "B311": "random drives the simulator, the traffic generator and retry jitter, never a secret (secrets does)",
     "B404": "subprocess starts our own processes (the demo stack, benchmarks) with fixed argument lists",
     "B603": "subprocess starts our own processes with fixed argument lists, no shell, no user input",
-    "B606": "os.exec* of our own server with fixed arguments (manage.py serve)",
+    "B606": "os.exec* of our own server with fixed arguments (manage.py serve; a node switching model)",
 }
 # Findings justified where they are: (check, file) -> why.
 JUSTIFIED_FINDINGS = {

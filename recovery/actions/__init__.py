@@ -39,4 +39,5 @@ ORDER = (
     "streams",
     "history",
     "experiments",
+    "placement",
 )
