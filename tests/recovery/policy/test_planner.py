@@ -71,7 +71,7 @@ def fleets(draw):
         Server(
             f"s{i}",
             draw(st.sampled_from(GPUS)),
-            draw(st.sampled_from((1, 2, 4, 8))),
+            draw(st.sampled_from((1, 2, 3, 4, 6, 8))),  # the live fleet: a server is the nodes that share it
             f"rack-{draw(st.integers(1, 3))}",
             draw(st.sampled_from(("alpha", "beta"))),
         )
