@@ -5,7 +5,7 @@ the engine multiplies them by its time scale.
 """
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 GB = 1e9
 GIB = 1024**3
@@ -90,6 +90,19 @@ GPUS: dict[str, Gpu] = {
     )
 }
 
+_LLAMA_3_70B = Model(
+    "Llama-3-70B",
+    "meta-llama/Meta-Llama-3-70B-Instruct",
+    70.6,
+    80,
+    8,
+    128,
+    64,
+    draft="Llama-3.2-1B",
+    draft_agreement=0.65,
+    context_tokens=8192,
+)
+
 MODELS: dict[str, Model] = {
     m.key: m
     for m in (
@@ -105,33 +118,12 @@ MODELS: dict[str, Model] = {
             draft_agreement=0.7,
             context_tokens=8192,
         ),
-        Model(
-            "Llama-3-70B",
-            "meta-llama/Meta-Llama-3-70B-Instruct",
-            70.6,
-            80,
-            8,
-            128,
-            64,
-            draft="Llama-3.2-1B",
-            draft_agreement=0.65,
-            context_tokens=8192,
-        ),
+        _LLAMA_3_70B,
         # Document 004's placement experiment (its Table 1): Llama 2 13B has no grouped-query attention.
         Model("Llama-2-13B", "meta-llama/Llama-2-13b-chat-hf", 13.0, 40, 40, 128, 40, context_tokens=4096),
         Model("CodeLlama-34B", "codellama/CodeLlama-34b-Instruct-hf", 33.7, 48, 8, 128, 64, context_tokens=16384),
-        Model(
-            "Llama-3.3-70B",
-            "meta-llama/Llama-3.3-70B-Instruct",
-            70.6,
-            80,
-            8,
-            128,
-            64,
-            draft="Llama-3.2-1B",
-            draft_agreement=0.65,
-            context_tokens=131072,
-        ),
+        # Llama 3.3 is Llama 3's 70B architecture with a 128k context.
+        replace(_LLAMA_3_70B, key="Llama-3.3-70B", name="meta-llama/Llama-3.3-70B-Instruct", context_tokens=131072),
         Model(
             "Qwen3-14B",
             "Qwen/Qwen3-14B",

@@ -52,7 +52,6 @@ def _what_if(post) -> tuple[dict | None, list[str]]:
 @never_cache
 @page_view()
 def placement_page(request):
-    servers, _ = placement.live_fleet()
     result, error, status = None, None, 200
     if request.method == "POST":
         try:
@@ -68,7 +67,7 @@ def placement_page(request):
         "error": error,
         "proposed": bool(result and "proposed" in result),
         "gpus": list(catalog.GPUS),
-        "racks": sorted({s.rack for s in servers}),
+        "racks": result["current"]["racks"] if result else [],
         "post": request.POST if request.method == "POST" else {},
     }
     return render(request, "console/placement.html", context, status=status)

@@ -54,9 +54,9 @@ def live_fleet() -> tuple[list[Server], dict[str, tuple[Replica, ...]]]:
     return servers, {name: tuple(sorted(replicas)) for name, replicas in current.items()}
 
 
-def live_demands(models: set[str]) -> list[Demand]:
+def live_demands(models: set[str], measured: dict[str, dict] | None = None) -> list[Demand]:
     """Each model's workload: measured over the last WINDOW_S, or its objective where that asks more."""
-    measured = _measured()
+    measured = _measured() if measured is None else measured
     objectives = {row.model_key: row for row in ModelCapacity.objects.filter(cluster=Cluster.default())}
     demands = []
     for model in sorted(models | set(objectives)):
@@ -84,9 +84,8 @@ def _measured() -> dict[str, dict]:
     }
 
 
-def _sources(demands: list[Demand]) -> dict[str, str]:
+def _sources(demands: list[Demand], measured: dict[str, dict]) -> dict[str, str]:
     """Where each model's lengths come from, in words for the page."""
-    measured = _measured()
     return {
         d.model: (
             f"lengths measured over the last {WINDOW_S // 60} min ({measured[d.model]['count']} requests)"
@@ -128,10 +127,11 @@ def overview() -> dict | None:
     servers, current = live_fleet()
     if not servers:
         return None
-    demands = live_demands({r.model for rs in current.values() for r in rs})
+    measured = _measured()
+    demands = live_demands({r.model for rs in current.values() for r in rs}, measured)
     return {
         "demands": [dataclasses.asdict(d) for d in demands],
-        "sources": _sources(demands),
+        "sources": _sources(demands, measured),
         "current": _side(servers, current, demands),
     }
 
@@ -142,7 +142,8 @@ def propose(add: dict | None = None, lose_racks: list[str] | None = None, evalua
     if not servers:
         raise PlacementError("fleet", "the registry has no serving node yet: start some nodes, then ask again")
     models = {r.model for rs in current.values() for r in rs}
-    demands = live_demands(models)
+    measured = _measured()
+    demands = live_demands(models, measured)
     fleet = what_if(servers, add, lose_racks or [])
     names = {s.name for s in fleet}
     kept = {name: replicas for name, replicas in current.items() if name in names}
@@ -151,7 +152,7 @@ def propose(add: dict | None = None, lose_racks: list[str] | None = None, evalua
         "generated_at": timezone.now().isoformat(),
         "what_if": {"add": add or None, "lose_racks": lose_racks or []},
         "demands": [dataclasses.asdict(d) for d in demands],
-        "sources": _sources(demands),
+        "sources": _sources(demands, measured),
         "current": _side(servers, current, demands),
         "proposed": _side(fleet, plan.assignment, demands),
         "moves": [

@@ -303,10 +303,11 @@ def plan(
                 if cap.get((d.model, p.gpu, tp), 0) > 0 or current_counts[(d.model, tp, i)]:
                     most[(d.model, tp, i)] = len(p.servers) * (p.gpus // tp)
                     n[(d.model, tp, i)] = model.new_int_var(0, most[(d.model, tp, i)], f"n_{d.model}_{tp}_{i}")
-    used = {}  # (model, tp, pool) -> whether the pool runs any such replica
+    used = {}  # (model, tp, pool spanning racks) -> whether the pool runs any such replica (the rack bound's +1)
     for key, var in n.items():
-        used[key] = model.new_bool_var(f"used_{key[0]}_{key[1]}_{key[2]}")
-        model.add(var <= most[key] * used[key])
+        if not pools[key[2]].rack:
+            used[key] = model.new_bool_var(f"used_{key[0]}_{key[1]}_{key[2]}")
+            model.add(var <= most[key] * used[key])
     # Each pool's GPUs hold its replicas, packed server by server: replicas of TP ≥ t use at most
     # ⌊gpus/t⌋·t GPUs of each server (with power-of-two degrees this is exactly what packs).
     for i, p in enumerate(pools):

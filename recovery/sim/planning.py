@@ -15,11 +15,11 @@ placement experiment draws them; all of it is a model input, deterministic under
 import math
 import random
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
-from recovery.policy.planner import Demand, Replica, Server
+from recovery.policy.planner import Demand, Replica, Server, roofline_capacity
 from recovery.sim.fleet import Simulation
 from recovery.sim.metrics import percentile, request_metrics
 from recovery.sim.scenario import NodeGroup, Scenario
@@ -116,10 +116,11 @@ def evaluate(
     for flight in sim.flights:
         by_model[flight.request.model].append(request_metrics(flight))
     gpus_of = {s.name: s for s in servers}
+    arrived = Counter(r.model for r in requests)
     figures = {}
     for d in demands:
         metrics = by_model.get(d.model, [])
-        total = sum(1 for r in requests if r.model == d.model)
+        total = arrived[d.model]
         finished = [m for m in metrics if m.e2e_s is not None]
         within = [
             m
@@ -192,8 +193,6 @@ def simulated_capacities(
 ) -> dict[tuple[str, str, int], float]:
     """simulated_capacity for every (model, GPU type, TP) a planner may use on servers of these (type, GPU count)
     pairs: a table to plan with (`capacity=table_capacity(table)`)."""
-    from recovery.policy.planner import roofline_capacity
-
     table = {}
     for d in demands:
         for gpu, count in sorted(set(gpus)):
