@@ -13,7 +13,10 @@ class DrainRequestForm(forms.Form):
     reason = forms.CharField(max_length=2000)
     mode = forms.ChoiceField(choices=DrainMode.choices, initial=DrainMode.IMMEDIATE)
     deadline_s = forms.IntegerField(required=False, min_value=1, max_value=86400)
-    remediation = forms.ChoiceField(choices=Remediation.choices, initial=Remediation.RESTART)
+    # A switch of model is one move of a re-placement (the Placement page), not a drain asked for by hand.
+    remediation = forms.ChoiceField(
+        choices=[c for c in Remediation.choices if c[0] != Remediation.SWITCH_MODEL], initial=Remediation.RESTART
+    )
 
     def clean(self):
         data = super().clean()

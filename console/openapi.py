@@ -172,6 +172,20 @@ NODE_HEALTH = _typed(
     drains="array",
 )
 DRAIN = _obj({"id": {"type": "integer"}, "node": {"type": "string"}, "state": {"type": "string"}}, ["id", "state"])
+PROPOSAL = _typed(
+    id="integer",
+    state="string",
+    reason="string",
+    model="string",
+    switches="array",
+    manual="array",
+    approvals="array",
+    approvals_required="integer",
+    approvals_why="string",
+    outcome="string",
+    drains="array",
+    capacity_rps="object",
+)
 NODE_NAME = _path_param("name", description="the node's name", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
 
@@ -296,6 +310,7 @@ def document() -> dict:
     minutes = cluster_model.SERIES_MINUTES
     incident_id = _path_param("incident_id", "integer", minimum=0, description="the incident's id")
     drain_id = _path_param("drain_id", "integer", minimum=0, description="the drain's id")
+    proposal_id = _path_param("proposal_id", "integer", minimum=0, description="the re-placement's id")
     objective_id = _path_param("objective_id", "integer", minimum=0, description="the objective's id")
     paths = {
         "/api/schema": {
@@ -566,6 +581,48 @@ def document() -> dict:
                     }
                 ),
             )
+        },
+        "/api/placement/proposals": {
+            "get": _operation(
+                "The latest re-placement proposals, newest first.",
+                {"200": _json(_obj({"proposals": _array(PROPOSAL)}, ["proposals"]), "The proposals."), **NOT_ALLOWED},
+            ),
+            "post": _operation(
+                "Ask for a re-placement of the live fleet (operator, on-call): the planner's plan as node switches, "
+                "waiting for on-call.",
+                {
+                    "201": _json(PROPOSAL, "Proposed."),
+                    "400": _error("The body is not JSON, or no node serves yet."),
+                    "409": _error("Another is open, or the plan switches no node: the message says which."),
+                    **NOT_ALLOWED,
+                },
+                body=_obj({"reason": {"type": "string"}}),
+            ),
+        },
+        "/api/placement/proposals/{proposal_id}": {
+            "parameters": [proposal_id],
+            "get": _operation(
+                "One re-placement, with its switches' drains.",
+                {"200": _json(PROPOSAL, "The proposal."), "404": _error("No such proposal."), **NOT_ALLOWED},
+            ),
+        },
+        "/api/placement/proposals/{proposal_id}/{decision}": {
+            "parameters": [
+                proposal_id,
+                _path_param("decision", description="approve or reject", enum=["approve", "reject"]),
+            ],
+            "post": _operation(
+                "Approve or reject a re-placement (on-call), with a reason. The last approval checks that the fleet "
+                "is the one the plan was made against, and starts its switches.",
+                {
+                    "200": _json(PROPOSAL, "Decided."),
+                    "400": _error("The body is not JSON."),
+                    "404": _error("No such proposal, or not a decision."),
+                    "409": _error("Not waiting for a decision, decided twice, or refused: the fleet changed."),
+                    **NOT_ALLOWED,
+                },
+                body=_obj({"reason": {"type": "string"}}),
+            ),
         },
         "/api/settings": {
             "get": _operation(

@@ -101,6 +101,7 @@ class EventKind(models.TextChoices):
     HEALTH = "health", "Health changed"
     SPARE_PROMOTED = "spare_promoted", "Hot spare promoted"
     DEGRADATION = "degradation", "Degradation level changed"
+    PLACEMENT = "placement", "Re-placement"
 
 
 # Events a person may want to hide to read the people's side of an incident.
@@ -201,6 +202,29 @@ class Remediation(models.TextChoices):
     RESTART = "restart", "Restart the engine (reload the model)"
     RESET = "reset", "Reset the GPUs, then reload"
     HARDWARE_REPAIR = "hardware_repair", "Hand off to hardware repair (stays out of service)"
+    SWITCH_MODEL = "switch_model", "Switch to another model (a placement's move)"
+
+
+class PlacementState(models.TextChoices):
+    """A re-placement proposal: waiting for on-call, then carried out one node switch at a time."""
+
+    PROPOSED = "proposed", "Waiting for approval"
+    RUNNING = "running", "Running"
+    DONE = "done", "Done"
+    REJECTED = "rejected", "Rejected"
+    REFUSED = "refused", "Refused: the fleet changed"
+    FAILED = "failed", "Failed"
+
+
+PLACEMENT_BADGE = {
+    PlacementState.PROPOSED: "amber",
+    PlacementState.RUNNING: "blue",
+    PlacementState.DONE: "green",
+    PlacementState.REJECTED: "grey",
+    PlacementState.REFUSED: "grey",
+    PlacementState.FAILED: "red",
+}
+OPEN_PLACEMENT_STATES = (PlacementState.PROPOSED, PlacementState.RUNNING)
 
 
 class CanaryKind(models.TextChoices):

@@ -17,6 +17,7 @@ from recovery.choices import (
     INCIDENT_STATUS_BADGE,
     NODE_STATE_BADGE,
     OPEN_DRAIN_STATES,
+    PLACEMENT_BADGE,
     BreakerState,
     CanaryKind,
     DrainMode,
@@ -29,6 +30,7 @@ from recovery.choices import (
     IncidentStatus,
     NodeState,
     PlacementPolicy,
+    PlacementState,
     Remediation,
     SloWindow,
     Tier,
@@ -680,6 +682,17 @@ class Drain(models.Model):
         related_name="drains",
         help_text="The incident of the fault that raised it (silent corruption, a CRITICAL Xid).",
     )
+    switch_to = models.CharField(
+        max_length=64, blank=True, help_text="With remediation switch_model: the model the node serves after it."
+    )
+    placement = models.ForeignKey(
+        "PlacementProposal",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="drains",
+        help_text="The approved re-placement this drain is one move of.",
+    )
     proposed_again_of = models.ForeignKey(
         "self",
         null=True,
@@ -705,6 +718,40 @@ class Drain(models.Model):
     @property
     def badge(self) -> str:
         return DRAIN_BADGE[DrainState(self.state)]
+
+
+class PlacementProposal(models.Model):
+    """A re-placement of models on the fleet's nodes (recovery.actions.placement): the plan, the fleet it was made
+    against, on-call's decisions, and its run, one node switch (a drain with remediation switch_model) at a time."""
+
+    state = models.CharField(max_length=16, choices=PlacementState.choices, default=PlacementState.PROPOSED)
+    state_changed_at = models.DateTimeField(default=timezone.now)
+    created_at = models.DateTimeField(default=timezone.now)
+    source = models.CharField(max_length=150, help_text="'control plane' for a level's rise, or the asking user.")
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    reason = models.TextField()
+    model_key = models.CharField("model", max_length=64, blank=True, help_text="The model short of capacity.")
+    plan = models.JSONField(help_text="recovery.actions.placement.propose's answer: both sides, moves, evaluation.")
+    switches = models.JSONField(help_text="[{node, from, to}] in the order they run.")
+    manual = models.JSONField(default=list, blank=True, help_text="Moves no node switch carries out, in words.")
+    fleet = models.JSONField(help_text="{node: [model, tp, state]} when the plan was made: checked at approval.")
+    approvals_required = models.PositiveSmallIntegerField(default=1)
+    approvals_why = models.TextField(blank=True)
+    decisions = models.JSONField(default=list, blank=True, help_text="[{user, decision, reason, at}]")
+    outcome = models.TextField(blank=True)
+    incident = models.ForeignKey(Incident, null=True, blank=True, on_delete=models.SET_NULL, related_name="placements")
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self):
+        return f"placement #{self.pk} ({self.state})"
+
+    @property
+    def badge(self) -> str:
+        return PLACEMENT_BADGE[PlacementState(self.state)]
 
 
 class DrainDecision(models.Model):

@@ -101,6 +101,8 @@ def on_drain_step(row: DrainStep) -> None:
 
 def on_degradation_change(row: DegradationChange) -> None:
     incidents.on_degradation(row.old_level, row.new_level, row.cause, row.at, row.model_key)
+    if row.model_key and row.new_level > row.old_level and not row.simulated:
+        tasks.propose_placement.delay_on_commit(row.model_key, row.new_level)
     if capacity_policy.EFFECTS[row.old_level].batch_factor != capacity_policy.EFFECTS[row.new_level].batch_factor:
         serving = Node.objects.filter(state=NodeState.SERVING)
         if row.model_key:  # the model's own nodes: another model's batch is not cut for it

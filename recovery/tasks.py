@@ -17,6 +17,7 @@ from recovery.actions import (
     incidents,
     nodes,
     notify,
+    replacement,
     routing,
     slo,
     streams,
@@ -92,7 +93,16 @@ def apply_batch_factor(node_id: int) -> str:
 
 @shared_task(ignore_result=True)
 def advance_drains() -> list[str]:
-    return drains.advance_all()
+    """Every running drain a step further, then every running re-placement (its next switch once one is done)."""
+    return drains.advance_all() + replacement.advance_all()
+
+
+@shared_task(ignore_result=True)
+def propose_placement(model: str, level: int) -> int | None:
+    """A model's level rose: a re-placement proposal when the planner finds one that helps it (seconds of CP-SAT
+    and simulation, so a task of its own, not the reaction)."""
+    proposal = replacement.propose_for_level(model, level)
+    return proposal.pk if proposal else None
 
 
 @shared_task(ignore_result=True)

@@ -20,6 +20,8 @@ slo: service-level objectives, corrections, and request outcomes rolled up per m
 streams: what the gateways report (signals and request outcomes).
 history: the demo's generated past (rollups, incidents, level changes), marked simulated.
 experiments: simulator runs started from the console, their progress, cancel and results.
+placement: a placement plan for the live fleet, judged by the simulator (asking changes nothing).
+replacement: re-placement proposals, their approval by on-call, and their run as node switches.
 """
 
 ORDER = (
@@ -40,4 +42,5 @@ ORDER = (
     "history",
     "experiments",
     "placement",
+    "replacement",
 )

@@ -10,8 +10,9 @@ SLOs need, or a second drain in the same pool, needs a second approver.
 An approved drain runs one step at a time (`advance`, from Celery beat every
 second, and at once after the approval, by recovery.reactions): cordon →
 live-migrate the requests in flight, or let them complete → drained →
-remediation (restart, GPU reset, or hand-off to hardware repair) → a canary
-in half-open → back in service. Every step is a DrainStep row with its time
+remediation (restart, GPU reset, hand-off to hardware repair, or a switch to
+another model: one move of an approved re-placement, recovery.actions.placement)
+→ a canary in half-open → back in service. Every step is a DrainStep row with its time
 and cause, shown live; it is also an outbox row (the approval's advance and
 the trial canary are its reactions).
 """
@@ -47,6 +48,7 @@ from recovery.models import (
     XidEvent,
 )
 from recovery.policy import breaker as breakers
+from workers import catalog
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,7 @@ REMEDIATION_NAMES = {
     Remediation.RESTART: "engine restart",
     Remediation.RESET: "GPU reset",
     Remediation.HARDWARE_REPAIR: "hardware repair",
+    Remediation.SWITCH_MODEL: "switch of model",
 }
 MIGRATE_AGAIN_S = 10.0  # requests still on the node this long after the migration command: ask the gateways again
 
@@ -153,6 +156,8 @@ def propose(
     deadline_s: int | None = None,
     remediation: str = Remediation.RESTART,
     proposed_again_of: Drain | None = None,
+    switch_to: str = "",
+    placement=None,
 ) -> Drain:
     """Raise a drain request for on-call. Refused, with the node's state, for a node already draining or down.
 
@@ -172,6 +177,10 @@ def propose(
         raise DrainRefused(
             f"remediation: {remediation!r} is not known: expected one of {', '.join(Remediation.values)}"
         )
+    if remediation == Remediation.SWITCH_MODEL:
+        _check_switch(node, switch_to)
+    elif switch_to:
+        raise DrainRefused("switch_to: only a drain with remediation switch_model switches the node's model")
     if mode == DrainMode.DEADLINE and not deadline_s:
         raise DrainRefused(
             "deadline_s: a deadline drain needs the seconds after the cordon when what is left is migrated"
@@ -194,7 +203,9 @@ def propose(
             approvals_required=required,
             approvals_why=why,
             proposed_again_of=proposed_again_of,
-            incident=proposed_again_of.incident if proposed_again_of else None,
+            incident=proposed_again_of.incident if proposed_again_of else getattr(placement, "incident", None),
+            switch_to=switch_to,
+            placement=placement,
         )
         _step(drain, "", DrainState.PROPOSED, f"requested by {source}: {reason.strip()}", actor=source)
         audit.record(
@@ -218,6 +229,28 @@ def propose(
         )
     log.info("drain #%d of %s proposed by %s", drain.pk, node.name, source)
     return drain
+
+
+def _check_switch(node: Node, model: str) -> None:
+    """A switch of model must name a catalog model that is not a draft, is not the node's, and fits its GPUs."""
+    target = catalog.MODELS.get(model)
+    if target is None or target.is_draft:
+        served = ", ".join(k for k, m in catalog.MODELS.items() if not m.is_draft)
+        raise DrainRefused(f"switch_to: {model!r} is not a catalog model a node can serve: one of {served}")
+    if target.key == node.model_key:
+        raise DrainRefused(f"switch_to: {node.name} already serves {target.key}")
+    try:
+        catalog.Deployment.of(target.key, node.gpu_key, node.tp)
+    except catalog.CatalogError as exc:
+        raise DrainRefused(f"switch_to: {exc}") from None
+
+
+def approve_for_placement(drain: Drain, who: str, placement_id: int) -> None:
+    """A drain that is one move of a re-placement on-call approved as a whole: approved by those who approved it."""
+    with transaction.atomic():
+        _step(drain, drain.state, drain.state, f"one move of placement #{placement_id}, approved by {who}", actor=who)
+        _move(drain, DrainState.APPROVED, f"approved with placement #{placement_id}", actor=who,
+              approved_at=timezone.now())  # fmt: skip
 
 
 def _step(drain: Drain, old: str, new: str, cause: str, *, actor: str = "system", **details) -> DrainStep:
@@ -488,7 +521,8 @@ def advance(drain: Drain) -> bool:
     if drain.state == DrainState.DRAINED:
         return _remediate(drain, node, actor)
     if drain.state == DrainState.REMEDIATING:
-        if node.state == NodeState.SERVING and _model_state(node) == "serving":
+        switched = drain.remediation != Remediation.SWITCH_MODEL or node.model_key == drain.switch_to
+        if switched and node.state == NodeState.SERVING and _model_state(node) == "serving":
             health.set_breaker(
                 node,
                 breakers.Breaker(BreakerState.HALF_OPEN, node.breaker_failures, node.breaker_opened_at, None),
@@ -529,12 +563,13 @@ def advance(drain: Drain) -> bool:
                 canary_failures=0,
             )
             health.set_cordon(node, False, actor, f"drain #{drain.pk} done: canary passed")
+            serves = f" serving {node.model_key}" if drain.remediation == Remediation.SWITCH_MODEL else ""
             return _move(
                 drain,
                 DrainState.RETURNED,
-                f"canary passed ({result.detail}): {node.name} is back in service",
+                f"canary passed ({result.detail}): {node.name} is back in service{serves}",
                 finished_at=timezone.now(),
-                outcome="returned to service",
+                outcome=f"returned to service{serves}",
             )
         health.set_breaker(
             node,
@@ -572,19 +607,30 @@ def _remediate(drain: Drain, node: Node, actor: str) -> bool:
             finished_at=timezone.now(),
             outcome="handed to hardware repair",
         )
-    path = "/agent/reset" if drain.remediation == Remediation.RESET else "/agent/reload"
+    if drain.remediation == Remediation.SWITCH_MODEL:
+        path, body, accepted = "/agent/model", {"model": drain.switch_to}, 202
+    else:
+        path = "/agent/reset" if drain.remediation == Remediation.RESET else "/agent/reload"
+        body, accepted = {"cold": True}, 200
     try:
-        status, answer = nodeclient.call(node.address, "POST", path, {"cold": True}, timeout=5)
+        status, answer = nodeclient.call(node.address, "POST", path, body, timeout=5)
     except nodeclient.NodeUnreachable as exc:
         status, answer = 0, {"error": {"message": str(exc)}}
-    if status != 200:
+    if status != accepted:
         message = answer.get("error", {}).get("message", status) if isinstance(answer.get("error"), dict) else answer
         return _move(
             drain,
             DrainState.FAILED,
             f"{REMEDIATION_NAMES[drain.remediation]} failed on {node.name}: {message}",
             finished_at=timezone.now(),
-            outcome=f"remediation failed: {message}",
+            outcome=f"{REMEDIATION_NAMES[drain.remediation]} failed: {message}",
+        )
+    if drain.remediation == Remediation.SWITCH_MODEL:
+        return _move(
+            drain,
+            DrainState.REMEDIATING,
+            f"switch of model: {node.name} leaves {answer.get('from')} and loads {drain.switch_to} cold",
+            details={"answer": answer},
         )
     return _move(
         drain,

@@ -362,7 +362,7 @@ def _degradation_pending(incident: Incident, model: str = "") -> bool:
     return False
 
 
-def _concerns(incident: Incident, model: str) -> bool:
+def concerns(incident: Incident, model: str) -> bool:
     """A level change of `model` belongs on the incident: it lost nodes of that model, or it is that model's
     capacity incident (one model's level is not another model's incident)."""
     if not model:
@@ -383,7 +383,7 @@ def on_degradation(old: int, new: int, cause: str, at: dt.datetime, model: str =
     with transaction.atomic():
         touched = False
         for incident in Incident.objects.exclude(status=IncidentStatus.CLOSED):
-            if not _concerns(incident, model):
+            if not concerns(incident, model):
                 continue
             if incident.status != IncidentStatus.ACTIVE and not _degradation_pending(incident, model):
                 continue

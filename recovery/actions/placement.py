@@ -16,7 +16,7 @@ from datetime import timedelta
 from django.db.models import Avg, Count
 from django.utils import timezone
 
-from recovery.choices import NodeState
+from recovery.choices import Health, NodeState
 from recovery.models import Cluster, ModelCapacity, Node, RequestOutcome
 from recovery.policy import planner
 from recovery.policy.planner import Demand, Replica, Server
@@ -39,9 +39,20 @@ class PlacementError(ValueError):
         self.field = field
 
 
+def plannable_nodes():
+    """The nodes a plan places on: serving or joining, not hot spares, not UNHEALTHY. A node that is down gives no
+    capacity and a plan must not count on it; a cordoned one (a drain, a planned migration) comes back."""
+    return (
+        Node.objects.filter(state__in=(NodeState.JOIN, NodeState.SERVING), spare=False)
+        .exclude(health=Health.UNHEALTHY)
+        .select_related("rack")
+        .order_by("name")
+    )
+
+
 def live_fleet() -> tuple[list[Server], dict[str, tuple[Replica, ...]]]:
-    """The registry's serving nodes (not left, not spares) as servers and the replicas they run now."""
-    nodes = Node.objects.exclude(state=NodeState.LEFT).filter(spare=False).select_related("rack").order_by("name")
+    """The registry's plannable nodes as servers and the replicas they run now."""
+    nodes = plannable_nodes()
     gpus: dict[str, int] = defaultdict(int)
     kind: dict[str, tuple[str, str]] = {}
     current: dict[str, list[Replica]] = defaultdict(list)
