@@ -206,7 +206,9 @@ def api_proposal(request, proposal_id: int):
 @api_view()
 def api_proposal_decide(request, proposal_id: int, decision: str):
     if decision not in ("approve", "reject"):
-        return json_error(404, f"{decision!r}: a re-placement is approved or rejected (POST .../approve or .../reject).")
+        return json_error(
+            404, f"{decision!r}: a re-placement is approved or rejected (POST .../approve or .../reject)."
+        )
     if request.method != "POST":
         return json_error(405, f'POST {{"reason": ...}} to {decision}.')
     refused = refuse_nul(request, {})
