@@ -61,7 +61,11 @@ def live_fleet() -> tuple[list[Server], dict[str, tuple[Replica, ...]]]:
         gpus[server] += node.tp
         kind.setdefault(server, (node.gpu_key, node.rack.name))
         current[server].append(Replica(node.model_key, node.tp))
-    servers = [Server(name, kind[name][0], gpus[name], kind[name][1]) for name in sorted(gpus)]
+    # A node switches model, never its tensor-parallel degree: a server is planned at its nodes' degrees.
+    servers = [
+        Server(name, kind[name][0], gpus[name], kind[name][1], tps=tuple(sorted({r.tp for r in current[name]})))
+        for name in sorted(gpus)
+    ]
     return servers, {name: tuple(sorted(replicas)) for name, replicas in current.items()}
 
 

@@ -80,6 +80,9 @@ class Server:
     rack: str = "rack-1"
     provider: str = ""
     region: str = ""
+    # The tensor-parallel degrees its replicas may take; empty: any that fits. A live server whose nodes are
+    # started with a fixed degree (a node switches model, never its degree) is planned at that degree.
+    tps: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, order=True)
@@ -197,6 +200,7 @@ class _Pool:
     provider: str
     region: str
     rack: str  # "" where the pool spans racks
+    tps: tuple[int, ...]
     servers: tuple[Server, ...]
 
     def share(self, rack: str) -> float:
@@ -206,10 +210,10 @@ class _Pool:
 def _pools(servers: Sequence[Server]) -> list[_Pool]:
     """Servers grouped by what the solver tells apart; by rack too while that keeps the model small (EXACT_POOLS),
     so that a rack's loss is counted exactly, not by its share."""
-    by_rack = len({(s.gpu, s.gpus, s.provider, s.region, s.rack) for s in servers}) <= EXACT_POOLS
-    groups: dict[tuple[str, int, str, str, str], list[Server]] = defaultdict(list)
+    by_rack = len({(s.gpu, s.gpus, s.provider, s.region, s.rack, s.tps) for s in servers}) <= EXACT_POOLS
+    groups: dict[tuple[str, int, str, str, str, tuple[int, ...]], list[Server]] = defaultdict(list)
     for s in servers:
-        groups[(s.gpu, s.gpus, s.provider, s.region, s.rack if by_rack else "")].append(s)
+        groups[(s.gpu, s.gpus, s.provider, s.region, s.rack if by_rack else "", s.tps)].append(s)
     return [_Pool(*key, tuple(sorted(group, key=lambda s: s.name))) for key, group in sorted(groups.items())]
 
 
@@ -245,8 +249,8 @@ def _check(servers: Sequence[Server], demands: Sequence[Demand], current: Mappin
             raise PlanError(f"the current placement puts more GPUs on {name} than its {gpus}")
 
 
-def _tp_options(gpus: int) -> list[int]:
-    return [tp for tp in catalog.TP_DEGREES if tp <= gpus]
+def _tp_options(gpus: int, tps: tuple[int, ...] = ()) -> list[int]:
+    return [tp for tp in catalog.TP_DEGREES if tp <= gpus and (not tps or tp in tps)]
 
 
 # --- The solve --------------------------------------------------------------------------------------------------------
@@ -281,8 +285,8 @@ def plan(
     # Coefficients: one replica's capacity per (model, GPU type, TP), milli-requests per second.
     rps: dict[tuple[str, str, int], float] = {}
     for d in demands:
-        for gpu_key, gpus in sorted({(p.gpu, p.gpus) for p in pools}):
-            for tp in _tp_options(gpus):
+        for gpu_key, gpus, tps in sorted({(p.gpu, p.gpus, p.tps) for p in pools}):
+            for tp in _tp_options(gpus, tps):
                 if (d.model, gpu_key, tp) not in rps:
                     rps[(d.model, gpu_key, tp)] = capacity(d, gpu_key, tp)
     cap = {key: int(value * PER_MILLE) for key, value in rps.items()}  # the solver's integers
@@ -299,7 +303,8 @@ def plan(
             current_counts[(r.model, r.tp, pool_of[name])] += 1
     for i, p in enumerate(pools):
         for d in demands:
-            for tp in _tp_options(p.gpus):
+            kept_tps = {t for (m, t, j) in current_counts if j == i and m == d.model}
+            for tp in sorted(set(_tp_options(p.gpus, p.tps)) | kept_tps):
                 if cap.get((d.model, p.gpu, tp), 0) > 0 or current_counts[(d.model, tp, i)]:
                     most[(d.model, tp, i)] = len(p.servers) * (p.gpus // tp)
                     n[(d.model, tp, i)] = model.new_int_var(0, most[(d.model, tp, i)], f"n_{d.model}_{tp}_{i}")

@@ -61,11 +61,11 @@ def ops_stack(tmp_path_factory):
             assert stack.stop(signum=signal.SIGTERM) == 0, stack.log()
 
 
-def undisturbed(prompt: str, max_tokens: int) -> tuple[list[int], str]:
+def undisturbed(prompt: str, max_tokens: int, model: str = "Qwen3-32B") -> tuple[list[int], str]:
     """What a greedy run with ignore_eos produces on any healthy node: the emulated engine's pure token function."""
     from workers import tokens
 
-    state = tokens.fold(tokens.initial_state("Qwen3-32B"), tokens.encode(prompt))
+    state = tokens.fold(tokens.initial_state(model), tokens.encode(prompt))
     ids, pieces, previous = [], [], None
     for position in range(max_tokens):
         token = tokens.next_token(state, position, 0.0, 0).token_id

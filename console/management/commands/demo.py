@@ -42,7 +42,8 @@ def stop_phases(children: list[str]) -> list[list[str]]:
     """The groups `Supervisor.stop` stops in turn, before everything else, for a stack of these children."""
     gateways = [n for n in children if n.startswith("gateway")]
     nodes = [n for n in children if n.startswith("node-")]
-    return [STOP_FIRST, gateways + nodes]
+    traffic = [n for n in children if n.startswith("traffic-")]  # one per served model after the first
+    return [traffic + STOP_FIRST, gateways + nodes]
 
 
 class Command(BaseCommand):
@@ -66,7 +67,12 @@ class Command(BaseCommand):
             help="hot spares to start beside them (hold the model, take no traffic until promoted)",
         )
         parser.add_argument("--racks", type=int, default=2)
-        parser.add_argument("--model", default="Qwen3-32B", choices=sorted(catalog.MODELS))
+        parser.add_argument(
+            "--model",
+            default="Qwen3-32B",
+            help="the served model, or several separated by commas: each gets --nodes nodes, --spares hot spares "
+            "and its own traffic (catalog keys)",
+        )
         parser.add_argument("--gpus", default="H100-SXM,H200-SXM", help="GPU type per rack, cycled (catalog keys)")
         parser.add_argument(
             "--tp", type=int, default=2, choices=catalog.TP_DEGREES, help="tensor-parallel degree of each node"
@@ -124,12 +130,20 @@ class Command(BaseCommand):
         if opts["time_scale"] <= 0:
             raise CommandError("--time-scale must be positive")
         gpus = [g.strip() for g in opts["gpus"].split(",") if g.strip()]
-        for gpu in gpus:
-            try:
-                catalog.Deployment.of(opts["model"], gpu, opts["tp"])
-            except catalog.CatalogError as exc:
-                raise CommandError(f"--gpus/--tp: {exc}") from None
-        opts["gpu_list"] = gpus
+        models = [m.strip() for m in opts["model"].split(",") if m.strip()]
+        for model in models:
+            if model not in catalog.MODELS or catalog.MODELS[model].is_draft:
+                served = ", ".join(k for k, m in catalog.MODELS.items() if not m.is_draft)
+                raise CommandError(f"--model: {model!r} is not a catalog model a node can serve: one of {served}")
+        if not models or len(set(models)) != len(models):
+            raise CommandError("--model: name each served model once, separated by commas")
+        for model in models:
+            for gpu in gpus:
+                try:
+                    catalog.Deployment.of(model, gpu, opts["tp"])
+                except catalog.CatalogError as exc:
+                    raise CommandError(f"--gpus/--tp: {exc}") from None
+        opts["gpu_list"], opts["models"] = gpus, models
         if not 1 <= opts["gateways"] <= 16:
             raise CommandError("--gateways must be between 1 and 16")
         ports = [(opts["port"], "--port")]
@@ -217,19 +231,22 @@ class Command(BaseCommand):
             wait_http(f"{url}/healthz", 60, child, self.supervisor)
 
         restart = opts["restart_delay"] if opts["restart_delay"] >= 0 else None
-        total = opts["nodes"] + opts["spares"]
-        for i in range(total):
+        per_model = opts["nodes"] + opts["spares"]
+        total = per_model * len(opts["models"])
+        for n in range(total):
+            # Each model's nodes spread over the racks the same way, its spares after them.
+            model, i = opts["models"][n // per_model], n % per_model
             rack_index = min(i, opts["nodes"] - 1) * opts["racks"] // max(opts["nodes"], 1)
             argv = [
                 python(),
                 "-m",
                 "workers.node",
                 "--name",
-                f"node-{i + 1:02d}",
+                f"node-{n + 1:02d}",
                 "--rack",
                 f"rack-{chr(ord('a') + rack_index)}",
                 "--model",
-                opts["model"],
+                model,
                 "--gpu",
                 opts["gpu_list"][rack_index % len(opts["gpu_list"])],
                 "--tp",
@@ -248,7 +265,7 @@ class Command(BaseCommand):
             # from disk (draft first), as a real one would.
             self.supervisor.spawn(
                 Child(
-                    f"node-{i + 1:02d}",
+                    f"node-{n + 1:02d}",
                     argv + ["--start", "warm"],
                     env,
                     restart_delay_s=restart,
@@ -264,18 +281,20 @@ class Command(BaseCommand):
                 **env,
                 "LIFELINE_GATEWAY_KEY": ",".join(gateway_keys.values()),
             }  # premium, standard and best-effort
-            argv = [
-                python(),
-                "-m",
-                "workers.traffic",
-                "--gateway",
-                gateway_url,
-                "--model",
-                opts["model"],
-                "--rate",
-                str(opts["rate"]),
-            ]
-            self.supervisor.spawn(Child("traffic", argv, traffic_env, restart_delay_s=5))
+            for i, model in enumerate(opts["models"]):
+                argv = [
+                    python(),
+                    "-m",
+                    "workers.traffic",
+                    "--gateway",
+                    gateway_url,
+                    "--model",
+                    model,
+                    "--rate",
+                    str(opts["rate"]),
+                ]
+                name = "traffic" if i == 0 else f"traffic-{i + 1}"
+                self.supervisor.spawn(Child(name, argv, traffic_env, restart_delay_s=5))
 
         self.info = {
             "urls": {
@@ -397,8 +416,11 @@ class Command(BaseCommand):
             f"  Logins    {logins}",
             f"  API       {urls['api_cluster']}    Authorization: Bearer {self.info['api_token']}",
             f"  Gateway   {urls['gateway']}    Authorization: Bearer {self.info['gateway_key']}",
-            f"  Nodes     {self.opts['nodes']} emulated {self.opts['model']} nodes in {self.opts['racks']} racks, "
-            f"{self.opts['spares']} hot spare(s); traffic {traffic}",
+            f"  Nodes     {self.opts['nodes']} emulated {' and '.join(self.opts['models'])} nodes in "
+            f"{self.opts['racks']} racks, {self.opts['spares']} hot spare(s)"
+            + (" each" if len(self.opts["models"]) > 1 else "")
+            + f"; traffic {traffic}"
+            + (" per model" if len(self.opts["models"]) > 1 and not self.opts["no_traffic"] else ""),
             f"  History   {self.info['history']}",
             f"  Details   {self.demo_file}    logs in {self.supervisor.log_dir}",
             f"  E-mail    {_mail_destination()}",

@@ -111,6 +111,18 @@ def test_a_plan_is_reproducible_and_replanning_it_moves_nothing():
     assert again.moves == [] and again.assignment == first.assignment
 
 
+def test_a_server_held_to_its_nodes_degree_is_planned_at_that_degree_only():
+    """A live server's nodes switch model, never their tensor-parallel degree: the plan keeps to it."""
+    servers = [Server(f"s{i}", "H100-SXM", 2, f"rack-{i % 2}", tps=(2,)) for i in range(4)]
+    current = {"s0": (Replica("Qwen3-32B", 2),), "s1": (Replica("Qwen3-32B", 2),)}
+    current |= {f"s{i}": (Replica("Llama-3-8B", 2),) for i in (2, 3)}
+    plan = planner.plan(servers, [Demand("Qwen3-32B", 30), Demand("Llama-3-8B", 5)], current=current)
+    assert {r.tp for rs in plan.assignment.values() for r in rs} == {2}
+    assert any(m.start for m in plan.moves)  # it still moves: a Llama-3-8B node goes over to Qwen3-32B
+    free = planner.plan([dataclasses.replace(s, tps=()) for s in servers], [Demand("Llama-3-8B", 60)])
+    assert 1 in {r.tp for rs in free.assignment.values() for r in rs}  # unheld, the small model takes TP1
+
+
 def test_replicas_spread_across_racks_so_one_rack_lost_leaves_the_demand():
     servers = [Server(f"{rack}-{i}", "H100-SXM", 8, rack) for rack in ("r1", "r2", "r3") for i in range(2)]
     demands = [Demand("Qwen3-32B", 40), Demand("Llama-3-8B", 150)]
