@@ -7,12 +7,15 @@ push alike, so all three always agree.
 import datetime as dt
 import logging
 import time
+from collections import Counter
 
 import redis
 from django.conf import settings
 from django.db.models import Count, OuterRef, Subquery
 
+from console.readmodels.degradation import LEVEL_BADGE
 from recovery import hot
+from recovery.actions import capacity
 from recovery.choices import (
     BREAKER_BADGE,
     HEALTH_BADGE,
@@ -324,7 +327,8 @@ def routing_view() -> dict:
     nodes = list(Node.objects.filter(state=NodeState.SERVING).order_by("name"))
     live, _ = _hot_nodes([n.name for n in nodes])
     models, prompts = [], set()
-    for model_key in sorted({n.model_key for n in nodes}):
+    levels = _model_capacities(shapes)
+    for model_key in sorted({n.model_key for n in nodes} | set(levels)):
         shape = shapes.get(model_key) or ModelCapacity(model_key=model_key)  # the model's average request
         prompt = shape.avg_prompt_tokens
         per_request = prompt + shape.avg_output_tokens // 2  # tokens a running request attends to, on average
@@ -360,9 +364,33 @@ def routing_view() -> dict:
                     ),
                 }
             )
-        models.append(_model_routing(model_key, rows, out, prompt, per_request))
+        models.append({**_model_routing(model_key, rows, out, prompt, per_request), "capacity": levels.get(model_key)})
     prompt_tokens = prompts.pop() if len(prompts) == 1 else None  # one figure when every model's is the same
     return {"at": now, "prompt_tokens": prompt_tokens, "models": models}
+
+
+def _model_capacities(rows: dict[str, ModelCapacity]) -> dict[str, dict]:
+    """Each served model's capacity against its objective, as the last evaluation found it, its degradation level and
+    its hot spares: per model, since a model's loss sheds only its own traffic."""
+    try:
+        figures = capacity.latest().get("models") or {}
+    except (redis.RedisError, hot.RedisNotConfigured):
+        figures = {}
+    spares = Counter(Node.objects.filter(spare=True, state=NodeState.SERVING).values_list("model_key", flat=True))
+    out = {}
+    for model_key in sorted(set(figures) | {k for k, r in rows.items() if r.required_rps > 0}):
+        row, seen = rows.get(model_key), figures.get(model_key) or {}
+        level = row.degradation_level if row else 0
+        out[model_key] = {
+            "level": level,
+            "badge": LEVEL_BADGE[level],
+            "capacity_rps": seen.get("capacity_rps"),
+            "required_rps": row.required_rps if row else 0.0,
+            "ratio": seen.get("ratio"),
+            "in_service": seen.get("in_service"),
+            "spares": spares.get(model_key, 0),
+        }
+    return out
 
 
 def _model_routing(model_key: str, rows: list[dict], out: list[str], prompt: int, per_request: int) -> dict:

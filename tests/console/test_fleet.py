@@ -233,6 +233,32 @@ def test_one_kind_of_node_spreads_the_load_evenly():
     assert model["sentences"][0].startswith("Every Qwen3-32B node in routing is H200-SXM ×2: each request goes to")
 
 
+def test_each_model_shows_its_own_capacity_level_and_spares(client, cast):
+    """Per-model capacity and degradation on the cluster page (issue 14): a model that lost its nodes is at its level
+    beside one that serves at level 0, each against its own objective, with its hot spares."""
+    from recovery.actions import capacity
+    from recovery.models import ModelCapacity
+
+    register("node-q1", "H200-SXM")
+    register("node-q2", "H200-SXM")
+    register("node-l1", "H200-SXM", model="Llama-3-8B")
+    register("node-l2", "H200-SXM", model="Llama-3-8B")
+    set_node("node-l2", spare=True)
+    ModelCapacity.objects.filter(pk=ModelCapacity.of("Qwen3-32B").pk).update(required_rps=25.0)
+    ModelCapacity.objects.filter(pk=ModelCapacity.of("Llama-3-8B").pk).update(required_rps=10.0)
+    set_node("node-q2", state=NodeState.DOWN)
+    capacity.evaluate()
+    view = {m["model"]: m for m in cluster_model.routing_view()["models"]}
+    qwen, llama = view["Qwen3-32B"]["capacity"], view["Llama-3-8B"]["capacity"]
+    assert qwen["level"] >= 1 and qwen["in_service"] == 1 and qwen["required_rps"] == 25.0 and qwen["ratio"] < 1
+    assert llama["level"] == 0 and llama["in_service"] == 1 and llama["spares"] == 1
+    client.force_login(cast["operator"])
+    page = client.get("/cluster/?partial=routing").content.decode()
+    block = page[page.index('data-model="Qwen3-32B"') :]
+    assert f'data-model-level="{qwen["level"]}"' in block[:400] and "of the 25.0 required" in block
+    assert "1 hot spare" in page[page.index('data-model="Llama-3-8B"') :]
+
+
 # --- the traffic series ----------------------------------------------------------------------------------------------
 def outcome(finished: float, tier="standard", status="ok", ttft=100.0, tpot=20.0, tokens=50, model="Qwen3-32B"):
     at = dt.datetime.fromtimestamp(finished, tz=dt.UTC)
