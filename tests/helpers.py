@@ -207,3 +207,27 @@ def log_in(page, stack, role):
     page.fill("#id_password", login["password"])
     page.click("button[type=submit]")
     page.wait_for_selector("#live-status[data-state=live]", timeout=10_000)
+
+
+def follow_stream(client, results: dict, key, model: str, prompt: str, max_tokens: int) -> None:
+    """A greedy completion (ignore_eos) streamed through the gateway by an OpenAI client into results[key], as it
+    comes: the node that took it, its request id, the text and token ids, and the SSE comments (OpenAI clients skip
+    them; a live move is announced in one)."""
+    with client.completions.with_streaming_response.create(
+        model=model, prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True, extra_body={"ignore_eos": True}
+    ) as response:
+        text, ids, comments = [], [], []
+        results[key] = {
+            "node": response.headers["x-lifeline-node"],
+            "request_id": response.headers["x-request-id"],
+            "text": text,
+            "ids": ids,
+            "comments": comments,
+        }
+        for line in response.iter_lines():
+            if line.startswith(":"):
+                comments.append(line)
+            elif line.startswith("data: {"):
+                for choice in json.loads(line[6:]).get("choices", []):
+                    text.append(choice["text"])
+                    ids.extend(choice.get("token_ids") or [])

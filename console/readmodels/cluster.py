@@ -327,7 +327,7 @@ def routing_view() -> dict:
     nodes = list(Node.objects.filter(state=NodeState.SERVING).order_by("name"))
     live, _ = _hot_nodes([n.name for n in nodes])
     models, prompts = [], set()
-    levels = _model_capacities(shapes)
+    levels = _model_capacities(shapes, Counter(n.model_key for n in nodes if n.spare))
     for model_key in sorted({n.model_key for n in nodes} | set(levels)):
         shape = shapes.get(model_key) or ModelCapacity(model_key=model_key)  # the model's average request
         prompt = shape.avg_prompt_tokens
@@ -369,14 +369,13 @@ def routing_view() -> dict:
     return {"at": now, "prompt_tokens": prompt_tokens, "models": models}
 
 
-def _model_capacities(rows: dict[str, ModelCapacity]) -> dict[str, dict]:
+def _model_capacities(rows: dict[str, ModelCapacity], spares: Counter) -> dict[str, dict]:
     """Each served model's capacity against its objective, as the last evaluation found it, its degradation level and
     its hot spares: per model, since a model's loss sheds only its own traffic."""
     try:
         figures = capacity.latest().get("models") or {}
     except (redis.RedisError, hot.RedisNotConfigured):
         figures = {}
-    spares = Counter(Node.objects.filter(spare=True, state=NodeState.SERVING).values_list("model_key", flat=True))
     out = {}
     for model_key in sorted(set(figures) | {k for k, r in rows.items() if r.required_rps > 0}):
         row, seen = rows.get(model_key), figures.get(model_key) or {}

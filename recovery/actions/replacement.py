@@ -29,7 +29,7 @@ from recovery.choices import (
     PlacementState,
     Remediation,
 )
-from recovery.models import Incident, Node, PlacementProposal
+from recovery.models import Cluster, Incident, Node, PlacementProposal
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +128,11 @@ def propose(model: str = "", *, source: str = SOURCE, reason: str = "", requeste
     required, why = approvals_for(result, switches)
     reason = reason.strip() or (f"{model} is short of capacity" if model else "an operator asked for a re-placement")
     with transaction.atomic():
+        # The plan took seconds: another proposal may have been made meanwhile (two models' levels rose at once).
+        Cluster.objects.select_for_update().filter(pk=Cluster.default().pk).first()
+        existing = open_proposal()
+        if existing is not None:
+            raise ProposalRefused(f"placement #{existing.pk} was proposed meanwhile: decide it or let it finish first")
         proposal = PlacementProposal.objects.create(
             source=source,
             requested_by=requested_by,

@@ -21,7 +21,7 @@ import pytest
 
 from recovery.policy.capacity import level_for
 from tests.conftest import demo_argv, demo_env, stack_database
-from tests.helpers import DemoStack, http_json, log_in, wait_for
+from tests.helpers import DemoStack, follow_stream, http_json, log_in, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
@@ -136,34 +136,11 @@ def test_silent_corruption_is_drained_with_on_calls_approval_and_no_token_lost(b
         base_url=stack.info["urls"]["gateway"], api_key=stack.info["gateway_keys"]["premium"], max_retries=0
     )
 
-    def stream(results, i):
-        with client.completions.with_streaming_response.create(
-            model="Qwen3-32B",
-            prompt=PROMPT + str(i),
-            max_tokens=STREAM_TOKENS,
-            temperature=0,
-            stream=True,
-            extra_body={"ignore_eos": True},
-        ) as response:
-            text, ids, comments = [], [], []
-            results[i] = {
-                "node": response.headers["x-lifeline-node"],
-                "request_id": response.headers["x-request-id"],
-                "text": text,
-                "ids": ids,
-                "comments": comments,
-            }
-            for line in response.iter_lines():
-                if line.startswith(":"):
-                    comments.append(line)  # OpenAI clients skip SSE comments; the move is announced in one
-                elif line.startswith("data: {"):
-                    chunk = json.loads(line[6:])
-                    for choice in chunk.get("choices", []):
-                        text.append(choice["text"])
-                        ids.extend(choice.get("token_ids") or [])
-
     results: dict = {}
-    threads = [threading.Thread(target=stream, args=(results, i)) for i in range(6)]
+    threads = [
+        threading.Thread(target=follow_stream, args=(client, results, i, "Qwen3-32B", PROMPT + str(i), STREAM_TOKENS))
+        for i in range(6)
+    ]
     for t in threads:
         t.start()
     wait_for(lambda: len(results) == 6, 20, 0.05, "six streams started")

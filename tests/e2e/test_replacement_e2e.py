@@ -6,7 +6,6 @@ Qwen3-14B (which has room) over to it. The manager may not decide; on-call appro
 node drains (its streams move live to the other Qwen3-14B node, token for token what an undisturbed run gives),
 loads Qwen3-32B cold, passes its trial canary and serves it; Qwen3-32B's level falls back to 0."""
 
-import json
 import os
 import signal
 import threading
@@ -16,7 +15,7 @@ import pytest
 
 from tests.conftest import demo_argv, demo_env, stack_database
 from tests.e2e.test_operations_e2e import PROMPT, call, undisturbed
-from tests.helpers import DemoStack, log_in, wait_for
+from tests.helpers import DemoStack, follow_stream, log_in, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
@@ -109,26 +108,10 @@ def test_a_lost_rack_is_replaced_by_a_switch_on_call_approves_in_the_browser(bro
     )
     results: dict = {}
 
-    def stream(i):
-        ids, text, comments = [], [], []
-        with client.completions.with_streaming_response.create(
-            model=GIVER,
-            prompt=PROMPT + str(i),
-            max_tokens=STREAM_TOKENS,
-            temperature=0,
-            stream=True,
-            extra_body={"ignore_eos": True},
-        ) as response:
-            results[i] = {"node": response.headers["x-lifeline-node"], "ids": ids, "text": text, "comments": comments}
-            for line in response.iter_lines():
-                if line.startswith(":"):
-                    comments.append(line)
-                elif line.startswith("data: {"):
-                    for choice in json.loads(line[6:]).get("choices", []):
-                        text.append(choice["text"])
-                        ids.extend(choice.get("token_ids") or [])
-
-    threads = [threading.Thread(target=stream, args=(i,)) for i in range(4)]
+    threads = [
+        threading.Thread(target=follow_stream, args=(client, results, i, GIVER, PROMPT + str(i), STREAM_TOKENS))
+        for i in range(4)
+    ]
     for t in threads:
         t.start()
     wait_for(lambda: len(results) == 4, 20, 0.05, "four streams started")
