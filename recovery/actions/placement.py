@@ -69,8 +69,12 @@ def live_fleet() -> tuple[list[Server], dict[str, tuple[Replica, ...]]]:
     return servers, {name: tuple(sorted(replicas)) for name, replicas in current.items()}
 
 
-def live_demands(models: set[str], measured: dict[str, dict] | None = None) -> list[Demand]:
-    """Each model's workload: measured over the last WINDOW_S, or its objective where that asks more."""
+def live_demands(
+    models: set[str], measured: dict[str, dict] | None = None, objective_lengths: bool = False
+) -> list[Demand]:
+    """Each model's workload: measured over the last WINDOW_S, or its objective where that asks more. With
+    `objective_lengths`, the prompt and output lengths are the objective's whatever was measured: those the
+    degradation level counts capacity at (a re-placement answers a level's rise)."""
     measured = _measured() if measured is None else measured
     objectives = {row.model_key: row for row in ModelCapacity.objects.filter(cluster=Cluster.default())}
     demands = []
@@ -80,7 +84,7 @@ def live_demands(models: set[str], measured: dict[str, dict] | None = None) -> l
         objective = objectives.get(model) or ModelCapacity(model_key=model)
         seen = measured.get(model)
         rate = max(objective.required_rps, (seen["count"] / WINDOW_S) if seen else 0.0)
-        if seen and seen["count"] >= MIN_MEASURED:
+        if seen and seen["count"] >= MIN_MEASURED and not objective_lengths:
             prompt, output = max(1, round(seen["prompt"] or 1)), max(1, round(seen["output"] or 1))
         else:
             prompt, output = objective.avg_prompt_tokens, objective.avg_output_tokens
@@ -99,8 +103,10 @@ def _measured() -> dict[str, dict]:
     }
 
 
-def _sources(demands: list[Demand], measured: dict[str, dict]) -> dict[str, str]:
+def _sources(demands: list[Demand], measured: dict[str, dict], objective_lengths: bool = False) -> dict[str, str]:
     """Where each model's lengths come from, in words for the page."""
+    if objective_lengths:
+        return {d.model: "lengths from the model's objective, as its degradation level counts them" for d in demands}
     return {
         d.model: (
             f"lengths measured over the last {WINDOW_S // 60} min ({measured[d.model]['count']} requests)"
@@ -151,14 +157,16 @@ def overview() -> dict | None:
     }
 
 
-def propose(add: dict | None = None, lose_racks: list[str] | None = None, evaluate: bool = True) -> dict:
+def propose(
+    add: dict | None = None, lose_racks: list[str] | None = None, evaluate: bool = True, objective_lengths: bool = False
+) -> dict:
     """The planner's placement for the live fleet (or the what-if one) against the current one, as JSON."""
     servers, current = live_fleet()
     if not servers:
         raise PlacementError("fleet", "the registry has no serving node yet: start some nodes, then ask again")
     models = {r.model for rs in current.values() for r in rs}
     measured = _measured()
-    demands = live_demands(models, measured)
+    demands = live_demands(models, measured, objective_lengths)
     fleet = what_if(servers, add, lose_racks or [])
     names = {s.name for s in fleet}
     kept = {name: replicas for name, replicas in current.items() if name in names}
@@ -167,7 +175,7 @@ def propose(add: dict | None = None, lose_racks: list[str] | None = None, evalua
         "generated_at": timezone.now().isoformat(),
         "what_if": {"add": add or None, "lose_racks": lose_racks or []},
         "demands": [dataclasses.asdict(d) for d in demands],
-        "sources": _sources(demands, measured),
+        "sources": _sources(demands, measured, objective_lengths),
         "current": _side(servers, current, demands),
         "proposed": _side(fleet, plan.assignment, demands),
         "moves": [

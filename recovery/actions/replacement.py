@@ -107,7 +107,9 @@ def propose(model: str = "", *, source: str = SOURCE, reason: str = "", requeste
         raise ProposalRefused(
             f"placement #{existing.pk} is {existing.get_state_display().lower()}: decide it or let it finish first"
         )
-    result = placement.propose()
+    # At the lengths the degradation level counts capacity at: the proposal answers a level's rise, and its
+    # capacities before and after are the level's.
+    result = placement.propose(objective_lengths=True)
     nodes = list(placement.plannable_nodes())
     switches, manual = switches_for(result, nodes)
     if not switches:

@@ -101,6 +101,37 @@ def test_a_model_short_of_capacity_gets_a_switch_from_a_model_with_room(commit, 
         commit(replacement.decide, proposal, cast["admin"], "reject", "too late")
 
 
+def test_a_proposal_counts_capacity_at_the_lengths_the_level_does_not_at_the_measured_ones(commit, tokens):
+    """Traffic far shorter than the objective's lengths: the page's plan reads the measured lengths, a proposal (the
+    answer to a level's rise) the objective's, so that its capacities before and after are the level's."""
+    from recovery.actions import placement
+    from recovery.models import RequestOutcome
+
+    fleet(commit)
+    now = timezone.now()
+    RequestOutcome.objects.bulk_create(
+        RequestOutcome(
+            request_id=f"short-{i}",
+            gateway="g",
+            tenant="t",
+            tier="standard",
+            model_key=SHORT,
+            status="ok",
+            prompt_tokens=100,
+            completion_tokens=50,
+            started_at=now,
+            finished_at=now,
+        )
+        for i in range(placement.MIN_MEASURED)
+    )
+    page = {d["model"]: d for d in placement.propose(evaluate=False)["demands"]}
+    assert (page[SHORT]["prompt_tokens"], page[SHORT]["output_tokens"]) == (100, 50)
+    proposal = commit(replacement.propose_for_level, SHORT, 2)
+    demand = {d["model"]: d for d in proposal.plan["demands"]}[SHORT]
+    assert (demand["prompt_tokens"], demand["output_tokens"]) == (512, 256)
+    assert proposal.plan["sources"][SHORT] == "lengths from the model's objective, as its degradation level counts them"
+
+
 def test_a_level_rise_of_a_model_with_no_other_model_beside_it_runs_no_planner(commit, tokens):
     commit(register, "rp-solo", gpu="H200-SXM", model=SHORT)
     objective(SHORT, required_rps=40.0)
