@@ -40,6 +40,7 @@ from recovery.models import (
 )
 from recovery.policy import breaker as breakers
 from recovery.policy import health as policy
+from recovery.policy import lifecycle
 from workers import catalog
 from workers import tokens as vocabulary
 
@@ -489,8 +490,15 @@ def schedule_canaries(now: float | None = None) -> list[tuple[int, bool]]:
     """The nodes due for a canary now, each claimed so that no other scheduler takes it: (node id, trial)."""
     now = time.time() if now is None else now
     cluster = Cluster.default()
+    started = cluster.control_plane_started_at
     due = []
     for node in Node.objects.filter(state=NodeState.SERVING).exclude(health=Health.DRAINING):
+        if started is not None and node.session_started_at and node.session_started_at < started:
+            # A session of the stack's previous run not heard since the control plane started: its process is
+            # gone or about to register again (new session, new address). The heartbeat sweep judges it by when
+            # the control plane started; a canary to its old address would count a restart as failures.
+            if lifecycle.of_a_previous_run(node.session_started_at, hot.last_seen(node.name), started):
+                continue
         trial = False
         if node.breaker != BreakerState.CLOSED:
             allowed, after = breaker_of(node).allow(now, cluster.breaker_open_s)

@@ -327,12 +327,7 @@ def _deaf(silent: list[tuple[str, float]], now: float, started: dt.datetime | No
 
 def _of_a_previous_run(node: Node, heard: float | None, started: dt.datetime | None) -> bool:
     """A session that began before the control plane started and has not sent a heartbeat since."""
-    return (
-        started is not None
-        and node.session_started_at is not None
-        and node.session_started_at < started
-        and (heard is None or heard < started.timestamp())
-    )
+    return lifecycle.of_a_previous_run(node.session_started_at, heard, started)
 
 
 def mark_long_down_nodes_left() -> list[str]:

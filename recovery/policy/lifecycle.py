@@ -6,6 +6,8 @@ highest state. A node that comes back after DOWN or LEFT starts a new session,
 which begins at JOIN again; its history stays with the node.
 """
 
+import datetime as dt
+
 JOIN = "join"
 SERVING = "serving"
 DOWN = "down"
@@ -43,3 +45,14 @@ def merge(a: str, b: str) -> str:
 def is_silent(last_seen: float, now: float, miss_s: float) -> bool:
     """A node whose last heartbeat is older than the allowed miss is DOWN."""
     return now - last_seen > miss_s
+
+
+def of_a_previous_run(session_started: dt.datetime | None, heard: float | None, started: dt.datetime | None) -> bool:
+    """A node's session began before the control plane started and has sent no heartbeat since: it ended while the
+    control plane was down (a restart of the stack), and its node is judged by when it started, not failed."""
+    return (
+        started is not None
+        and session_started is not None
+        and session_started < started
+        and (heard is None or heard < started.timestamp())
+    )

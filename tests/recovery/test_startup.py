@@ -199,3 +199,22 @@ def test_a_node_that_left_long_before_the_start_is_not_expected_back(commit, tok
     )
     commit(capacity.control_plane_started)
     assert capacity.report().starting == []
+
+
+def test_a_session_of_the_previous_run_gets_no_canary_until_it_is_heard_again(commit, tokens):
+    """After a restart of the stack, a node whose deregistration was lost is still SERVING at its old address: a
+    canary there would fail and count the restart against its health (UNHEALTHY, weight 0: a capacity loss). It is
+    left to the heartbeat sweep, which judges it by when the control plane started; heard again, it is canaried."""
+    from recovery.actions import health
+
+    commit(register, "su-old")
+    commit(register, "su-heard")
+    time.sleep(0.01)
+    commit(capacity.control_plane_started)
+    due = {Node.objects.get(pk=pk).name for pk, _ in commit(health.schedule_canaries)}
+    assert "su-old" not in due and "su-heard" not in due
+    hot.heartbeat("su-heard", time.time(), "serving", {"running": 0, "waiting": 0})
+    commit(register, "su-new")  # a new session after the start
+    due = {Node.objects.get(pk=pk).name for pk, _ in commit(health.schedule_canaries)}
+    assert due == {"su-heard", "su-new"}
+    assert Node.objects.get(name="su-old").health == "healthy"
