@@ -13,6 +13,7 @@ from console.auth import DECIDE_DRAINS, REQUEST_DRAINS, api_view, page_view
 from console.views import allow, refuse_nul
 from recovery import roles
 from recovery.actions import drains, placement, replacement
+from recovery.choices import PlacementState
 from recovery.http import json_error, json_object
 from recovery.models import PlacementProposal
 from workers import catalog
@@ -41,7 +42,7 @@ def proposal_json(proposal: PlacementProposal) -> dict:
         "incident": proposal.incident_id,
         "drains": [
             {"id": d.pk, "node": d.node.name, "state": d.state, "state_label": d.get_state_display(), "to": d.switch_to}
-            for d in proposal.drains.select_related("node").order_by("created_at")
+            for d in sorted(proposal.drains.all(), key=lambda d: d.created_at)
         ],
         "cost": proposal.plan.get("cost"),
         "capacity_rps": {
@@ -53,7 +54,7 @@ def proposal_json(proposal: PlacementProposal) -> dict:
 
 
 def _proposals() -> list[dict]:
-    return [proposal_json(p) for p in PlacementProposal.objects.all()[:RECENT]]
+    return [proposal_json(p) for p in PlacementProposal.objects.prefetch_related("drains__node")[:RECENT]]
 
 
 def _rows(result: dict) -> list[dict]:
@@ -147,7 +148,7 @@ def proposal_action(request, proposal_id: int, action: str):
     except replacement.ProposalRefused as exc:
         messages.error(request, str(exc))
         return redirect("placement")
-    if proposal.state == "refused":
+    if proposal.state == PlacementState.REFUSED:
         messages.error(request, f"Re-placement #{proposal.pk} refused: {proposal.outcome}")
     else:
         messages.success(request, f"Re-placement #{proposal.pk}: {proposal.get_state_display().lower()}.")
@@ -226,6 +227,6 @@ def api_proposal_decide(request, proposal_id: int, decision: str):
         return json_error(403, str(exc))
     except replacement.ProposalRefused as exc:
         return json_error(409, str(exc))
-    if proposal.state == "refused":
+    if proposal.state == PlacementState.REFUSED:
         return json_error(409, f"re-placement #{proposal.pk} refused: {proposal.outcome}")
     return JsonResponse(proposal_json(proposal))

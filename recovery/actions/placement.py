@@ -50,9 +50,9 @@ def plannable_nodes():
     )
 
 
-def live_fleet() -> tuple[list[Server], dict[str, tuple[Replica, ...]]]:
-    """The registry's plannable nodes as servers and the replicas they run now."""
-    nodes = plannable_nodes()
+def live_fleet(nodes: list[Node] | None = None) -> tuple[list[Server], dict[str, tuple[Replica, ...]]]:
+    """The registry's plannable nodes (or `nodes`, read already) as servers and the replicas they run now."""
+    nodes = plannable_nodes() if nodes is None else nodes
     gpus: dict[str, int] = defaultdict(int)
     kind: dict[str, tuple[str, str]] = {}
     current: dict[str, list[Replica]] = defaultdict(list)
@@ -158,10 +158,14 @@ def overview() -> dict | None:
 
 
 def propose(
-    add: dict | None = None, lose_racks: list[str] | None = None, evaluate: bool = True, objective_lengths: bool = False
+    add: dict | None = None,
+    lose_racks: list[str] | None = None,
+    evaluate: bool = True,
+    objective_lengths: bool = False,
+    nodes: list[Node] | None = None,
 ) -> dict:
     """The planner's placement for the live fleet (or the what-if one) against the current one, as JSON."""
-    servers, current = live_fleet()
+    servers, current = live_fleet(nodes)
     if not servers:
         raise PlacementError("fleet", "the registry has no serving node yet: start some nodes, then ask again")
     models = {r.model for rs in current.values() for r in rs}

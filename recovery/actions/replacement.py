@@ -107,10 +107,11 @@ def propose(model: str = "", *, source: str = SOURCE, reason: str = "", requeste
         raise ProposalRefused(
             f"placement #{existing.pk} is {existing.get_state_display().lower()}: decide it or let it finish first"
         )
-    # At the lengths the degradation level counts capacity at: the proposal answers a level's rise, and its
-    # capacities before and after are the level's.
-    result = placement.propose(objective_lengths=True)
+    # The fleet is read once, before the solve: the plan and the fingerprint checked at approval are of the same
+    # fleet, so a node that changes while the planner runs is a change the approval sees. At the lengths the
+    # degradation level counts capacity at: the proposal answers a level's rise, and its capacities are the level's.
     nodes = list(placement.plannable_nodes())
+    result = placement.propose(objective_lengths=True, nodes=nodes)
     switches, manual = switches_for(result, nodes)
     if not switches:
         raise ProposalRefused(

@@ -181,6 +181,24 @@ def test_a_plan_for_a_fleet_that_changed_is_refused_at_approval_saying_what_chan
     assert commit(replacement.propose, requested_by=cast["operator"], source="operator").state == "proposed"
 
 
+def test_a_node_that_joins_while_the_planner_runs_is_a_change_the_approval_sees(commit, tokens, cast, monkeypatch):
+    from recovery.policy import planner
+
+    fleet(commit)
+    solve = planner.plan
+
+    def plan_while_a_node_joins(*args, **kwargs):
+        result = solve(*args, **kwargs)
+        register("rp-late", gpu="H200-SXM", model=SHORT, rack="rack-b")
+        return result
+
+    monkeypatch.setattr(planner, "plan", plan_while_a_node_joins)
+    proposal = commit(replacement.propose_for_level, SHORT, 2)
+    assert "rp-late" not in proposal.fleet
+    refused = commit(replacement.decide, proposal, cast["oncall"], "approve", "go")
+    assert refused.state == PlacementState.REFUSED and f"rp-late joined ({SHORT} TP1)" in refused.outcome
+
+
 def test_a_rejected_proposal_switches_nothing(commit, tokens, cast):
     fleet(commit)
     proposal = commit(replacement.propose_for_level, SHORT, 2)
