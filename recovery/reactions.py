@@ -16,10 +16,12 @@ place.
 """
 
 import logging
+import time
 
 from celery import shared_task
 from django.db import transaction
 from django.utils import timezone
+from kombu.exceptions import OperationalError
 
 from recovery import tasks
 from recovery.actions import capacity, drains, health, incidents, live_migration, nodes
@@ -37,6 +39,39 @@ from recovery.policy import capacity as capacity_policy
 log = logging.getLogger(__name__)
 
 BATCH = 500  # rows of one kind per pass; the next pass takes the rest
+# A follow-up task is published after its reaction commits. The broker (Redis) may be restarting right then: the
+# publish tries again every second for this long (a supervised Redis is back in a second or two).
+PUBLISH_WAIT_S = 30.0
+_broker_gave_up_at = 0.0  # when a publish last waited PUBLISH_WAIT_S in vain: the next ones then try once
+
+
+def follow_up(task, *args) -> None:
+    """Queue `task(*args)` once the reaction's transaction commits, riding out a broker restart.
+
+    Celery's own publish retries for about two seconds and then raises out of
+    the commit; the reaction's row is already claimed, so its follow-up would be
+    lost with a traceback. Here the publish waits for the broker, and if it stays
+    away past the wait, says what was not queued (the periodic work redoes most
+    of it: drains advance every second, canaries and capacity come due).
+    """
+    transaction.on_commit(lambda: _publish(task, args))
+
+
+def _publish(task, args: tuple) -> None:
+    global _broker_gave_up_at
+    patient = time.monotonic() - _broker_gave_up_at > PUBLISH_WAIT_S
+    deadline = time.monotonic() + (PUBLISH_WAIT_S if patient else 0.0)
+    while True:
+        try:
+            task.apply_async(args)
+            return
+        except OperationalError as exc:  # Celery's own retries (about two seconds) found no broker
+            if time.monotonic() >= deadline:
+                if patient:
+                    _broker_gave_up_at = time.monotonic()
+                log.error("%s%r not queued: the broker is unreachable (%s)", task.name, args, exc)
+                return
+            time.sleep(1.0)
 
 
 def on_node_transition(row: NodeTransition) -> None:
@@ -49,9 +84,9 @@ def on_node_transition(row: NodeTransition) -> None:
         incidents.on_node_transition(node.pk, row.old_state, row.new_state, row.cause, row.at)
     if row.new_state == NodeState.SERVING:
         if capacity.level_of(node.model_key):
-            tasks.apply_batch_factor.delay_on_commit(node.pk)  # it joins at its model's level's batch limit
+            follow_up(tasks.apply_batch_factor, node.pk)  # it joins at its model's level's batch limit
         if row.old_state == NodeState.JOIN:
-            tasks.end_assist.delay_on_commit(node.pk)  # its full model is ready: its draft stops assisting
+            follow_up(tasks.end_assist, node.pk)  # its full model is ready: its draft stops assisting
 
 
 def on_health_transition(row: HealthTransition) -> None:
@@ -84,7 +119,7 @@ def on_health_transition(row: HealthTransition) -> None:
         incidents.on_spare_promoted(node, row.details["in_place_of"])
     elif row.kind == HealthChange.MODEL and row.new == "draft_ready":
         if incidents.on_draft_ready(node):
-            tasks.start_assist.delay_on_commit(node.pk)
+            follow_up(tasks.start_assist, node.pk)
 
 
 def on_drain_step(row: DrainStep) -> None:
@@ -94,26 +129,26 @@ def on_drain_step(row: DrainStep) -> None:
             # The node leaves service: capacity lost like a failure's, an incident of its own (the report counts
             # it), restored when the node is back in routing or a spare serves in its place.
             incidents.open_for_fault(drain.node, f"drain #{drain.pk} approved: {drain.reason}", at=row.at, drain=drain)
-        tasks.advance_drain.delay_on_commit(row.drain_id)  # at once, not at the next beat
+        follow_up(tasks.advance_drain, row.drain_id)  # at once, not at the next beat
     elif row.new_state == DrainState.VERIFYING and (row.old_state != DrainState.VERIFYING or row.details.get("trial")):
-        tasks.run_canary.delay_on_commit(row.drain.node_id, True)
+        follow_up(tasks.run_canary, row.drain.node_id, True)
 
 
 def on_degradation_change(row: DegradationChange) -> None:
     incidents.on_degradation(row.old_level, row.new_level, row.cause, row.at, row.model_key)
     if row.model_key and row.new_level > row.old_level and not row.simulated:
-        tasks.propose_placement.delay_on_commit(row.model_key, row.new_level)
+        follow_up(tasks.propose_placement, row.model_key, row.new_level)
     if capacity_policy.EFFECTS[row.old_level].batch_factor != capacity_policy.EFFECTS[row.new_level].batch_factor:
         serving = Node.objects.filter(state=NodeState.SERVING)
         if row.model_key:  # the model's own nodes: another model's batch is not cut for it
             serving = serving.filter(model_key=row.model_key)
         for node_id in serving.values_list("pk", flat=True):
-            tasks.apply_batch_factor.delay_on_commit(node_id)
+            follow_up(tasks.apply_batch_factor, node_id)
 
 
 def on_notification(row: Notification) -> None:
-    tasks.deliver_notification.delay_on_commit(row.pk, "webhook")
-    tasks.deliver_notification.delay_on_commit(row.pk, "email")
+    follow_up(tasks.deliver_notification, row.pk, "webhook")
+    follow_up(tasks.deliver_notification, row.pk, "email")
 
 
 REACTIONS = (

@@ -70,7 +70,7 @@ def test_one_models_loss_raises_its_own_level_and_not_the_other_models(commit, t
 def test_a_level_change_cuts_the_batch_of_that_models_nodes_only(commit, react, two_models, monkeypatch):
     react()  # the nodes' joining, handled at level 0
     sent = []
-    monkeypatch.setattr(tasks.apply_batch_factor, "delay_on_commit", sent.append)
+    monkeypatch.setattr(tasks.apply_batch_factor, "apply_async", lambda args, **options: sent.append(args[0]))
     kill(commit, "pm-q0")  # three of four: 79 %, level 1 (batch ×0.75)
     assert commit(capacity.evaluate, 1001.0) == 1
     react()

@@ -141,7 +141,7 @@ def test_a_level_rise_of_a_model_with_no_other_model_beside_it_runs_no_planner(c
 
 def test_a_level_rise_asks_for_a_proposal_and_a_fall_does_not(commit, tokens, monkeypatch):
     asked = []
-    monkeypatch.setattr(tasks.propose_placement, "delay_on_commit", lambda *args: asked.append(args))
+    monkeypatch.setattr(tasks.propose_placement, "apply_async", lambda args, **options: asked.append(tuple(args)))
     fleet(commit)
     commit(capacity.set_level, SHORT, 2, "two nodes lost")
     commit(capacity.set_level, SHORT, 1, "one back")
