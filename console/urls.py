@@ -29,6 +29,7 @@ urlpatterns = [
     path("checkpoints/", checkpoints.checkpoints, name="checkpoints"),
     path("keys/", keys.api_keys, name="keys"),
     path("keys/<int:key_id>/revoke", keys.revoke_key, name="key-revoke"),
+    path("keys/restrict", keys.restrict_keys, name="keys-restrict"),
     path("drains/", drains.drain_list, name="drains"),
     path("drains/<int:drain_id>/", drains.drain_page, name="drain"),
     path("drains/<int:drain_id>/<str:action>", drains.drain_action, name="drain-action"),

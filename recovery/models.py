@@ -282,6 +282,10 @@ class Node(models.Model):
         "NVLink domain", max_length=63, blank=True, help_text="The NVLink domain its GPUs belong to; blank: none."
     )
     network = models.CharField(max_length=16, default="infiniband", help_text="The network between servers.")
+    # Who runs its machine and where (document 004's trusted providers): a key restricted to some providers or
+    # regions is never served on, nor checkpointed to, a node outside them.
+    provider = models.CharField(max_length=63, blank=True, help_text="The provider that runs its machine.")
+    region = models.CharField(max_length=63, blank=True, help_text="The region its machine is in.")
     pid = models.PositiveIntegerField(null=True, blank=True)
     model_key = models.CharField("model", max_length=64)
     gpu_key = models.CharField("GPU", max_length=32)
@@ -405,12 +409,26 @@ class ApiKey(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # Data residency (document 004's trusted providers): when either list is set, the key's requests run, and keep
+    # their checkpoints, only on nodes of a listed provider or in a listed region. Both empty: any node.
+    trusted_providers = models.JSONField(default=list, blank=True)
+    trusted_regions = models.JSONField(default=list, blank=True)
 
     class Meta:
         ordering = ["tenant", "-created_at"]
 
     def __str__(self):
         return f"{self.prefix}… {self.tenant} ({self.tier})"
+
+    @property
+    def restricted(self) -> bool:
+        return bool(self.trusted_providers or self.trusted_regions)
+
+    def trust_text(self) -> str:
+        """Where its requests may run, in words: "any node", or the providers and regions it trusts."""
+        parts = [f"provider {', '.join(self.trusted_providers)}"] if self.trusted_providers else []
+        parts += [f"region {', '.join(self.trusted_regions)}"] if self.trusted_regions else []
+        return " or ".join(parts) or "any node"
 
     @staticmethod
     def new_secret() -> str:

@@ -30,6 +30,8 @@ class Cluster:
         self.gpus = {}
         self.models = {}  # node -> model, where not Qwen3-32B
         self.capabilities = {}  # node -> what it offers, where not all an emulated node does
+        self.where = {}  # node -> {"provider": …, "region": …}, where said
+        self.keys_extra = {}  # API key -> its entry ({"id", "tenant", "tier", "providers", "regions"})
         self.servers = []
         self.config = {"placement_policy": "load_aware", "stall_timeout_s": 2.0}
 
@@ -61,6 +63,7 @@ class Cluster:
                     "weight": 0.0 if name in cordoned else 1.0,
                     "session": str(n.pid),
                     **({"capabilities": self.capabilities[name]} if name in self.capabilities else {}),
+                    **self.where.get(name, {}),
                 }
             )
             for name, n in self.nodes.items()
@@ -75,6 +78,8 @@ class Cluster:
             hashlib.sha256(KEY.encode()).hexdigest(),
             json.dumps({"id": 1, "tenant": "acme", "tier": "premium"}),
         )
+        for key, entry in self.keys_extra.items():
+            self.client.hset(self.keys.gateway_keys, hashlib.sha256(key.encode()).hexdigest(), json.dumps(entry))
         self.client.set(self.keys.cluster_config, json.dumps(self.config))
         self.client.publish(self.keys.routing_changed, "1")
 

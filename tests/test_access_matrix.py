@@ -79,6 +79,8 @@ MATRIX: dict[str, dict[str, dict]] = {
     "checkpoints": {"GET": page(), "POST": page()},
     "keys": {"GET": page(200, ()), "POST": page(400, ())},
     "key-revoke": {"GET": everyone(405), "POST": page(404, ())},
+    # Restricting a tenant to trusted providers: an admin's; refused (no tenant) answers with the page's message.
+    "keys-restrict": {"GET": everyone(405), "POST": page(302, ())},
     "drains": {"GET": page(), "POST": page()},
     "drain": {"GET": page(404), "POST": page(404)},
     "drain-action": {"GET": everyone(405), "POST": page(404)},

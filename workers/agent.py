@@ -523,6 +523,8 @@ def status_document(runtime: NodeRuntime) -> dict:
         "server": identity.server,
         "nvl_domain": identity.nvl_domain,
         "network": identity.network,
+        "provider": identity.provider,
+        "region": identity.region,
         "address": identity.address,
         "spare": identity.spare,
         "model": engine.model.key,

@@ -77,6 +77,18 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=env("LIFELINE_NODE_NETWORK", "infiniband"),
         help="the network between servers and racks (default infiniband)",
     )
+    parser.add_argument(
+        "--provider",
+        default=env("LIFELINE_NODE_PROVIDER", ""),
+        help="who runs this machine (a cloud, a colocation, on-premises); an API key restricted to trusted providers "
+        "is served only on theirs",
+    )
+    parser.add_argument(
+        "--region",
+        default=env("LIFELINE_NODE_REGION", ""),
+        help="where this machine is (e.g. eu-west); an API key restricted to regions, for data residency, is served "
+        "only in them",
+    )
     parser.add_argument("--model", default=env("LIFELINE_NODE_MODEL", "Qwen3-32B"), choices=sorted(catalog.MODELS))
     parser.add_argument("--gpu", default=env("LIFELINE_NODE_GPU", "H100-SXM"), choices=sorted(catalog.GPUS))
     parser.add_argument("--tp", type=int, default=int(env("LIFELINE_NODE_TP", "1")), choices=catalog.TP_DEGREES)
@@ -243,6 +255,8 @@ def build_runtime(args: argparse.Namespace) -> tuple[NodeRuntime, DcgmCollector]
         server=args.server,
         nvl_domain=args.nvl_domain,
         network=args.network,
+        provider=args.provider,
+        region=args.region,
     )
     # The runtime holds the telemetry, and emulated figures follow the load the runtime measures:
     # built first, the telemetry looks the runtime up only when it reads.
@@ -317,6 +331,8 @@ async def serve(args: argparse.Namespace) -> str | None:
             server=identity.server,
             nvl_domain=identity.nvl_domain,
             network=identity.network,
+            provider=identity.provider,
+            region=identity.region,
         )
 
     gpu_telemetry = HeartbeatTelemetry(telemetry)

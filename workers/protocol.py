@@ -155,6 +155,9 @@ class Registration:
     server: str = ""
     nvl_domain: str = ""
     network: str = "infiniband"
+    # Who runs the machine and where (document 004's trusted providers); blank: not said.
+    provider: str = ""
+    region: str = ""
     version: int = PROTOCOL_VERSION
 
     @classmethod
@@ -183,7 +186,9 @@ class Registration:
         spare = data.get("spare")
         if spare is not None and not isinstance(spare, bool):
             raise ProtocolError("spare", f"must be bool, got {type(spare).__name__}")
-        server, nvl_domain = (_optional_name(data, key) for key in ("server", "nvl_domain"))
+        server, nvl_domain, provider, region = (
+            _optional_name(data, key) for key in ("server", "nvl_domain", "provider", "region")
+        )
         network = data.get("network") or "infiniband"
         if network not in NETWORKS:
             raise ProtocolError("network", f"{network!r} is not a network: expected one of {', '.join(NETWORKS)}")
@@ -207,6 +212,8 @@ class Registration:
             server=server,
             nvl_domain=nvl_domain,
             network=network,
+            provider=provider,
+            region=region,
             version=version,
         )
 

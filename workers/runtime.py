@@ -33,6 +33,8 @@ class Identity:
     server: str = ""
     nvl_domain: str = ""
     network: str = "infiniband"
+    provider: str = ""  # who runs the machine, and where (document 004's trusted providers)
+    region: str = ""
 
     @property
     def pid(self) -> int:

@@ -23,6 +23,8 @@ def api_keys(request):
                 request.POST.get("tenant", ""),
                 request.POST.get("tier", ""),
                 request.POST.get("label", ""),
+                providers=request.POST.get("providers", ""),
+                regions=request.POST.get("regions", ""),
                 actor=request.user.get_username(),
                 created_by=request.user,
             )
@@ -32,6 +34,27 @@ def api_keys(request):
     rows = ApiKey.objects.select_related("created_by").order_by("revoked_at", "tenant", "-created_at")
     context = {"keys": rows, "created": created, "tiers": Tier.choices}
     return render(request, "console/keys.html", context, status=status)
+
+
+@require_POST
+@page_view(roles.ADMIN)
+def restrict_keys(request):
+    """Restrict every active key of a tenant to trusted providers or regions (data residency), or lift it."""
+    tenant = request.POST.get("tenant", "")
+    try:
+        changed = keys.restrict_tenant(
+            tenant,
+            request.POST.get("providers", ""),
+            request.POST.get("regions", ""),
+            actor=request.user.get_username(),
+            reason=request.POST.get("reason", ""),
+        )
+    except keys.KeyRefused as exc:
+        messages.error(request, f"{exc}.")
+    else:
+        shown = ApiKey.objects.filter(tenant=tenant.strip(), revoked_at__isnull=True).first().trust_text()
+        messages.success(request, f"{changed} key(s) of {tenant.strip()} now served on {shown}.")
+    return redirect("keys")
 
 
 @require_POST

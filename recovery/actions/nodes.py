@@ -116,6 +116,8 @@ def register_node(reg: Registration) -> Node:
             "server": reg.server,
             "nvl_domain": reg.nvl_domain,
             "network": reg.network,
+            "provider": reg.provider,
+            "region": reg.region,
             "pid": reg.pid,
             "model_key": deployment.model.key,
             "gpu_key": deployment.gpu.key,

@@ -17,9 +17,9 @@ from django.db.models import Avg, Count
 from django.utils import timezone
 
 from recovery.choices import Health, NodeState
-from recovery.models import Cluster, ModelCapacity, Node, RequestOutcome
+from recovery.models import ApiKey, Cluster, ModelCapacity, Node, RequestOutcome
 from recovery.policy import planner
-from recovery.policy.planner import Demand, Replica, Server
+from recovery.policy.planner import Demand, Replica, Restriction, Server
 from recovery.sim import planning
 from workers import catalog
 
@@ -54,16 +54,24 @@ def live_fleet(nodes: list[Node] | None = None) -> tuple[list[Server], dict[str,
     """The registry's plannable nodes (or `nodes`, read already) as servers and the replicas they run now."""
     nodes = plannable_nodes() if nodes is None else nodes
     gpus: dict[str, int] = defaultdict(int)
-    kind: dict[str, tuple[str, str]] = {}
+    kind: dict[str, tuple[str, str, str, str]] = {}
     current: dict[str, list[Replica]] = defaultdict(list)
     for node in nodes:
         server = node.server or node.name
         gpus[server] += node.tp
-        kind.setdefault(server, (node.gpu_key, node.rack.name))
+        kind.setdefault(server, (node.gpu_key, node.rack.name, node.provider, node.region))
         current[server].append(Replica(node.model_key, node.tp))
     # A node switches model, never its tensor-parallel degree: a server is planned at its nodes' degrees.
     servers = [
-        Server(name, kind[name][0], gpus[name], kind[name][1], tps=tuple(sorted({r.tp for r in current[name]})))
+        Server(
+            name,
+            kind[name][0],
+            gpus[name],
+            kind[name][1],
+            provider=kind[name][2],
+            region=kind[name][3],
+            tps=tuple(sorted({r.tp for r in current[name]})),
+        )
         for name in sorted(gpus)
     ]
     return servers, {name: tuple(sorted(replicas)) for name, replicas in current.items()}
@@ -77,6 +85,7 @@ def live_demands(
     degradation level counts capacity at (a re-placement answers a level's rise)."""
     measured = _measured() if measured is None else measured
     objectives = {row.model_key: row for row in ModelCapacity.objects.filter(cluster=Cluster.default())}
+    restricted = restrictions()
     demands = []
     for model in sorted(models | set(objectives)):
         if model not in catalog.MODELS:
@@ -88,8 +97,44 @@ def live_demands(
             prompt, output = max(1, round(seen["prompt"] or 1)), max(1, round(seen["output"] or 1))
         else:
             prompt, output = objective.avg_prompt_tokens, objective.avg_output_tokens
-        demands.append(Demand(model, round(rate, 3), prompt, output, objective.ttft_ms, objective.tpot_ms))
+        demands.append(
+            Demand(
+                model,
+                round(rate, 3),
+                prompt,
+                output,
+                objective.ttft_ms,
+                objective.tpot_ms,
+                restricted.get(model, ()),
+            )
+        )
     return demands
+
+
+def restrictions() -> dict[str, tuple[Restriction, ...]]:
+    """Per model, the tenants whose keys trust only some providers or regions, each with the requests per second
+    it sent that model over the last WINDOW_S: the plan keeps that much capacity where they trust."""
+    trust: dict[str, tuple[frozenset, frozenset]] = {}
+    for key in ApiKey.objects.filter(revoked_at__isnull=True):
+        if not key.restricted:
+            continue
+        providers, regions = trust.get(key.tenant, (frozenset(), frozenset()))
+        trust[key.tenant] = (providers | set(key.trusted_providers), regions | set(key.trusted_regions))
+    if not trust:
+        return {}
+    since = timezone.now() - timedelta(seconds=WINDOW_S)
+    sent = (
+        RequestOutcome.objects.filter(finished_at__gte=since, simulated=False, tenant__in=trust)
+        .values("model_key", "tenant")
+        .annotate(count=Count("id"))
+    )
+    found: dict[str, list[Restriction]] = defaultdict(list)
+    for row in sent.order_by("model_key", "tenant"):
+        providers, regions = trust[row["tenant"]]
+        found[row["model_key"]].append(
+            Restriction(row["tenant"], round(row["count"] / WINDOW_S, 3), providers, regions)
+        )
+    return {model: tuple(rows) for model, rows in found.items()}
 
 
 def _measured() -> dict[str, dict]:
@@ -151,7 +196,7 @@ def overview() -> dict | None:
     measured = _measured()
     demands = live_demands({r.model for rs in current.values() for r in rs}, measured)
     return {
-        "demands": [dataclasses.asdict(d) for d in demands],
+        "demands": [_demand_json(d) for d in demands],
         "sources": _sources(demands, measured),
         "current": _side(servers, current, demands),
     }
@@ -178,7 +223,7 @@ def propose(
     result = {
         "generated_at": timezone.now().isoformat(),
         "what_if": {"add": add or None, "lose_racks": lose_racks or []},
-        "demands": [dataclasses.asdict(d) for d in demands],
+        "demands": [_demand_json(d) for d in demands],
         "sources": _sources(demands, measured, objective_lengths),
         "current": _side(servers, current, demands),
         "proposed": _side(fleet, plan.assignment, demands),
@@ -226,7 +271,18 @@ def _side(servers, assignment, demands) -> dict:
         },
         "capacity_rps": measures.capacity_rps,
         "after_rack_loss_rps": measures.after_rack_loss_rps,
+        # Per restricted tenant of a model, the capacity on the providers and regions it trusts.
+        "trusted_rps": measures.trusted_rps,
     }
+
+
+def _demand_json(demand: Demand) -> dict:
+    """A demand as JSON: its restrictions' providers and regions as sorted lists."""
+    data = dataclasses.asdict(demand)
+    data["restrictions"] = [
+        {**r, "providers": sorted(r["providers"]), "regions": sorted(r["regions"])} for r in data["restrictions"]
+    ]
+    return data
 
 
 def _cost(plan: planner.Plan) -> dict:

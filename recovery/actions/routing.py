@@ -21,6 +21,8 @@ def routing_entries() -> dict[str, dict]:
             "server": n.server,
             "nvl_domain": n.nvl_domain,
             "network": n.network,
+            "provider": n.provider,
+            "region": n.region,
             "gpu": n.gpu_key,
             "tp": n.tp,
             "weight": n.weight,
@@ -51,7 +53,11 @@ def publish_cluster_config() -> None:
 
 def gateway_key_entries() -> dict[str, dict]:
     rows = ApiKey.objects.filter(revoked_at__isnull=True)
-    return {k.digest: {"id": k.pk, "tenant": k.tenant, "tier": k.tier} for k in rows}
+    return {
+        k.digest: {"id": k.pk, "tenant": k.tenant, "tier": k.tier}
+        | ({"providers": k.trusted_providers, "regions": k.trusted_regions} if k.restricted else {})
+        for k in rows
+    }
 
 
 def publish_gateway_keys() -> None:

@@ -215,7 +215,9 @@ async def _serve(request: web.Request, path: str) -> web.StreamResponse:
             headers={"Retry-After": str(SHED_RETRY_AFTER_S)},
         )
     request_id = takeover.request_id if takeover else req.extension.request_id or f"gw-{os.urandom(8).hex()}"
-    flight = Flight(request_id, tenant.tenant, tenant.tier, req.model, req.prompt_tokens, req.params.max_tokens)
+    flight = Flight(
+        request_id, tenant.tenant, tenant.tier, req.model, req.prompt_tokens, req.params.max_tokens, trust=tenant.trust
+    )
     if takeover is not None:
         # The client came back to the gateway that relayed its stream before it noticed the client went away.
         deadline = time.monotonic() + TAKEOVER_WAIT_S

@@ -19,7 +19,7 @@ import aiohttp
 
 from recovery.gateway.fleet import FleetState
 from recovery.gateway.signals import Signals
-from recovery.gateway.table import Route, RoutingView
+from recovery.gateway.table import Route, RoutingView, Trust
 from recovery.gateway.watch import NodeWatcher
 from recovery.policy import dispatch, placement, recovery
 from workers.catalog import BLOCK_TOKENS
@@ -55,6 +55,8 @@ class Flight:
     # hand a request over itself, a real engine's: the gateway stops reading it and re-prefills elsewhere).
     upstream: aiohttp.ClientResponse | None = field(default=None, repr=False)
     handing_over: bool = False
+    # Its API key's trusted providers and regions: it runs, and keeps its checkpoints, only on their nodes.
+    trust: Trust | None = None
 
     @property
     def context_tokens(self) -> int:
@@ -127,15 +129,16 @@ class Coordinator:
         self, flight: Flight, decision: dispatch.Decision | None, exclude: set[str]
     ) -> tuple[Route | None, dispatch.Decision | None]:
         """The node to (re)start `flight` on, and the decision that goes with it."""
+        outside = self.untrusted(flight)
         if decision is not None:
             route = self.view.routes.get(decision.target)
-            if route is not None and decision.target not in self.failed and decision.target not in exclude:
+            if route is not None and not {decision.target} & (self.failed.keys() | exclude | outside):
                 return route, decision
             # The planned target left routing meanwhile: whoever is least loaded re-prefills it.
             exclude.add(decision.target)
         if decision is not None:  # only a node that can resume continues a request
             exclude = exclude | {r.name for r in self.view.candidates(flight.model) if not r.resumes}
-        route = self.choose(flight.model, flight.context_tokens, exclude)
+        route = self.choose(flight.model, flight.context_tokens, exclude | outside if outside else exclude)
         if route is not None and decision is not None:
             decision = dispatch.Decision(
                 flight.request_id,
@@ -156,7 +159,11 @@ class Coordinator:
 
     def adopt(self, flight: Flight, route: Route, holders: tuple[str, ...]) -> None:
         """`flight` is a stream taken over from another gateway: it runs on `route` already, its holders placed."""
-        flight.node, flight.holders = route.name, tuple(h for h in holders if h in self.view.routes)
+        outside = self.untrusted(flight)
+        flight.node, flight.holders = (
+            route.name,
+            tuple(h for h in holders if h in self.view.routes and h not in outside),
+        )
         self.watcher.dispatched(route.name, flight.request_id, flight.context_tokens)
 
     def refused(self, flight: Flight, node: str) -> None:
@@ -261,6 +268,13 @@ class Coordinator:
         self.fleet.node_changed(name)
 
     # --- load, as the policies see it -------------------------------------------------------
+    def untrusted(self, flight: Flight) -> set[str]:
+        """The nodes of `flight`'s model its API key does not trust: never its node, nor a holder of its KV. Empty
+        for a key with no restriction."""
+        if flight.trust is None:
+            return set()
+        return {r.name for r in self.view.candidates(flight.model) if not flight.trust.trusts(r)}
+
     def routable(self, model: str, exclude: set[str] = frozenset()) -> dict[str, Route]:
         return {r.name: r for r in self.view.candidates(model) if r.name not in self.failed and r.name not in exclude}
 
@@ -291,8 +305,14 @@ class Coordinator:
                 return route
         return None
 
-    def why_no_node(self, model: str) -> str:
-        """The reason a request for `model` found no node, for its 503."""
+    def why_no_node(self, flight: Flight) -> str:
+        """The reason `flight` found no node, for its 503."""
+        model = flight.model
+        if flight.trust is not None and not any(flight.trust.trusts(r) for r in self.view.candidates(model)):
+            return (
+                f"no node of {model} in this API key's trusted {flight.trust} is in service "
+                "(the key is restricted to them, for data residency)"
+            )
         joining = self.joining(model)
         if joining:
             shown = ", ".join(sorted(joining)[:5]) + (" …" if len(joining) > 5 else "")
@@ -309,7 +329,8 @@ class Coordinator:
     def place(self, flight: Flight, serving: Route) -> tuple[Route, ...]:
         """Checkpoint holders for a request dispatched to `serving`, by the cluster's policy."""
         tokens = flight.prompt_tokens + flight.max_tokens
-        chosen = self.fleet.place(flight.model, serving.name, tokens, flight.prompt_tokens)
+        outside = self.untrusted(flight)
+        chosen = self.fleet.place(flight.model, serving.name, tokens, flight.prompt_tokens, outside)
         holders = tuple(self.view.routes[name] for name in chosen)
         self.fleet.placed(holders, math.ceil(tokens / BLOCK_TOKENS))
         return holders
@@ -341,8 +362,13 @@ class Coordinator:
 
     def _plan(self, failed_node: str, only: list[Flight] | None = None, exclude: set[str] = frozenset()) -> None:
         stranded = only if only is not None else [f for f in self.flights.values() if f.node == failed_node]
-        if not stranded:
-            return
+        by_trust: dict[Trust | None, list[Flight]] = {}
+        for flight in stranded:  # a restricted key's requests are planned among the nodes it trusts only
+            by_trust.setdefault(flight.trust, []).append(flight)
+        for flights in by_trust.values():
+            self._plan_among(failed_node, flights, set(exclude) | self.untrusted(flights[0]))
+
+    def _plan_among(self, failed_node: str, stranded: list[Flight], exclude: set[str]) -> None:
         model = stranded[0].model
         survivors = {}
         for name, route in self.routable(model, exclude).items():
@@ -472,7 +498,9 @@ class Coordinator:
         request_bytes = (flight.prompt_tokens + flight.max_tokens) * serving.deployment.model.kv_bytes_per_token
         routes = {
             name: route
-            for name, route in self.routable(flight.model, {serving.name, flight.holders[0]}).items()
+            for name, route in self.routable(
+                flight.model, {serving.name, flight.holders[0]} | self.untrusted(flight)
+            ).items()
             if placement.second_copy_fits(
                 self.watcher.status(name).checkpoint_bytes_held,
                 self.watcher.status(name).checkpoint_budget_bytes,
@@ -501,7 +529,7 @@ class Coordinator:
             "failed": 0,
         }
         for flight in moving:
-            target = self.choose(flight.model, flight.context_tokens, {name})
+            target = self.choose(flight.model, flight.context_tokens, {name} | self.untrusted(flight))
             if target is None or source is None:
                 results["failed"] += 1
                 continue

@@ -128,7 +128,11 @@ class FleetState:
             return pool.nodes.choose(prompt_tokens, self.clock(), self.failed)
         return pool.nodes.choose(prompt_tokens, self.clock(), set(exclude) | set(self.failed) | silent)
 
-    def place(self, model: str, serving: str, request_tokens: int, prefix_tokens: int) -> tuple[str, ...]:
+    def place(
+        self, model: str, serving: str, request_tokens: int, prefix_tokens: int, exclude: set[str] = frozenset()
+    ) -> tuple[str, ...]:
+        """Holders for a request on `serving` by the cluster's policy; never one of `exclude` (nodes its key does
+        not trust)."""
         pool = self.pools.get(model)
         route = self.view.routes.get(serving)
         if pool is None or route is None or not route.holds_checkpoints:
@@ -138,7 +142,7 @@ class FleetState:
         return placement.place(
             config.placement_policy,
             serving,
-            pool.holders,
+            [c for c in pool.holders if c.name not in exclude] if exclude else pool.holders,
             request_bytes=request_tokens * route.deployment.model.kv_bytes_per_token,
             prefix_tokens=prefix_tokens,
             tau=config.tau_tokens,

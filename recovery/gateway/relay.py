@@ -164,7 +164,7 @@ class Relay:
             if route is None and decision is None and not self._sent_any:
                 route = await co.wait_for_a_node(flight, exclude)  # the fleet may be starting: nodes are joining
             if route is None:
-                return await self._give_up(co.why_no_node(flight.model))
+                return await self._give_up(co.why_no_node(flight))
             payload = self._payload(route, co.assign(flight, route), decision)
             self.nodes.append(route.name)
             try:

@@ -39,6 +39,8 @@ class Route:
     server: str = ""
     nvl_domain: str = ""
     network: str = "infiniband"
+    provider: str = ""  # who runs its machine, and where: a restricted key's requests stay on the ones it trusts
+    region: str = ""
 
     @property
     def placement(self) -> catalog.Placement:
@@ -76,10 +78,33 @@ def _deployment(model: str, gpu: str, tp: int) -> catalog.Deployment:
 
 
 @dataclass(frozen=True)
+class Trust:
+    """The providers and regions a restricted API key trusts (document 004): its requests run, and keep their
+    checkpoints, only on a node of one of the providers or in one of the regions."""
+
+    providers: frozenset[str] = frozenset()
+    regions: frozenset[str] = frozenset()
+
+    def trusts(self, route: Route) -> bool:
+        return route.provider in self.providers or route.region in self.regions
+
+    def __str__(self) -> str:
+        parts = [f"provider {', '.join(sorted(self.providers))}"] if self.providers else []
+        parts += [f"region {', '.join(sorted(self.regions))}"] if self.regions else []
+        return " or ".join(parts)
+
+    @classmethod
+    def of(cls, entry: dict) -> "Trust | None":
+        providers, regions = frozenset(entry.get("providers") or ()), frozenset(entry.get("regions") or ())
+        return cls(providers, regions) if providers or regions else None
+
+
+@dataclass(frozen=True)
 class Tenant:
     key_id: int
     tenant: str
     tier: str
+    trust: Trust | None = None  # None: any node
 
 
 @dataclass(frozen=True)
@@ -190,6 +215,8 @@ class RoutingView:
                     entry.get("server", ""),
                     entry.get("nvl_domain", ""),
                     entry.get("network", "infiniband"),
+                    entry.get("provider", ""),
+                    entry.get("region", ""),
                 )
                 routes[name].deployment  # noqa: B018 - refuse a route the catalog cannot time
             except (KeyError, ValueError, catalog.CatalogError) as exc:
@@ -197,7 +224,8 @@ class RoutingView:
                 routes.pop(name, None)
         self.routes = routes
         self.tenants = {
-            d: Tenant(i["id"], i["tenant"], i["tier"]) for d, i in ((d, json.loads(v)) for d, v in raw_keys.items())
+            d: Tenant(i["id"], i["tenant"], i["tier"], Trust.of(i))
+            for d, i in ((d, json.loads(v)) for d, v in raw_keys.items())
         }
         try:
             self.config = ClusterConfig.parse(raw_config)

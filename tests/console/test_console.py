@@ -207,3 +207,32 @@ def test_admins_create_and_revoke_gateway_keys(client, cast, django_capture_on_c
         "create_api_key",
         "revoke_api_key",
     ]
+
+
+def test_admins_restrict_a_tenant_to_trusted_providers_on_the_keys_page(
+    client, cast, django_capture_on_commit_callbacks
+):
+    from recovery.actions import keys
+    from recovery.models import ApiKey
+    from tests.recovery.test_trusted_providers import serve
+
+    with django_capture_on_commit_callbacks(execute=True):
+        serve("kp-eu", provider="eu-cloud", region="eu-west")
+    keys.create_api_key("eu-bank", "premium")
+    client.force_login(cast["admin"])
+    page = client.get("/keys/").content.decode()
+    assert 'id="restrict-form"' in page and "any node" in page
+    # A provider the fleet does not have: refused, the tenant named, nothing changed.
+    response = client.post("/keys/restrict", {"tenant": "eu-bank", "providers": "us-cloud"}, follow=True)
+    assert "tenant eu-bank would have no capacity at all" in response.content.decode()
+    assert not ApiKey.objects.get(tenant="eu-bank").restricted
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post(
+            "/keys/restrict", {"tenant": "eu-bank", "regions": "eu-west", "reason": "residency"}, follow=True
+        )
+    assert "1 key(s) of eu-bank now served on region eu-west." in response.content.decode()
+    assert ApiKey.objects.get(tenant="eu-bank").trusted_regions == ["eu-west"]
+    # A key created with its restriction from the form.
+    response = client.post("/keys/", {"tenant": "eu-insure", "tier": "standard", "providers": "eu-cloud"})
+    assert response.status_code == 200 and ApiKey.objects.get(tenant="eu-insure").trusted_providers == ["eu-cloud"]
+    assert "provider eu-cloud" in client.get("/keys/").content.decode()

@@ -75,6 +75,12 @@ class Command(BaseCommand):
         )
         parser.add_argument("--gpus", default="H100-SXM,H200-SXM", help="GPU type per rack, cycled (catalog keys)")
         parser.add_argument(
+            "--providers",
+            default="",
+            help="provider:region per rack, cycled, e.g. eu-cloud:eu-west,us-cloud:us-east (default: none said); "
+            "API keys can then be restricted to some of them on the keys page",
+        )
+        parser.add_argument(
             "--tp", type=int, default=2, choices=catalog.TP_DEGREES, help="tensor-parallel degree of each node"
         )
         parser.add_argument("--no-traffic", action="store_true", help="do not start the traffic generator")
@@ -144,6 +150,12 @@ class Command(BaseCommand):
                 except catalog.CatalogError as exc:
                     raise CommandError(f"--gpus/--tp: {exc}") from None
         opts["gpu_list"], opts["models"] = gpus, models
+        opts["provider_list"] = []
+        for item in (p.strip() for p in opts["providers"].split(",") if p.strip()):
+            provider, _, region = item.partition(":")
+            if not keys.NAME.match(provider) or (region and not keys.NAME.match(region)):
+                raise CommandError(f"--providers: {item!r} is not provider:region (names: letters, digits, . _ -)")
+            opts["provider_list"].append((provider, region))
         if not 1 <= opts["gateways"] <= 16:
             raise CommandError("--gateways must be between 1 and 16")
         ports = [(opts["port"], "--port")]
@@ -261,6 +273,9 @@ class Command(BaseCommand):
                 str(opts["time_scale"]),
                 "--enable-faults",
             ] + (["--spare"] if i >= opts["nodes"] else [])
+            if opts["provider_list"]:
+                provider, region = opts["provider_list"][rack_index % len(opts["provider_list"])]
+                argv += ["--provider", provider] + (["--region", region] if region else [])
             # The fleet is already up when the demo opens; a node that crashed reloads its model
             # from disk (draft first), as a real one would.
             self.supervisor.spawn(

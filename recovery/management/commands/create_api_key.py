@@ -13,10 +13,21 @@ class Command(BaseCommand):
         parser.add_argument("--tenant", required=True)
         parser.add_argument("--tier", default=Tier.STANDARD, help=f"one of {', '.join(Tier.values)}")
         parser.add_argument("--label", default="")
+        parser.add_argument(
+            "--providers", default="", help="comma-separated: its requests run only on these providers' nodes"
+        )
+        parser.add_argument("--regions", default="", help="comma-separated: its requests run only in these regions")
 
-    def handle(self, *args, tenant, tier, label, **options):
+    def handle(self, *args, tenant, tier, label, providers, regions, **options):
         try:
-            _, secret = keys.create_api_key(tenant, tier, label, actor=f"manage.py ({getpass.getuser()})")
+            _, secret = keys.create_api_key(
+                tenant,
+                tier,
+                label,
+                providers=providers,
+                regions=regions,
+                actor=f"manage.py ({getpass.getuser()})",
+            )
         except keys.KeyRefused as exc:
             raise CommandError(str(exc)) from None
         self.stdout.write(secret)
