@@ -177,6 +177,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="seconds to wait for the engine to load its model before giving up (default 900)",
     )
     parser.add_argument(
+        "--state-file",
+        default=env("LIFELINE_NODE_STATE_FILE", ""),
+        help="where the node keeps the model a switch (POST /agent/model) left it serving, so that a supervisor "
+        "that starts it again with its first command line after a crash gets that model, not the first one "
+        "(default: none kept)",
+    )
+    parser.add_argument(
         "--park-grace",
         type=float,
         default=float(env("LIFELINE_PARK_GRACE_S", "20")),
@@ -432,11 +439,57 @@ class TokenRate:
         return round((generated - before) / (now - then), 1)
 
 
+def read_state(path: str) -> dict:
+    """The state file's {"model", "started_as"}; {} when there is none, or it cannot be read (said in the log)."""
+    if not path:
+        return {}
+    try:
+        with open(path) as f:
+            state = json.load(f)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        log.warning("ignoring the state file %s: %s", path, exc)
+        return {}
+    return state if isinstance(state, dict) else {}
+
+
+def resume_switch(args: argparse.Namespace) -> str:
+    """Apply a switch of model the state file remembers; returns the model the node was first started with.
+
+    A node started again with the command line it was first started with (a supervisor's restart after a crash)
+    serves the model it had switched to, loading it cold. A command line naming another model is the operator's
+    choice and wins: the state file is then forgotten."""
+    state = read_state(args.state_file)
+    started_as, model = state.get("started_as"), state.get("model")
+    if model not in catalog.MODELS or not isinstance(started_as, str):
+        return args.model
+    if args.model == started_as and model != started_as:
+        log.warning("%s: serving %s, which a switch of model left it serving (%s)", args.name, model, args.state_file)
+        args.model, args.start = model, "cold"
+        return started_as
+    if args.model == model:  # started again by the switch itself (or already on the remembered model)
+        return started_as
+    return args.model
+
+
+def remember_switch(path: str, model: str, started_as: str) -> None:
+    """Write the state file (whole or not at all) before the node starts again on `model`."""
+    if not path:
+        return
+    tmp = f"{path}.tmp"
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(tmp, "w") as f:
+        json.dump({"model": model, "started_as": started_as}, f)
+    os.replace(tmp, path)
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
+    started_as = resume_switch(args)
     try:
         switch_to = asyncio.run(serve(args))
     except catalog.CatalogError as exc:
@@ -447,6 +500,7 @@ def main(argv=None) -> None:
         sys.exit(3)
     if switch_to:
         # The same process (its supervisor's pid, its name) starts again on the new model, loading it cold.
+        remember_switch(args.state_file, switch_to, started_as)
         argv = switched_argv(sys.argv[1:] if argv is None else list(argv), switch_to)
         sys.stdout.flush()
         sys.stderr.flush()

@@ -73,13 +73,23 @@ def create_api_key(
     actor: str = "system",
     created_by=None,
 ) -> tuple[ApiKey, str]:
-    """A new gateway key; the secret is returned once and only its digest is kept."""
+    """A new gateway key; the secret is returned once and only its digest is kept.
+
+    A tenant restricted already (one of its active keys is) gets its new key restricted the same way unless other
+    providers or regions are given: a new key never widens where a tenant's data may go by being left blank. To
+    lift a tenant's restriction, `restrict_tenant` with both lists empty."""
     tenant, label = tenant.strip(), label.strip()
     if not tenant:
         raise KeyRefused("tenant: a key needs the tenant it bills to")
     if tier not in Tier.values:
         raise KeyRefused(f"tier: {tier!r} is not a tier: expected one of {', '.join(Tier.values)}")
     providers, regions = names(providers, "trusted providers"), names(regions, "trusted regions")
+    if not providers and not regions:
+        restricted = next(
+            (k for k in ApiKey.objects.filter(tenant=tenant, revoked_at__isnull=True) if k.restricted), None
+        )
+        if restricted is not None:
+            providers, regions = restricted.trusted_providers, restricted.trusted_regions
     check_trusted_capacity(tenant, providers, regions)
     secret = ApiKey.new_secret()
     with transaction.atomic():

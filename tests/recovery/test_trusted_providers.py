@@ -113,8 +113,11 @@ def test_restricting_a_tenant_changes_every_key_of_it_unless_a_model_it_uses_has
     audit = AuditEntry.objects.get(action="restrict_api_keys")
     assert (audit.actor, audit.target, audit.reason, audit.details["keys"]) == ("admin", "tenant:eu-bank", "GDPR", 2)
     assert json.loads(hot.client().hget(hot.keys().gateway_keys, second.digest))["providers"] == ["eu-cloud"]
+    # A key made for the tenant now, its restriction left blank, is restricted as its others are.
+    third, _ = commit(keys.create_api_key, "eu-bank", "standard")
+    assert third.trust_text() == "provider eu-cloud"
     # Both lists empty lifts it.
-    assert commit(keys.restrict_tenant, "eu-bank", "", "") == 2
+    assert commit(keys.restrict_tenant, "eu-bank", "", "") == 3
     assert "providers" not in json.loads(hot.client().hget(hot.keys().gateway_keys, second.digest))
     with pytest.raises(keys.KeyRefused, match="'nobody' has no active key"):
         keys.restrict_tenant("nobody", "eu-cloud", "")

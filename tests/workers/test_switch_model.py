@@ -90,3 +90,43 @@ def test_the_restarted_command_line_keeps_everything_but_the_model_and_loads_col
     assert node_module.switched_argv(argv, "Llama-3-70B") == [
         "--name", "n1", "--tp", "2", "--rack", "r", "--model", "Llama-3-70B", "--start", "cold",
     ]  # fmt: skip
+
+
+def test_a_switched_node_started_again_with_its_first_command_line_serves_the_model_it_switched_to(
+    node_factory, tmp_path
+):
+    state = tmp_path / "state" / "switch-3.json"
+    first = ("--model", "Qwen3-32B", "--tp", "2", "--time-scale", "0.05", "--state-file", str(state))
+    node = node_factory("switch-3", *first, env=ENV)
+    status, _ = http_json(node.address + "/agent/model", data={"model": "Llama-3-8B"}, headers=HEAD)
+    assert status == 202
+    node.address = json.loads(node.proc.stdout.readline())["address"]
+    wait_for(lambda: healthy(node.address), 30, message="the new model serving")
+    assert json.loads(state.read_text()) == {"model": "Llama-3-8B", "started_as": "Qwen3-32B"}
+
+    # It crashes; its supervisor starts it again with the command line it first had.
+    node.kill()
+    again = node_factory("switch-3", *first, env=ENV)
+    wait_for(lambda: healthy(again.address), 30, message="the switched model serving after the restart")
+    assert models_of(again.address) == ["Llama-3-8B"]
+    again.kill()
+    # An operator who starts it with another model gets that model.
+    chosen = node_factory("switch-3", *first[:-2], "--state-file", str(state), "--model", "Qwen3-14B", env=ENV)
+    wait_for(lambda: healthy(chosen.address), 30, message="the operator's model serving")
+    assert models_of(chosen.address) == ["Qwen3-14B"]
+
+
+def test_the_state_file_is_applied_only_to_the_command_line_it_was_made_under(tmp_path):
+    state = tmp_path / "node.json"
+
+    def started(*argv):
+        args = node_module.parse_args(["--name", "n", "--start", "warm", "--state-file", str(state), *argv])
+        return node_module.resume_switch(args), args.model, args.start
+
+    assert started("--model", "Qwen3-32B") == ("Qwen3-32B", "Qwen3-32B", "warm")  # no file yet
+    node_module.remember_switch(str(state), "Llama-3-8B", "Qwen3-32B")
+    assert started("--model", "Qwen3-32B") == ("Qwen3-32B", "Llama-3-8B", "cold")  # the crash restart
+    assert started("--model", "Llama-3-8B") == ("Qwen3-32B", "Llama-3-8B", "warm")  # the switch's own start
+    assert started("--model", "Qwen3-14B") == ("Qwen3-14B", "Qwen3-14B", "warm")  # the operator's choice
+    state.write_text("{not json")
+    assert started("--model", "Qwen3-32B") == ("Qwen3-32B", "Qwen3-32B", "warm")  # unreadable: ignored, said

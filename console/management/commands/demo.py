@@ -272,6 +272,9 @@ class Command(BaseCommand):
                 "--time-scale",
                 str(opts["time_scale"]),
                 "--enable-faults",
+                # A node switched to another model (a re-placement) comes back on it after a crash.
+                "--state-file",
+                str(var_dir / "nodes" / f"node-{n + 1:02d}.json"),
             ] + (["--spare"] if i >= opts["nodes"] else [])
             if opts["provider_list"]:
                 provider, region = opts["provider_list"][rack_index % len(opts["provider_list"])]
