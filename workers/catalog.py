@@ -57,6 +57,7 @@ class Model:
     # The longest context (prompt plus output) it serves: vLLM's max_model_len, which it takes
     # from max_position_embeddings in the model's config.json.
     context_tokens: int = 8192
+    hidden: int = 0  # config.json's hidden_size where it is not query heads × head dim (0: it is)
 
     @property
     def weight_bytes(self) -> int:
@@ -160,6 +161,39 @@ MODELS: dict[str, Model] = {
             experts=8,
             experts_per_token=2,
             context_tokens=32768,
+        ),
+        # Qwen3's MoE (config.json: 48 layers, 32 query and 4 KV heads of 128, 128 experts, 8 per token).
+        Model(
+            "Qwen3-30B-A3B",
+            "Qwen/Qwen3-30B-A3B",
+            30.5,
+            48,
+            4,
+            128,
+            32,
+            active_params_b=3.3,
+            experts=128,
+            experts_per_token=8,
+            context_tokens=32768,
+            hidden=2048,
+        ),
+        # DeepSeek-V3: 61 layers, 256 routed experts, 8 per token (its one shared expert is counted in the active
+        # parameters). Multi-head latent attention caches 576 values per token and layer (a 512 latent and a 64
+        # RoPE key), which the KV formula reads as one head of 288 for K and V together. It fits no single node in
+        # BF16: it is served decoupled, its experts spread over expert workers (issue 15).
+        Model(
+            "DeepSeek-V3",
+            "deepseek-ai/DeepSeek-V3",
+            671.0,
+            61,
+            1,
+            288,
+            128,
+            active_params_b=37.0,
+            experts=256,
+            experts_per_token=8,
+            context_tokens=131072,
+            hidden=7168,
         ),
         Model("Qwen3-1.7B", "Qwen/Qwen3-1.7B", 1.7, 28, 8, 128, 16, is_draft=True, context_tokens=40960),
         Model(
