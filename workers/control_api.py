@@ -39,6 +39,7 @@ from workers.engine_api import (
     ServingEngine,
 )
 from workers.kvstore import PageRefused, page_from_wire
+from workers.moe import ExpertRoutingTable, MoeError
 from workers.openai_api import error_response, read_json
 from workers.openai_schema import ApiError
 from workers.protocol import KvBatch, ProtocolError
@@ -563,6 +564,33 @@ async def faults_clear(request: web.Request, runtime: NodeRuntime) -> web.Respon
     return web.json_response(runtime.faults.to_json())
 
 
+@agent_control
+async def ert_set(request: web.Request, runtime: NodeRuntime) -> web.Response:
+    """An MoE attention worker's new expert routing table, from the control plane (document 001 §4.2): `ert`, and
+    the `addresses` of EWs it names anew (a provisioned replacement). An older or equal version is refused (409),
+    a malformed one (400, naming the part)."""
+    path = getattr(runtime.engine, "experts", None)
+    if path is None:
+        return error(404, "this node is not an MoE attention worker: it has no expert routing table")
+    body = await _body(request)
+    addresses = body.get("addresses") or {}
+    if not isinstance(addresses, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and v.startswith(("http://", "https://"))
+        for k, v in addresses.items()
+    ):
+        return error(400, "addresses: must map EW names to base URLs such as http://10.0.0.9:8300", "addresses")
+    try:
+        table = ExpertRoutingTable.parse(body.get("ert"), runtime.engine.model)
+    except MoeError as exc:
+        return error(400, str(exc), exc.field)
+    unknown = sorted(table.ews() - set(path.addresses) - set(addresses))
+    if unknown:
+        return error(400, f"addresses: the table names EWs with no address: {', '.join(unknown)}", "addresses")
+    if not path.update(table, addresses):
+        return error(409, f"version {table.version} is not newer than this worker's {path.ert.version}", "ert.version")
+    return web.json_response({"version": table.version, "down": sorted(path.refe.down)})
+
+
 # Every control endpoint, with the engine capability it needs.
 ROUTES = (
     ("POST", "/agent/kv/batch", kv_batch, "checkpoint"),
@@ -579,6 +607,7 @@ ROUTES = (
     ("POST", "/agent/reset", reset, "reset"),
     ("GET", "/agent/config", config_get, "config"),
     ("POST", "/agent/config", config_set, "config"),
+    ("POST", "/agent/ert", ert_set, "config"),
     ("GET", "/agent/faults", faults_get, "faults"),
     ("POST", "/agent/faults", faults_inject, "faults"),
     ("DELETE", "/agent/faults", faults_clear, "faults"),

@@ -35,8 +35,9 @@ from workers.kvstore import CheckpointStore, Page
 from workers.protocol import AssistStatus, NodeStatus
 from workers.status_feed import StatusFeed
 
-if TYPE_CHECKING:  # for the annotation only: workers.openai_schema imports this module
+if TYPE_CHECKING:  # for the annotations only: workers.openai_schema imports this module
     from workers.openai_schema import CompletionRequest
+    from workers.refe import ExpertPath
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,15 @@ class ResumeInfo:
 
     def to_json(self) -> dict:
         return {k: v for k, v in vars(self).items() if v is not None}
+
+
+def attention_share(model: catalog.Model) -> float:
+    """The share of a decoupled MoE model's per-token work its attention worker keeps: the parameters every token
+    uses except its selected experts' (those run on the expert workers)."""
+    if not model.experts or model.active_params_b is None:
+        return 1.0
+    expert = (model.params_b - model.active_params_b) / (model.experts - model.experts_per_token)
+    return max(model.active_params_b - model.experts_per_token * expert, 0.0) / model.active_params_b
 
 
 @dataclass(eq=False)
@@ -157,6 +167,9 @@ class Engine:
         self.model_state = "serving"
         self.load_progress = 1.0
         self.assist: Assist | None = None
+        # An MoE attention worker's expert layers, on expert workers (workers.refe.ExpertPath); None: the model's
+        # experts, if it has any, run here with the rest of it.
+        self.experts: ExpertPath | None = None
         self.step_s = 0.0  # emulated duration of the last step, before time scale and faults
         # The last decode-only step as the GPU ran it (faults included, time scale not):
         # (seconds, batch, context tokens). The control plane measures slowdown on it, as a
@@ -584,12 +597,19 @@ class Engine:
                 if drafts:
                     verified_drafts = len(drafts) * assist.k
                 next_start = max(next_start, time.monotonic())
+            if self.experts is not None:
+                # Decoupled MoE: every layer's experts run on the expert workers, awaited here (the per-layer
+                # barrier); what the GPU does here is the attention and shared weights (below).
+                await self.experts.step({seq.request_id: (seq.state, count) for seq, count in plan.work})
+                next_start = max(next_start, time.monotonic())
             began = time.monotonic()
             if previous is not None and drafts is None:
                 # How long the last step really took, start to start, against the model.
                 self.counters["step_actual_s"] += began - previous[0]
                 self.counters["step_modeled_s"] += previous[1]
             self.step_s = self.core.step_seconds(plan, verified_drafts, "pcie" if self.faults.nvlink_down else None)
+            if self.experts is not None:
+                self.step_s *= attention_share(self.model)
             factor = self.faults.step_factor()
             prefill_tokens, _, decode_batch, decode_context = plan.shape
             if not prefill_tokens and decode_batch and drafts is None:

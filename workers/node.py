@@ -25,6 +25,7 @@ import socket
 import sys
 import time
 import uuid
+from typing import cast
 
 from aiohttp import web
 
@@ -37,6 +38,8 @@ from workers.engine import Engine, EngineConfig
 from workers.engine_api import ServingEngine
 from workers.faults import FaultState
 from workers.kvstore import CheckpointStore
+from workers.moe import ExpertRoutingTable
+from workers.refe import ExpertPath
 from workers.runtime import Identity, NodeRuntime
 from workers.telemetry import DcgmCollector, HeartbeatTelemetry, emulated_gpus, open_telemetry
 
@@ -177,6 +180,15 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="seconds to wait for the engine to load its model before giving up (default 900)",
     )
     parser.add_argument(
+        "--expert-workers",
+        default=env("LIFELINE_EXPERT_WORKERS", ""),
+        help="an MoE attention worker: its expert workers as name=URL, comma-separated (with --ert); every layer's "
+        "experts run there (document 001)",
+    )
+    parser.add_argument(
+        "--ert", default=env("LIFELINE_ERT", ""), help="the expert routing table to start with (a JSON file)"
+    )
+    parser.add_argument(
         "--state-file",
         default=env("LIFELINE_NODE_STATE_FILE", ""),
         help="where the node keeps the model a switch (POST /agent/model) left it serving, so that a supervisor "
@@ -202,11 +214,39 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--nvl-domain needs GPUs with NVLink: the {args.gpu} connects over PCIe only")
     if not 0 < args.checkpoint_budget <= 0.5:
         parser.error("--checkpoint-budget must be a share of host memory in (0, 0.5]")
+    if args.expert_workers or args.ert:
+        args.expert_table = expert_table(parser, args)
     if args.enable_faults and not os.environ.get("LIFELINE_FAULT_TOKEN"):
         parser.error(
             "--enable-faults needs LIFELINE_FAULT_TOKEN in the environment: fault injection is always behind a token"
         )
     return args
+
+
+def expert_table(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[ExpertRoutingTable, dict]:
+    """The table and EW addresses an MoE attention worker starts with; a clear error for anything wrong."""
+    model = catalog.MODELS[args.model]
+    if not model.experts:
+        parser.error(f"--expert-workers: {args.model} is not a mixture of experts")
+    if args.engine_url:
+        parser.error("--expert-workers runs the emulated engine's experts on expert workers; not with --engine-url")
+    if not args.expert_workers or not args.ert:
+        parser.error("an MoE attention worker needs both --expert-workers and --ert")
+    addresses = {}
+    for item in args.expert_workers.split(","):
+        name, _, url = item.strip().partition("=")
+        if not name or not url.startswith(("http://", "https://")):
+            parser.error(f"--expert-workers: {item!r} is not name=URL such as ew-1=http://10.0.0.9:8300")
+        addresses[name] = url.rstrip("/")
+    try:
+        with open(args.ert) as f:
+            table = ExpertRoutingTable.parse(json.load(f), model)
+    except (OSError, ValueError) as exc:
+        parser.error(f"--ert {args.ert}: {exc}")
+    missing = sorted(table.ews() - set(addresses))
+    if missing:
+        parser.error(f"--ert names expert workers --expert-workers does not give: {', '.join(missing)}")
+    return table, addresses
 
 
 def advertised_host(args: argparse.Namespace) -> str:
@@ -295,6 +335,11 @@ async def serve(args: argparse.Namespace) -> str | None:
     await site.start()
     port = runner.addresses[0][1]  # the one site's socket: the port bound, a free one for --port 0
     identity.address = f"http://{advertised_host(args)}:{port}"
+    if getattr(args, "expert_table", None):
+        table, addresses = args.expert_table
+        path = ExpertPath(engine.model, table, addresses, counters=engine.counters)
+        await path.start()
+        cast(Engine, engine).experts = path  # the emulated engine's (parse_args refuses it with --engine-url)
     engine.start()
     engine.begin_load(cold=args.start == "cold")
     loop_lag.start()
@@ -401,6 +446,9 @@ async def serve(args: argparse.Namespace) -> str | None:
     if link is not None and not refused:
         await link.leave(f"switching model to {runtime.switch_to}" if runtime.switch_to else "node stopped (signal)")
     await engine.stop()
+    expert_path = getattr(engine, "experts", None)
+    if expert_path is not None:
+        await expert_path.aclose()
     await runtime.streamer.close()
     telemetry.close()
     await runner.cleanup()

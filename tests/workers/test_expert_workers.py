@@ -1,0 +1,154 @@
+"""Expert workers as real processes and the AW's datapath to them (document 001, TARRAGON §5.1): an EW killed with
+SIGKILL in the middle of decoding is found by the AW's probe, the tokens it held are replayed on the experts'
+shadows, and every layer's output is what an undisturbed run gives, with a bounded stall; an EW refuses tokens
+for experts it does not hold; an expert with no live location is named, and a replacement's table resumes it."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import aiohttp
+import pytest
+
+from recovery.policy import moe as moe_policy
+from tests.helpers import BASE_DIR, http_json
+from workers import catalog
+from workers.moe import combine, expert_bytes, expert_output, gate
+from workers.refe import NoLocation, Refe
+
+MIXTRAL = catalog.MODELS["Mixtral-8x7B"]
+LAYERS = MIXTRAL.layers
+
+
+class Ew:
+    def __init__(self, name: str, experts, shadows, *extra: str):
+        argv = [sys.executable, "-m", "workers.expert_worker", "--name", name, "--model", MIXTRAL.key]
+        argv += ["--experts", ",".join(map(str, experts)), "--shadows", ",".join(map(str, shadows)), *extra]
+        self.proc = subprocess.Popen(argv, cwd=BASE_DIR, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        line = self.proc.stdout.readline()
+        assert line, f"{name} did not start (exit code {self.proc.poll()})"
+        self.address = json.loads(line)["address"]
+
+    def kill(self, signum=signal.SIGKILL):
+        self.proc.send_signal(signum)
+        if signum == signal.SIGKILL:
+            self.proc.wait(5)
+
+
+@pytest.fixture
+def deployment():
+    """Three EWs of Mixtral-8x7B on H100s, each expert with a primary and a shadow (the control plane's plan)."""
+    room = moe_policy.ExpertWorker  # six experts' room each: 8 primaries and 8 shadows fit in 18 slots
+    table = moe_policy.plan(MIXTRAL, [room(f"ew-{i}", expert_bytes(MIXTRAL) * 6) for i in range(3)])
+    workers = {
+        ew: Ew(ew, table.primaries_of(ew), table.shadows_of(ew), "--time-scale", "1") for ew in sorted(table.ews())
+    }
+    yield table, workers
+    for worker in workers.values():
+        if worker.proc.poll() is None:
+            worker.proc.send_signal(signal.SIGCONT)  # one the test froze
+            worker.proc.terminate()
+            worker.proc.wait(10)
+
+
+def reference(tokens: dict[str, bytes], steps: int) -> dict[str, bytes]:
+    """What the layers give without any EW: the same pure functions, computed here."""
+    for _ in range(steps):
+        for layer in range(LAYERS):
+            tokens = {
+                tid: combine(MIXTRAL, layer, {e: expert_output(MIXTRAL, layer, e, act) for e, _ in picks}, picks)
+                for tid, act in tokens.items()
+                for picks in [gate(MIXTRAL, layer, act)]
+            }
+    return tokens
+
+
+async def decode(refe: Refe, tokens: dict[str, bytes], steps: int, on_layer=None) -> tuple[dict[str, bytes], float]:
+    """`steps` decode steps of every layer through the EWs; returns the outputs and the longest gap between two
+    layers completing (the stall an AW's requests see)."""
+    longest, last, done = 0.0, time.monotonic(), 0
+    for _ in range(steps):
+        for layer in range(LAYERS):
+            tokens = await refe.layer(layer, tokens)
+            now = time.monotonic()
+            longest, last, done = max(longest, now - last), now, done + 1
+            if on_layer:
+                on_layer(done)
+    return tokens, longest
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "hung"])
+async def test_an_ew_killed_mid_decode_is_replayed_on_shadows_with_identical_output_and_a_short_stall(
+    deployment, signum
+):
+    """Killed, its connections fail at once; hung (SIGSTOP), the AW waits its answer timeout, then its probe's."""
+    table, workers = deployment
+    start = {f"req-{i}": f"prompt of request {i}".encode() for i in range(6)}
+    expected = reference(start, steps=4)
+    victim = max(workers, key=lambda ew: len(table.primaries_of(ew)))
+
+    def kill_at(done):
+        if done == 50:  # in the second decode step
+            workers[victim].kill(signum)
+
+    async with aiohttp.ClientSession() as session:
+        addresses = {ew: w.address for ew, w in workers.items()}
+        refe = Refe(MIXTRAL, table, addresses, session)
+        outputs, longest = await decode(refe, dict(start), 4, kill_at)
+    assert outputs == expected  # no layer lost, none computed differently
+    assert refe.down == {victim} and [f["ew"] for f in refe.failovers] == [victim]
+    assert longest < 0.5, f"stall {longest:.3f} s"
+    # The shadows of the victim's experts served them, and no other shadow was woken.
+    served_by_shadow = set()
+    for ew, worker in workers.items():
+        if ew != victim:
+            status = http_json(worker.address + "/moe/status")[1]
+            served_by_shadow |= {int(e) for e in status["tokens_per_expert"]} & set(status["shadows"])
+    assert served_by_shadow and served_by_shadow <= set(table.primaries_of(victim))
+
+
+async def test_an_expert_with_no_live_location_is_named_and_a_replacement_table_resumes_it(deployment):
+    table, workers = deployment
+    expert = 0
+    holders = table.experts[expert].ews()
+    for ew in holders:
+        workers[ew].kill()
+    # The gate must pick expert 0 for some token at layer 0: find a context that does.
+    context = next(f"ctx-{i}".encode() for i in range(1000) if expert in dict(gate(MIXTRAL, 0, f"ctx-{i}".encode())))
+    async with aiohttp.ClientSession() as session:
+        refe = Refe(MIXTRAL, table, {ew: w.address for ew, w in workers.items()}, session)
+        with pytest.raises(NoLocation) as missing:
+            await refe.layer(0, {"t": context})
+        assert missing.value.expert == expert and set(holders) <= refe.down
+        # The control plane provisions a replacement EW for what was lost and sends the new table.
+        lost = [e for e, loc in enumerate(table.experts) if set(loc.ews()) <= set(holders)]
+        replacement = Ew("ew-9", lost, [], "--time-scale", "1")
+        try:
+            new = moe_policy.with_replacement(table, lost, "ew-9")
+            new = moe_policy.after_loss(new, [ew for ew in holders])
+            assert refe.update(new, {"ew-9": replacement.address})
+            out = await refe.layer(0, {"t": context})
+        finally:
+            replacement.proc.terminate()
+            replacement.proc.wait(10)
+    picks = gate(MIXTRAL, 0, context)
+    assert out == {"t": combine(MIXTRAL, 0, {e: expert_output(MIXTRAL, 0, e, context) for e, _ in picks}, picks)}
+
+
+def test_an_ew_refuses_tokens_for_experts_it_does_not_hold_and_bad_layers(deployment):
+    table, workers = deployment
+    ew = sorted(workers)[0]
+    held = set(table.primaries_of(ew)) | set(table.shadows_of(ew))
+    other = next(e for e in range(MIXTRAL.experts) if e not in held)
+    url = workers[ew].address + "/moe/layer"
+    status, body = http_json(url, data={"layer": 0, "tokens": [{"id": "t", "expert": other, "activation": "00"}]})
+    assert (
+        status == 400
+        and body["error"]["param"] == "tokens[0].expert"
+        and f"expert {other} is not held" in (body["error"]["message"])
+    )
+    status, body = http_json(url, data={"layer": 32, "tokens": [{"id": "t", "expert": min(held), "activation": ""}]})
+    assert status == 400 and body["error"]["param"] == "layer"
+    assert http_json(workers[ew].address + "/moe/status")[1]["refused"] == 2

@@ -1,0 +1,124 @@
+"""An MoE attention worker as a real node process in front of real expert-worker processes (document 001): its
+streams run every layer's experts on the EWs; an EW killed with SIGKILL mid-stream is replayed on shadows, the
+text identical to an undisturbed run and no token gap over half a second; the control plane's new table is taken
+through `POST /agent/ert`, an older one or a malformed one refused."""
+
+import json
+import time
+import urllib.request
+
+import pytest
+
+from recovery.policy import moe as moe_policy
+from tests.helpers import http_json
+from tests.workers.test_expert_workers import MIXTRAL, Ew
+from workers.moe import expert_bytes
+
+AGENT = "moe-agent-token"
+HEAD = {"Authorization": f"Bearer {AGENT}"}
+
+
+@pytest.fixture
+def aw(node_factory, tmp_path):
+    table = moe_policy.plan(MIXTRAL, [moe_policy.ExpertWorker(f"ew-{i}", expert_bytes(MIXTRAL) * 6) for i in range(3)])
+    workers = {ew: Ew(ew, table.primaries_of(ew), table.shadows_of(ew)) for ew in sorted(table.ews())}
+    ert = tmp_path / "ert.json"
+    ert.write_text(json.dumps(table.to_json()))
+    addresses = ",".join(f"{ew}={w.address}" for ew, w in workers.items())
+    node = node_factory(
+        "aw-1",
+        *("--model", "Mixtral-8x7B", "--gpu", "H200-SXM", "--tp", "1"),
+        *("--expert-workers", addresses, "--ert", str(ert)),
+        env={"LIFELINE_AGENT_TOKEN": AGENT},
+    )
+    yield node, table, workers
+    for worker in workers.values():
+        if worker.proc.poll() is None:
+            worker.proc.terminate()
+            worker.proc.wait(10)
+
+
+def stream(address: str, on_token=None) -> tuple[str, list[float]]:
+    """A greedy streamed completion; returns its text and each token's arrival time."""
+    body = {
+        "model": "Mixtral-8x7B",
+        "prompt": "Explain expert parallelism " * 4,
+        "max_tokens": 24,
+        "stream": True,
+        "temperature": 0,
+    }
+    request = urllib.request.Request(
+        address + "/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    text, times = [], []
+    with urllib.request.urlopen(request, timeout=60) as response:
+        for raw in response:
+            line = raw.decode().strip()
+            if line.startswith("data: {"):
+                chunk = json.loads(line[6:])
+                if chunk["choices"] and chunk["choices"][0].get("text"):
+                    text.append(chunk["choices"][0]["text"])
+                    times.append(time.monotonic())
+                    if on_token:
+                        on_token(len(times))
+    return "".join(text), times
+
+
+def test_an_ew_killed_mid_stream_leaves_the_attention_workers_stream_whole_and_barely_paused(aw):
+    node, table, workers = aw
+    expected, times = stream(node.address)
+    undisturbed_gap = max(b - a for a, b in zip(times, times[1:]))
+    status = http_json(node.address + "/agent/status")[1]
+    assert status["counters"]["moe_layers"] >= 24 * MIXTRAL.layers and status["counters"]["moe_mismatches"] == 0
+    victim = max(workers, key=lambda ew: len(table.primaries_of(ew)))
+
+    def kill_at_8(count):
+        if count == 8:
+            workers[victim].kill()
+
+    text, times = stream(node.address, kill_at_8)
+    assert text == expected
+    gap = max(b - a for a, b in zip(times, times[1:]))
+    assert gap < 0.5, f"longest token gap {gap:.3f} s (undisturbed {undisturbed_gap:.3f} s)"
+    counters = http_json(node.address + "/agent/status")[1]["counters"]
+    assert counters["moe_failovers"] == 1 and counters["moe_mismatches"] == 0
+
+
+def test_the_control_planes_new_table_is_taken_and_an_older_or_malformed_one_refused(aw):
+    node, table, workers = aw
+    url = node.address + "/agent/ert"
+    lost = sorted(workers)[0]
+    newer = moe_policy.after_loss(table, [lost])
+    assert http_json(url, data={"ert": newer.to_json()})[0] == 401  # the agent token, as every control endpoint
+    status, body = http_json(url, data={"ert": newer.to_json()}, headers=HEAD)
+    assert status == 200 and body["version"] == table.version + 1
+    status, body = http_json(url, data={"ert": table.to_json()}, headers=HEAD)
+    assert status == 409 and "is not newer" in body["error"]["message"]
+    broken = {**newer.to_json(), "version": newer.version + 1, "experts": newer.to_json()["experts"][:3]}
+    status, body = http_json(url, data={"ert": broken}, headers=HEAD)
+    assert status == 400 and body["error"]["param"] == "ert.experts"
+    elsewhere = moe_policy.with_replacement(newer, table.primaries_of(lost), "ew-new")
+    status, body = http_json(url, data={"ert": elsewhere.to_json()}, headers=HEAD)
+    assert status == 400 and "ew-new" in body["error"]["message"]  # an EW with no address
+    # The stream goes on with the new table.
+    text, _ = stream(node.address)
+    assert text
+
+
+def test_a_node_refuses_to_start_as_an_attention_worker_of_a_dense_model(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.helpers import BASE_DIR
+
+    ert = tmp_path / "ert.json"
+    ert.write_text("{}")
+    run = subprocess.run(
+        [sys.executable, "-m", "workers.node", "--model", "Qwen3-32B", "--expert-workers", "ew-0=http://x:1"]
+        + ["--ert", str(ert)],
+        cwd=BASE_DIR,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert run.returncode == 2 and "Qwen3-32B is not a mixture of experts" in run.stderr

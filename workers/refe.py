@@ -1,0 +1,192 @@
+"""The attention worker's side of the MoE datapath (document 001's REFE, §4.1 and §5.1): at each layer, each
+token's selected experts are resolved through the AW's copy of the expert routing table and its activation sent
+to the EWs that hold them; the layer completes when every selected expert has answered.
+
+An EW that does not answer within `answer_timeout_s` (or whose connection breaks) is probed with a short
+`probe_timeout_s`; one that does not answer the probe is taken as down for this AW, and the tokens it held are
+replayed at once on the next location of each expert (a live primary, else a shadow), marked as a replay so the
+EW runs them first. An expert with no live location left raises `NoLocation`, naming it: the AW waits for the
+control plane's next table (`update`) rather than skip the expert. Answers are pure functions of their inputs
+(`workers.moe`), so a replayed layer gives the same output as the first try would have.
+"""
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from workers.catalog import Model
+from workers.moe import ExpertRoutingTable, MoeError, activation_bytes, combine, expert_output, gate
+
+
+class NoLocation(MoeError):
+    """Every EW holding an expert is down for this AW."""
+
+    def __init__(self, expert: int, tried: tuple[str, ...]):
+        super().__init__("ert", f"expert {expert} has no live location (tried {', '.join(tried) or 'none'})")
+        self.expert = expert
+
+
+@dataclass
+class Refe:
+    model: Model
+    ert: ExpertRoutingTable
+    addresses: dict[str, str]  # EW name -> base URL
+    session: aiohttp.ClientSession
+    answer_timeout_s: float = 0.25
+    probe_timeout_s: float = 0.05
+    down: set[str] = field(default_factory=set)
+    failovers: list[dict] = field(default_factory=list)  # one per EW found down: when, which, what was replayed
+    sent: dict[str, int] = field(default_factory=dict)  # tokens per EW
+    link_bytes: int = 0  # activations out and expert outputs back, accounted in full (DESIGN.md contract 3)
+
+    def update(self, ert: ExpertRoutingTable, addresses: dict[str, str] | None = None) -> bool:
+        """Take the control plane's newer table (an older or equal version is ignored)."""
+        if ert.model != self.ert.model or ert.version <= self.ert.version:
+            return False
+        self.ert = ert
+        self.addresses.update(addresses or {})
+        self.down -= set(addresses or {})  # an EW given anew (a replacement at an address) is tried again
+        return True
+
+    async def layer(
+        self, layer: int, tokens: dict[str, bytes], counts: dict[str, int] | None = None
+    ) -> dict[str, bytes]:
+        """Every token's output of `layer` (`tokens`: id -> the activation it enters the layer with; `counts`: how
+        many tokens an entry stands for, a prefill chunk's, 1 where not given)."""
+        counts = counts or {}
+        chosen = {tid: gate(self.model, layer, activation) for tid, activation in tokens.items()}
+        answers: dict[str, dict[int, bytes]] = {tid: {} for tid in tokens}
+        pending = {(tid, expert) for tid, picks in chosen.items() for expert, _ in picks}
+        replay = False
+        while pending:
+            by_ew: dict[str, list[tuple[str, int]]] = {}
+            for tid, expert in sorted(pending):
+                ew = self.ert.resolve(expert, self.down)
+                if ew is None:
+                    raise NoLocation(expert, self.ert.experts[expert].ews())
+                by_ew.setdefault(ew, []).append((tid, expert))
+            results = await asyncio.gather(
+                *(self._send(ew, layer, items, tokens, counts, replay) for ew, items in by_ew.items())
+            )
+            for (ew, items), outputs in zip(by_ew.items(), results):
+                if outputs is None:
+                    if not await self._alive(ew):
+                        self.down.add(ew)
+                        self.failovers.append({"at": time.monotonic(), "ew": ew, "layer": layer, "tokens": len(items)})
+                    continue  # a slow EW that answers its probe is tried again; a down one is replayed elsewhere
+                for tid, expert, output in outputs:
+                    answers[tid][expert] = output
+                    pending.discard((tid, expert))
+            replay = True
+        return {tid: combine(self.model, layer, answers[tid], chosen[tid]) for tid in tokens}
+
+    async def _send(self, ew, layer, items, tokens, counts, replay) -> list[tuple[str, int, bytes]] | None:
+        body = {
+            "layer": layer,
+            "replay": replay,
+            "tokens": [
+                {"id": tid, "expert": expert, "activation": tokens[tid].hex(), "count": counts.get(tid, 1)}
+                for tid, expert in items
+            ],
+        }
+        try:
+            async with self.session.post(
+                self.addresses[ew] + "/moe/layer", json=body, timeout=aiohttp.ClientTimeout(total=self.answer_timeout_s)
+            ) as response:
+                answer = await response.json(content_type=None)
+                if response.status == 400:  # a table and an EW that disagree: a bug to see, never a failover
+                    raise MoeError(answer["error"]["param"], f"{ew} refused: {answer['error']['message']}")
+                if response.status != 200:
+                    return None
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            return None
+        carried = sum(counts.get(tid, 1) for tid, _ in items)
+        self.sent[ew] = self.sent.get(ew, 0) + carried
+        self.link_bytes += 2 * carried * activation_bytes(self.model)
+        wanted = set(items)
+        outputs = [(o["id"], o["expert"], bytes.fromhex(o["output"])) for o in answer["outputs"]]
+        if {(tid, expert) for tid, expert, _ in outputs} != wanted:
+            raise MoeError("outputs", f"{ew} answered for other tokens or experts than were sent to it")
+        return outputs
+
+    async def _alive(self, ew: str) -> bool:
+        try:
+            async with self.session.get(
+                self.addresses[ew] + "/health", timeout=aiohttp.ClientTimeout(total=self.probe_timeout_s)
+            ) as response:
+                return response.status == 200
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            return False
+
+
+class ExpertPath:
+    """An MoE attention worker's expert layers, run for each engine step (workers.engine): every layer of the
+    step's tokens through the EWs, the outputs checked against what the experts' pure functions give (an EW that
+    answers wrongly, silent corruption, is counted, never trusted), and an expert with no live location waited out
+    until the control plane sends a table that has one (`update`)."""
+
+    def __init__(
+        self,
+        model: Model,
+        ert: ExpertRoutingTable,
+        addresses: dict[str, str],
+        wait_s: float = 30.0,
+        counters: dict | None = None,
+    ):
+        self.model, self.ert, self.addresses, self.wait_s = model, ert, dict(addresses), wait_s
+        self.refe: Refe | None = None
+        self.session: aiohttp.ClientSession | None = None
+        self.changed = asyncio.Event()
+        self.counters = counters if counters is not None else {}  # the engine's, so the node's status shows them
+        self.counters.update(moe_layers=0, moe_mismatches=0, moe_waits=0, moe_failovers=0)
+
+    async def start(self) -> None:
+        self.session = aiohttp.ClientSession()
+        self.refe = Refe(self.model, self.ert, self.addresses, self.session)
+
+    async def aclose(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+
+    def update(self, ert: ExpertRoutingTable, addresses: dict[str, str] | None = None) -> bool:
+        if self.refe is None or not self.refe.update(ert, addresses):
+            return False
+        self.ert = ert
+        self.changed.set()
+        return True
+
+    async def step(self, entries: dict[str, tuple[bytes, int]]) -> None:
+        """Every layer for the step's sequences (`entries`: request id -> (context state, tokens computed))."""
+        assert self.refe is not None, "start() first"
+        tokens = {tid: state for tid, (state, _) in entries.items()}
+        counts = {tid: count for tid, (_, count) in entries.items()}
+        for layer in range(self.model.layers):
+            outputs = await self._layer(layer, tokens, counts)
+            for tid, activation in tokens.items():
+                picks = gate(self.model, layer, activation)
+                want = combine(
+                    self.model, layer, {e: expert_output(self.model, layer, e, activation) for e, _ in picks}, picks
+                )
+                if outputs[tid] != want:
+                    self.counters["moe_mismatches"] += 1
+            tokens = outputs
+            self.counters["moe_layers"] += 1
+        self.counters["moe_failovers"] = len(self.refe.failovers)
+
+    async def _layer(self, layer, tokens, counts) -> dict[str, bytes]:
+        assert self.refe is not None, "start() first"
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            try:
+                return await self.refe.layer(layer, tokens, counts)
+            except NoLocation:
+                if time.monotonic() > deadline:
+                    raise
+                self.counters["moe_waits"] += 1
+                self.changed.clear()
+                try:
+                    await asyncio.wait_for(self.changed.wait(), timeout=0.5)
+                except TimeoutError:
+                    pass
