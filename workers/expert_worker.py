@@ -175,6 +175,10 @@ def build_app(worker: ExpertWorker) -> web.Application:
 async def serve(args: argparse.Namespace) -> None:
     model, gpu = catalog.MODELS[args.model], catalog.GPUS[args.gpu]
     worker = ExpertWorker(args.name, model, gpu, args.experts, args.shadows, args.time_scale)
+    if args.start == "cold":
+        # A provisioned replacement loads its experts' weights from disk before it listens (document 001 §5.4).
+        held = expert_bytes(model) * len(worker.primaries | worker.shadows)
+        await asyncio.sleep(held / (catalog.DISK_GBPS * catalog.GB) * args.time_scale)
     runner = web.AppRunner(build_app(worker), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)
@@ -210,6 +214,12 @@ def main(argv=None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--time-scale", type=float, default=1.0, help="multiplies the modelled GPU time")
+    parser.add_argument(
+        "--start",
+        choices=("warm", "cold"),
+        default="warm",
+        help="cold: load the experts' weights at disk bandwidth before listening (a replacement); warm: at once",
+    )
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     args.experts, args.shadows = _ints(args.experts, "--experts"), _ints(args.shadows, "--shadows")
