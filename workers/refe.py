@@ -11,6 +11,7 @@ control plane's next table (`update`) rather than skip the expert. Answers are p
 """
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -18,6 +19,10 @@ import aiohttp
 
 from workers.catalog import Model
 from workers.moe import ExpertRoutingTable, MoeError, activation_bytes, combine, expert_output, gate
+
+log = logging.getLogger(__name__)
+WRONG = "wrong"  # what _send returns for an answer it refused
+OUTPUT_BYTES = 16  # an expert output's digest (workers.moe.expert_output)
 
 
 class NoLocation(MoeError):
@@ -40,6 +45,7 @@ class Refe:
     failovers: list[dict] = field(default_factory=list)  # one per EW found down: when, which, what was replayed
     sent: dict[str, int] = field(default_factory=dict)  # tokens per EW
     link_bytes: int = 0  # activations out and expert outputs back, accounted in full (DESIGN.md contract 3)
+    wrong_answers: int = 0  # answers refused: the wrong shape, or for another layer
 
     def update(self, ert: ExpertRoutingTable, addresses: dict[str, str] | None = None) -> bool:
         """Take the control plane's newer table (an older or equal version is ignored)."""
@@ -71,6 +77,12 @@ class Refe:
                 *(self._send(ew, layer, items, tokens, counts, replay) for ew, items in by_ew.items())
             )
             for (ew, items), outputs in zip(by_ew.items(), results):
+                if isinstance(outputs, str):  # WRONG
+                    # Answers of the wrong shape or for another layer: refused and counted, never merged; the EW is
+                    # not trusted by this AW again until the control plane's next table gives it anew.
+                    self.down.add(ew)
+                    self.failovers.append({"at": time.monotonic(), "ew": ew, "layer": layer, "wrong_answer": True})
+                    continue
                 if outputs is None:
                     if not await self._alive(ew):
                         self.down.add(ew)
@@ -82,7 +94,7 @@ class Refe:
             replay = True
         return {tid: combine(self.model, layer, answers[tid], chosen[tid]) for tid in tokens}
 
-    async def _send(self, ew, layer, items, tokens, counts, replay) -> list[tuple[str, int, bytes]] | None:
+    async def _send(self, ew, layer, items, tokens, counts, replay) -> list[tuple[str, int, bytes]] | str | None:
         body = {
             "layer": layer,
             "replay": replay,
@@ -105,10 +117,16 @@ class Refe:
         carried = sum(counts.get(tid, 1) for tid, _ in items)
         self.sent[ew] = self.sent.get(ew, 0) + carried
         self.link_bytes += 2 * carried * activation_bytes(self.model)
-        wanted = set(items)
-        outputs = [(o["id"], o["expert"], bytes.fromhex(o["output"])) for o in answer["outputs"]]
-        if {(tid, expert) for tid, expert, _ in outputs} != wanted:
-            raise MoeError("outputs", f"{ew} answered for other tokens or experts than were sent to it")
+        try:
+            outputs = [(o["id"], o["expert"], bytes.fromhex(o["output"])) for o in answer["outputs"]]
+            right = answer.get("layer") == layer and sorted((t, e) for t, e, _ in outputs) == sorted(items)
+            right = right and all(len(output) == OUTPUT_BYTES for _, _, output in outputs)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            right = False
+        if not right:
+            self.wrong_answers += 1
+            log.warning("%s answered layer %d with the wrong shape or for another layer: refused", ew, layer)
+            return WRONG
         return outputs
 
     async def _alive(self, ew: str) -> bool:

@@ -15,7 +15,7 @@ import pytest
 from recovery.policy import moe as moe_policy
 from tests.helpers import BASE_DIR, http_json
 from workers import catalog
-from workers.moe import combine, expert_bytes, expert_output, gate
+from workers.moe import ExpertRoutingTable, combine, expert_bytes, expert_output, gate
 from workers.refe import NoLocation, Refe
 
 MIXTRAL = catalog.MODELS["Mixtral-8x7B"]
@@ -152,3 +152,55 @@ def test_an_ew_refuses_tokens_for_experts_it_does_not_hold_and_bad_layers(deploy
     status, body = http_json(url, data={"layer": 32, "tokens": [{"id": "t", "expert": min(held), "activation": ""}]})
     assert status == 400 and body["error"]["param"] == "layer"
     assert http_json(workers[ew].address + "/moe/status")[1]["refused"] == 2
+
+
+async def test_an_ew_answering_for_another_layer_is_refused_counted_and_replayed_on_the_shadow():
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    async def wrong_layer(request):
+        body = await request.json()
+        outputs = [
+            {"id": t["id"], "expert": t["expert"], "output": expert_output(MIXTRAL, 0, t["expert"], b"x").hex()}
+            for t in body["tokens"]
+        ]
+        return web.json_response({"layer": body["layer"] + 1, "outputs": outputs})
+
+    async def health(request):
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_post("/moe/layer", wrong_layer)
+    app.router.add_get("/health", health)
+    bad = TestServer(app, host="127.0.0.1")
+    await bad.start_server()
+    good = Ew("ew-good", [], range(MIXTRAL.experts), "--gpu", "H200-SXM")  # every expert, as shadows
+    try:
+        table = ExpertRoutingTable.parse(
+            {
+                "model": MIXTRAL.key,
+                "version": 1,
+                "experts": [{"primaries": ["ew-bad"], "shadows": ["ew-good"]}] * MIXTRAL.experts,
+            },
+            MIXTRAL,
+        )
+        start = {"t": b"a token"}
+        async with aiohttp.ClientSession() as session:
+            refe = Refe(MIXTRAL, table, {"ew-bad": f"http://127.0.0.1:{bad.port}", "ew-good": good.address}, session)
+            out = await refe.layer(0, start)
+            again = await refe.layer(1, out)
+        assert out == one_layer(0, start)
+        assert refe.wrong_answers == 1 and refe.down == {"ew-bad"}
+        assert refe.failovers[0]["wrong_answer"] and again == one_layer(1, out)
+    finally:
+        await bad.close()
+        good.proc.terminate()
+        good.proc.wait(10)
+
+
+def one_layer(layer: int, tokens: dict[str, bytes]) -> dict[str, bytes]:
+    return {
+        tid: combine(MIXTRAL, layer, {e: expert_output(MIXTRAL, layer, e, act) for e, _ in picks}, picks)
+        for tid, act in tokens.items()
+        for picks in [gate(MIXTRAL, layer, act)]
+    }
