@@ -1019,6 +1019,26 @@ def node_document() -> dict:
                 },
             )
         },
+        "/agent/ert": {
+            "post": _control(
+                "As an MoE attention worker: take the control plane's newer expert routing table (document 001).",
+                _obj({"version": {"type": "integer"}, "down": _array({"type": "string"})}),
+                body=_obj(
+                    {
+                        "ert": _obj(
+                            {"model": {"type": "string"}, "version": {"type": "integer"}, "experts": _array()},
+                            ["model", "version", "experts"],
+                        ),
+                        "addresses": {"type": "object", "additionalProperties": {"type": "string"}},
+                    },
+                    ["ert"],
+                ),
+                more={
+                    **conflict,
+                    "404": _json({"type": "object"}, "The node is not an MoE attention worker."),
+                },
+            )
+        },
         "/agent/reset": {"post": _control("Reset the GPUs.", {"type": "object"})},
         "/agent/config": {
             "get": _control("The batch limit.", {"type": "object"}),

@@ -231,3 +231,32 @@ def follow_stream(client, results: dict, key, model: str, prompt: str, max_token
                 for choice in json.loads(line[6:]).get("choices", []):
                     text.append(choice["text"])
                     ids.extend(choice.get("token_ids") or [])
+
+
+def chat_stream(
+    base: str, key: str, model: str, prompt: str, on_token=None, *, error_ok: bool = False, **params
+) -> tuple[str, list[str], str]:
+    """A chat completion streamed through a gateway by the official OpenAI client: (text, SSE comments, the node
+    that took it). `on_token(count, node)` runs after each token (to kill its node mid-stream, say); OpenAI clients
+    skip SSE comments, so they are read here (a move is announced in one). An error event in the stream fails the
+    caller unless `error_ok` (a test that means to end a stream in one). `params`: the request's other fields."""
+    import openai
+
+    client = openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0)
+    with client.chat.completions.with_streaming_response.create(
+        model=model, messages=[{"role": "user", "content": prompt}], stream=True, **params
+    ) as response:
+        node = response.headers["x-lifeline-node"]
+        text, comments, count = [], [], 0
+        for line in response.iter_lines():
+            if line.startswith(":"):
+                comments.append(line)
+            elif line.startswith("data: {"):
+                chunk = json.loads(line[6:])
+                assert error_ok or "error" not in chunk, chunk
+                if chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
+                    text.append(chunk["choices"][0]["delta"]["content"])
+                    count += 1
+                    if on_token:
+                        on_token(count, node)
+    return "".join(text), comments, node

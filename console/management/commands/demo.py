@@ -21,6 +21,7 @@ from console.stack import (
     Child,
     StackError,
     Supervisor,
+    free_port,
     port_in_use,
     python,
     start_embedded_redis,
@@ -30,7 +31,9 @@ from recovery import roles, tasks
 from recovery.actions import capacity, cluster_settings, keys, routing
 from recovery.choices import NodeState, Tier
 from recovery.models import ApiKey, Cluster, HistoryBackfill, ModelCapacity, Node, key_digest
+from recovery.policy import moe as moe_policy
 from workers import catalog
+from workers.moe import expert_bytes
 
 # Stopped in turn, each group waited for: the load and the control plane's periodic work first (a capacity check
 # that saw the nodes deregister would raise the level, an incident at every stop), then the gateways and the nodes
@@ -82,6 +85,12 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--tp", type=int, default=2, choices=catalog.TP_DEGREES, help="tensor-parallel degree of each node"
+        )
+        parser.add_argument(
+            "--moe",
+            action="store_true",
+            help=f"also serve {MOE_MODEL} decoupled (document 001): {MOE_EWS} expert workers holding its experts with "
+            f"shadows, and {MOE_AWS} attention workers routed by the gateway beside the other nodes",
         )
         parser.add_argument("--no-traffic", action="store_true", help="do not start the traffic generator")
         parser.add_argument(
@@ -290,6 +299,8 @@ class Command(BaseCommand):
                     restart_argv=argv + ["--start", "cold"],
                 )
             )
+        if opts["moe"]:
+            total += self._start_moe(host, web_url, env, var_dir, restart)
         self._wait_nodes_serving(total, 60 + 2 * total)  # a big fleet takes a while to start on a small machine
         self._set_objectives(opts)
         history = self._backfill_history(opts)
@@ -299,7 +310,7 @@ class Command(BaseCommand):
                 **env,
                 "LIFELINE_GATEWAY_KEY": ",".join(gateway_keys.values()),
             }  # premium, standard and best-effort
-            for i, model in enumerate(opts["models"]):
+            for i, model in enumerate(opts["models"] + ([MOE_MODEL] if opts["moe"] else [])):
                 argv = [
                     python(),
                     "-m",
@@ -309,7 +320,9 @@ class Command(BaseCommand):
                     "--model",
                     model,
                     "--rate",
-                    str(opts["rate"]),
+                    # Every layer of an attention worker's step is a round trip to the expert workers: its traffic
+                    # is lighter, so that the machine keeps up with the dense fleet beside it.
+                    str(opts["rate"] if model != MOE_MODEL else min(opts["rate"], MOE_RATE)),
                 ]
                 name = "traffic" if i == 0 else f"traffic-{i + 1}"
                 self.supervisor.spawn(Child(name, argv, traffic_env, restart_delay_s=5))
@@ -363,6 +376,46 @@ class Command(BaseCommand):
             }
         )
         return env
+
+    def _start_moe(self, host: str, web_url: str, env: dict, var_dir: Path, restart: float | None) -> int:
+        """The MoE deployment: expert workers on ports of their own (a restarted one comes back on its port and
+        loads its experts cold), the table planned for them (recovery.policy.moe), and attention workers that are
+        nodes like the others. Returns how many nodes it started."""
+        model = catalog.MODELS[MOE_MODEL]
+        room = moe_policy.ExpertWorker
+        table = moe_policy.plan(model, [room(f"ew-{i + 1}", expert_bytes(model) * 4) for i in range(MOE_EWS)])
+        first = free_port(host, MOE_EWS)
+        addresses = {}
+        for i, ew in enumerate(sorted(table.ews())):
+            url = f"http://{host}:{first + i}"
+            argv = [python(), "-m", "workers.expert_worker", "--name", ew, "--model", MOE_MODEL, "--host", host]
+            argv += ["--port", str(first + i), "--time-scale", str(self.opts["time_scale"])]
+            argv += ["--experts", ",".join(map(str, table.primaries_of(ew)))]
+            argv += ["--shadows", ",".join(map(str, table.shadows_of(ew)))]
+            child = self.supervisor.spawn(
+                Child(ew, argv, env, restart_delay_s=2, restart_argv=argv + ["--start", "cold"])
+            )
+            wait_http(f"{url}/health", 30, child, self.supervisor)
+            addresses[ew] = url
+        ert = var_dir / "moe" / "ert.json"
+        ert.parent.mkdir(parents=True, exist_ok=True)
+        ert.write_text(json.dumps(table.to_json()))
+        for i in range(MOE_AWS):
+            name = f"node-aw{i + 1}"
+            argv = [python(), "-m", "workers.node", "--name", name, "--rack", f"rack-{chr(ord('a') + i % 2)}"]
+            argv += ["--model", MOE_MODEL, "--gpu", "H200-SXM", "--tp", "1", "--host", host, "--port", "0"]
+            argv += ["--control-url", web_url, "--time-scale", str(self.opts["time_scale"]), "--enable-faults"]
+            argv += ["--expert-workers", ",".join(f"{ew}={url}" for ew, url in addresses.items()), "--ert", str(ert)]
+            self.supervisor.spawn(
+                Child(
+                    name,
+                    argv + ["--start", "warm"],
+                    env,
+                    restart_delay_s=restart,
+                    restart_argv=argv + ["--start", "cold"],
+                )
+            )
+        return MOE_AWS
 
     def _wait_nodes_serving(self, count: int, timeout_s: float):
         names = [n for n in self.supervisor.children if n.startswith("node-")]
@@ -439,6 +492,14 @@ class Command(BaseCommand):
             + (" each" if len(self.opts["models"]) > 1 else "")
             + f"; traffic {traffic}"
             + (" per model" if len(self.opts["models"]) > 1 and not self.opts["no_traffic"] else ""),
+            *(
+                [
+                    f"  MoE       {MOE_MODEL} decoupled: {MOE_AWS} attention workers (node-aw1…) behind the gateway, "
+                    f"{MOE_EWS} expert workers (ew-1…) with every expert shadowed"
+                ]
+                if self.opts["moe"]
+                else []
+            ),
             f"  History   {self.info['history']}",
             f"  Details   {self.demo_file}    logs in {self.supervisor.log_dir}",
             f"  E-mail    {_mail_destination()}",
@@ -496,6 +557,13 @@ class Command(BaseCommand):
         """A throughput objective the fleet meets with room to spare, unless an admin has set one, set once every
         node serves: OBJECTIVE_SHARE of what the nodes in service carry (the hot spare not counted)."""
         set_demo_objective(Cluster.default())
+
+
+# --moe: the decoupled MoE deployment beside the dense fleet.
+MOE_MODEL = "Mixtral-8x7B"
+MOE_EWS = 4  # each with room for four experts: two primaries and two shadows, every expert shadowed
+MOE_AWS = 2
+MOE_RATE = 1.0  # requests per second of its traffic, at most
 
 
 # The README's walk-through with the default fleet (eight nodes, H100 and H200 racks, one H200 spare): losing one

@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from tests.gateway_cluster import AGENT, KEY, gw
-from tests.helpers import http_json, wait_for
+from tests.helpers import chat_stream, http_json, wait_for
 
 PROMPT = "Explain what the operator should do after node seven failed in rack b " * 6  # about 90 tokens
 
@@ -27,31 +27,9 @@ def stream_with_the_openai_client(
     base: str, on_token=None, prompt: str = PROMPT, **extra
 ) -> tuple[str, list[str], str]:
     """Stream a chat completion through the gateway with the official client; returns (text, comments, first node)."""
-    client = openai.OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0)
-    with client.chat.completions.with_streaming_response.create(
-        model="Qwen3-32B",
-        messages=[{"role": "user", "content": prompt}],
-        max_tokens=120,
-        temperature=0.8,
-        seed=99,
-        stream=True,
-        **extra,
-    ) as response:
-        node = response.headers["x-lifeline-node"]
-        text, count, comments = [], 0, []
-        for line in response.iter_lines():
-            if line.startswith(":"):
-                comments.append(line)  # OpenAI clients skip SSE comments; we read them here to check the note
-                continue
-            if not line.startswith("data: {"):
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
-                text.append(chunk["choices"][0]["delta"]["content"])
-                count += 1
-                if on_token:
-                    on_token(count, node)
-    return "".join(text), comments, node
+    return chat_stream(
+        base, KEY, "Qwen3-32B", prompt, on_token, error_ok=True, max_tokens=120, temperature=0.8, seed=99, **extra
+    )
 
 
 def parsed_with_the_openai_client(base: str) -> str:

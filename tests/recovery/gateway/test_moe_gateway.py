@@ -7,39 +7,18 @@ import json
 import signal
 import threading
 
-import openai
-
 from recovery.gateway.app import COORDINATOR_KEY
 from recovery.policy import moe as moe_policy
 from tests.gateway_cluster import KEY
+from tests.helpers import chat_stream
 from tests.workers.test_expert_workers import MIXTRAL, Ew
 from workers.moe import expert_bytes
 
 PROMPT = "Describe how the attention workers hand a request over when one of them dies " * 3
 
 
-def stream(base: str, on_token=None) -> tuple[str, str, list[str]]:
-    client = openai.OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0)
-    with client.chat.completions.with_streaming_response.create(
-        model="Mixtral-8x7B",
-        messages=[{"role": "user", "content": PROMPT}],
-        max_tokens=30,
-        temperature=0,
-        stream=True,
-    ) as response:
-        node = response.headers["x-lifeline-node"]
-        text, comments, count = [], [], 0
-        for line in response.iter_lines():
-            if line.startswith(":"):
-                comments.append(line)
-            elif line.startswith("data: {"):
-                chunk = json.loads(line[6:])
-                if chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
-                    text.append(chunk["choices"][0]["delta"]["content"])
-                    count += 1
-                    if on_token:
-                        on_token(count, node)
-    return "".join(text), node, comments
+def stream(base: str, on_token=None) -> tuple[str, list[str], str]:
+    return chat_stream(base, KEY, "Mixtral-8x7B", PROMPT, on_token, max_tokens=30, temperature=0)
 
 
 async def test_an_attention_worker_killed_mid_stream_resumes_on_another_from_its_checkpoint(cluster, tmp_path):
@@ -68,7 +47,7 @@ async def test_an_attention_worker_killed_mid_stream_resumes_on_another_from_its
                 cluster.nodes[node].kill(signal.SIGKILL)
                 killed.append(node)
 
-        text, first, comments = await asyncio.to_thread(stream, base, kill_at_12)
+        text, comments, first = await asyncio.to_thread(stream, base, kill_at_12)
         assert killed == [first]
         assert text == expected  # no token lost, none repeated
         assert len(comments) == 1 and f"from {first} to" in comments[0] and "checkpoint" in comments[0], comments

@@ -6,7 +6,6 @@ generated here (tests/real_engine.tiny_model): its compute is a real transformer
 """
 
 import asyncio
-import json
 import signal
 import threading
 
@@ -17,7 +16,7 @@ from recovery import canary
 from recovery.gateway.app import COORDINATOR_KEY
 from recovery.policy.health import GoldenToken, judge_canary
 from tests.gateway_cluster import KEY
-from tests.helpers import http_json, wait_for
+from tests.helpers import chat_stream, http_json, wait_for
 from tests.real_engine import LlamaServer, tiny_model
 
 MODEL = "Tiny-Llama"
@@ -56,29 +55,7 @@ def client(base: str) -> openai.OpenAI:
 
 def stream_text(base: str, prompt: str, max_tokens: int, on_token=None) -> tuple[str, list[str], str]:
     """A chat stream through the gateway with the official client: (text, SSE comments, the first node)."""
-    with client(base).chat.completions.with_streaming_response.create(
-        model=MODEL,
-        messages=[{"role": "user", "content": prompt}],
-        max_tokens=max_tokens,
-        temperature=0,
-        stream=True,
-    ) as response:
-        node = response.headers["x-lifeline-node"]
-        text, comments, count = [], [], 0
-        for line in response.iter_lines():
-            if line.startswith(":"):
-                comments.append(line)
-                continue
-            if not line.startswith("data: {"):
-                continue
-            chunk = json.loads(line[6:])
-            assert "error" not in chunk, chunk
-            if chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
-                text.append(chunk["choices"][0]["delta"]["content"])
-                count += 1
-                if on_token:
-                    on_token(count, node)
-    return "".join(text), comments, node
+    return chat_stream(base, KEY, MODEL, prompt, on_token, max_tokens=max_tokens, temperature=0)
 
 
 async def test_the_openai_client_reaches_a_real_engine_through_the_gateway_beside_emulated_nodes(cluster, real_fleet):

@@ -3,14 +3,12 @@ or regions is routed, checkpointed, given a second copy and resumed only on node
 when none is left; an unrestricted key still uses every node."""
 
 import asyncio
-import json
 import signal
 import threading
 
-import openai
-
 from recovery.gateway.app import COORDINATOR_KEY
 from tests.gateway_cluster import KEY, gw
+from tests.helpers import chat_stream
 
 RESTRICTED = "llk_test-key-restricted-to-eu-cloud"
 PROMPT = "Summarise the residency rules for the tenant's chat history in the European region " * 5
@@ -40,28 +38,10 @@ async def residency_cluster(cluster) -> str:
 
 def stream(base: str, key: str, on_token=None, seed: int = 5) -> tuple[str, str, list[str]]:
     """One streamed completion; returns (text, first node, SSE comments naming the moves)."""
-    client = openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0)
-    with client.chat.completions.with_streaming_response.create(
-        model="Qwen3-32B",
-        messages=[{"role": "user", "content": PROMPT}],
-        max_tokens=80,
-        temperature=0.7,
-        seed=seed,
-        stream=True,
-    ) as response:
-        node = response.headers["x-lifeline-node"]
-        text, comments, count = [], [], 0
-        for line in response.iter_lines():
-            if line.startswith(":"):
-                comments.append(line)
-            elif line.startswith("data: {"):
-                chunk = json.loads(line[6:])
-                if chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
-                    text.append(chunk["choices"][0]["delta"]["content"])
-                    count += 1
-                    if on_token:
-                        on_token(count, node)
-    return "".join(text), node, comments
+    text, comments, node = chat_stream(
+        base, key, "Qwen3-32B", PROMPT, on_token, max_tokens=80, temperature=0.7, seed=seed
+    )
+    return text, node, comments
 
 
 async def test_a_restricted_key_runs_and_keeps_its_checkpoints_only_on_trusted_nodes(cluster):

@@ -1,0 +1,61 @@
+"""`manage.py demo --moe` (issue 15): the whole system with a decoupled Mixtral-8x7B beside the dense model. Its
+attention workers register and serve as nodes, the gateway routes them, and an expert worker SIGKILLed in the
+middle of a stream is replayed on its experts' shadows: the text is an undisturbed run's, and the supervisor starts
+the expert worker again."""
+
+import os
+import signal
+import threading
+
+import pytest
+
+from tests.conftest import demo_argv, demo_env, stack_database
+from tests.helpers import DemoStack, chat_stream, http_json, wait_for
+
+pytestmark = [pytest.mark.e2e]
+
+MOE = "Mixtral-8x7B"
+PROMPT = "Which expert answers when the worker holding it has died " * 3
+
+
+@pytest.fixture(scope="module")
+def moe_stack(tmp_path_factory):
+    from console.stack import free_port
+
+    with stack_database(tmp_path_factory) as database_url:
+        var_dir = tmp_path_factory.mktemp("moe-stack")
+        argv = demo_argv(
+            *("--nodes", "1", "--spares", "0", "--moe", "--no-traffic", "--restart-delay", "2"),
+            *("--port", str(free_port()), "--gateway-port", str(free_port()), "--worker-concurrency", "1"),
+        )
+        stack = DemoStack(var_dir, demo_env(var_dir, database_url, "moe"), argv).start(timeout_s=180)
+        try:
+            yield stack
+        finally:
+            assert stack.stop(signum=signal.SIGTERM) == 0, stack.log()
+
+
+def test_an_expert_worker_killed_mid_stream_in_the_demo_loses_nothing(moe_stack):
+    info = moe_stack.info
+    base, key = info["urls"]["gateway"].removesuffix("/v1"), info["gateway_key"]
+    aws = {n["name"]: n for n in info["nodes"] if n["name"].startswith("node-aw")}
+    assert set(aws) == {"node-aw1", "node-aw2"}
+    assert all(moe_stack.node(name)["state"] == "serving" for name in aws)
+    expected, comments, _ = chat_stream(base, key, MOE, PROMPT, max_tokens=24, temperature=0)
+    assert expected and not comments
+
+    victim = "ew-1"
+    pid = info["pids"][victim]
+    killed = threading.Event()
+
+    def kill_at_8(count, node):
+        if count == 8 and not killed.is_set():
+            killed.set()
+            os.kill(pid, signal.SIGKILL)
+
+    text, comments, node = chat_stream(base, key, MOE, PROMPT, kill_at_8, max_tokens=24, temperature=0)
+    assert killed.is_set() and text == expected and not comments  # the stream never left its attention worker
+    status = http_json(aws[node]["address"] + "/agent/status")[1]
+    assert status["counters"]["moe_failovers"] >= 1 and status["counters"]["moe_mismatches"] == 0
+    # The supervisor starts the expert worker again (it loads its experts cold, then listens).
+    wait_for(lambda: moe_stack.refresh()["pids"].get(victim) not in (None, pid), 30, message="ew-1 restarted")
