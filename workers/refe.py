@@ -23,6 +23,7 @@ from workers.moe import ExpertRoutingTable, MoeError, activation_bytes, combine,
 log = logging.getLogger(__name__)
 WRONG = "wrong"  # what _send returns for an answer it refused
 OUTPUT_BYTES = 16  # an expert output's digest (workers.moe.expert_output)
+MAX_MISSES = 3  # answers an EW that still answers its probe may miss in one layer before it is taken as down
 
 
 class NoLocation(MoeError):
@@ -66,6 +67,7 @@ class Refe:
         answers: dict[str, dict[int, bytes]] = {tid: {} for tid in tokens}
         pending = {(tid, expert) for tid, picks in chosen.items() for expert, _ in picks}
         replay = False
+        misses: dict[str, int] = {}  # EW -> answers it missed in this layer while its probe said it lives
         while pending:
             by_ew: dict[str, list[tuple[str, int]]] = {}
             for tid, expert in sorted(pending):
@@ -84,10 +86,13 @@ class Refe:
                     self.failovers.append({"at": time.monotonic(), "ew": ew, "layer": layer, "wrong_answer": True})
                     continue
                 if outputs is None:
-                    if not await self._alive(ew):
+                    misses[ew] = misses.get(ew, 0) + 1
+                    # A slow EW that answers its probe is tried again, up to MAX_MISSES in one layer (alive but not
+                    # answering is as good as down); a down one is replayed elsewhere at once.
+                    if misses[ew] >= MAX_MISSES or not await self._alive(ew):
                         self.down.add(ew)
                         self.failovers.append({"at": time.monotonic(), "ew": ew, "layer": layer, "tokens": len(items)})
-                    continue  # a slow EW that answers its probe is tried again; a down one is replayed elsewhere
+                    continue
                 for tid, expert, output in outputs:
                     answers[tid][expert] = output
                     pending.discard((tid, expert))

@@ -204,3 +204,33 @@ def one_layer(layer: int, tokens: dict[str, bytes]) -> dict[str, bytes]:
         for tid, act in tokens.items()
         for picks in [gate(MIXTRAL, layer, act)]
     }
+
+
+async def test_an_ew_that_answers_its_probe_but_never_its_layer_is_taken_as_down_after_three_misses():
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    async def broken(request):
+        return web.json_response({"error": {"message": "internal error", "param": None}}, status=500)
+
+    async def health(request):
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_post("/moe/layer", broken)
+    app.router.add_get("/health", health)
+    bad = TestServer(app, host="127.0.0.1")
+    await bad.start_server()
+    good = Ew("ew-good", [], range(MIXTRAL.experts), "--gpu", "H200-SXM")
+    try:
+        rows = [{"primaries": ["ew-bad"], "shadows": ["ew-good"]}] * MIXTRAL.experts
+        table = ExpertRoutingTable.parse({"model": MIXTRAL.key, "version": 1, "experts": rows}, MIXTRAL)
+        start = {"t": b"another token"}
+        async with aiohttp.ClientSession() as session:
+            refe = Refe(MIXTRAL, table, {"ew-bad": f"http://127.0.0.1:{bad.port}", "ew-good": good.address}, session)
+            out = await refe.layer(0, start)
+        assert out == one_layer(0, start) and refe.down == {"ew-bad"} and len(refe.failovers) == 1
+    finally:
+        await bad.close()
+        good.proc.terminate()
+        good.proc.wait(10)
