@@ -156,7 +156,6 @@ def test_an_ew_refuses_tokens_for_experts_it_does_not_hold_and_bad_layers(deploy
 
 async def test_an_ew_answering_for_another_layer_is_refused_counted_and_replayed_on_the_shadow():
     from aiohttp import web
-    from aiohttp.test_utils import TestServer
 
     async def wrong_layer(request):
         body = await request.json()
@@ -166,14 +165,7 @@ async def test_an_ew_answering_for_another_layer_is_refused_counted_and_replayed
         ]
         return web.json_response({"layer": body["layer"] + 1, "outputs": outputs})
 
-    async def health(request):
-        return web.json_response({"ok": True})
-
-    app = web.Application()
-    app.router.add_post("/moe/layer", wrong_layer)
-    app.router.add_get("/health", health)
-    bad = TestServer(app, host="127.0.0.1")
-    await bad.start_server()
+    bad = await fake_ew(wrong_layer)
     good = Ew("ew-good", [], range(MIXTRAL.experts), "--gpu", "H200-SXM")  # every expert, as shadows
     try:
         table = ExpertRoutingTable.parse(
@@ -208,19 +200,11 @@ def one_layer(layer: int, tokens: dict[str, bytes]) -> dict[str, bytes]:
 
 async def test_an_ew_that_answers_its_probe_but_never_its_layer_is_taken_as_down_after_three_misses():
     from aiohttp import web
-    from aiohttp.test_utils import TestServer
 
     async def broken(request):
         return web.json_response({"error": {"message": "internal error", "param": None}}, status=500)
 
-    async def health(request):
-        return web.json_response({"ok": True})
-
-    app = web.Application()
-    app.router.add_post("/moe/layer", broken)
-    app.router.add_get("/health", health)
-    bad = TestServer(app, host="127.0.0.1")
-    await bad.start_server()
+    bad = await fake_ew(broken)
     good = Ew("ew-good", [], range(MIXTRAL.experts), "--gpu", "H200-SXM")
     try:
         rows = [{"primaries": ["ew-bad"], "shadows": ["ew-good"]}] * MIXTRAL.experts
@@ -234,3 +218,20 @@ async def test_an_ew_that_answers_its_probe_but_never_its_layer_is_taken_as_down
         await bad.close()
         good.proc.terminate()
         good.proc.wait(10)
+
+
+async def fake_ew(answer_layer):
+    """An EW of the test's own (a real HTTP server in this loop) that answers its probe and, for a layer,
+    whatever `answer_layer(request)` does."""
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    async def health(request):
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_post("/moe/layer", answer_layer)
+    app.router.add_get("/health", health)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    return server
