@@ -75,6 +75,19 @@ class Model:
     def active_params(self) -> float:
         return (self.active_params_b or self.params_b) * 1e9
 
+    @property
+    def expert_params_b(self) -> float:
+        """An MoE's one expert, all its layers, in billions: the parameters a token does not use, over the experts
+        it does not use. 0 for a dense model (or experts without an active count: every parameter active)."""
+        if not self.experts or self.active_params_b is None:
+            return 0.0
+        return (self.params_b - self.active_params_b) / (self.experts - self.experts_per_token)
+
+    @property
+    def shared_params_b(self) -> float:
+        """The parameters every token uses: all of a dense model's; an MoE's active ones but its selected experts."""
+        return (self.active_params_b or self.params_b) - self.experts_per_token * self.expert_params_b
+
 
 GPUS: dict[str, Gpu] = {
     g.key: g
@@ -303,10 +316,8 @@ class Deployment:
         if not m.experts or m.active_params_b is None:
             return m.weight_bytes
         # MoE: shared weights always, each expert only if some token routes to it.
-        expert_params = (m.params_b - m.active_params_b) / (m.experts - m.experts_per_token)
-        shared_params = m.active_params_b - m.experts_per_token * expert_params
         touched = 1 - (1 - m.experts_per_token / m.experts) ** max(batch, 1)
-        return (shared_params + m.experts * expert_params * touched) * 1e9 * BYTES_PER_PARAM
+        return (m.shared_params_b + m.experts * m.expert_params_b * touched) * 1e9 * BYTES_PER_PARAM
 
     def _attention_flops(self, query_tokens: int, context_tokens: float) -> float:
         # QK^T and AV: 2 FLOPs each per query head dimension per attended token.

@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, cast
 
-from workers import catalog, core, tokens
+from workers import catalog, core, moe, tokens
 from workers.aio import cancel
 from workers.catalog import BLOCK_TOKENS, Deployment
 from workers.checkpoint import CheckpointStreamer, Peer
@@ -80,15 +80,6 @@ class ResumeInfo:
 
     def to_json(self) -> dict:
         return {k: v for k, v in vars(self).items() if v is not None}
-
-
-def attention_share(model: catalog.Model) -> float:
-    """The share of a decoupled MoE model's per-token work its attention worker keeps: the parameters every token
-    uses except its selected experts' (those run on the expert workers)."""
-    if not model.experts or model.active_params_b is None:
-        return 1.0
-    expert = (model.params_b - model.active_params_b) / (model.experts - model.experts_per_token)
-    return max(model.active_params_b - model.experts_per_token * expert, 0.0) / model.active_params_b
 
 
 @dataclass(eq=False)
@@ -609,7 +600,7 @@ class Engine:
                 self.counters["step_modeled_s"] += previous[1]
             self.step_s = self.core.step_seconds(plan, verified_drafts, "pcie" if self.faults.nvlink_down else None)
             if self.experts is not None:
-                self.step_s *= attention_share(self.model)
+                self.step_s *= moe.attention_share(self.model)
             factor = self.faults.step_factor()
             prefill_tokens, _, decode_batch, decode_context = plan.shape
             if not prefill_tokens and decode_batch and drafts is None:

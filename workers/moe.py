@@ -41,14 +41,18 @@ def require_moe(model: Model) -> Model:
 
 def expert_params(model: Model) -> float:
     """Parameters of one expert of one layer: the routed experts' share of the parameters not active per token."""
-    active = require_moe(model).active_params_b or 0.0
-    per_layer_expert = (model.params_b - active) / (model.experts - model.experts_per_token)
-    return per_layer_expert * 1e9 / model.layers
+    return require_moe(model).expert_params_b * 1e9 / model.layers
 
 
 def expert_bytes(model: Model) -> int:
     """GPU memory one expert (all its layers) takes: what an EW spends to hold it, as a primary or a shadow."""
     return int(expert_params(model) * model.layers * BYTES_PER_PARAM)
+
+
+def attention_share(model: Model) -> float:
+    """The share of a decoupled MoE's per-token work its attention worker keeps: what every token uses but its
+    selected experts (those run on the expert workers). 1 for a dense model."""
+    return model.shared_params_b / (model.active_params_b or model.params_b)
 
 
 def hidden_size(model: Model) -> int:

@@ -47,6 +47,9 @@ class Refe:
     sent: dict[str, int] = field(default_factory=dict)  # tokens per EW
     link_bytes: int = 0  # activations out and expert outputs back, accounted in full (DESIGN.md contract 3)
     wrong_answers: int = 0  # answers refused: the wrong shape, or for another layer
+    # The emulator's ground truth, per EW: answers that differ from the expert's pure function (silent corruption).
+    # A real AW cannot tell and merges them as this one does; the canaries are what find such an EW.
+    mismatches: dict[str, int] = field(default_factory=dict)
 
     def update(self, ert: ExpertRoutingTable, addresses: dict[str, str] | None = None) -> bool:
         """Take the control plane's newer table (an older or equal version is ignored)."""
@@ -94,6 +97,8 @@ class Refe:
                         self.failovers.append({"at": time.monotonic(), "ew": ew, "layer": layer, "tokens": len(items)})
                     continue
                 for tid, expert, output in outputs:
+                    if output != expert_output(self.model, layer, expert, tokens[tid]):
+                        self.mismatches[ew] = self.mismatches.get(ew, 0) + 1
                     answers[tid][expert] = output
                     pending.discard((tid, expert))
             replay = True
@@ -146,9 +151,8 @@ class Refe:
 
 class ExpertPath:
     """An MoE attention worker's expert layers, run for each engine step (workers.engine): every layer of the
-    step's tokens through the EWs, the outputs checked against what the experts' pure functions give (an EW that
-    answers wrongly, silent corruption, is counted, never trusted), and an expert with no live location waited out
-    until the control plane sends a table that has one (`update`)."""
+    step's tokens through the EWs (answers that differ from the experts' pure functions counted, `Refe.mismatches`),
+    and an expert with no live location waited out until the control plane sends a table that has one (`update`)."""
 
     def __init__(
         self,
@@ -158,16 +162,21 @@ class ExpertPath:
         wait_s: float = 30.0,
         counters: dict | None = None,
     ):
-        self.model, self.ert, self.addresses, self.wait_s = model, ert, dict(addresses), wait_s
+        self.model, self._first, self.addresses, self.wait_s = model, ert, dict(addresses), wait_s
         self.refe: Refe | None = None
         self.session: aiohttp.ClientSession | None = None
         self.changed = asyncio.Event()
         self.counters = counters if counters is not None else {}  # the engine's, so the node's status shows them
         self.counters.update(moe_layers=0, moe_mismatches=0, moe_waits=0, moe_failovers=0)
 
+    @property
+    def ert(self) -> ExpertRoutingTable:
+        """The table in force: the datapath's, once started."""
+        return self.refe.ert if self.refe is not None else self._first
+
     async def start(self) -> None:
         self.session = aiohttp.ClientSession()
-        self.refe = Refe(self.model, self.ert, self.addresses, self.session)
+        self.refe = Refe(self.model, self._first, self.addresses, self.session)
 
     async def aclose(self) -> None:
         if self.session is not None:
@@ -176,7 +185,6 @@ class ExpertPath:
     def update(self, ert: ExpertRoutingTable, addresses: dict[str, str] | None = None) -> bool:
         if self.refe is None or not self.refe.update(ert, addresses):
             return False
-        self.ert = ert
         self.changed.set()
         return True
 
@@ -186,17 +194,10 @@ class ExpertPath:
         tokens = {tid: state for tid, (state, _) in entries.items()}
         counts = {tid: count for tid, (_, count) in entries.items()}
         for layer in range(self.model.layers):
-            outputs = await self._layer(layer, tokens, counts)
-            for tid, activation in tokens.items():
-                picks = gate(self.model, layer, activation)
-                want = combine(
-                    self.model, layer, {e: expert_output(self.model, layer, e, activation) for e, _ in picks}, picks
-                )
-                if outputs[tid] != want:
-                    self.counters["moe_mismatches"] += 1
-            tokens = outputs
+            tokens = await self._layer(layer, tokens, counts)
             self.counters["moe_layers"] += 1
         self.counters["moe_failovers"] = len(self.refe.failovers)
+        self.counters["moe_mismatches"] = sum(self.refe.mismatches.values())
 
     async def _layer(self, layer, tokens, counts) -> dict[str, bytes]:
         assert self.refe is not None, "start() first"

@@ -41,10 +41,7 @@ def check_trusted_capacity(tenant: str, providers: list[str], regions: list[str]
         return
     fleet = Node.objects.exclude(state=NodeState.LEFT).filter(spare=False)
     trusted = fleet.filter(Q(provider__in=providers) | Q(region__in=regions))
-    wanted = " or ".join(
-        ([f"provider {', '.join(providers)}"] if providers else [])
-        + ([f"region {', '.join(regions)}"] if regions else [])
-    )
+    wanted = ApiKey(trusted_providers=providers, trusted_regions=regions).trust_text()
     if not trusted.exists():
         have_p = sorted(set(fleet.exclude(provider="").values_list("provider", flat=True))) or ["none said"]
         have_r = sorted(set(fleet.exclude(region="").values_list("region", flat=True))) or ["none said"]

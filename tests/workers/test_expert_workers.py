@@ -220,6 +220,33 @@ async def test_an_ew_that_answers_its_probe_but_never_its_layer_is_taken_as_down
         good.proc.wait(10)
 
 
+async def test_answers_that_differ_from_the_experts_function_are_counted_against_their_ew():
+    """Silent corruption on an EW: well formed, for the right layer, but not the expert's output. An AW cannot tell
+    and merges it; the emulator's ground truth counts it, per EW (the canaries are what find such an EW)."""
+    from aiohttp import web
+
+    async def corrupt(request):
+        body = await request.json()
+        outputs = [
+            {"id": t["id"], "expert": t["expert"], "output": expert_output(MIXTRAL, 0, t["expert"], b"drift").hex()}
+            for t in body["tokens"]
+        ]
+        return web.json_response({"layer": body["layer"], "outputs": outputs})
+
+    bad = await fake_ew(corrupt)
+    try:
+        rows = [{"primaries": ["ew-sdc"], "shadows": []}] * MIXTRAL.experts
+        table = ExpertRoutingTable.parse({"model": MIXTRAL.key, "version": 1, "experts": rows}, MIXTRAL)
+        start = {"t": b"a third token"}
+        async with aiohttp.ClientSession() as session:
+            refe = Refe(MIXTRAL, table, {"ew-sdc": f"http://127.0.0.1:{bad.port}"}, session)
+            out = await refe.layer(0, start)
+        assert out != one_layer(0, start) and refe.mismatches == {"ew-sdc": MIXTRAL.experts_per_token}
+        assert not refe.down and refe.wrong_answers == 0
+    finally:
+        await bad.close()
+
+
 async def fake_ew(answer_layer):
     """An EW of the test's own (a real HTTP server in this loop) that answers its probe and, for a layer,
     whatever `answer_layer(request)` does."""
