@@ -76,6 +76,9 @@ HANDLED = {
     "beat's send while Redis was away": "celery.beat: Message Error",
     "worker's broker connection lost": "consumer: Connection to broker lost",
     "worker's broker reconnect": "consumer: Cannot connect",
+    # A task that finished after Redis was lost acknowledges on the closed connection's channel (console.broker): the
+    # message is delivered again (acks_late; tasks are idempotent), the worker goes on.
+    "worker's acknowledgement on a connection Redis dropped": "Couldn't ack",
 }  # every node back SERVING and HEALTHY this long after the last fault, at most
 
 

@@ -168,6 +168,7 @@ CACHES = {
 }
 
 CELERY_BROKER_URL = REDIS_URL
+CELERY_BROKER_TRANSPORT = "console.broker:Transport"  # kombu's Redis transport, one failure path fixed
 CELERY_BROKER_TRANSPORT_OPTIONS = {"global_keyprefix": f"{LIFELINE_NAMESPACE}:celery:"}
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_DEFAULT_QUEUE = f"{LIFELINE_NAMESPACE}-control"
