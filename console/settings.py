@@ -228,6 +228,12 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": 1.0,
         "options": {"expires": 5.0},
     },
+    # MoE deployments: expert workers polled, a lost one confirmed, the table healed and pushed, a standby provisioned.
+    "watch-moe": {
+        "task": "recovery.tasks.watch_moe",
+        "schedule": 1.0,
+        "options": {"expires": 3.0},
+    },
     "check-heartbeats": {
         "task": "recovery.tasks.check_heartbeats",
         "schedule": LIFELINE_HEARTBEAT_CHECK_S,

@@ -102,6 +102,8 @@ class EventKind(models.TextChoices):
     SPARE_PROMOTED = "spare_promoted", "Hot spare promoted"
     DEGRADATION = "degradation", "Degradation level changed"
     PLACEMENT = "placement", "Re-placement"
+    ERT = "ert", "Expert routing table changed"
+    PROVISIONING = "provisioning", "Replacement provisioning"
 
 
 # Events a person may want to hide to read the people's side of an incident.
@@ -254,3 +256,24 @@ EXPERIMENT_BADGE = {
     ExperimentStatus.CANCELLED: "grey",
 }
 EXPERIMENT_OPEN = (ExperimentStatus.QUEUED, ExperimentStatus.RUNNING)
+
+
+class ExpertWorkerState(models.TextChoices):
+    """An MoE deployment's expert worker, as the control plane sees it (recovery.actions.moe)."""
+
+    SERVING = "serving", "Serving"
+    LOADING = "loading", "Loading experts"
+    STANDBY = "standby", "Standby"
+    SUSPECT = "suspect", "Not answering"
+    DOWN = "down", "Down"
+    DRAINED = "drained", "Drained"
+
+
+EXPERT_WORKER_BADGE = {
+    ExpertWorkerState.SERVING: "green",
+    ExpertWorkerState.LOADING: "blue",
+    ExpertWorkerState.STANDBY: "grey",
+    ExpertWorkerState.SUSPECT: "amber",
+    ExpertWorkerState.DOWN: "red",
+    ExpertWorkerState.DRAINED: "grey",
+}

@@ -27,6 +27,7 @@ INCIDENTS_GROUP = "incidents"
 CHECKPOINTS_GROUP = "checkpoints"
 STATUS_GROUP = "status"  # every page: the degradation banner, on-call notifications
 DRAINS_GROUP = "drains"
+MOE_GROUP = "moe"
 
 
 def incident_group(incident_id: int) -> str:
@@ -215,3 +216,8 @@ def notification(notification_id: int) -> None:
 def drain_changed(drain_id: int) -> None:
     send(drain_group(drain_id), {"type": "drain.changed", "id": drain_id})
     send(DRAINS_GROUP, {"type": "drain.changed", "id": drain_id})
+
+
+def moe_changed(name: str) -> None:
+    """An MoE deployment's figures or table changed (recovery.actions.moe, each watch pass)."""
+    send(MOE_GROUP, {"type": "moe.changed", "name": name})

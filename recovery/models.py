@@ -12,6 +12,7 @@ from recovery.choices import (
     DRAIN_BADGE,
     EXPERIMENT_BADGE,
     EXPERIMENT_OPEN,
+    EXPERT_WORKER_BADGE,
     HEALTH_BADGE,
     INCIDENT_SEVERITY_BADGE,
     INCIDENT_STATUS_BADGE,
@@ -24,6 +25,7 @@ from recovery.choices import (
     DrainState,
     EventKind,
     ExperimentStatus,
+    ExpertWorkerState,
     Health,
     HealthChange,
     IncidentSeverity,
@@ -1040,3 +1042,61 @@ class ExperimentRun(models.Model):
     @property
     def is_open(self) -> bool:
         return self.status in EXPERIMENT_OPEN
+
+
+class MoeDeployment(models.Model):
+    """A decoupled MoE deployment (document 001): attention workers that are nodes, and expert workers holding the
+    experts. The control plane owns its expert routing table: the one in force is kept here and pushed to every
+    attention worker (recovery.actions.moe)."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="moe_deployments")
+    name = models.SlugField(max_length=64, unique=True)
+    model = models.CharField(max_length=64)
+    ert = models.JSONField(help_text="The expert routing table in force (workers.moe.ExpertRoutingTable).")
+    attention_workers = models.JSONField(default=list, help_text="The names of its attention workers (nodes).")
+    details = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="Tokens per expert since it was registered, the last counts each EW reported, balancedness over "
+        "time, and which table version each attention worker took.",
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return f"{self.name} ({self.model})"
+
+
+class ExpertWorkerNode(models.Model):
+    """One expert worker process of an MoE deployment: its address, what it last said it holds and served, and its
+    state as the control plane judges it from polling its /moe/status."""
+
+    deployment = models.ForeignKey(MoeDeployment, on_delete=models.CASCADE, related_name="ews")
+    name = models.CharField(max_length=64)
+    address = models.CharField(max_length=200)
+    state = models.CharField(max_length=16, choices=ExpertWorkerState.choices, default=ExpertWorkerState.SERVING)
+    state_changed_at = models.DateTimeField(default=timezone.now)
+    misses = models.PositiveIntegerField(default=0, help_text="Status polls not answered in a row.")
+    last_seen = models.DateTimeField(null=True, blank=True)
+    gpu = models.CharField(max_length=32, blank=True)
+    primaries = models.JSONField(default=list, blank=True)
+    shadows = models.JSONField(default=list, blank=True)
+    memory = models.JSONField(default=dict, blank=True, help_text="Bytes its primaries and its shadows take.")
+    tokens = models.JSONField(default=dict, blank=True, help_text="Tokens per expert it reported, since it started.")
+    refused = models.PositiveIntegerField(default=0)
+    replacing = models.CharField(max_length=64, blank=True, help_text="The lost EW whose experts it is loading.")
+    incident = models.ForeignKey(Incident, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+
+    class Meta:
+        ordering = ["deployment", "name"]
+        constraints = [models.UniqueConstraint(fields=["deployment", "name"], name="ew_unique_name")]
+
+    def __str__(self):
+        return f"{self.deployment.name}/{self.name} ({self.state})"
+
+    @property
+    def badge(self) -> str:
+        return EXPERT_WORKER_BADGE[ExpertWorkerState(self.state)]

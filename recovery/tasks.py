@@ -15,6 +15,7 @@ from recovery.actions import (
     health,
     history,
     incidents,
+    moe,
     nodes,
     notify,
     replacement,
@@ -161,3 +162,9 @@ def run_experiment(run_id: int) -> str:
     """One queued experiment, to its end. Acknowledged on receipt, not after: a run that killed its worker would
     only kill the next one too, so it is not delivered again (its row stays running, and can be cancelled)."""
     return experiments.execute(run_id)
+
+
+@shared_task(ignore_result=True)
+def watch_moe() -> dict:
+    """Every MoE deployment's expert workers polled, its table healed and pushed (recovery.actions.moe)."""
+    return moe.watch()

@@ -12,6 +12,12 @@ once, two FLOPs per parameter per token, at the catalog's efficiencies) times th
 (an AW's failover after another EW failed, §5.1) skips the window and goes first. A token for an expert this EW
 does not hold, or for a layer the model does not have, is refused (400, naming it) and nothing of that dispatch
 is computed. `GET /moe/status` gives what it holds, the memory that takes, tokens per expert and its frontier.
+
+`POST /moe/load` (the agent token) is the control plane's: the experts it should hold from now on, as primaries and
+shadows. Experts it no longer holds are dropped at once; new ones load at disk bandwidth in the background, and it
+serves them once loaded (`state` "loading" until then). This is how a standby EW becomes the replacement of a lost
+one (document 001 §5.4, background provisioning), and how an EW that comes back after its replacement took its
+experts becomes the standby (it is told to hold nothing).
 """
 
 import argparse
@@ -27,6 +33,9 @@ from aiohttp import web
 
 from workers import catalog
 from workers.moe import MoeError, expert_bytes, expert_output, expert_params, require_moe
+from workers.openai_api import read_json
+from workers.openai_schema import ApiError
+from workers.runtime import token_matches
 
 log = logging.getLogger("workers.expert_worker")
 BATCH_WINDOW_S = 0.001  # how long a dispatch waits for others of its layer before its batch runs
@@ -55,17 +64,9 @@ def _ints(raw: str, option: str) -> tuple[int, ...]:
 class ExpertWorker:
     def __init__(self, name: str, model: catalog.Model, gpu: catalog.Gpu, experts, shadows, time_scale: float):
         self.name, self.model, self.gpu, self.time_scale = name, require_moe(model), gpu, time_scale
-        self.primaries, self.shadows = set(experts), set(shadows) - set(experts)
-        bad = sorted(e for e in self.primaries | self.shadows if not 0 <= e < model.experts)
-        if bad:
-            raise MoeError("experts", f"{bad} are not experts of {model.key} (0 to {model.experts - 1})")
-        held = expert_bytes(model) * len(self.primaries | self.shadows)
-        if held > gpu.memory_bytes * catalog.GPU_MEMORY_UTILIZATION:
-            raise MoeError(
-                "experts",
-                f"{len(self.primaries | self.shadows)} experts of {model.key} take {held / catalog.GB:.1f} GB, "
-                f"more than one {gpu.key} holds",
-            )
+        self.primaries, self.shadows = self.check_holding(experts, shadows)
+        self.loading: set[int] = set()  # experts whose weights are being read for a /moe/load
+        self._load_task: asyncio.Task | None = None
         self.tokens: Counter = Counter()  # per expert, served
         self.refused = 0
         self.frontier = -1  # the layer of the last batch run
@@ -74,6 +75,50 @@ class ExpertWorker:
 
     def holds(self, expert: int) -> bool:
         return expert in self.primaries or expert in self.shadows
+
+    @property
+    def state(self) -> str:
+        if self.loading:
+            return "loading"
+        return "serving" if self.primaries or self.shadows else "standby"
+
+    def check_holding(self, experts, shadows) -> tuple[set[int], set[int]]:
+        """The sets it would hold, refused (MoeError naming the part) when not experts of its model or too many."""
+        primaries, shadows = set(experts), set(shadows) - set(experts)
+        bad = sorted(e for e in primaries | shadows if not 0 <= e < self.model.experts)
+        if bad:
+            raise MoeError("experts", f"{bad} are not experts of {self.model.key} (0 to {self.model.experts - 1})")
+        held = expert_bytes(self.model) * len(primaries | shadows)
+        if held > self.gpu.memory_bytes * catalog.GPU_MEMORY_UTILIZATION:
+            raise MoeError(
+                "experts",
+                f"{len(primaries | shadows)} experts of {self.model.key} take {held / catalog.GB:.1f} GB, "
+                f"more than one {self.gpu.key} holds",
+            )
+        return primaries, shadows
+
+    def load(self, experts, shadows) -> float:
+        """Hold `experts` and `shadows` from now on: others dropped at once, new ones loaded in the background.
+        Returns the seconds the load takes (0 when nothing is new). A load supersedes one still running."""
+        primaries, shadows = self.check_holding(experts, shadows)
+        if self._load_task is not None:
+            self._load_task.cancel()
+        keep = (self.primaries | self.shadows) & (primaries | shadows)
+        self.primaries, self.shadows = self.primaries & keep, self.shadows & keep
+        new = (primaries | shadows) - keep
+        seconds = expert_bytes(self.model) * len(new) / (catalog.DISK_GBPS * catalog.GB) * self.time_scale
+        self.loading = set(new)
+
+        async def read_weights() -> None:
+            await asyncio.sleep(seconds)
+            self.primaries, self.shadows, self.loading = primaries, shadows, set()
+            log.info("%s: loaded; experts %s, shadows %s", self.name, sorted(primaries), sorted(shadows))
+
+        if new:
+            self._load_task = asyncio.get_running_loop().create_task(read_weights())
+        else:
+            self.primaries, self.shadows = primaries, shadows
+        return seconds
 
     def parse(self, body) -> tuple[int, list[tuple[str, int, bytes, int]], bool]:
         if not isinstance(body, dict):
@@ -133,11 +178,13 @@ class ExpertWorker:
         size = expert_bytes(self.model)
         return {
             "name": self.name,
+            "state": self.state,
             "model": self.model.key,
             "gpu": self.gpu.key,
             "pid": os.getpid(),
             "primaries": sorted(self.primaries),
             "shadows": sorted(self.shadows),
+            "loading": sorted(self.loading),
             "memory_bytes": {"primaries": size * len(self.primaries), "shadows": size * len(self.shadows)},
             "tokens_per_expert": {str(e): n for e, n in sorted(self.tokens.items())},
             "refused": self.refused,
@@ -145,7 +192,7 @@ class ExpertWorker:
         }
 
 
-def build_app(worker: ExpertWorker) -> web.Application:
+def build_app(worker: ExpertWorker, agent_token: str | None = None) -> web.Application:
     async def layer(request: web.Request) -> web.Response:
         try:
             body = await request.json()
@@ -165,11 +212,38 @@ def build_app(worker: ExpertWorker) -> web.Application:
     async def status(request: web.Request) -> web.Response:
         return web.json_response(worker.status())
 
+    async def load(request: web.Request) -> web.Response:
+        if not agent_token:
+            return _error(503, "control endpoints are off on this EW: start it with LIFELINE_AGENT_TOKEN set", None)
+        scheme, _, value = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token_matches(value.strip(), agent_token):
+            return _error(401, "the agent token is missing or wrong: send `Authorization: Bearer <agent token>`", None)
+        try:
+            body = await read_json(request)
+        except ApiError as exc:
+            return _error(400, str(exc), exc.param)
+        lists = {}
+        for field in ("experts", "shadows"):
+            value = body.get(field, [])
+            if not isinstance(value, list) or not all(isinstance(e, int) and not isinstance(e, bool) for e in value):
+                return _error(400, f"{field}: must be a list of expert numbers", field)
+            lists[field] = value
+        try:
+            seconds = worker.load(lists["experts"], lists["shadows"])
+        except MoeError as exc:
+            return _error(400, str(exc), exc.field)
+        return web.json_response({**worker.status(), "load_s": round(seconds, 3)}, status=202)
+
     app = web.Application(client_max_size=64 * 1024**2)
+    app.router.add_post("/moe/load", load)
     app.router.add_post("/moe/layer", layer)
     app.router.add_get("/health", health)
     app.router.add_get("/moe/status", status)
     return app
+
+
+def _error(status: int, message: str, param: str | None) -> web.Response:
+    return web.json_response({"error": {"message": message, "param": param}}, status=status)
 
 
 async def serve(args: argparse.Namespace) -> None:
@@ -179,7 +253,7 @@ async def serve(args: argparse.Namespace) -> None:
         # A provisioned replacement loads its experts' weights from disk before it listens (document 001 §5.4).
         held = expert_bytes(model) * len(worker.primaries | worker.shadows)
         await asyncio.sleep(held / (catalog.DISK_GBPS * catalog.GB) * args.time_scale)
-    runner = web.AppRunner(build_app(worker), access_log=None)
+    runner = web.AppRunner(build_app(worker, os.environ.get("LIFELINE_AGENT_TOKEN") or None), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)
     await site.start()

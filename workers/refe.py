@@ -167,7 +167,7 @@ class ExpertPath:
         self.session: aiohttp.ClientSession | None = None
         self.changed = asyncio.Event()
         self.counters = counters if counters is not None else {}  # the engine's, so the node's status shows them
-        self.counters.update(moe_layers=0, moe_mismatches=0, moe_waits=0, moe_failovers=0)
+        self.counters.update(moe_layers=0, moe_mismatches=0, moe_waits=0, moe_failovers=0, moe_ert_version=ert.version)
 
     @property
     def ert(self) -> ExpertRoutingTable:
@@ -185,6 +185,7 @@ class ExpertPath:
     def update(self, ert: ExpertRoutingTable, addresses: dict[str, str] | None = None) -> bool:
         if self.refe is None or not self.refe.update(ert, addresses):
             return False
+        self.counters["moe_ert_version"] = ert.version
         self.changed.set()
         return True
 

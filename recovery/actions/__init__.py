@@ -22,6 +22,7 @@ history: the demo's generated past (rollups, incidents, level changes), marked s
 experiments: simulator runs started from the console, their progress, cancel and results.
 placement: a placement plan for the live fleet, judged by the simulator (asking changes nothing).
 replacement: re-placement proposals, their approval by on-call, and their run as node switches.
+moe: MoE deployments: their expert workers watched, the expert routing table healed and pushed, replacements.
 """
 
 ORDER = (
@@ -43,4 +44,5 @@ ORDER = (
     "experiments",
     "placement",
     "replacement",
+    "moe",
 )

@@ -118,13 +118,21 @@ def after_loss(ert: ExpertRoutingTable, lost: Iterable[str]) -> ExpertRoutingTab
 
 
 def with_replacement(
-    ert: ExpertRoutingTable, experts: Iterable[int], ew: str, keep_shadows: bool = True
+    ert: ExpertRoutingTable,
+    experts: Iterable[int],
+    ew: str,
+    keep_shadows: bool = True,
+    shadow_experts: Iterable[int] = (),
 ) -> ExpertRoutingTable:
     """A provisioned EW `ew` serves `experts` (those a lost EW served) as their primary; a shadow promoted for one
-    of them in the meantime goes back to being its shadow (it has stayed loaded)."""
-    taken = set(experts)
+    of them in the meantime goes back to being its shadow (it has stayed loaded). It also keeps `shadow_experts`
+    (the lost EW's shadows) as their shadow, after the ones they have."""
+    taken, shadowed = set(experts), set(shadow_experts) - set(experts)
     rows = []
     for i, loc in enumerate(ert.experts):
+        if i in shadowed and ew not in loc.ews():
+            rows.append(Locations(loc.primaries, loc.shadows + (ew,)))
+            continue
         if i not in taken:
             rows.append(loc)
             continue

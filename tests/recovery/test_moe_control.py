@@ -1,0 +1,201 @@
+"""The control plane owns an MoE deployment's expert routing table (recovery.actions.moe; document 001 §5): with real
+expert-worker processes and a real attention worker node, an EW killed with SIGKILL is confirmed lost, the table
+that serves its experts from their shadows is pushed to the attention worker, a standby EW is provisioned with the
+lost one's experts and joins the table, the incident's timeline says each step, and the lost EW coming back becomes
+the next standby. A table that would leave an expert nowhere is refused with the expert named; a drain moves an
+EW's experts onto their shadows first."""
+
+import time
+
+import pytest
+
+from recovery.actions import moe
+from recovery.choices import EventKind, ExpertWorkerState, NodeState
+from recovery.models import AuditEntry, Cluster, ExpertWorkerNode, Incident, MoeDeployment, Node, Rack
+from recovery.policy import moe as moe_policy
+from tests.helpers import http_json
+from tests.workers.test_expert_workers import MIXTRAL, Ew
+from tests.workers.test_moe_attention_worker import AGENT, stream
+from tests.workers.test_moe_attention_worker import aw as _aw  # noqa: F401 - the fixture, reused
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def agent_token(settings, monkeypatch):
+    settings.LIFELINE_AGENT_TOKEN = AGENT  # what the control plane presents
+    monkeypatch.setenv("LIFELINE_AGENT_TOKEN", AGENT)  # what the EWs started here take /moe/load with
+
+
+@pytest.fixture
+def aw(agent_token, _aw):  # noqa: F811
+    return _aw
+
+
+@pytest.fixture
+def standby(agent_token):
+    worker = Ew("ew-spare", [], [])
+    yield worker
+    if worker.proc.poll() is None:
+        worker.proc.terminate()
+        worker.proc.wait(10)
+
+
+def an_attention_worker_node(node) -> Node:
+    cluster = Cluster.default()
+    rack, _ = Rack.objects.get_or_create(cluster=cluster, name="rack-a")
+    return Node.objects.create(
+        cluster=cluster,
+        rack=rack,
+        name="aw-1",
+        model_key="Mixtral-8x7B",
+        gpu_key="H200-SXM",
+        address=node.address,
+        state=NodeState.SERVING,
+    )
+
+
+def registered(aw, standby) -> MoeDeployment:
+    node, table, workers = aw
+    an_attention_worker_node(node)
+    return moe.register(
+        "mixtral",
+        "Mixtral-8x7B",
+        {ew: w.address for ew, w in workers.items()},
+        ["aw-1"],
+        table,
+        standby={"ew-spare": standby.address},
+    )
+
+
+def aw_version(node) -> int:
+    return http_json(node.address + "/agent/status")[1]["counters"]["moe_ert_version"]
+
+
+def watch_until(condition, timeout_s=20.0, what=""):
+    deadline = time.monotonic() + timeout_s
+    done = []
+    while time.monotonic() < deadline:
+        done += moe.watch()["mixtral"]
+        if condition():
+            return done
+        time.sleep(0.3)
+    raise AssertionError(f"not reached in {timeout_s} s: {what}; did {done}")
+
+
+def test_a_lost_ew_is_confirmed_healed_replaced_and_comes_back_as_the_standby(aw, standby):
+    node, table, workers = aw
+    deployment = registered(aw, standby)
+    expected, _ = stream(node.address)
+    assert moe.watch()["mixtral"] == []  # the table in force pushed: the AW started with v1 (409, nothing new)
+    assert MoeDeployment.objects.get().details["pushed"] == {"aw-1": 1}
+    ew = ExpertWorkerNode.objects.get(deployment=deployment, name="ew-0")
+    assert ew.state == ExpertWorkerState.SERVING and ew.primaries == table.primaries_of("ew-0")
+    assert ExpertWorkerNode.objects.get(name="ew-spare").state == ExpertWorkerState.STANDBY
+    lost_experts, lost_shadows = table.primaries_of("ew-0"), table.shadows_of("ew-0")
+
+    workers["ew-0"].kill()
+    moe.watch()
+    assert ExpertWorkerNode.objects.get(name="ew-0").state == ExpertWorkerState.SUSPECT  # one miss is not a loss
+    done = moe.watch()["mixtral"]
+    assert "ew-0 lost; table v2" in done and "provisioning ew-spare" in done and "v2 to aw-1" in done
+    deployment.refresh_from_db()
+    healed = moe.table(deployment)
+    assert "ew-0" not in healed.ews()
+    assert all(healed.experts[e].primaries == table.experts[e].shadows[:1] for e in lost_experts)  # shadows promoted
+    assert aw_version(node) == 2
+    text, _ = stream(node.address)  # served from the shadows, nothing waits on ew-0
+    assert text == expected
+
+    # The standby loads ew-0's experts at disk bandwidth (two experts and their shadows: seconds), then joins.
+    assert ExpertWorkerNode.objects.get(name="ew-spare").state == ExpertWorkerState.LOADING
+    watch_until(lambda: "ew-spare" in moe.table(MoeDeployment.objects.get()).ews(), 30, "the replacement joined")
+    joined = moe.table(MoeDeployment.objects.get())
+    assert joined.version == 3 and joined.primaries_of("ew-spare") == lost_experts
+    assert joined.shadows_of("ew-spare") == lost_shadows
+    assert aw_version(node) == 3
+    text, _ = stream(node.address)
+    assert text == expected
+
+    incident = Incident.objects.get(details__moe="mixtral")
+    kinds = list(incident.events.values_list("kind", flat=True))
+    assert kinds[:4] == [EventKind.DETECTED, EventKind.ERT, EventKind.PROVISIONING, EventKind.ERT]
+    assert EventKind.CAPACITY_RESTORED in kinds and incident.capacity_restored_at is not None
+    assert "lost" in incident.title and "ew-0" in incident.title
+
+    # ew-0 comes back (its supervisor's restart): its experts are served by the replacement, so it is the standby.
+    workers["ew-0"] = Ew("ew-0", lost_experts, lost_shadows)
+    ExpertWorkerNode.objects.filter(name="ew-0").update(address=workers["ew-0"].address)  # a new port here
+    done = watch_until(lambda: ExpertWorkerNode.objects.get(name="ew-0").state == ExpertWorkerState.STANDBY, 10)
+    assert "ew-0 back as standby" in done
+    assert http_json(workers["ew-0"].address + "/moe/status")[1]["primaries"] == []
+
+    # Balancedness and tokens per expert were recorded from the EWs' own counts.
+    details = MoeDeployment.objects.get().details
+    assert sum(details["tokens_per_expert"].values()) > 0
+    assert details["series"] and all(0 < p["balancedness"] <= 1 for p in details["series"])
+
+
+def test_a_loss_that_leaves_an_expert_nowhere_is_refused_naming_it_and_the_lost_ew_takes_its_experts_back(aw):
+    node, table, workers = aw
+    an_attention_worker_node(node)
+    moe.register("mixtral", "Mixtral-8x7B", {ew: w.address for ew, w in workers.items()}, ["aw-1"], table)
+    expert = 0
+    primary, shadow = table.experts[expert].primaries[0], table.experts[expert].shadows[0]
+    workers[primary].kill()
+    workers[shadow].kill()
+    moe.watch()
+    done = moe.watch()["mixtral"]
+    assert any(f"expert {expert} has no live location" in d or "no live location" in d for d in done)
+    assert "no standby" in done
+    assert moe.table(MoeDeployment.objects.get()).version == 1  # never a table that drops an expert
+    refused = Incident.objects.filter(details__moe="mixtral").first().events.filter(kind=EventKind.ERT).first()
+    assert "no live location" in refused.description and refused.details["expert"] is not None
+
+    # The primary comes back with its experts (no replacement took them): it serves them again.
+    workers[primary] = Ew(primary, table.primaries_of(primary), table.shadows_of(primary))
+    ExpertWorkerNode.objects.filter(name=primary).update(address=workers[primary].address)
+    watch_until(lambda: primary in moe.table(MoeDeployment.objects.get()).ews(), 10, f"{primary} rejoined")
+    back = moe.table(MoeDeployment.objects.get())
+    assert back.experts[expert].primaries[0] == primary
+    assert aw_version(node) == back.version
+
+
+def test_a_drain_moves_an_ews_experts_to_their_shadows_first_then_empties_it(aw, standby):
+    node, table, workers = aw
+    deployment = registered(aw, standby)
+    expected, _ = stream(node.address)
+    drained = moe.drain_ew(deployment, "ew-1", "oncall", "firmware update")
+    assert "ew-1" not in drained.ews() and aw_version(node) == drained.version
+    assert http_json(workers["ew-1"].address + "/moe/status")[1]["state"] == "standby"  # it holds nothing
+    assert ExpertWorkerNode.objects.get(name="ew-1").state == ExpertWorkerState.DRAINED
+    assert AuditEntry.objects.filter(action="moe_drain", target="mixtral/ew-1", actor="oncall").exists()
+    text, _ = stream(node.address)
+    assert text == expected
+    with pytest.raises(moe.MoeRefused, match="nothing to drain"):
+        moe.drain_ew(MoeDeployment.objects.get(), "ew-1", "oncall", "again")
+
+
+def test_an_expert_worker_takes_a_new_holding_only_with_the_agent_token_and_refuses_a_bad_one(standby):
+    status, body = http_json(standby.address + "/moe/load", data={"experts": [1]})
+    assert status == 401 and "agent token" in body["error"]["message"]
+    head = {"Authorization": f"Bearer {AGENT}"}
+    status, body = http_json(standby.address + "/moe/load", data={"experts": [99]}, headers=head)
+    assert status == 400 and "[99] are not experts of Mixtral-8x7B" in body["error"]["message"]
+    status, body = http_json(standby.address + "/moe/load", data={"experts": "1"}, headers=head)
+    assert status == 400 and body["error"]["param"] == "experts"
+    status, body = http_json(standby.address + "/moe/load", data={"experts": [1], "shadows": [2]}, headers=head)
+    assert status == 202 and body["state"] == "loading" and body["loading"] == [1, 2] and body["load_s"] > 0
+    deadline = time.monotonic() + body["load_s"] + 5
+    while http_json(standby.address + "/moe/status")[1]["state"] != "serving":
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert http_json(standby.address + "/moe/status")[1]["primaries"] == [1]
+
+
+def test_registration_refuses_a_table_naming_an_ew_with_no_address(db):
+    table = moe_policy.plan(MIXTRAL, [moe_policy.ExpertWorker(f"ew-{i}", 10**12) for i in range(2)])
+    with pytest.raises(moe.MoeRefused, match="no address: ew-1"):
+        moe.register("m", "Mixtral-8x7B", {"ew-0": "http://127.0.0.1:1"}, [], table)
+    with pytest.raises(moe.MoeRefused, match="not an MoE model"):
+        moe.register("m", "Qwen3-32B", {}, [], table)
