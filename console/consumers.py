@@ -15,6 +15,7 @@ from recovery.events import (
     CLUSTER_GROUP,
     DRAINS_GROUP,
     INCIDENTS_GROUP,
+    MOE_GROUP,
     STATUS_GROUP,
     drain_group,
     incident_group,
@@ -220,3 +221,14 @@ class NodeConsumer(RoleConsumer):
 
     async def node_canary(self, event):
         await self.send_json({"kind": "canary", "id": event["id"]})
+
+
+class MoeConsumer(RoleConsumer):
+    """MoE deployments: a nudge after each pass of the control plane's watch (recovery.actions.moe), and the page
+    fetches its fragment again (tiles, the table's heatmap, tokens per expert, balancedness)."""
+
+    def groups_for(self):
+        return [MOE_GROUP]
+
+    async def moe_changed(self, event):
+        await self.send_json({"kind": "moe", "name": event["name"]})

@@ -544,6 +544,34 @@ def document() -> dict:
                 },
             )
         },
+        "/api/moe/{name}": {
+            "get": _operation(
+                "An MoE deployment as the control plane keeps it (recovery.actions.moe): its expert workers (state, "
+                "experts and shadows in the table, memory, tokens served), the expert routing table as a heatmap "
+                "(logical expert × EW: 2 primary, 1 shadow), tokens per expert, balancedness over time, and the table "
+                "version each attention worker took.",
+                {
+                    "200": _json(
+                        _typed(
+                            name="string",
+                            model="string",
+                            version="integer",
+                            ews="array",
+                            ew_names="array",
+                            heatmap="array",
+                            attention_workers="array",
+                            tokens_per_expert="array",
+                            balancedness="object",
+                            shadow_bytes="integer",
+                            shadow_coverage="number",
+                        ),
+                        "The deployment now.",
+                    ),
+                    "404": _error("No MoE deployment has that name."),
+                    **NOT_ALLOWED,
+                },
+            )
+        },
         "/api/placement/plan": {
             "post": _operation(
                 "A placement plan for the live fleet (or a what-if of it) beside the current placement, each judged by "

@@ -11,4 +11,5 @@ websocket_urlpatterns = [
     path("ws/drains/", consumers.DrainsConsumer.as_asgi()),
     path("ws/drains/<int:drain_id>/", consumers.DrainConsumer.as_asgi()),
     path("ws/nodes/<int:node_id>/", consumers.NodeConsumer.as_asgi()),
+    path("ws/moe/", consumers.MoeConsumer.as_asgi()),
 ]

@@ -90,6 +90,10 @@ MATRIX: dict[str, dict[str, dict]] = {
     # An operator or on-call asks for a re-placement; the answer (a proposal, or why none) shows on the page.
     "placement-propose": {"GET": everyone(405), "POST": page(302, (roles.OPERATOR, roles.ONCALL))},
     "placement-action": {"GET": everyone(405), "POST": page(404)},
+    # MoE deployments: everyone reads; draining an expert worker is on-call's, as drains are.
+    "moe": {"GET": page(), "POST": page()},
+    "moe-deployment": {"GET": page(404), "POST": page(404)},
+    "moe-drain": {"GET": everyone(405), "POST": page(404, (roles.ONCALL,))},
     "audit": {"GET": page(200, (roles.ONCALL, roles.MANAGER)), "POST": page(200, (roles.ONCALL, roles.MANAGER))},
     "runbook": {"GET": page(404), "POST": page(404)},
     "slo": {"GET": page(200, (roles.MANAGER, roles.ONCALL, roles.OPERATOR))},
@@ -132,6 +136,7 @@ MATRIX: dict[str, dict[str, dict]] = {
     "api-drain-decide": {"GET": api(404), "POST": api(404)},
     "api-degradation": {"GET": api(), "POST": api(405)},
     "api-placement-plan": {"GET": api(405), "POST": api()},
+    "api-moe": {"GET": api(404), "POST": api(405)},
     # With one node of one model, the planner has nothing to switch: a proposal is refused (409), saying why.
     "api-placement-proposals": {"GET": api(), "POST": api(409, (roles.OPERATOR, roles.ONCALL))},
     "api-placement-proposal": {"GET": api(404), "POST": api(405)},

@@ -67,6 +67,7 @@
       const typed = typedFields();  // read just before the swap: nothing typed while fetching is lost
       body.innerHTML = html;
       restore(typed);
+      document.dispatchEvent(new CustomEvent("live:refreshed", { detail: { target: body } }));
     }, 300);
   }
 

@@ -11,7 +11,7 @@ from console.models import ApiToken
 
 METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 # A value for each kind of path parameter, so a route can be called; a decision must be one to reach its method check.
-SAMPLE = {"int": "1", "str": "x", "decision": "approve"}
+SAMPLE = {"int": "1", "str": "x", "slug": "x", "decision": "approve"}
 
 
 def _routes(resolver: URLResolver = None, prefix: str = "") -> list[str]:

@@ -59,3 +59,47 @@ def test_an_expert_worker_killed_mid_stream_in_the_demo_loses_nothing(moe_stack)
     assert status["counters"]["moe_failovers"] >= 1 and status["counters"]["moe_mismatches"] == 0
     # The supervisor starts the expert worker again (it loads its experts cold, then listens).
     wait_for(lambda: moe_stack.refresh()["pids"].get(victim) not in (None, pid), 30, message="ew-1 restarted")
+
+
+@pytest.mark.browser
+def test_the_moe_page_shows_the_table_heal_live_while_an_expert_worker_is_killed_and_replaced(browser, moe_stack):
+    """The control plane owns the table: an EW SIGKILLed is confirmed lost, its experts' shadows promoted (v+1), the
+    standby provisioned with its experts and joined (v+2), and the killed EW, started again by its supervisor, is
+    the next standby. The MoE page's heatmap follows each version without a reload."""
+    from tests.helpers import log_in
+
+    wait_for(lambda: moe_stack.api("/api/moe/mixtral-moe")[0] == 200, 30, message="the deployment registered")
+    wait_for(
+        lambda: all(ew["state"] in ("serving", "standby") for ew in moe_stack.api("/api/moe/mixtral-moe")[1]["ews"]),
+        60,
+        message="every expert worker serving or standing by (the last test's kill healed)",
+    )
+    before = moe_stack.api("/api/moe/mixtral-moe")[1]
+    victim = next(ew for ew in before["ews"] if ew["in_table"] and ew["primaries"])
+    standby = next(ew["name"] for ew in before["ews"] if ew["state"] == "standby")
+    column = before["ew_names"].index(victim["name"])
+    page = browser.new_page(viewport={"width": 1500, "height": 1100})
+    errors = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    log_in(page, moe_stack, "oncall")
+    page.goto(moe_stack.info["urls"]["console"] + "moe/")
+    page.wait_for_selector("#live-status[data-state=live]")
+    page.wait_for_selector(f"#moe-heatmap.js-plotly-plot[data-version='{before['version']}']", timeout=15_000)
+    page.evaluate("window.__noReload = 'moe'")
+
+    os.kill(moe_stack.info["pids"][victim["name"]], signal.SIGKILL)
+    healed = f"#moe-heatmap[data-version='{before['version'] + 1}']"
+    page.wait_for_selector(healed, timeout=15_000)
+    page.wait_for_selector(f"#ew-{victim['name']}[data-state=down]", timeout=5_000)
+    z = page.evaluate("() => document.getElementById('moe-heatmap').data[0].z")
+    assert all(row[column] == 0 for row in z)  # nothing routed to the lost EW any more
+    page.wait_for_selector(f"#moe-heatmap[data-version='{before['version'] + 2}']", timeout=60_000)
+    z = page.evaluate("() => document.getElementById('moe-heatmap').data[0].z")
+    replacement = before["ew_names"].index(standby)
+    assert [row[replacement] for row in z].count(2) == len(victim["primaries"])  # the standby serves its experts
+    page.wait_for_selector(f"#ew-{victim['name']}[data-state=standby]", timeout=60_000)  # back, standing by
+    assert page.evaluate("window.__noReload") == "moe", "the page reloaded"
+    incidents = moe_stack.api("/api/incidents")[1]["incidents"]
+    assert any(victim["name"] in i["title"] and "mixtral-moe" in i["title"] for i in incidents)
+    assert errors == []
+    page.close()

@@ -28,7 +28,7 @@ from console.stack import (
     wait_http,
 )
 from recovery import roles, tasks
-from recovery.actions import capacity, cluster_settings, keys, routing
+from recovery.actions import capacity, cluster_settings, keys, moe, routing
 from recovery.choices import NodeState, Tier
 from recovery.models import ApiKey, Cluster, HistoryBackfill, ModelCapacity, Node, key_digest
 from recovery.policy import moe as moe_policy
@@ -90,7 +90,7 @@ class Command(BaseCommand):
             "--moe",
             action="store_true",
             help=f"also serve {MOE_MODEL} decoupled (document 001): {MOE_EWS} expert workers holding its experts with "
-            f"shadows, and {MOE_AWS} attention workers routed by the gateway beside the other nodes",
+            f"shadows and a standby one, and {MOE_AWS} attention workers routed by the gateway beside the other nodes",
         )
         parser.add_argument("--no-traffic", action="store_true", help="do not start the traffic generator")
         parser.add_argument(
@@ -384,9 +384,9 @@ class Command(BaseCommand):
         model = catalog.MODELS[MOE_MODEL]
         room = moe_policy.ExpertWorker
         table = moe_policy.plan(model, [room(f"ew-{i + 1}", expert_bytes(model) * 4) for i in range(MOE_EWS)])
-        first = free_port(host, MOE_EWS)
-        addresses = {}
-        for i, ew in enumerate(sorted(table.ews())):
+        first = free_port(host, MOE_EWS + 1)
+        addresses, standby = {}, f"ew-{MOE_EWS + 1}"
+        for i, ew in enumerate([*sorted(table.ews()), standby]):
             url = f"http://{host}:{first + i}"
             argv = [python(), "-m", "workers.expert_worker", "--name", ew, "--model", MOE_MODEL, "--host", host]
             argv += ["--port", str(first + i), "--time-scale", str(self.opts["time_scale"])]
@@ -400,12 +400,23 @@ class Command(BaseCommand):
         ert = var_dir / "moe" / "ert.json"
         ert.parent.mkdir(parents=True, exist_ok=True)
         ert.write_text(json.dumps(table.to_json()))
-        for i in range(MOE_AWS):
-            name = f"node-aw{i + 1}"
+        aws = [f"node-aw{i + 1}" for i in range(MOE_AWS)]
+        # The control plane owns the table from here: it watches the EWs, heals the table when one is lost and
+        # provisions the standby in its place (recovery.actions.moe).
+        moe.register(
+            MOE_DEPLOYMENT,
+            MOE_MODEL,
+            {ew: addresses[ew] for ew in table.ews()},
+            aws,
+            table,
+            {standby: addresses[standby]},
+        )
+        for i, name in enumerate(aws):
             argv = [python(), "-m", "workers.node", "--name", name, "--rack", f"rack-{chr(ord('a') + i % 2)}"]
             argv += ["--model", MOE_MODEL, "--gpu", "H200-SXM", "--tp", "1", "--host", host, "--port", "0"]
             argv += ["--control-url", web_url, "--time-scale", str(self.opts["time_scale"]), "--enable-faults"]
-            argv += ["--expert-workers", ",".join(f"{ew}={url}" for ew, url in addresses.items()), "--ert", str(ert)]
+            argv += ["--expert-workers", ",".join(f"{ew}={addresses[ew]}" for ew in sorted(table.ews()))]
+            argv += ["--ert", str(ert)]
             self.supervisor.spawn(
                 Child(
                     name,
@@ -495,7 +506,8 @@ class Command(BaseCommand):
             *(
                 [
                     f"  MoE       {MOE_MODEL} decoupled: {MOE_AWS} attention workers (node-aw1…) behind the gateway, "
-                    f"{MOE_EWS} expert workers (ew-1…) with every expert shadowed"
+                    f"{MOE_EWS} expert workers (ew-1…) with every expert shadowed, ew-{MOE_EWS + 1} standing by; "
+                    f"/moe/ shows them"
                 ]
                 if self.opts["moe"]
                 else []
@@ -561,6 +573,7 @@ class Command(BaseCommand):
 
 # --moe: the decoupled MoE deployment beside the dense fleet.
 MOE_MODEL = "Mixtral-8x7B"
+MOE_DEPLOYMENT = "mixtral-moe"
 MOE_EWS = 4  # each with room for four experts: two primaries and two shadows, every expert shadowed
 MOE_AWS = 2
 MOE_RATE = 1.0  # requests per second of its traffic, at most
