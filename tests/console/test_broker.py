@@ -18,11 +18,17 @@ from console.stack import free_port
 from tests.recovery.test_reactions_broker import start_redis
 
 
+OPENED: list = []
+
+
 @pytest.fixture
 def redis_port():
     port = free_port()
     server = start_redis(port)
     yield port
+    for channel in OPENED:  # not given back again when the interpreter exits (kombu's atexit restore)
+        channel.qos.restore_at_shutdown = False
+    OPENED.clear()
     server.terminate()
     server.wait()
 
@@ -32,6 +38,7 @@ def closed_channel(port: int, transport):
     closes its connection when Redis goes away; the channel is still held by the late task's message."""
     connection = Connection(f"redis://127.0.0.1:{port}/0", transport=transport)
     channel = connection.channel()
+    OPENED.append(channel)
     queue = channel.queue_declare("q")
     producer = connection.Producer(channel)
     producer.publish({"n": 1}, routing_key=queue.queue)
