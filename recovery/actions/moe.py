@@ -148,6 +148,7 @@ def _missed(
         _set_state(row, State.SUSPECT, now)
         row.save()
         return
+    symptom_at = row.state_changed_at if row.state == State.SUSPECT else now  # its first unanswered poll
     _set_state(row, State.DOWN, now)
     if row.name not in table(deployment).ews():  # a standby, or a replacement still loading: the table never named it
         if row.replacing:
@@ -166,15 +167,27 @@ def _missed(
         row.save()
         return
     row.save()
-    _lose(deployment, rows, row, now, actions)
+    _lose(deployment, rows, row, now, actions, symptom_at)
 
 
 def _lose(
-    deployment: MoeDeployment, rows: dict[str, ExpertWorkerNode], row: ExpertWorkerNode, now, actions: list[str]
+    deployment: MoeDeployment,
+    rows: dict[str, ExpertWorkerNode],
+    row: ExpertWorkerNode,
+    now: dt.datetime,
+    actions: list[str],
+    symptom_at: dt.datetime,
 ) -> None:
     ert = table(deployment)
     experts, shadows = ert.primaries_of(row.name), ert.shadows_of(row.name)
-    incident = _incident(deployment, row, now)
+    incident = _incident(deployment, row, symptom_at, now)
+    incidents.add_event(
+        incident,
+        EventKind.SYMPTOM,
+        f"{row.name} did not answer its status poll ({POLL_TIMEOUT_S:g} s)",
+        at=symptom_at,
+        details={"ew": row.name},
+    )
     row.incident = incident
     row.save()
     # Any replacement it was loading for is abandoned: the table never named it.
@@ -214,16 +227,15 @@ def _lose(
     _provision(deployment, rows, row, experts, shadows, incident, now, actions)
 
 
-def _incident(deployment: MoeDeployment, row: ExpertWorkerNode, now: dt.datetime) -> Incident:
+def _incident(deployment: MoeDeployment, row: ExpertWorkerNode, symptom_at: dt.datetime, now: dt.datetime) -> Incident:
     """The deployment's incident still recovering its capacity, joined; or a new one."""
     active = Incident.objects.filter(
         details__moe=deployment.name, status=IncidentStatus.ACTIVE, capacity_restored_at__isnull=True
     ).first()
     if active is not None:
         return active
-    incident = incidents._open(
-        deployment.cluster, f"Expert worker {row.name} of {deployment.name} lost", now, detected_at=now, kind=MOE_KIND
-    )
+    title = f"Expert worker {row.name} of {deployment.name} lost"
+    incident = incidents._open(deployment.cluster, title, symptom_at, detected_at=now, kind=MOE_KIND)
     incidents._merge_details(incident, moe=deployment.name, ew=row.name)
     return incident
 
@@ -392,7 +404,7 @@ def _capacity_restored(incident: Incident, how: str, now: dt.datetime) -> None:
     incidents.add_event(
         incident,
         EventKind.CAPACITY_RESTORED,
-        f"Capacity restored {seconds:.1f} s after the loss: {how}",
+        f"Capacity restored {seconds:.1f} s after the first symptom: {how}",
         at=now,
         details={"seconds": round(seconds, 3)},
     )

@@ -119,7 +119,8 @@ def test_a_lost_ew_is_confirmed_healed_replaced_and_comes_back_as_the_standby(aw
 
     incident = Incident.objects.get(details__moe="mixtral")
     kinds = list(incident.events.values_list("kind", flat=True))
-    assert kinds[:4] == [EventKind.DETECTED, EventKind.ERT, EventKind.PROVISIONING, EventKind.ERT]
+    assert kinds[:5] == [EventKind.SYMPTOM, EventKind.DETECTED, EventKind.ERT, EventKind.PROVISIONING, EventKind.ERT]
+    assert incident.opened_at < incident.detected_at  # opened at the first unanswered poll, confirmed at the second
     assert EventKind.CAPACITY_RESTORED in kinds and incident.capacity_restored_at is not None
     assert "lost" in incident.title and "ew-0" in incident.title
 
