@@ -21,7 +21,8 @@ from workers.catalog import Model
 from workers.moe import ExpertRoutingTable, MoeError, activation_bytes, combine, expert_output, gate
 
 log = logging.getLogger(__name__)
-WRONG = "wrong"  # what _send returns for an answer it refused
+WRONG = "wrong_answer"  # what _send returns for an answer it refused
+REFUSED = "refused"  # what _send returns when the EW refused the tokens (it does not hold those experts)
 OUTPUT_BYTES = 16  # an expert output's digest (workers.moe.expert_output)
 MAX_MISSES = 3  # answers an EW that still answers its probe may miss in one layer before it is taken as down
 
@@ -50,6 +51,7 @@ class Refe:
     # The emulator's ground truth, per EW: answers that differ from the expert's pure function (silent corruption).
     # A real AW cannot tell and merges them as this one does; the canaries are what find such an EW.
     mismatches: dict[str, int] = field(default_factory=dict)
+    refusals: dict[str, int] = field(default_factory=dict)  # dispatches an EW refused (400), per EW
 
     def update(self, ert: ExpertRoutingTable, addresses: dict[str, str] | None = None) -> bool:
         """Take the control plane's newer table (an older or equal version is ignored)."""
@@ -82,11 +84,12 @@ class Refe:
                 *(self._send(ew, layer, items, tokens, counts, replay) for ew, items in by_ew.items())
             )
             for (ew, items), outputs in zip(by_ew.items(), results):
-                if isinstance(outputs, str):  # WRONG
+                if isinstance(outputs, str):  # WRONG or REFUSED
                     # Answers of the wrong shape or for another layer: refused and counted, never merged; the EW is
-                    # not trusted by this AW again until the control plane's next table gives it anew.
+                    # not trusted by this AW again until the control plane's next table gives it anew. So is one that
+                    # refused the tokens the table sends it.
                     self.down.add(ew)
-                    self.failovers.append({"at": time.monotonic(), "ew": ew, "layer": layer, "wrong_answer": True})
+                    self.failovers.append({"at": time.monotonic(), "ew": ew, "layer": layer, outputs: True})
                     continue
                 if outputs is None:
                     misses[ew] = misses.get(ew, 0) + 1
@@ -118,8 +121,13 @@ class Refe:
                 self.addresses[ew] + "/moe/layer", json=body, timeout=aiohttp.ClientTimeout(total=self.answer_timeout_s)
             ) as response:
                 answer = await response.json(content_type=None)
-                if response.status == 400:  # a table and an EW that disagree: a bug to see, never a failover
-                    raise MoeError(answer["error"]["param"], f"{ew} refused: {answer['error']['message']}")
+                if response.status == 400:
+                    # The EW does not hold what the table says (it restarted with another holding, say): counted and
+                    # logged, and it is not used by this AW until the control plane's next table gives it anew; the
+                    # tokens go to another location, or wait for one.
+                    self.refusals[ew] = self.refusals.get(ew, 0) + 1
+                    log.warning("%s refused layer %d: %s", ew, layer, (answer.get("error") or {}).get("message"))
+                    return REFUSED
                 if response.status != 200:
                     return None
         except (TimeoutError, aiohttp.ClientError, OSError):
@@ -167,7 +175,9 @@ class ExpertPath:
         self.session: aiohttp.ClientSession | None = None
         self.changed = asyncio.Event()
         self.counters = counters if counters is not None else {}  # the engine's, so the node's status shows them
-        self.counters.update(moe_layers=0, moe_mismatches=0, moe_waits=0, moe_failovers=0, moe_ert_version=ert.version)
+        self.counters.update(
+            moe_layers=0, moe_mismatches=0, moe_waits=0, moe_failovers=0, moe_refusals=0, moe_ert_version=ert.version
+        )
 
     @property
     def ert(self) -> ExpertRoutingTable:
@@ -199,6 +209,7 @@ class ExpertPath:
             self.counters["moe_layers"] += 1
         self.counters["moe_failovers"] = len(self.refe.failovers)
         self.counters["moe_mismatches"] = sum(self.refe.mismatches.values())
+        self.counters["moe_refusals"] = sum(self.refe.refusals.values())
 
     async def _layer(self, layer, tokens, counts) -> dict[str, bytes]:
         assert self.refe is not None, "start() first"

@@ -320,6 +320,12 @@ def _answered(
     if row.replacing and reported == State.SERVING:
         _replacement_ready(deployment, row, now, actions)
         return
+    if row.name in deployment.details.get("reloading", []):
+        if reported == State.SERVING:
+            _reloaded(deployment, rows, row, now, actions)
+        else:
+            row.save()
+        return
     if reported == State.LOADING:
         _set_state(row, State.LOADING, now)
     elif reported == State.STANDBY and not row.replacing:
@@ -363,7 +369,29 @@ def _came_back(
     )
     ert = table(deployment)
     incident = row.incident
-    if not replaced and row.name not in ert.ews() and row.primaries:
+    if row.name in ert.ews():
+        # Never taken out of the table (the table without it was refused: an expert had nowhere else to go). If it
+        # came back without what the table says it holds, it loads that first.
+        want = {"experts": ert.primaries_of(row.name), "shadows": ert.shadows_of(row.name)}
+        if set(row.primaries) != set(want["experts"]) or set(row.shadows) != set(want["shadows"]):
+            if _reload(deployment, row, want, now, actions):
+                return
+        again = ExpertRoutingTable(ert.model, ert.version + 1, ert.experts)
+        _set_table(deployment, again)
+        _set_state(row, State.SERVING, now)
+        actions.append(f"{row.name} back in the table")
+        if incident is not None:
+            incidents.add_event(
+                incident,
+                EventKind.ERT,
+                f"{row.name} answers again and still has its place in the table: table v{again.version} tells the "
+                "attention workers to use it again",
+                at=now,
+                details={"version": again.version},
+            )
+            if not any(r.state == State.DOWN and r.name in ert.ews() for r in rows.values() if r is not row):
+                _capacity_restored(incident, f"{row.name} back", now)
+    elif not replaced and row.primaries:
         joined = moe_policy.with_replacement(ert, row.primaries, row.name, shadow_experts=row.shadows)
         _set_table(deployment, joined)
         _set_state(row, State.SERVING, now)
@@ -393,6 +421,58 @@ def _came_back(
             )
     row.incident = None
     row.save()
+
+
+def _reload(deployment: MoeDeployment, row: ExpertWorkerNode, want: dict, now: dt.datetime, actions: list[str]) -> bool:
+    """Tell an EW that is back, still in the table, to load what the table says it holds; True once asked."""
+    try:
+        status, body = nodeclient.call(row.address, "POST", "/moe/load", want, timeout=PUSH_TIMEOUT_S)
+    except nodeclient.NodeUnreachable:
+        status, body = 0, {}
+    if status != 202:
+        return False
+    reloading = sorted({*deployment.details.get("reloading", []), row.name})
+    deployment.details = {**deployment.details, "reloading": reloading}
+    _set_state(row, State.LOADING, now)
+    row.save()
+    actions.append(f"{row.name} reloading")
+    if row.incident is not None:
+        incidents.add_event(
+            row.incident,
+            EventKind.PROVISIONING,
+            f"{row.name} answers again without the experts the table gives it: loading experts "
+            f"{_list(want['experts'])} and shadows {_list(want['shadows'])} (about {body.get('load_s', 0):.1f} s)",
+            at=now,
+            details={"ew": row.name, "load_s": body.get("load_s")},
+        )
+    return True
+
+
+def _reloaded(deployment: MoeDeployment, rows, row: ExpertWorkerNode, now: dt.datetime, actions: list[str]) -> None:
+    """An EW that reloaded its place in the table serves it: the table, a version on, tells the AWs to use it."""
+    ert = table(deployment)
+    again = ExpertRoutingTable(ert.model, ert.version + 1, ert.experts)
+    _set_table(deployment, again)
+    deployment.details = {
+        **deployment.details,
+        "reloading": [n for n in deployment.details["reloading"] if n != row.name],
+    }
+    _set_state(row, State.SERVING, now)
+    incident, row.incident = row.incident, None
+    row.save()
+    actions.append(f"{row.name} back in the table")
+    if incident is not None:
+        incidents.add_event(
+            incident,
+            EventKind.ERT,
+            f"{row.name} holds its experts again: table v{again.version} tells the attention workers to use it",
+            at=now,
+            details={"version": again.version},
+        )
+        if not any(
+            r.state in (State.DOWN, State.LOADING) and r.name in ert.ews() for r in rows.values() if r is not row
+        ):
+            _capacity_restored(incident, f"{row.name} back", now)
 
 
 def _capacity_restored(incident: Incident, how: str, now: dt.datetime) -> None:

@@ -17,7 +17,6 @@ from console.celery import app
 from console.stack import free_port
 from tests.recovery.test_reactions_broker import start_redis
 
-
 OPENED: list = []
 
 

@@ -137,7 +137,7 @@ def test_a_lost_ew_is_confirmed_healed_replaced_and_comes_back_as_the_standby(aw
     assert details["series"] and all(0 < p["balancedness"] <= 1 for p in details["series"])
 
 
-def test_a_loss_that_leaves_an_expert_nowhere_is_refused_naming_it_and_the_lost_ew_takes_its_experts_back(aw):
+def test_a_loss_that_leaves_an_expert_nowhere_is_refused_naming_it_and_the_lost_ew_reloads_its_place(aw):
     node, table, workers = aw
     an_attention_worker_node(node)
     moe.register("mixtral", "Mixtral-8x7B", {ew: w.address for ew, w in workers.items()}, ["aw-1"], table)
@@ -153,12 +153,17 @@ def test_a_loss_that_leaves_an_expert_nowhere_is_refused_naming_it_and_the_lost_
     refused = Incident.objects.filter(details__moe="mixtral").first().events.filter(kind=EventKind.ERT).first()
     assert "no live location" in refused.description and refused.details["expert"] is not None
 
-    # The primary comes back with its experts (no replacement took them): it serves them again.
-    workers[primary] = Ew(primary, table.primaries_of(primary), table.shadows_of(primary))
+    # The primary comes back holding nothing (a process started afresh): the table still has its place (the loss
+    # was refused), so it is told to load what the table gives it, and the table, a version on, tells the AW to use
+    # it again once it has.
+    workers[primary] = Ew(primary, [], [])
     ExpertWorkerNode.objects.filter(name=primary).update(address=workers[primary].address)
-    watch_until(lambda: primary in moe.table(MoeDeployment.objects.get()).ews(), 10, f"{primary} rejoined")
+    done = watch_until(lambda: moe.table(MoeDeployment.objects.get()).version == 2, 30, f"{primary} back")
+    assert f"{primary} reloading" in done and f"{primary} back in the table" in done
     back = moe.table(MoeDeployment.objects.get())
-    assert back.experts[expert].primaries[0] == primary
+    assert back.experts[expert].primaries[0] == primary and back.experts == table.experts
+    status = http_json(workers[primary].address + "/moe/status")[1]
+    assert status["primaries"] == table.primaries_of(primary) and status["shadows"] == table.shadows_of(primary)
     assert aw_version(node) == back.version
 
 

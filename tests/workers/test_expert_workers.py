@@ -262,3 +262,29 @@ async def fake_ew(answer_layer):
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()
     return server
+
+
+async def test_an_ew_that_refuses_what_the_table_sends_it_is_failed_over_not_fatal():
+    """An EW restarted with another holding than the table says (a standby's first command line): its 400 is counted,
+    the AW stops using it, and the tokens are served by the expert's other location, the output unchanged."""
+    empty = Ew("ew-empty", [], [])
+    good = Ew("ew-good", [], range(MIXTRAL.experts), "--gpu", "H200-SXM")
+    try:
+        table = ExpertRoutingTable.parse(
+            {
+                "model": MIXTRAL.key,
+                "version": 1,
+                "experts": [{"primaries": ["ew-empty"], "shadows": ["ew-good"]}] * MIXTRAL.experts,
+            },
+            MIXTRAL,
+        )
+        start = {"t": b"a token"}
+        async with aiohttp.ClientSession() as session:
+            refe = Refe(MIXTRAL, table, {"ew-empty": empty.address, "ew-good": good.address}, session)
+            out = await refe.layer(0, start)
+        assert out == one_layer(0, start)
+        assert refe.refusals == {"ew-empty": 1} and refe.down == {"ew-empty"} and refe.failovers[0]["refused"]
+    finally:
+        for worker in (empty, good):
+            worker.proc.terminate()
+            worker.proc.wait(10)

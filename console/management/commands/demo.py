@@ -92,6 +92,18 @@ class Command(BaseCommand):
             help=f"also serve {MOE_MODEL} decoupled (document 001): {MOE_EWS} expert workers holding its experts with "
             f"shadows and a standby one, and {MOE_AWS} attention workers routed by the gateway beside the other nodes",
         )
+        parser.add_argument(
+            "--moe-aws",
+            type=int,
+            default=MOE_AWS,
+            help=f"attention workers of the --moe deployment (default {MOE_AWS})",
+        )
+        parser.add_argument(
+            "--moe-ews",
+            type=int,
+            default=MOE_EWS,
+            help=f"expert workers of the --moe deployment, besides its standby (default {MOE_EWS})",
+        )
         parser.add_argument("--no-traffic", action="store_true", help="do not start the traffic generator")
         parser.add_argument(
             "--no-history",
@@ -144,6 +156,8 @@ class Command(BaseCommand):
             raise CommandError("--nodes must be 0 or more and --racks at least 1")
         if opts["time_scale"] <= 0:
             raise CommandError("--time-scale must be positive")
+        if opts["moe"] and (opts["moe_aws"] < 1 or opts["moe_ews"] < 2):
+            raise CommandError("--moe needs at least 1 attention worker (--moe-aws) and 2 expert workers (--moe-ews)")
         gpus = [g.strip() for g in opts["gpus"].split(",") if g.strip()]
         models = [m.strip() for m in opts["model"].split(",") if m.strip()]
         for model in models:
@@ -383,9 +397,10 @@ class Command(BaseCommand):
         nodes like the others. Returns how many nodes it started."""
         model = catalog.MODELS[MOE_MODEL]
         room = moe_policy.ExpertWorker
-        table = moe_policy.plan(model, [room(f"ew-{i + 1}", expert_bytes(model) * 4) for i in range(MOE_EWS)])
-        first = free_port(host, MOE_EWS + 1)
-        addresses, standby = {}, f"ew-{MOE_EWS + 1}"
+        ews, aw_count = self.opts["moe_ews"], self.opts["moe_aws"]
+        table = moe_policy.plan(model, [room(f"ew-{i + 1}", expert_bytes(model) * 4) for i in range(ews)])
+        first = free_port(host, ews + 1)
+        addresses, standby = {}, f"ew-{ews + 1}"
         for i, ew in enumerate([*sorted(table.ews()), standby]):
             url = f"http://{host}:{first + i}"
             argv = [python(), "-m", "workers.expert_worker", "--name", ew, "--model", MOE_MODEL, "--host", host]
@@ -400,7 +415,7 @@ class Command(BaseCommand):
         ert = var_dir / "moe" / "ert.json"
         ert.parent.mkdir(parents=True, exist_ok=True)
         ert.write_text(json.dumps(table.to_json()))
-        aws = [f"node-aw{i + 1}" for i in range(MOE_AWS)]
+        aws = [f"node-aw{i + 1}" for i in range(aw_count)]
         # The control plane owns the table from here: it watches the EWs, heals the table when one is lost and
         # provisions the standby in its place (recovery.actions.moe).
         moe.register(
@@ -426,7 +441,7 @@ class Command(BaseCommand):
                     restart_argv=argv + ["--start", "cold"],
                 )
             )
-        return MOE_AWS
+        return aw_count
 
     def _wait_nodes_serving(self, count: int, timeout_s: float):
         names = [n for n in self.supervisor.children if n.startswith("node-")]
@@ -505,8 +520,9 @@ class Command(BaseCommand):
             + (" per model" if len(self.opts["models"]) > 1 and not self.opts["no_traffic"] else ""),
             *(
                 [
-                    f"  MoE       {MOE_MODEL} decoupled: {MOE_AWS} attention workers (node-aw1…) behind the gateway, "
-                    f"{MOE_EWS} expert workers (ew-1…) with every expert shadowed, ew-{MOE_EWS + 1} standing by; "
+                    f"  MoE       {MOE_MODEL} decoupled: {self.opts['moe_aws']} attention workers (node-aw1…) behind "
+                    f"the gateway, {self.opts['moe_ews']} expert workers (ew-1…) with every expert shadowed, "
+                    f"ew-{self.opts['moe_ews'] + 1} standing by; "
                     f"/moe/ shows them"
                 ]
                 if self.opts["moe"]
