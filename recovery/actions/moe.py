@@ -180,6 +180,9 @@ def _lose(
 ) -> None:
     ert = table(deployment)
     experts, shadows = ert.primaries_of(row.name), ert.shadows_of(row.name)
+    # Lost while the table named it: if it comes back with its experts and nobody took them, it serves them again.
+    lost_from_table = sorted({*deployment.details.get("lost_from_table", []), row.name})
+    deployment.details = {**deployment.details, "lost_from_table": lost_from_table}
     incident = _incident(deployment, row, symptom_at, now)
     incidents.add_event(
         incident,
@@ -391,7 +394,7 @@ def _came_back(
             )
             if not any(r.state == State.DOWN and r.name in ert.ews() for r in rows.values() if r is not row):
                 _capacity_restored(incident, f"{row.name} back", now)
-    elif not replaced and row.primaries:
+    elif not replaced and row.primaries and row.name in deployment.details.get("lost_from_table", []):
         joined = moe_policy.with_replacement(ert, row.primaries, row.name, shadow_experts=row.shadows)
         _set_table(deployment, joined)
         _set_state(row, State.SERVING, now)
@@ -419,6 +422,10 @@ def _came_back(
                 "standby for the next loss",
                 at=now,
             )
+    deployment.details = {
+        **deployment.details,
+        "lost_from_table": [n for n in deployment.details.get("lost_from_table", []) if n != row.name],
+    }
     row.incident = None
     row.save()
 
@@ -456,6 +463,7 @@ def _reloaded(deployment: MoeDeployment, rows, row: ExpertWorkerNode, now: dt.da
     deployment.details = {
         **deployment.details,
         "reloading": [n for n in deployment.details["reloading"] if n != row.name],
+        "lost_from_table": [n for n in deployment.details.get("lost_from_table", []) if n != row.name],
     }
     _set_state(row, State.SERVING, now)
     incident, row.incident = row.incident, None

@@ -131,6 +131,16 @@ def test_a_lost_ew_is_confirmed_healed_replaced_and_comes_back_as_the_standby(aw
     assert "ew-0 back as standby" in done
     assert http_json(workers["ew-0"].address + "/moe/status")[1]["primaries"] == []
 
+    # The standby dies and its supervisor starts it again with its first command line (its old experts): it is
+    # still the standby, it does not take experts back from the EW that serves them now.
+    workers["ew-0"].kill()
+    watch_until(lambda: ExpertWorkerNode.objects.get(name="ew-0").state == ExpertWorkerState.DOWN, 10)
+    version = moe.table(MoeDeployment.objects.get()).version
+    workers["ew-0"] = Ew("ew-0", lost_experts, lost_shadows)
+    ExpertWorkerNode.objects.filter(name="ew-0").update(address=workers["ew-0"].address)
+    done = watch_until(lambda: ExpertWorkerNode.objects.get(name="ew-0").state == ExpertWorkerState.STANDBY, 10)
+    assert "ew-0 back as standby" in done and moe.table(MoeDeployment.objects.get()).version == version
+
     # Balancedness and tokens per expert were recorded from the EWs' own counts.
     details = MoeDeployment.objects.get().details
     assert sum(details["tokens_per_expert"].values()) > 0
