@@ -67,6 +67,7 @@ class ExpertWorker:
         self.primaries, self.shadows = self.check_holding(experts, shadows)
         self.loading: set[int] = set()  # experts whose weights are being read for a /moe/load
         self._load_task: asyncio.Task | None = None
+        self.corrupt = False  # fault injection (staging): answers well formed and wrong, silent corruption
         self.tokens: Counter = Counter()  # per expert, served
         self.refused = 0
         self.frontier = -1  # the layer of the last batch run
@@ -169,10 +170,15 @@ class ExpertWorker:
                 if not future.done():
                     future.set_result(
                         [
-                            {"id": tid, "expert": e, "output": expert_output(self.model, layer, e, act).hex()}
+                            {"id": tid, "expert": e, "output": self.output(layer, e, act).hex()}
                             for tid, e, act, _ in tokens
                         ]
                     )
+
+    def output(self, layer: int, expert: int, activation: bytes) -> bytes:
+        if self.corrupt:  # what a bit flip in the weights does: a plausible answer, the wrong one
+            return expert_output(self.model, layer, expert, activation + b"\x01")
+        return expert_output(self.model, layer, expert, activation)
 
     def status(self) -> dict:
         size = expert_bytes(self.model)
@@ -192,7 +198,12 @@ class ExpertWorker:
         }
 
 
-def build_app(worker: ExpertWorker, agent_token: str | None = None) -> web.Application:
+def _token_ok(request: web.Request, token: str | None) -> bool:
+    scheme, _, value = request.headers.get("Authorization", "").partition(" ")
+    return bool(token) and scheme.lower() == "bearer" and token_matches(value.strip(), token)
+
+
+def build_app(worker: ExpertWorker, agent_token: str | None = None, fault_token: str | None = None) -> web.Application:
     async def layer(request: web.Request) -> web.Response:
         try:
             body = await request.json()
@@ -215,8 +226,7 @@ def build_app(worker: ExpertWorker, agent_token: str | None = None) -> web.Appli
     async def load(request: web.Request) -> web.Response:
         if not agent_token:
             return _error(503, "control endpoints are off on this EW: start it with LIFELINE_AGENT_TOKEN set", None)
-        scheme, _, value = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not token_matches(value.strip(), agent_token):
+        if not _token_ok(request, agent_token):
             return _error(401, "the agent token is missing or wrong: send `Authorization: Bearer <agent token>`", None)
         try:
             body = await read_json(request)
@@ -234,7 +244,28 @@ def build_app(worker: ExpertWorker, agent_token: str | None = None) -> web.Appli
             return _error(400, str(exc), exc.field)
         return web.json_response({**worker.status(), "load_s": round(seconds, 3)}, status=202)
 
+    async def faults(request: web.Request) -> web.Response:
+        """Staging only (--enable-faults and the fault token): {"kind": "corrupt"} makes every answer silently
+        wrong, {"kind": null} clears it."""
+        if not fault_token:
+            return _error(404, "fault injection is off on this EW (start it with --enable-faults)", None)
+        if not _token_ok(request, fault_token):
+            return _error(401, "the fault token is missing or wrong: send `Authorization: Bearer <fault token>`", None)
+        try:
+            body = await read_json(request)
+        except ApiError as exc:
+            return _error(400, str(exc), exc.param)
+        kind = body.get("kind")
+        if kind not in ("corrupt", None):
+            return _error(400, f'kind: {kind!r} is not a fault of an EW: expected "corrupt" or null', "kind")
+        worker.corrupt = kind == "corrupt"
+        log.warning(
+            "%s: fault %s", worker.name, "corrupt (silent corruption) injected" if worker.corrupt else "cleared"
+        )
+        return web.json_response({"corrupt": worker.corrupt})
+
     app = web.Application(client_max_size=64 * 1024**2)
+    app.router.add_post("/moe/faults", faults)
     app.router.add_post("/moe/load", load)
     app.router.add_post("/moe/layer", layer)
     app.router.add_get("/health", health)
@@ -253,7 +284,9 @@ async def serve(args: argparse.Namespace) -> None:
         # A provisioned replacement loads its experts' weights from disk before it listens (document 001 §5.4).
         held = expert_bytes(model) * len(worker.primaries | worker.shadows)
         await asyncio.sleep(held / (catalog.DISK_GBPS * catalog.GB) * args.time_scale)
-    runner = web.AppRunner(build_app(worker, os.environ.get("LIFELINE_AGENT_TOKEN") or None), access_log=None)
+    fault_token = (os.environ.get("LIFELINE_FAULT_TOKEN") or None) if args.enable_faults else None
+    app = build_app(worker, os.environ.get("LIFELINE_AGENT_TOKEN") or None, fault_token)
+    runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)
     await site.start()
@@ -294,11 +327,18 @@ def main(argv=None) -> None:
         default="warm",
         help="cold: load the experts' weights at disk bandwidth before listening (a replacement); warm: at once",
     )
+    parser.add_argument(
+        "--enable-faults",
+        action="store_true",
+        help="allow fault injection at /moe/faults (with LIFELINE_FAULT_TOKEN); staging only",
+    )
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     args.experts, args.shadows = _ints(args.experts, "--experts"), _ints(args.shadows, "--shadows")
     if args.time_scale <= 0:
         parser.error("--time-scale must be positive")
+    if args.enable_faults and not os.environ.get("LIFELINE_FAULT_TOKEN"):
+        parser.error("--enable-faults needs LIFELINE_FAULT_TOKEN in the environment: fault injection is behind a token")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         asyncio.run(serve(args))

@@ -77,4 +77,7 @@ def snapshot(name: str) -> dict | None:
         "primary_bytes": figures["primary_bytes"],
         "shadow_coverage": figures["coverage"],
         "updated_at": deployment.updated_at.timestamp(),
+        "canary_at": deployment.details.get("canary_at"),
+        "canary_goldens": len(deployment.details.get("canary_golden", {})),
+        "canary_failed": deployment.details.get("canary_failed", []),
     }

@@ -42,6 +42,8 @@ PUSH_TIMEOUT_S = 2.0
 RESYNC_S = 5.0  # the table is pushed again this often (an attention worker restarted with its first table)
 SERIES_POINTS = 600  # balancedness samples kept: ten minutes at one a second
 MOE_KIND = "moe"
+CANARY_EVERY_S = 10.0  # each serving EW answers a canary dispatch, alone, this often
+CANARY_LAYERS = (0, 1)  # the layers a canary asks each expert it holds for
 
 State = ExpertWorkerState
 
@@ -100,8 +102,8 @@ def _poll(address: str) -> dict | None:
 
 
 def watch(now: dt.datetime | None = None) -> dict[str, list[str]]:
-    """One pass over every deployment: poll its EWs, heal its table, record its figures. Returns, per deployment,
-    what it did (for the task's log and the tests)."""
+    """One pass over every deployment: poll its EWs, heal its table, record its figures, and every CANARY_EVERY_S
+    run its canaries. Returns, per deployment, what it did (for the task's log and the tests)."""
     now = now or timezone.now()
     done = {}
     for deployment in MoeDeployment.objects.all():
@@ -109,7 +111,125 @@ def watch(now: dt.datetime | None = None) -> dict[str, list[str]]:
         with ThreadPoolExecutor(max_workers=max(1, min(16, len(rows)))) as pool:
             answers = dict(zip([r.name for r in rows], pool.map(_poll, [r.address for r in rows]), strict=True))
         done[deployment.name] = _watch_one(deployment.pk, answers, now)
+        if now.timestamp() - deployment.details.get("canary_at", 0.0) >= CANARY_EVERY_S:
+            done[deployment.name] += canary(deployment.pk, now)
     return done
+
+
+# --- canaries, one EW at a time ------------------------------------------------------------------------------------
+def _canary_tokens(experts) -> list[dict]:
+    return [
+        {"id": f"canary-{layer}-{e}", "expert": e, "activation": f"lifeline canary {layer} {e}".encode().hex()}
+        for e in experts
+        for layer in CANARY_LAYERS
+    ]
+
+
+def _ask(address: str, experts: list[int]) -> dict[str, str] | None:
+    """One EW's answers to the canary dispatch for `experts` ((layer, expert) key → output), or None."""
+    answers = {}
+    for layer in CANARY_LAYERS:
+        tokens = [t for t in _canary_tokens(experts) if t["id"].startswith(f"canary-{layer}-")]
+        try:
+            status, body = nodeclient.call(
+                address, "POST", "/moe/layer", {"layer": layer, "tokens": tokens}, timeout=PUSH_TIMEOUT_S
+            )
+        except nodeclient.NodeUnreachable:
+            return None
+        if status != 200:
+            return None
+        for out in body.get("outputs", []):
+            answers[f"{layer}:{out.get('expert')}"] = out.get("output", "")
+    return answers
+
+
+def canary(deployment_id: int, now: dt.datetime | None = None) -> list[str]:
+    """Every serving EW answers a canary dispatch for each expert it holds (primaries and shadows), sent to it alone,
+    so a wrong answer names the EW. An expert's golden output is recorded once two EWs holding it agree; an EW whose
+    answer differs from a golden is silently corrupt: it is drained onto its experts' other locations at once (out
+    of the table, told to hold nothing), and the incident says which experts it got wrong."""
+    now = now or timezone.now()
+    deployment = MoeDeployment.objects.get(pk=deployment_id)
+    rows = [r for r in deployment.ews.all() if r.state == State.SERVING and (r.primaries or r.shadows)]
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(rows)))) as pool:
+        answers = dict(
+            zip(
+                [r.name for r in rows],
+                pool.map(lambda r: _ask(r.address, sorted({*r.primaries, *r.shadows})), rows),
+                strict=True,
+            )
+        )
+    return _canary_verdict(deployment_id, answers, now)
+
+
+@transaction.atomic
+def _canary_verdict(deployment_id: int, answers: dict[str, dict | None], now: dt.datetime) -> list[str]:
+    deployment = MoeDeployment.objects.select_for_update().get(pk=deployment_id)
+    golden = dict(deployment.details.get("canary_golden", {}))
+    seen: dict[str, dict[str, str]] = {}  # key -> {EW: output}
+    for ew, outputs in answers.items():
+        for key, output in (outputs or {}).items():
+            seen.setdefault(key, {})[ew] = output
+    for key, by_ew in seen.items():
+        if key not in golden and len(by_ew) >= 2 and len(set(by_ew.values())) == 1:
+            golden[key] = next(iter(by_ew.values()))  # two holders agree
+    wrong: dict[str, list[int]] = {}
+    for key, by_ew in seen.items():
+        for ew, output in by_ew.items():
+            if key in golden and output != golden[key]:
+                wrong.setdefault(ew, []).append(int(key.split(":")[1]))
+    deployment.details = {
+        **deployment.details,
+        "canary_golden": golden,
+        "canary_at": now.timestamp(),
+        "canary_failed": sorted(wrong),
+    }
+    deployment.save()
+    actions = [f"canary: {len(answers)} EWs, {len(golden)} goldens"]
+    for ew, experts in sorted(wrong.items()):
+        actions.append(f"canary mismatch on {ew}")
+        _corrupt(deployment, deployment.ews.select_for_update().get(name=ew), sorted(set(experts)), now, actions)
+    transaction.on_commit(lambda: events.moe_changed(deployment.name))
+    return actions
+
+
+def _corrupt(deployment, row: ExpertWorkerNode, experts: list[int], now: dt.datetime, actions: list[str]) -> None:
+    incident = _incident(deployment, row, now, now, what="silently corrupt")
+    incidents.add_event(
+        incident,
+        EventKind.DETECTED,
+        f"canary mismatch on {row.name}: sent to it alone, it answered experts {_list(experts)} differently from "
+        "their golden outputs (silent corruption); the attention workers routing to it merged such answers",
+        at=now,
+        details={"ew": row.name, "experts": experts},
+    )
+    ert = table(deployment)
+    try:
+        drained = moe_policy.after_loss(ert, {row.name})
+    except moe_policy.ErtRefused as exc:
+        incidents.add_event(
+            incident, EventKind.ERT, f"{row.name} stays in the table: {exc}", at=now, details={"refused": str(exc)}
+        )
+        return
+    _set_table(deployment, drained)
+    _push(deployment, now, force=True, actions=actions)
+    deployment.save()
+    try:
+        nodeclient.call(row.address, "POST", "/moe/load", {"experts": [], "shadows": []}, timeout=PUSH_TIMEOUT_S)
+    except nodeclient.NodeUnreachable:
+        pass  # out of the table already
+    _set_state(row, State.DRAINED, now)
+    row.incident = incident
+    row.save()
+    incidents.add_event(
+        incident,
+        EventKind.ERT,
+        f"table v{drained.version}: {row.name} drained onto its experts' other locations and pushed to the attention "
+        "workers; it stays out of service until an operator looks at it",
+        at=now,
+        details={"version": drained.version},
+    )
+    audit.record("control-plane", "moe_drain", f"{deployment.name}/{row.name}", "canary mismatch: silent corruption")
 
 
 @transaction.atomic
@@ -230,14 +350,16 @@ def _lose(
     _provision(deployment, rows, row, experts, shadows, incident, now, actions)
 
 
-def _incident(deployment: MoeDeployment, row: ExpertWorkerNode, symptom_at: dt.datetime, now: dt.datetime) -> Incident:
+def _incident(
+    deployment: MoeDeployment, row: ExpertWorkerNode, symptom_at: dt.datetime, now: dt.datetime, what: str = "lost"
+) -> Incident:
     """The deployment's incident still recovering its capacity, joined; or a new one."""
     active = Incident.objects.filter(
         details__moe=deployment.name, status=IncidentStatus.ACTIVE, capacity_restored_at__isnull=True
     ).first()
     if active is not None:
         return active
-    title = f"Expert worker {row.name} of {deployment.name} lost"
+    title = f"Expert worker {row.name} of {deployment.name} {what}"
     incident = incidents._open(deployment.cluster, title, symptom_at, detected_at=now, kind=MOE_KIND)
     incidents._merge_details(incident, moe=deployment.name, ew=row.name)
     return incident

@@ -17,6 +17,7 @@ from tests.helpers import http_json
 from tests.workers.test_expert_workers import MIXTRAL, Ew
 from tests.workers.test_moe_attention_worker import AGENT, stream
 from tests.workers.test_moe_attention_worker import aw as _aw  # noqa: F401 - the fixture, reused
+from workers.moe import expert_bytes
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -87,7 +88,8 @@ def test_a_lost_ew_is_confirmed_healed_replaced_and_comes_back_as_the_standby(aw
     node, table, workers = aw
     deployment = registered(aw, standby)
     expected, _ = stream(node.address)
-    assert moe.watch()["mixtral"] == []  # the table in force pushed: the AW started with v1 (409, nothing new)
+    first = [a for a in moe.watch()["mixtral"] if not a.startswith("canary")]
+    assert first == []  # the table in force pushed: the AW started with v1 (409, nothing new)
     assert MoeDeployment.objects.get().details["pushed"] == {"aw-1": 1}
     ew = ExpertWorkerNode.objects.get(deployment=deployment, name="ew-0")
     assert ew.state == ExpertWorkerState.SERVING and ew.primaries == table.primaries_of("ew-0")
@@ -215,3 +217,43 @@ def test_registration_refuses_a_table_naming_an_ew_with_no_address(db):
         moe.register("m", "Mixtral-8x7B", {"ew-0": "http://127.0.0.1:1"}, [], table)
     with pytest.raises(moe.MoeRefused, match="not an MoE model"):
         moe.register("m", "Qwen3-32B", {}, [], table)
+
+
+def test_a_silently_corrupt_ew_is_found_by_canaries_sent_to_one_ew_at_a_time_and_drained(agent_token, monkeypatch):
+    monkeypatch.setenv("LIFELINE_FAULT_TOKEN", "moe-fault-token")
+    table = moe_policy.plan(MIXTRAL, [moe_policy.ExpertWorker(f"ew-{i}", expert_bytes(MIXTRAL) * 6) for i in range(3)])
+    workers = {
+        ew: Ew(ew, table.primaries_of(ew), table.shadows_of(ew), "--enable-faults") for ew in sorted(table.ews())
+    }
+    try:
+        deployment = moe.register("mixtral", "Mixtral-8x7B", {ew: w.address for ew, w in workers.items()}, [], table)
+        done = moe.canary(deployment.pk)
+        goldens = MoeDeployment.objects.get().details["canary_golden"]
+        assert len(goldens) == MIXTRAL.experts * len(moe.CANARY_LAYERS)  # every expert has two holders that agree
+        assert not any("mismatch" in d for d in done)
+        assert moe.canary(deployment.pk) == [f"canary: 3 EWs, {len(goldens)} goldens"]  # healthy: nothing found
+
+        head = {"Authorization": "Bearer moe-fault-token"}
+        assert http_json(workers["ew-1"].address + "/moe/faults", data={"kind": "corrupt"})[0] == 401
+        status, _ = http_json(workers["ew-1"].address + "/moe/faults", data={"kind": "corrupt"}, headers=head)
+        assert status == 200
+        done = moe.canary(deployment.pk)
+        assert "canary mismatch on ew-1" in done and not any("mismatch on ew-0" in d or "on ew-2" in d for d in done)
+        healed = moe.table(MoeDeployment.objects.get())
+        assert "ew-1" not in healed.ews() and healed.version == 2
+        assert ExpertWorkerNode.objects.get(name="ew-1").state == ExpertWorkerState.DRAINED
+        assert http_json(workers["ew-1"].address + "/moe/status")[1]["state"] == "standby"  # holds nothing now
+        incident = Incident.objects.get(details__moe="mixtral")
+        detected = incident.events.get(kind=EventKind.DETECTED)
+        held = sorted({*table.primaries_of("ew-1"), *table.shadows_of("ew-1")})
+        assert detected.details["experts"] == held and "silently corrupt" in incident.title
+        assert AuditEntry.objects.filter(action="moe_drain", actor="control-plane", target="mixtral/ew-1").exists()
+    finally:
+        for worker in workers.values():
+            worker.proc.terminate()
+            worker.proc.wait(10)
+
+
+def test_fault_injection_on_an_ew_is_off_unless_switched_on(standby):
+    status, body = http_json(standby.address + "/moe/faults", data={"kind": "corrupt"})
+    assert status == 404 and "--enable-faults" in body["error"]["message"]

@@ -404,7 +404,7 @@ class Command(BaseCommand):
         for i, ew in enumerate([*sorted(table.ews()), standby]):
             url = f"http://{host}:{first + i}"
             argv = [python(), "-m", "workers.expert_worker", "--name", ew, "--model", MOE_MODEL, "--host", host]
-            argv += ["--port", str(first + i), "--time-scale", str(self.opts["time_scale"])]
+            argv += ["--port", str(first + i), "--time-scale", str(self.opts["time_scale"]), "--enable-faults"]
             argv += ["--experts", ",".join(map(str, table.primaries_of(ew)))]
             argv += ["--shadows", ",".join(map(str, table.shadows_of(ew)))]
             child = self.supervisor.spawn(
