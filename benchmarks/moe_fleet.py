@@ -2,7 +2,8 @@
 system (`manage.py demo --moe`) with A attention workers and E expert workers of Mixtral-8x7B at time scale 1,
 greedy streams through the gateway, and then:
 
-- steady state: tokens per second and inter-token latency with nothing failing;
+- steady state: tokens per second and inter-token latency with nothing failing, with KV checkpoints (the default
+  placement policy) and without (policy none), so the checkpointing's cost shows;
 - EW failures: one expert worker in the table SIGKILLed at a time, F times; the AWs replay on shadows, the control
   plane confirms the loss, pushes the healed table, provisions the standby EW with the lost one's experts (loaded
   at disk bandwidth) and takes the killed EW, started again by its supervisor, as the next standby;
@@ -18,6 +19,7 @@ stream's text against an undisturbed run of the same prompt (tokens lost, repeat
 The control plane's times come from its API: the healed table, the replacement joined, the killed EW standing by.
 
     python -m benchmarks.moe_fleet [--aws 8] [--ews 8] [--failures 20] [--streams 8]
+    python -m benchmarks.moe_fleet --failures 0     # steady state only (results/moe_fleet_steady.json)
 """
 
 import argparse
@@ -34,7 +36,7 @@ from pathlib import Path
 
 from benchmarks.common import BASE_DIR, machine, percentile, save
 from console.stack import free_port
-from tests.helpers import DemoStack, chat_stream
+from tests.helpers import DemoStack, chat_stream, http_json
 from workers import catalog
 
 MODEL = "Mixtral-8x7B"
@@ -189,36 +191,34 @@ def run(args) -> dict:
         PROMPTS[:] = list(references)
         streams = Streams(stack, args.streams, args.max_tokens, references).start()
         try:
-            # Steady state: nothing fails.
-            began = time.monotonic()
-            time.sleep(args.steady_s)
-            with streams.lock:
-                steady = [r for r in streams.done if r["times"][0] >= began]
-            gaps = [b - a for r in steady for a, b in zip(r["times"][1:], r["times"][2:], strict=False)]
-            tokens = sum(len(r["times"]) - 1 for r in steady)
-            results["steady"] = {
-                "seconds": args.steady_s,
-                "streams": len(steady),
-                "tokens_per_s": round(tokens / args.steady_s, 1),
-                "itl_ms": {q: round(percentile(gaps, v) * 1000, 1) for q, v in (("p50", 0.5), ("p99", 0.99))}
-                if gaps
-                else None,
-                "all_identical": all(judge(r, references)["ok"] for r in steady),
+            # Steady state, nothing failing: with KV checkpoints (the default placement policy) and without.
+            results["steady"] = {}
+            for policy in ("lifeline", "none"):
+                set_policy(stack, policy)
+                results["steady"][policy] = steady_state(streams, references, args.steady_s)
+                print(f"steady, checkpoint placement {policy}", json.dumps(results["steady"][policy]), flush=True)
+            set_policy(stack, "lifeline")
+            on, off = results["steady"]["lifeline"], results["steady"]["none"]
+            results["steady"]["checkpointing_cost"] = {
+                "throughput_pct": round(100 * (1 - on["tokens_per_s"] / off["tokens_per_s"]), 1),
+                "itl_p50_pct": round(100 * (on["itl_ms"]["p50"] / off["itl_ms"]["p50"] - 1), 1),
             }
-            print("steady", json.dumps(results["steady"]), flush=True)
-
-            results["ew_failures"] = ew_failures(stack, streams, references, args, rng)
-            print("ew", json.dumps(results["ew_failures"]["summary"]), flush=True)
-            results["aw_failures"] = aw_failures(stack, streams, references, args, rng, aws)
-            print("aw", json.dumps(results["aw_failures"]["summary"]), flush=True)
-            results["expert_side_restart"] = expert_side_restart(stack, streams, references, args)
-            print("restart of every EW", json.dumps(results["expert_side_restart"]["summary"]), flush=True)
+            print("checkpointing cost", json.dumps(results["steady"]["checkpointing_cost"]), flush=True)
+            if args.failures:
+                results["ew_failures"] = ew_failures(stack, streams, references, args, rng)
+                print("ew", json.dumps(results["ew_failures"]["summary"]), flush=True)
+                results["aw_failures"] = aw_failures(stack, streams, references, args, rng, aws)
+                print("aw", json.dumps(results["aw_failures"]["summary"]), flush=True)
+                results["expert_side_restart"] = expert_side_restart(stack, streams, references, args)
+                print("restart of every EW", json.dumps(results["expert_side_restart"]["summary"]), flush=True)
         finally:
             streams.close()
         moe = api(stack, f"/api/moe/{DEPLOYMENT}")
         results["shadows"] = {"coverage": moe["shadow_coverage"], "bytes": moe["shadow_bytes"]}
         results["restart_everything_s_modelled"] = round(catalog.load_time_s(catalog.MODELS[MODEL]), 1)
         for kind in ("ew_failures", "aw_failures", "expert_side_restart"):
+            if kind not in results:
+                continue
             stall = results[kind]["summary"]["stall_s"]["median"]
             if stall:
                 results[kind]["summary"]["modelled_restart_everything_over_median_stall"] = round(
@@ -226,8 +226,36 @@ def run(args) -> dict:
                 )
     finally:
         stack.stop(signum=signal.SIGTERM)
-    save("moe_fleet", results)
+    save("moe_fleet" if args.failures else "moe_fleet_steady", results)
     return results
+
+
+def set_policy(stack: DemoStack, policy: str) -> None:
+    """The cluster's checkpoint placement policy, through the console's API (the demo's token is an admin's)."""
+    url = stack.info["urls"]["console"].rstrip("/") + "/api/settings"
+    body = {"placement_policy": policy, "reason": "benchmarks.moe_fleet: checkpointing on and off"}
+    status, answer = http_json(
+        url, data=body, method="PATCH", headers={"Authorization": f"Bearer {stack.info['api_token']}"}
+    )
+    assert status == 200, (status, answer)
+    time.sleep(2.0)  # the gateways read it from Redis; streams started before the change finish under the old one
+
+
+def steady_state(streams: Streams, references: dict, seconds: float) -> dict:
+    """Tokens per second and inter-token latency of the streams that start and finish within `seconds`."""
+    began = time.monotonic()
+    time.sleep(seconds)
+    with streams.lock:
+        steady = [r for r in streams.done if r["times"][0] >= began]
+    gaps = [b - a for r in steady for a, b in zip(r["times"][1:], r["times"][2:], strict=False)]
+    tokens = sum(len(r["times"]) - 1 for r in steady)
+    return {
+        "seconds": seconds,
+        "streams": len(steady),
+        "tokens_per_s": round(tokens / seconds, 1),
+        "itl_ms": {q: round(percentile(gaps, v) * 1000, 1) for q, v in (("p50", 0.5), ("p99", 0.99))} if gaps else None,
+        "all_identical": all(judge(r, references)["ok"] for r in steady),
+    }
 
 
 def _stall(streams: Streams, references, at: float, settle_s: float) -> tuple[float | None, list[dict]]:

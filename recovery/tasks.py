@@ -77,8 +77,14 @@ def run_canary(node_id: int, trial: bool = False) -> str:
     node = Node.objects.filter(pk=node_id).first()
     if node is None:
         return "no such node"
+    found = ""
+    deployment = moe.deployment_of(node)
+    if deployment is not None:
+        # An attention worker's answer is its EWs' too: they are canaried first, one EW at a time, so a corrupt EW is
+        # named and drained before the AW's own canary is judged (it would take the EW's corruption for the AW's).
+        found = "; ".join(a for a in moe.canary(deployment.pk) if "mismatch" in a)
     result = health.run_canary(node, trial=trial)
-    return f"{node.name}: {result.kind}"
+    return f"{node.name}: {result.kind}" + (f" (its EWs first: {found})" if found else "")
 
 
 @shared_task(ignore_result=True)

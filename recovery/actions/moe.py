@@ -52,6 +52,11 @@ class MoeRefused(ValueError):
     pass
 
 
+def deployment_of(node: Node) -> MoeDeployment | None:
+    """The MoE deployment `node` is an attention worker of, if any."""
+    return next((d for d in MoeDeployment.objects.all() if node.name in d.attention_workers), None)
+
+
 def table(deployment: MoeDeployment) -> ExpertRoutingTable:
     return ExpertRoutingTable.parse(deployment.ert, catalog.MODELS[deployment.model])
 

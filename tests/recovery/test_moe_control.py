@@ -257,3 +257,29 @@ def test_a_silently_corrupt_ew_is_found_by_canaries_sent_to_one_ew_at_a_time_and
 def test_fault_injection_on_an_ew_is_off_unless_switched_on(standby):
     status, body = http_json(standby.address + "/moe/faults", data={"kind": "corrupt"})
     assert status == 404 and "--enable-faults" in body["error"]["message"]
+
+
+def test_an_attention_workers_canary_canaries_its_ews_first_and_a_corrupt_one_is_drained(aw, monkeypatch):
+    """The node canary task on an AW runs the per-EW canaries first: an EW gone silently corrupt is named and drained
+    before the AW's own canary is judged, so the AW is not blamed for its EW."""
+    from recovery import tasks
+
+    node, table, workers = aw
+    an_attention_worker_node(node)
+    deployment = moe.register("mixtral", "Mixtral-8x7B", {ew: w.address for ew, w in workers.items()}, ["aw-1"], table)
+    moe.canary(deployment.pk)  # goldens, from a healthy deployment
+    corrupt = {"ew-2"}
+    real_ask = moe._ask
+
+    def ask(address, experts):  # ew-2 answers wrong, as a corrupt EW would (its process has no faults enabled here)
+        answers = real_ask(address, experts)
+        if address == workers["ew-2"].address and answers:
+            return {key: "00" * 16 for key in answers}
+        return answers
+
+    monkeypatch.setattr(moe, "_ask", ask)
+    said = tasks.run_canary(Node.objects.get(name="aw-1").pk)
+    assert "its EWs first: canary mismatch on ew-2" in said
+    assert corrupt.isdisjoint(moe.table(MoeDeployment.objects.get()).ews())
+    assert ExpertWorkerNode.objects.get(name="ew-2").state == ExpertWorkerState.DRAINED
+    assert aw_version(node) == moe.table(MoeDeployment.objects.get()).version  # the AW uses the healed table
