@@ -208,22 +208,13 @@ def _corrupt(deployment, row: ExpertWorkerNode, experts: list[int], now: dt.date
         at=now,
         details={"ew": row.name, "experts": experts},
     )
-    ert = table(deployment)
     try:
-        drained = moe_policy.after_loss(ert, {row.name})
+        drained = _take_out(deployment, row, now, actions)
     except moe_policy.ErtRefused as exc:
         incidents.add_event(
             incident, EventKind.ERT, f"{row.name} stays in the table: {exc}", at=now, details={"refused": str(exc)}
         )
         return
-    _set_table(deployment, drained)
-    _push(deployment, now, force=True, actions=actions)
-    deployment.save()
-    try:
-        nodeclient.call(row.address, "POST", "/moe/load", {"experts": [], "shadows": []}, timeout=PUSH_TIMEOUT_S)
-    except nodeclient.NodeUnreachable:
-        pass  # out of the table already
-    _set_state(row, State.DRAINED, now)
     row.incident = incident
     row.save()
     incidents.add_event(
@@ -703,28 +694,35 @@ def drain_ew(deployment: MoeDeployment, ew: str, actor: str, reason: str) -> Exp
     no other location."""
     deployment = MoeDeployment.objects.select_for_update().get(pk=deployment.pk)
     row = deployment.ews.select_for_update().get(name=ew)
-    ert = table(deployment)
-    if ew not in ert.ews():
+    if ew not in table(deployment).ews():
         raise MoeRefused(f"{ew} serves nothing in {deployment.name}'s table: there is nothing to drain")
     try:
-        drained = moe_policy.after_loss(ert, {ew})
+        drained = _take_out(deployment, row, timezone.now(), [])
     except moe_policy.ErtRefused as exc:
         raise MoeRefused(f"cannot drain {ew}: {exc}") from None
+    audit.record(actor, "moe_drain", f"{deployment.name}/{ew}", reason, version=drained.version)
+    transaction.on_commit(lambda: events.moe_changed(deployment.name))
+    return drained
+
+
+def _take_out(deployment: MoeDeployment, row: ExpertWorkerNode, now, actions: list[str]) -> ExpertRoutingTable:
+    """`row` out of the table (its experts on their other locations, pushed to every AW), told to hold nothing, and
+    DRAINED: out of service until a person looks at it. ErtRefused, naming the expert, when one would have no
+    other location."""
+    drained = moe_policy.after_loss(table(deployment), {row.name})
     _set_table(deployment, drained)
-    now = timezone.now()
-    actions: list[str] = []
     _push(deployment, now, force=True, actions=actions)
     deployment.save()
     try:
-        status, answer = nodeclient.call(row.address, "POST", "/moe/load", {"experts": [], "shadows": []})
+        status, answer = nodeclient.call(
+            row.address, "POST", "/moe/load", {"experts": [], "shadows": []}, timeout=PUSH_TIMEOUT_S
+        )
     except nodeclient.NodeUnreachable as exc:
         status, answer = 0, {"error": {"message": str(exc)}}
     if status != 202:  # it is out of the table already: no attention worker sends it tokens
-        log.warning("%s drained but still holds its experts: %s", ew, (answer.get("error") or {}).get("message"))
+        log.warning("%s drained but still holds its experts: %s", row.name, (answer.get("error") or {}).get("message"))
     _set_state(row, State.DRAINED, now)
     row.save()
-    audit.record(actor, "moe_drain", f"{deployment.name}/{ew}", reason, version=drained.version)
-    transaction.on_commit(lambda: events.moe_changed(deployment.name))
     return drained
 
 
