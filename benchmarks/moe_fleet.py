@@ -3,7 +3,8 @@ system (`manage.py demo --moe`) with A attention workers and E expert workers of
 greedy streams through the gateway, and then:
 
 - steady state: tokens per second and inter-token latency with nothing failing, with KV checkpoints (the default
-  placement policy) and without (policy none), so the checkpointing's cost shows;
+  placement policy) and without (policy none), so the checkpointing's cost shows; and what resolving experts
+  through the table costs an AW over a static expert → EW binding, measured in-process per layer;
 - EW failures: one expert worker in the table SIGKILLed at a time, F times; the AWs replay on shadows, the control
   plane confirms the loss, pushes the healed table, provisions the standby EW with the lost one's experts (loaded
   at disk bandwidth) and takes the killed EW, started again by its supervisor, as the next standby;
@@ -204,6 +205,8 @@ def run(args) -> dict:
                 "itl_p50_pct": round(100 * (on["itl_ms"]["p50"] / off["itl_ms"]["p50"] - 1), 1),
             }
             print("checkpointing cost", json.dumps(results["steady"]["checkpointing_cost"]), flush=True)
+            results["steady"]["table_over_static_binding"] = indirection_cost(on["itl_ms"]["p50"])
+            print("table over static binding", json.dumps(results["steady"]["table_over_static_binding"]), flush=True)
             if args.failures:
                 results["ew_failures"] = ew_failures(stack, streams, references, args, rng)
                 print("ew", json.dumps(results["ew_failures"]["summary"]), flush=True)
@@ -228,6 +231,31 @@ def run(args) -> dict:
         stack.stop(signum=signal.SIGTERM)
     save("moe_fleet" if args.failures else "moe_fleet_steady", results)
     return results
+
+
+def indirection_cost(itl_ms: float) -> dict:
+    """What the expert routing table costs an AW over a static binding, measured in-process: resolving every token's
+    experts through the table (with a set of EWs down to skip) against a fixed expert → EW map, per layer of a
+    decode step of the steady state's batch, and as a share of the layer time the steady state measured."""
+    import timeit
+
+    from recovery.policy import moe as moe_policy
+    from workers.moe import expert_bytes, gate
+
+    model = catalog.MODELS[MODEL]
+    ert = moe_policy.plan(model, [moe_policy.ExpertWorker(f"ew-{i}", expert_bytes(model) * 4) for i in range(8)])
+    static = {e: loc.primaries[0] for e, loc in enumerate(ert.experts)}
+    picks = [e for t in range(8) for e, _ in gate(model, 0, f"token {t}".encode())]  # a batch of 8, top-2 each
+    down = {"ew-9"}
+    rounds = 2000
+    table_s = timeit.timeit(lambda: [ert.resolve(e, down) for e in picks], number=rounds) / rounds
+    static_s = timeit.timeit(lambda: [static[e] for e in picks], number=rounds) / rounds
+    layer_s = itl_ms / 1000 / model.layers
+    return {
+        "per_layer_us_table": round(table_s * 1e6, 2),
+        "per_layer_us_static": round(static_s * 1e6, 2),
+        "extra_share_of_layer_time_pct": round(100 * (table_s - static_s) / layer_s, 4),
+    }
 
 
 def set_policy(stack: DemoStack, policy: str) -> None:

@@ -414,11 +414,13 @@ class Deployment:
         )
 
 
-def load_time_s(model_: Model, disk_gbps: float = DISK_GBPS, engine_start_s: float | None = None) -> float:
-    """Model (re)load: weight bytes over the disk's bandwidth plus engine start."""
+def load_time_s(
+    model_: Model, disk_gbps: float = DISK_GBPS, engine_start_s: float | None = None, weight_bytes: float | None = None
+) -> float:
+    """Model (re)load: weight bytes (all of the model's unless given) over the disk's bandwidth plus engine start."""
     if engine_start_s is None:
         engine_start_s = DRAFT_ENGINE_START_S if model_.is_draft else ENGINE_START_S
-    return model_.weight_bytes / (disk_gbps * GB) + engine_start_s
+    return (model_.weight_bytes if weight_bytes is None else weight_bytes) / (disk_gbps * GB) + engine_start_s
 
 
 # The scale-out networks a node can sit on, between hosts and between racks.

@@ -249,7 +249,10 @@ class Engine:
             await asyncio.sleep(catalog.load_time_s(draft) * scale)
             self._set_model_state("draft_ready", 0.0)
         # The full model loads in the background; a draft-ready node can assist meanwhile.
-        total = catalog.load_time_s(self.model) * scale
+        # An MoE attention worker loads only what it runs; its experts live on the expert workers.
+        total = (
+            catalog.load_time_s(self.model) if self.experts is None else moe.attention_worker_load_s(self.model)
+        ) * scale
         started = time.monotonic()
         while (elapsed := time.monotonic() - started) < total:
             self.load_progress = elapsed / total

@@ -22,7 +22,7 @@ import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from workers.catalog import BYTES_PER_PARAM, Model
+from workers.catalog import BYTES_PER_PARAM, Model, load_time_s
 
 
 class MoeError(ValueError):
@@ -53,6 +53,12 @@ def attention_share(model: Model) -> float:
     """The share of a decoupled MoE's per-token work its attention worker keeps: what every token uses but its
     selected experts (those run on the expert workers). 1 for a dense model."""
     return model.shared_params_b / (model.active_params_b or model.params_b)
+
+
+def attention_worker_load_s(model: Model) -> float:
+    """An attention worker's cold (re)load: only the weights it runs (attention and the shared ones; the experts
+    live on the EWs), plus the engine's start."""
+    return load_time_s(model, weight_bytes=model.shared_params_b * 1e9 * BYTES_PER_PARAM)
 
 
 def hidden_size(model: Model) -> int:

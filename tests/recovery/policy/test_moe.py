@@ -174,3 +174,13 @@ def test_balancedness_is_eplbs_mean_over_max():
     assert balancedness({"a": 10, "b": 10}) == 1.0
     assert balancedness({"a": 30, "b": 10, "c": 20}) == pytest.approx(20 / 30)
     assert balancedness({}) is None and balancedness({"a": 0}) is None
+
+
+def test_an_attention_worker_reloads_only_the_weights_it_runs():
+    from workers import catalog
+    from workers.moe import attention_worker_load_s
+
+    mixtral = catalog.MODELS["Mixtral-8x7B"]
+    shared_gb = mixtral.shared_params_b * catalog.BYTES_PER_PARAM
+    assert attention_worker_load_s(mixtral) == pytest.approx(shared_gb / catalog.DISK_GBPS + catalog.ENGINE_START_S)
+    assert attention_worker_load_s(mixtral) < catalog.load_time_s(mixtral) - 10  # not the experts' 90 GB
