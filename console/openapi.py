@@ -186,6 +186,7 @@ PROPOSAL = _typed(
     drains="array",
     capacity_rps="object",
 )
+MOE_NAME = _path_param("name", description="the MoE deployment's name", pattern=r"^[-A-Za-z0-9_]{1,64}$")
 NODE_NAME = _path_param("name", description="the node's name", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
 
@@ -570,6 +571,7 @@ def document() -> dict:
                     "404": _error("No MoE deployment has that name."),
                     **NOT_ALLOWED,
                 },
+                parameters=[MOE_NAME],
             )
         },
         "/api/placement/plan": {

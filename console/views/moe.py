@@ -11,7 +11,9 @@ from django.views.decorators.http import require_POST
 from console.auth import DECIDE_DRAINS, api_view, page_view
 from console.readmodels import moe as moe_model
 from console.views import allow
+from recovery import roles
 from recovery.actions import moe
+from recovery.http import json_error
 from recovery.models import MoeDeployment
 
 FRAGMENT = "console/_moe.html"
@@ -34,8 +36,6 @@ def moe_page(request, name: str | None = None):
 
 
 def _can_drain(request) -> bool:
-    from recovery import roles
-
     return roles.has_role(request.user, *DECIDE_DRAINS)
 
 
@@ -63,7 +63,5 @@ def moe_drain(request, name: str, ew: str):
 def api_moe(request, name: str):
     snapshot = moe_model.snapshot(name)
     if snapshot is None:
-        return JsonResponse(
-            {"error": f"no MoE deployment named {name}: see /moe/ for those there are", "field": "name"}, status=404
-        )
+        return json_error(404, f"no MoE deployment named {name}: see /moe/ for those there are", field="name")
     return JsonResponse(snapshot)

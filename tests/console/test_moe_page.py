@@ -44,7 +44,8 @@ def test_the_page_shows_every_ew_and_the_table_as_a_heatmap(cast, deployment):
             assert value == expected
     assert data["shadow_coverage"] == 1.0 and data["shadow_bytes"] == 8 * expert_bytes(MIXTRAL)
     status = client.get("/api/moe/nothing")
-    assert status.status_code == 404 and "/moe/" in status.json()["error"]
+    assert status.status_code == 404 and "/moe/" in status.json()["error"]["message"]
+    assert status.json()["error"]["field"] == "name"
 
 
 def test_on_call_drains_an_ew_onto_its_shadows_with_a_reason(cast, deployment):

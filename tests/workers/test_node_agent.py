@@ -369,6 +369,11 @@ async def test_gpu_reset_fails_work_in_flight_and_reloads_the_model_cold(node_fa
         await asyncio.to_thread(
             wait_for, lambda: http_json(node.address + "/health")[0] == 200, 10, 0.05, "serving again"
         )
+        # The status that says so travels on /agent/events, read here in the background: it can arrive just after
+        # /health answers 200 (CI once closed the reader first).
+        deadline = time.monotonic() + 5
+        while not any(s.get("reason") == "model_serving" for s in recorder.statuses) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
     reasons = [s.get("reason") for s in recorder.statuses]
     assert "reset" in reasons
     assert reasons.index("model_loading_draft") < reasons.index("model_draft_ready") < reasons.index("model_serving")
