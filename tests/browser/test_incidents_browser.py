@@ -88,7 +88,15 @@ def test_an_incident_reads_true_in_utc_with_two_recovery_figures_counts_and_list
     page.wait_for_selector("#capacity-restored:has-text('after')", timeout=40_000)  # restarted, in routing
     page.wait_for_selector("#latency-recovered:has-text('after')", timeout=30_000)
     page.wait_for_selector("#incident-status[data-status=stable]", timeout=10_000)
-    detail = demo_stack.api(f"/api/incidents/{incident['id']}")[1]
+    # A request moved off the victim is counted when its gateway reports it, after it finishes on a survivor.
+    detail = wait_for(
+        lambda: (d := demo_stack.api(f"/api/incidents/{incident['id']}")[1])["figures"]["moved"] >= 1 and d,
+        30,
+        0.2,
+        f"a request moved off {victim} counted in the incident",
+    )
+    page.reload()
+    page.wait_for_selector("#live-status[data-state=live]")
     capacity = page.locator("#capacity-restored").inner_text()
     assert f"after {detail['capacity_time_s']:.1f} s" in capacity and TIMELINE_TIME.search(capacity)
     assert f"after {detail['recovery_time_s']:.1f} s" in page.locator("#latency-recovered").inner_text()
