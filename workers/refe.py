@@ -2,12 +2,18 @@
 token's selected experts are resolved through the AW's copy of the expert routing table and its activation sent
 to the EWs that hold them; the layer completes when every selected expert has answered.
 
-An EW that does not answer within `answer_timeout_s` (or whose connection breaks) is probed with a short
-`probe_timeout_s`; one that does not answer the probe is taken as down for this AW, and the tokens it held are
-replayed at once on the next location of each expert (a live primary, else a shadow), marked as a replay so the
-EW runs them first. An expert with no live location left raises `NoLocation`, naming it: the AW waits for the
-control plane's next table (`update`) rather than skip the expert. Answers are pure functions of their inputs
-(`workers.moe`), so a replayed layer gives the same output as the first try would have.
+Failure probing on the data path (TARRAGON §5.1): while the AW waits on an EW's answer it probes that EW every
+`probe_every_s` (10 ms). A refused or broken connection is a dead EW at once; `probe_misses` probes in a row left
+unanswered (a hung process: its kernel still accepts connections) take it as down too, without waiting for the
+answer's own timeout. The tokens it held are then replayed at once on the next location of each expert (a live
+primary, else a shadow), marked as a replay so the EW runs them first. An EW taken as down only for its silence is
+probed in the background (`readmit_every_s`) and used again when it answers: on a loaded host a live EW can miss
+a few 10 ms probes, and that costs a replay, not the EW. An EW that answers its probes but not its layer within
+`answer_timeout_s` is tried again, up to MAX_MISSES times in a layer.
+
+An expert with no live location left raises `NoLocation`, naming it: the AW waits for the control plane's next
+table (`update`) rather than skip the expert. Answers are pure functions of their inputs (`workers.moe`), so a
+replayed layer gives the same output as the first try would have.
 """
 
 import asyncio
@@ -23,6 +29,8 @@ from workers.moe import ExpertRoutingTable, MoeError, activation_bytes, combine,
 log = logging.getLogger(__name__)
 WRONG = "wrong_answer"  # what _send returns for an answer it refused
 REFUSED = "refused"  # what _send returns when the EW refused the tokens (it does not hold those experts)
+DEAD = "dead"  # what _watched returns when a probe found the EW's connection refused or broken
+SILENT = "silent"  # what _watched returns when `probe_misses` probes in a row went unanswered
 OUTPUT_BYTES = 16  # an expert output's digest (workers.moe.expert_output)
 MAX_MISSES = 3  # answers an EW that still answers its probe may miss in one layer before it is taken as down
 
@@ -43,7 +51,12 @@ class Refe:
     session: aiohttp.ClientSession
     answer_timeout_s: float = 0.25
     probe_timeout_s: float = 0.05
+    probe_every_s: float = 0.01  # TARRAGON's data-path probing period
+    probe_misses: int = 5  # probes in a row left unanswered that take a waited-on EW as down (hung)
+    readmit_every_s: float = 0.1
     down: set[str] = field(default_factory=set)
+    silent: set[str] = field(default_factory=set)  # down only for unanswered probes: used again once one answers
+    readmitted: int = 0
     failovers: list[dict] = field(default_factory=list)  # one per EW found down: when, which, what was replayed
     sent: dict[str, int] = field(default_factory=dict)  # tokens per EW
     link_bytes: int = 0  # activations out and expert outputs back, accounted in full (DESIGN.md contract 3)
@@ -52,6 +65,7 @@ class Refe:
     # A real AW cannot tell and merges them as this one does; the canaries are what find such an EW.
     mismatches: dict[str, int] = field(default_factory=dict)
     refusals: dict[str, int] = field(default_factory=dict)  # dispatches an EW refused (400), per EW
+    _background: set = field(default_factory=set)  # the re-admission probes running
 
     def update(self, ert: ExpertRoutingTable, addresses: dict[str, str] | None = None) -> bool:
         """Take the control plane's newer table (an older or equal version is ignored)."""
@@ -60,7 +74,12 @@ class Refe:
         self.ert = ert
         self.addresses.update(addresses or {})
         self.down -= set(addresses or {})  # an EW given anew (a replacement at an address) is tried again
+        self.silent &= self.down
         return True
+
+    def close(self) -> None:
+        for task in self._background:
+            task.cancel()
 
     async def layer(
         self, layer: int, tokens: dict[str, bytes], counts: dict[str, int] | None = None
@@ -81,9 +100,15 @@ class Refe:
                     raise NoLocation(expert, self.ert.experts[expert].ews())
                 by_ew.setdefault(ew, []).append((tid, expert))
             results = await asyncio.gather(
-                *(self._send(ew, layer, items, tokens, counts, replay) for ew, items in by_ew.items())
+                *(
+                    self._watched(ew, self._send(ew, layer, items, tokens, counts, replay))
+                    for ew, items in by_ew.items()
+                )
             )
             for (ew, items), outputs in zip(by_ew.items(), results):
+                if outputs == SILENT or outputs == DEAD:  # found by the data path's probes while it waited
+                    self._take_down(ew, layer, len(items), silent=outputs == SILENT)
+                    continue
                 if isinstance(outputs, str):  # WRONG or REFUSED
                     # Answers of the wrong shape or for another layer: refused and counted, never merged; the EW is
                     # not trusted by this AW again until the control plane's next table gives it anew. So is one that
@@ -96,8 +121,7 @@ class Refe:
                     # A slow EW that answers its probe is tried again, up to MAX_MISSES in one layer (alive but not
                     # answering is as good as down); a down one is replayed elsewhere at once.
                     if misses[ew] >= MAX_MISSES or not await self._alive(ew):
-                        self.down.add(ew)
-                        self.failovers.append({"at": time.monotonic(), "ew": ew, "layer": layer, "tokens": len(items)})
+                        self._take_down(ew, layer, len(items))
                     continue
                 for tid, expert, output in outputs:
                     if output != expert_output(self.model, layer, expert, tokens[tid]):
@@ -106,6 +130,59 @@ class Refe:
                     pending.discard((tid, expert))
             replay = True
         return {tid: combine(self.model, layer, answers[tid], chosen[tid]) for tid in tokens}
+
+    def _take_down(self, ew: str, layer: int, tokens: int, silent: bool = False) -> None:
+        self.down.add(ew)
+        self.failovers.append({"at": time.monotonic(), "ew": ew, "layer": layer, "tokens": tokens, "silent": silent})
+        if silent and ew not in self.silent:
+            self.silent.add(ew)
+            task = asyncio.ensure_future(self._readmit(ew))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _watched(self, ew: str, send):
+        """`send`'s result, probing `ew` every `probe_every_s` while it runs: DEAD when a probe's connection is
+        refused or breaks, SILENT after `probe_misses` probes in a row go unanswered (`send` is then cancelled)."""
+        task = asyncio.ensure_future(send)
+        probe, misses = None, 0
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=self.probe_every_s)
+                if done:
+                    return task.result()
+                if probe is not None:
+                    if not probe.done():
+                        misses += 1
+                    elif probe.result() is False:
+                        return DEAD
+                    else:
+                        misses = 0
+                if misses >= self.probe_misses:
+                    return SILENT
+                if probe is None or probe.done():
+                    probe = asyncio.ensure_future(self._ping(ew))
+        finally:
+            for pending in (task, probe):
+                if pending is not None and not pending.done():
+                    pending.cancel()
+
+    async def _ping(self, ew: str) -> bool:
+        """True when the EW answers /health; False when its connection is refused or breaks (a dead process)."""
+        try:
+            async with self.session.get(self.addresses[ew] + "/health") as response:
+                return response.status == 200
+        except (aiohttp.ClientConnectionError, OSError):
+            return False
+
+    async def _readmit(self, ew: str) -> None:
+        """Probe an EW taken as down for its silence until it answers (used again) or the table gives it anew."""
+        while ew in self.silent and not self.session.closed:
+            await asyncio.sleep(self.readmit_every_s)
+            if ew in self.silent and await self._alive(ew):
+                self.silent.discard(ew)
+                self.down.discard(ew)
+                self.readmitted += 1
+                log.info("%s answers its probes again: used again", ew)
 
     async def _send(self, ew, layer, items, tokens, counts, replay) -> list[tuple[str, int, bytes]] | str | None:
         body = {
@@ -176,7 +253,13 @@ class ExpertPath:
         self.changed = asyncio.Event()
         self.counters = counters if counters is not None else {}  # the engine's, so the node's status shows them
         self.counters.update(
-            moe_layers=0, moe_mismatches=0, moe_waits=0, moe_failovers=0, moe_refusals=0, moe_ert_version=ert.version
+            moe_layers=0,
+            moe_mismatches=0,
+            moe_waits=0,
+            moe_failovers=0,
+            moe_readmitted=0,
+            moe_refusals=0,
+            moe_ert_version=ert.version,
         )
 
     @property
@@ -189,6 +272,8 @@ class ExpertPath:
         self.refe = Refe(self.model, self._first, self.addresses, self.session)
 
     async def aclose(self) -> None:
+        if self.refe is not None:
+            self.refe.close()
         if self.session is not None:
             await self.session.close()
 
@@ -210,6 +295,7 @@ class ExpertPath:
         self.counters["moe_failovers"] = len(self.refe.failovers)
         self.counters["moe_mismatches"] = sum(self.refe.mismatches.values())
         self.counters["moe_refusals"] = sum(self.refe.refusals.values())
+        self.counters["moe_readmitted"] = self.refe.readmitted
 
     async def _layer(self, layer, tokens, counts) -> dict[str, bytes]:
         assert self.refe is not None, "start() first"

@@ -31,7 +31,15 @@ from django.utils import timezone
 from recovery import events, hot, nodeclient
 from recovery.actions import nodes, routing
 from recovery.choices import Health, HealthChange, NodeState
-from recovery.models import Cluster, DegradationChange, HealthTransition, ModelCapacity, Node, NodeTransition
+from recovery.models import (
+    Cluster,
+    DegradationChange,
+    HealthTransition,
+    ModelCapacity,
+    MoeDeployment,
+    Node,
+    NodeTransition,
+)
 from recovery.policy import capacity as policy
 from workers import catalog
 
@@ -87,6 +95,13 @@ def _in_service(node: Node, live: hot.NodeEntry, promoted: tuple[str, ...] = ())
     return weight > 0 and (live.model_state or "serving") == "serving"
 
 
+def _stalled_attention_workers() -> set[str]:
+    """The attention workers of every stalled MoE deployment (an expert with no live location: recovery.actions.moe):
+    a step that selects that expert waits, so they carry nothing until an EW serves it again."""
+    stalled = MoeDeployment.objects.filter(details__has_key="stalled").values_list("attention_workers", flat=True)
+    return {name for workers in stalled for name in workers}
+
+
 def served_models(cluster: Cluster | None = None) -> list[str]:
     """The models with an objective or a node that has not left: each has a level of its own."""
     cluster = cluster or Cluster.default()
@@ -112,6 +127,7 @@ def report(
     everyone = Node.objects.filter(state=NodeState.SERVING)
     if model is not None:
         everyone = everyone.filter(model_key=model)
+    exclude = (*exclude, *_stalled_attention_workers())
     nodes = [n for n in everyone if n.name not in exclude]
     promoted = tuple(promoted) + _spares_on_their_way(nodes)
     live = hot.nodes([n.name for n in nodes])

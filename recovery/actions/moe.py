@@ -27,7 +27,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from recovery import events, nodeclient
-from recovery.actions import audit, incidents
+from recovery.actions import audit, capacity, incidents
 from recovery.choices import EventKind, ExpertWorkerState, IncidentStatus
 from recovery.models import Cluster, ExpertWorkerNode, Incident, MoeDeployment, Node
 from recovery.policy import moe as moe_policy
@@ -242,11 +242,53 @@ def _watch_one(deployment_id: int, answers: dict[str, dict | None], now: dt.date
         else:
             _answered(deployment, rows, row, status, now, actions)
     _record_figures(deployment, rows, answers, now)
+    _stall(deployment, rows, now, actions)
     _push(deployment, now, force=bool(actions), actions=actions)
     deployment.updated_at = now
     deployment.save()
     transaction.on_commit(lambda: events.moe_changed(deployment.name))
     return actions
+
+
+def unlocated(ert: ExpertRoutingTable, rows) -> list[int]:
+    """The experts every EW the table names for them is out of service for (lost, drained, or loading its place
+    again): a step that selects one cannot finish, so the attention workers wait on it."""
+    out = {r.name for r in rows if r.state in (State.DOWN, State.LOADING, State.DRAINED)}
+    return [e for e, where in enumerate(ert.experts) if not set(where.ews()) - out]
+
+
+def _stall(deployment: MoeDeployment, rows: dict[str, ExpertWorkerNode], now: dt.datetime, actions: list[str]):
+    """While an expert has no live location the deployment is *stalled*: its attention workers count as out of
+    service in the capacity evaluation (recovery.actions.capacity), which raises the model's degradation level and
+    sheds its low-priority traffic, and lowers it again (after its hold) once an EW serves the expert. Both moves
+    are lines of the incident's timeline, the stall's length on the second."""
+    experts = unlocated(table(deployment), rows.values())
+    before = deployment.details.get("stalled")
+    if bool(experts) == bool(before):
+        if experts and experts != before["experts"]:
+            deployment.details = {**deployment.details, "stalled": {**before, "experts": experts}}
+        return
+    details = {k: v for k, v in deployment.details.items() if k != "stalled"}
+    workers = ", ".join(deployment.attention_workers)
+    if experts:
+        details["stalled"] = {"experts": experts, "since": now.timestamp()}
+        text = (
+            f"experts {_list(experts)} have no live location: steps that select them wait, so the attention workers "
+            f"({workers}) count as out of service and {deployment.model}'s degradation level is raised if its "
+            "capacity falls short"
+        )
+        actions.append(f"stalled on experts {_list(experts)}")
+    else:
+        seconds = now.timestamp() - before["since"]
+        text = (
+            f"every expert has a live location again after a {seconds:.1f} s stall: the attention workers count again"
+        )
+        actions.append("stall over")
+    deployment.details = details
+    incident = Incident.objects.filter(details__moe=deployment.name, status=IncidentStatus.ACTIVE).first()
+    if incident is not None:
+        incidents.add_event(incident, EventKind.DEGRADATION, text, at=now, details={"stalled": experts})
+    transaction.on_commit(capacity.evaluate)
 
 
 def _set_state(row: ExpertWorkerNode, state: str, now: dt.datetime) -> None:

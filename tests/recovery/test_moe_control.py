@@ -9,9 +9,19 @@ import time
 
 import pytest
 
-from recovery.actions import moe
+from recovery.actions import capacity, moe
 from recovery.choices import EventKind, ExpertWorkerState, NodeState
-from recovery.models import AuditEntry, Cluster, ExpertWorkerNode, Incident, MoeDeployment, Node, Rack
+from recovery.models import (
+    AuditEntry,
+    Cluster,
+    DegradationChange,
+    ExpertWorkerNode,
+    Incident,
+    ModelCapacity,
+    MoeDeployment,
+    Node,
+    Rack,
+)
 from recovery.policy import moe as moe_policy
 from tests.helpers import http_json
 from tests.workers.test_expert_workers import MIXTRAL, Ew
@@ -153,6 +163,10 @@ def test_a_loss_that_leaves_an_expert_nowhere_is_refused_naming_it_and_the_lost_
     node, table, workers = aw
     an_attention_worker_node(node)
     moe.register("mixtral", "Mixtral-8x7B", {ew: w.address for ew, w in workers.items()}, ["aw-1"], table)
+    # Mixtral has a throughput objective its one attention worker meets; the level drops back without a hold.
+    ModelCapacity.objects.filter(pk=ModelCapacity.of("Mixtral-8x7B").pk).update(required_rps=0.5)
+    Cluster.objects.update(degradation_hold_s=0)
+    assert capacity.evaluate() == 0
     expert = 0
     primary, shadow = table.experts[expert].primaries[0], table.experts[expert].shadows[0]
     workers[primary].kill()
@@ -162,8 +176,19 @@ def test_a_loss_that_leaves_an_expert_nowhere_is_refused_naming_it_and_the_lost_
     assert any(f"expert {expert} has no live location" in d or "no live location" in d for d in done)
     assert "no standby" in done
     assert moe.table(MoeDeployment.objects.get()).version == 1  # never a table that drops an expert
-    refused = Incident.objects.filter(details__moe="mixtral").first().events.filter(kind=EventKind.ERT).first()
+    incident = Incident.objects.filter(details__moe="mixtral").first()
+    refused = incident.events.filter(kind=EventKind.ERT).first()
     assert "no live location" in refused.description and refused.details["expert"] is not None
+    # The control plane raises degradation instead: the AW cannot finish a step that selects the expert, so it
+    # carries nothing and Mixtral's level rises (its low-priority traffic shed) while the stall lasts.
+    assert any(d.startswith("stalled on experts") for d in done)
+    assert expert in MoeDeployment.objects.get().details["stalled"]["experts"]
+    assert capacity.level_of("Mixtral-8x7B") > 0
+    assert DegradationChange.objects.filter(model_key="Mixtral-8x7B", new_level__gt=0).exists()
+    stall = next(
+        e for e in incident.events.filter(kind=EventKind.DEGRADATION) if expert in e.details.get("stalled", [])
+    )
+    assert "no live location" in stall.description and "aw-1" in stall.description
 
     # The primary comes back holding nothing (a process started afresh): the table still has its place (the loss
     # was refused), so it is told to load what the table gives it, and the table, a version on, tells the AW to use
@@ -177,6 +202,11 @@ def test_a_loss_that_leaves_an_expert_nowhere_is_refused_naming_it_and_the_lost_
     status = http_json(workers[primary].address + "/moe/status")[1]
     assert status["primaries"] == table.primaries_of(primary) and status["shadows"] == table.shadows_of(primary)
     assert aw_version(node) == back.version
+    # The stall is over, its length on the timeline, and the level falls back.
+    assert "stalled" not in MoeDeployment.objects.get().details
+    over = incident.events.filter(kind=EventKind.DEGRADATION, description__contains="stall").last()
+    assert "live location again" in over.description
+    assert capacity.evaluate() == 0 and capacity.level_of("Mixtral-8x7B") == 0
 
 
 def test_a_drain_moves_an_ews_experts_to_their_shadows_first_then_empties_it(aw, standby):

@@ -3,6 +3,7 @@ SIGKILL in the middle of decoding is found by the AW's probe, the tokens it held
 shadows, and every layer's output is what an undisturbed run gives, with a bounded stall; an EW refuses tokens
 for experts it does not hold; an expert with no live location is named, and a replacement's table resumes it."""
 
+import asyncio
 import json
 import signal
 import subprocess
@@ -83,7 +84,7 @@ async def decode(refe: Refe, tokens: dict[str, bytes], steps: int, on_layer=None
 async def test_an_ew_killed_mid_decode_is_replayed_on_shadows_with_identical_output_and_a_short_stall(
     deployment, signum
 ):
-    """Killed, its connections fail at once; hung (SIGSTOP), the AW waits its answer timeout, then its probe's."""
+    """Killed, its connections fail at once; hung (SIGSTOP), the data path's 10 ms probes go unanswered."""
     table, workers = deployment
     start = {f"req-{i}": f"prompt of request {i}".encode() for i in range(6)}
     expected = reference(start, steps=4)
@@ -107,6 +108,42 @@ async def test_an_ew_killed_mid_decode_is_replayed_on_shadows_with_identical_out
             status = http_json(worker.address + "/moe/status")[1]
             served_by_shadow |= {int(e) for e in status["tokens_per_expert"]} & set(status["shadows"])
     assert served_by_shadow and served_by_shadow <= set(table.primaries_of(victim))
+
+
+async def test_a_hung_ew_is_found_by_the_data_paths_10_ms_probes_not_its_answer_timeout_and_used_again_once_it_answers(
+    deployment,
+):
+    """TARRAGON's failure probing on the data path: with a 10 s answer timeout, only the probes sent every 10 ms
+    while the AW waits can find a hung EW (SIGSTOP: its kernel still accepts connections) within the stall bound.
+    Taken as down only for its silence, it is probed in the background and used again, without a new table, once
+    it answers (SIGCONT): a live EW on a loaded host that misses a few probes costs a replay, not its place."""
+    table, workers = deployment
+    start = {f"req-{i}": f"prompt of request {i}".encode() for i in range(6)}
+    victim = max(workers, key=lambda ew: len(table.primaries_of(ew)))
+
+    def freeze_at(done):
+        if done == 40:
+            workers[victim].kill(signal.SIGSTOP)
+
+    async with aiohttp.ClientSession() as session:
+        addresses = {ew: w.address for ew, w in workers.items()}
+        refe = Refe(MIXTRAL, table, addresses, session, answer_timeout_s=10.0)
+        outputs, longest = await decode(refe, dict(start), 2, freeze_at)
+        assert outputs == reference(start, steps=2)
+        assert refe.down == {victim} == refe.silent
+        assert [(f["ew"], f["silent"]) for f in refe.failovers] == [(victim, True)]
+        assert longest < 0.5, f"stall {longest:.3f} s: the answer timeout (10 s) was waited, not the probes"
+
+        workers[victim].kill(signal.SIGCONT)
+        deadline = time.monotonic() + 5
+        while victim in refe.down and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert victim not in refe.down and refe.readmitted == 1 and refe.ert.version == table.version
+        before = refe.sent.get(victim, 0)
+        outputs, _ = await decode(refe, outputs, 1)
+        assert outputs == reference(start, steps=3)
+        assert refe.sent[victim] > before  # its experts are served by it again
+        refe.close()
 
 
 async def test_an_expert_with_no_live_location_is_named_and_a_replacement_table_resumes_it(deployment):
