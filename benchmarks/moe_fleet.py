@@ -3,8 +3,10 @@ system (`manage.py demo --moe`) with A attention workers and E expert workers of
 greedy streams through the gateway, and then:
 
 - steady state: tokens per second and inter-token latency with nothing failing, with KV checkpoints (the default
-  placement policy) and without (policy none), so the checkpointing's cost shows; and what resolving experts
-  through the table costs an AW over a static expert → EW binding, measured in-process per layer;
+  placement policy) and without (policy none), so the checkpointing's cost shows; against them, the same steady
+  state on a second stack whose AWs bind each expert to one EW for good (`--moe-static-binding`: no table, no
+  probing, no failover) and place no checkpoints, TARRAGON's baseline; and what resolving experts through the
+  table costs an AW over a static binding, measured in-process per layer;
 - EW failures: one expert worker in the table SIGKILLed at a time, F times; the AWs replay on shadows, the control
   plane confirms the loss, pushes the healed table, provisions the standby EW with the lost one's experts (loaded
   at disk bandwidth) and takes the killed EW, started again by its supervisor, as the next standby;
@@ -171,20 +173,54 @@ def summarize(failures: list[dict]) -> dict:
     }
 
 
-def run(args) -> dict:
+def start_stack(args, *extra: str) -> DemoStack:
     var_dir = Path(tempfile.mkdtemp(prefix="moe-fleet-"))
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL")}  # its own, embedded
     env.update(LIFELINE_VAR_DIR=str(var_dir), LIFELINE_NAMESPACE=f"moe-{os.getpid()}", PYTHONUNBUFFERED="1")
     env["LIFELINE_LOG_LEVEL"] = "WARNING"
     argv = [sys.executable, "manage.py", "demo", "--nodes", "1", "--spares", "0", "--moe", "--no-traffic"]
     argv += ["--moe-aws", str(args.aws), "--moe-ews", str(args.ews), "--restart-delay", "2"]
-    argv += ["--port", str(free_port()), "--gateway-port", str(free_port()), "--no-history"]
+    argv += ["--port", str(free_port()), "--gateway-port", str(free_port()), "--no-history", *extra]
     stack = DemoStack(var_dir, env, argv).start(timeout_s=300)
+    aws = [f"node-aw{i + 1}" for i in range(args.aws)]
+    try:
+        wait(lambda: aws_serving(stack, aws) and settled(stack), 120, "every AW serving, every EW settled")
+    except BaseException:
+        stack.stop(signum=signal.SIGTERM)
+        raise
+    return stack
+
+
+def static_baseline(args, references: dict) -> dict:
+    """The steady state of a stack whose attention workers bind each expert to one EW for good (no table, no
+    probing, no failover) and place no KV checkpoints: the baseline TARRAGON's 2.8 % and 3 % are against."""
+    stack = start_stack(args, "--moe-static-binding")
+    try:
+        set_policy(stack, "none")
+        streams = Streams(stack, args.streams, args.max_tokens, references).start()
+        try:
+            return steady_state(streams, references, args.steady_s)
+        finally:
+            streams.close()
+    finally:
+        stack.stop(signum=signal.SIGTERM)
+
+
+def over(run: dict, baseline: dict) -> dict:
+    """How much `run` costs over `baseline`, in per cent (positive: slower)."""
+    return {
+        "throughput_pct": round(100 * (1 - run["tokens_per_s"] / baseline["tokens_per_s"]), 1),
+        "itl_p50_pct": round(100 * (run["itl_ms"]["p50"] / baseline["itl_ms"]["p50"] - 1), 1),
+        "itl_p99_pct": round(100 * (run["itl_ms"]["p99"] / baseline["itl_ms"]["p99"] - 1), 1),
+    }
+
+
+def run(args) -> dict:
+    stack = start_stack(args)
     rng = random.Random(args.seed)
     results: dict = {"machine": machine(), "model": MODEL, "aws": args.aws, "ews": args.ews, "time_scale": 1}
     try:
         aws = [f"node-aw{i + 1}" for i in range(args.aws)]
-        wait(lambda: aws_serving(stack, aws) and settled(stack), 120, "every AW serving, every EW settled")
         base, key = stack.info["urls"]["gateway"].removesuffix("/v1"), stack.info["gateway_key"]
         references = {}
         for prompt in PROMPTS[: max(args.streams, 1) * 2]:
@@ -200,10 +236,7 @@ def run(args) -> dict:
                 print(f"steady, checkpoint placement {policy}", json.dumps(results["steady"][policy]), flush=True)
             set_policy(stack, "lifeline")
             on, off = results["steady"]["lifeline"], results["steady"]["none"]
-            results["steady"]["checkpointing_cost"] = {
-                "throughput_pct": round(100 * (1 - on["tokens_per_s"] / off["tokens_per_s"]), 1),
-                "itl_p50_pct": round(100 * (on["itl_ms"]["p50"] / off["itl_ms"]["p50"] - 1), 1),
-            }
+            results["steady"]["checkpointing_cost"] = over(on, off)
             print("checkpointing cost", json.dumps(results["steady"]["checkpointing_cost"]), flush=True)
             results["steady"]["table_over_static_binding"] = indirection_cost(on["itl_ms"]["p50"])
             print("table over static binding", json.dumps(results["steady"]["table_over_static_binding"]), flush=True)
@@ -229,6 +262,12 @@ def run(args) -> dict:
                 )
     finally:
         stack.stop(signum=signal.SIGTERM)
+    if args.static_baseline:
+        static = results["steady"]["static_binding"] = static_baseline(args, references)
+        print("steady, static binding, no checkpoints", json.dumps(static), flush=True)
+        results["steady"]["table_over_static_run"] = over(results["steady"]["none"], static)
+        results["steady"]["table_and_checkpoints_over_static_run"] = over(results["steady"]["lifeline"], static)
+        print("over the static binding", json.dumps(results["steady"]["table_and_checkpoints_over_static_run"]))
     save("moe_fleet" if args.failures else "moe_fleet_steady", results)
     return results
 
@@ -378,5 +417,11 @@ if __name__ == "__main__":
     parser.add_argument("--steady-s", type=float, default=30.0)
     parser.add_argument("--settle-s", type=float, default=8.0, help="wait this long after a failure for its streams")
     parser.add_argument("--seed", type=int, default=15)
+    parser.add_argument(
+        "--no-static-baseline",
+        dest="static_baseline",
+        action="store_false",
+        help="skip the steady state of a second stack whose AWs bind experts statically",
+    )
     os.chdir(BASE_DIR)
     run(parser.parse_args())

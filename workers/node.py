@@ -189,6 +189,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--ert", default=env("LIFELINE_ERT", ""), help="the expert routing table to start with (a JSON file)"
     )
     parser.add_argument(
+        "--expert-binding",
+        choices=["table", "static"],
+        default="table",
+        help="table (default): experts resolved through the expert routing table, with data-path probing, failover "
+        "to shadows and the control plane's updates; static: each expert bound to its first primary for good, "
+        "none of that (the baseline benchmarks.moe_fleet measures the table against)",
+    )
+    parser.add_argument(
         "--state-file",
         default=env("LIFELINE_NODE_STATE_FILE", ""),
         help="where the node keeps the model a switch (POST /agent/model) left it serving, so that a supervisor "
@@ -337,7 +345,9 @@ async def serve(args: argparse.Namespace) -> str | None:
     identity.address = f"http://{advertised_host(args)}:{port}"
     if getattr(args, "expert_table", None):
         table, addresses = args.expert_table
-        path = ExpertPath(engine.model, table, addresses, counters=engine.counters)
+        path = ExpertPath(
+            engine.model, table, addresses, counters=engine.counters, static=args.expert_binding == "static"
+        )
         await path.start()
         cast(Engine, engine).experts = path  # the emulated engine's (parse_args refuses it with --engine-url)
     engine.start()

@@ -65,11 +65,15 @@ class Refe:
     # A real AW cannot tell and merges them as this one does; the canaries are what find such an EW.
     mismatches: dict[str, int] = field(default_factory=dict)
     refusals: dict[str, int] = field(default_factory=dict)  # dispatches an EW refused (400), per EW
+    # The baseline the table is measured against (benchmarks.moe_fleet): each expert bound to its first primary of
+    # the first table for good; no probing, no failover, no updates.
+    static: bool = False
     _background: set = field(default_factory=set)  # the re-admission probes running
+    _binding: dict = field(default_factory=dict)  # expert -> EW, when static
 
     def update(self, ert: ExpertRoutingTable, addresses: dict[str, str] | None = None) -> bool:
         """Take the control plane's newer table (an older or equal version is ignored)."""
-        if ert.model != self.ert.model or ert.version <= self.ert.version:
+        if self.static or ert.model != self.ert.model or ert.version <= self.ert.version:
             return False
         self.ert = ert
         self.addresses.update(addresses or {})
@@ -90,6 +94,8 @@ class Refe:
         chosen = {tid: gate(self.model, layer, activation) for tid, activation in tokens.items()}
         answers: dict[str, dict[int, bytes]] = {tid: {} for tid in tokens}
         pending = {(tid, expert) for tid, picks in chosen.items() for expert, _ in picks}
+        if self.static:
+            return await self._static_layer(layer, tokens, counts, chosen)
         replay = False
         misses: dict[str, int] = {}  # EW -> answers it missed in this layer while its probe said it lives
         while pending:
@@ -129,6 +135,24 @@ class Refe:
                     answers[tid][expert] = output
                     pending.discard((tid, expert))
             replay = True
+        return {tid: combine(self.model, layer, answers[tid], chosen[tid]) for tid in tokens}
+
+    async def _static_layer(self, layer, tokens, counts, chosen) -> dict[str, bytes]:
+        if not self._binding:
+            self._binding = {e: where.primaries[0] for e, where in enumerate(self.ert.experts)}
+        by_ew: dict[str, list[tuple[str, int]]] = {}
+        for tid, picks in sorted(chosen.items()):
+            for expert, _ in picks:
+                by_ew.setdefault(self._binding[expert], []).append((tid, expert))
+        results = await asyncio.gather(
+            *(self._send(ew, layer, items, tokens, counts, False) for ew, items in by_ew.items())
+        )
+        answers: dict[str, dict[int, bytes]] = {tid: {} for tid in tokens}
+        for ew, outputs in zip(by_ew, results):
+            if outputs is None or isinstance(outputs, str):
+                raise MoeError("ert", f"{ew} did not answer layer {layer}: a static binding has nowhere else to go")
+            for tid, expert, output in outputs:
+                answers[tid][expert] = output
         return {tid: combine(self.model, layer, answers[tid], chosen[tid]) for tid in tokens}
 
     def _take_down(self, ew: str, layer: int, tokens: int, silent: bool = False) -> None:
@@ -246,8 +270,10 @@ class ExpertPath:
         addresses: dict[str, str],
         wait_s: float = 30.0,
         counters: dict | None = None,
+        static: bool = False,
     ):
         self.model, self._first, self.addresses, self.wait_s = model, ert, dict(addresses), wait_s
+        self.static = static
         self.refe: Refe | None = None
         self.session: aiohttp.ClientSession | None = None
         self.changed = asyncio.Event()
@@ -269,7 +295,7 @@ class ExpertPath:
 
     async def start(self) -> None:
         self.session = aiohttp.ClientSession()
-        self.refe = Refe(self.model, self._first, self.addresses, self.session)
+        self.refe = Refe(self.model, self._first, self.addresses, self.session, static=self.static)
 
     async def aclose(self) -> None:
         if self.refe is not None:

@@ -146,6 +146,25 @@ async def test_a_hung_ew_is_found_by_the_data_paths_10_ms_probes_not_its_answer_
         refe.close()
 
 
+async def test_a_static_binding_sends_each_expert_to_its_first_primary_and_takes_no_table(deployment):
+    """The baseline benchmarks.moe_fleet measures the table against: the same outputs, every expert's tokens on its
+    first primary (no shadow ever woken), and a newer table ignored."""
+    table, workers = deployment
+    start = {f"req-{i}": f"prompt of request {i}".encode() for i in range(4)}
+    async with aiohttp.ClientSession() as session:
+        refe = Refe(MIXTRAL, table, {ew: w.address for ew, w in workers.items()}, session, static=True)
+        outputs, _ = await decode(refe, dict(start), 1)
+        moved = ExpertRoutingTable(table.model, table.version + 1, tuple(reversed(table.experts)))
+        assert not refe.update(moved) and refe.ert is table
+    assert outputs == reference(start, steps=1)
+    served = set()
+    for ew, worker in workers.items():
+        status = http_json(worker.address + "/moe/status")[1]
+        assert {int(e) for e in status["tokens_per_expert"]} <= set(table.primaries_of(ew))  # no shadow woken
+        served |= {int(e) for e in status["tokens_per_expert"]}
+    assert served  # the EWs did the work
+
+
 async def test_an_expert_with_no_live_location_is_named_and_a_replacement_table_resumes_it(deployment):
     table, workers = deployment
     expert = 0

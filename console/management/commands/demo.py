@@ -104,6 +104,12 @@ class Command(BaseCommand):
             default=MOE_EWS,
             help=f"expert workers of the --moe deployment, besides its standby (default {MOE_EWS})",
         )
+        parser.add_argument(
+            "--moe-static-binding",
+            action="store_true",
+            help="the --moe attention workers bind each expert to one EW for good, without the routing table's "
+            "failover (a baseline for benchmarks.moe_fleet, not a way to serve)",
+        )
         parser.add_argument("--no-traffic", action="store_true", help="do not start the traffic generator")
         parser.add_argument(
             "--no-history",
@@ -432,6 +438,8 @@ class Command(BaseCommand):
             argv += ["--control-url", web_url, "--time-scale", str(self.opts["time_scale"]), "--enable-faults"]
             argv += ["--expert-workers", ",".join(f"{ew}={addresses[ew]}" for ew in sorted(table.ews()))]
             argv += ["--ert", str(ert)]
+            if self.opts["moe_static_binding"]:
+                argv += ["--expert-binding", "static"]
             self.supervisor.spawn(
                 Child(
                     name,
