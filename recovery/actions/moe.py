@@ -116,6 +116,7 @@ def watch(now: dt.datetime | None = None) -> dict[str, list[str]]:
         with ThreadPoolExecutor(max_workers=max(1, min(16, len(rows)))) as pool:
             answers = dict(zip([r.name for r in rows], pool.map(_poll, [r.address for r in rows]), strict=True))
         done[deployment.name] = _watch_one(deployment.pk, answers, now)
+        done[deployment.name] += push(deployment.pk, now, force=bool(done[deployment.name]))
         if now.timestamp() - deployment.details.get("canary_at", 0.0) >= CANARY_EVERY_S:
             done[deployment.name] += canary(deployment.pk, now)
     return done
@@ -243,7 +244,6 @@ def _watch_one(deployment_id: int, answers: dict[str, dict | None], now: dt.date
             _answered(deployment, rows, row, status, now, actions)
     _record_figures(deployment, rows, answers, now)
     _stall(deployment, rows, now, actions)
-    _push(deployment, now, force=bool(actions), actions=actions)
     deployment.updated_at = now
     deployment.save()
     transaction.on_commit(lambda: events.moe_changed(deployment.name))
@@ -539,22 +539,9 @@ def _came_back(
         if set(row.primaries) != set(want["experts"]) or set(row.shadows) != set(want["shadows"]):
             if _reload(deployment, row, want, now, actions):
                 return
-        again = ExpertRoutingTable(ert.model, ert.version + 1, ert.experts)
-        _set_table(deployment, again)
-        _set_state(row, State.SERVING, now)
-        actions.append(f"{row.name} back in the table")
-        if incident is not None:
-            incidents.add_event(
-                incident,
-                EventKind.ERT,
-                f"{row.name} answers again and still has its place in the table: table v{again.version} tells the "
-                "attention workers to use it again",
-                at=now,
-                details={"version": again.version},
-            )
-            if not any(r.state == State.DOWN and r.name in ert.ews() for r in rows.values() if r is not row):
-                _capacity_restored(incident, f"{row.name} back", now)
-    elif not replaced and row.primaries and row.name in deployment.details.get("lost_from_table", []):
+        _back_in_table(deployment, rows, row, now, actions, "answers again and still has its place in the table")
+        return
+    if not replaced and row.primaries and row.name in deployment.details.get("lost_from_table", []):
         joined = moe_policy.with_replacement(ert, row.primaries, row.name, shadow_experts=row.shadows)
         _set_table(deployment, joined)
         _set_state(row, State.SERVING, now)
@@ -616,31 +603,40 @@ def _reload(deployment: MoeDeployment, row: ExpertWorkerNode, want: dict, now: d
 
 
 def _reloaded(deployment: MoeDeployment, rows, row: ExpertWorkerNode, now: dt.datetime, actions: list[str]) -> None:
-    """An EW that reloaded its place in the table serves it: the table, a version on, tells the AWs to use it."""
+    """An EW that reloaded its place in the table serves it."""
+    deployment.details = {
+        **deployment.details,
+        "reloading": [n for n in deployment.details["reloading"] if n != row.name],
+    }
+    _back_in_table(deployment, rows, row, now, actions, "holds its experts again")
+
+
+def _back_in_table(deployment: MoeDeployment, rows, row: ExpertWorkerNode, now, actions: list[str], how: str) -> None:
+    """An EW the table still names serves what it gives it again (it was never taken out: the table without it was
+    refused): the table, a version on, tells the attention workers to use it again."""
     ert = table(deployment)
     again = ExpertRoutingTable(ert.model, ert.version + 1, ert.experts)
     _set_table(deployment, again)
     deployment.details = {
         **deployment.details,
-        "reloading": [n for n in deployment.details["reloading"] if n != row.name],
         "lost_from_table": [n for n in deployment.details.get("lost_from_table", []) if n != row.name],
     }
     _set_state(row, State.SERVING, now)
     incident, row.incident = row.incident, None
     row.save()
     actions.append(f"{row.name} back in the table")
-    if incident is not None:
-        incidents.add_event(
-            incident,
-            EventKind.ERT,
-            f"{row.name} holds its experts again: table v{again.version} tells the attention workers to use it",
-            at=now,
-            details={"version": again.version},
-        )
-        if not any(
-            r.state in (State.DOWN, State.LOADING) and r.name in ert.ews() for r in rows.values() if r is not row
-        ):
-            _capacity_restored(incident, f"{row.name} back", now)
+    if incident is None:
+        return
+    incidents.add_event(
+        incident,
+        EventKind.ERT,
+        f"{row.name} {how}: table v{again.version} tells the attention workers to use it again",
+        at=now,
+        details={"version": again.version},
+    )
+    out = (State.DOWN, State.LOADING)
+    if not any(r.state in out and r.name in ert.ews() for r in rows.values() if r is not row):
+        _capacity_restored(incident, f"{row.name} back", now)
 
 
 def _capacity_restored(incident: Incident, how: str, now: dt.datetime) -> None:
@@ -666,26 +662,52 @@ def _set_table(deployment: MoeDeployment, ert: ExpertRoutingTable) -> None:
 
 
 # --- pushing the table ---------------------------------------------------------------------------------------------
+def push(deployment_id: int, now: dt.datetime, force: bool) -> list[str]:
+    """The watch's push, outside its transaction (an attention worker slow to answer holds no lock): the table in
+    force sent, and which AWs took it recorded, unless the table changed meanwhile (the next pass sends that one)."""
+    deployment = MoeDeployment.objects.get(pk=deployment_id)
+    actions: list[str] = []
+    _push(deployment, now, force, actions)
+    with transaction.atomic():
+        current = MoeDeployment.objects.select_for_update().get(pk=deployment_id)
+        if current.ert["version"] != deployment.ert["version"]:
+            return actions
+        taken = {key: deployment.details[key] for key in ("pushed", "pushed_at")}
+        current.details = {**current.details, **taken}
+        current.save(update_fields=["details"])
+        if actions:
+            transaction.on_commit(lambda: events.moe_changed(current.name))
+    return actions
+
+
 def _push(deployment: MoeDeployment, now: dt.datetime, force: bool, actions: list[str]) -> None:
-    """The table in force to every attention worker that has not taken this version (or each RESYNC_S)."""
+    """The table in force to every attention worker that has not taken this version (or each RESYNC_S), all at once."""
     version = deployment.ert["version"]
     pushed = dict(deployment.details.get("pushed", {}))
     last = deployment.details.get("pushed_at", 0.0)
     due = force or now.timestamp() - last >= RESYNC_S
     addresses = dict(deployment.ews.values_list("name", "address"))
     body = {"ert": deployment.ert, "addresses": {ew: addresses[ew] for ew in table(deployment).ews()}}
-    for node in Node.objects.filter(name__in=deployment.attention_workers).exclude(address=""):
-        if pushed.get(node.name) == version and not due:
-            continue
+    nodes = [
+        node
+        for node in Node.objects.filter(name__in=deployment.attention_workers).exclude(address="")
+        if pushed.get(node.name) != version or due
+    ]
+
+    def send(node: Node) -> tuple[int, dict]:
         try:
-            status, answer = nodeclient.call(node.address, "POST", "/agent/ert", body, timeout=PUSH_TIMEOUT_S)
+            return nodeclient.call(node.address, "POST", "/agent/ert", body, timeout=PUSH_TIMEOUT_S)
         except nodeclient.NodeUnreachable:
-            continue
+            return 0, {}
+
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(nodes)))) as pool:
+        answers = list(pool.map(send, nodes))
+    for node, (status, answer) in zip(nodes, answers, strict=True):
         if status in (200, 409):  # 409: it has this version (or newer) already
             if pushed.get(node.name) != version and status == 200:
                 actions.append(f"v{version} to {node.name}")
             pushed[node.name] = version
-        else:
+        elif status:
             log.warning("%s refused table v%s: %s", node.name, version, answer)
     deployment.details = {**deployment.details, "pushed": pushed, "pushed_at": now.timestamp() if due else last}
 

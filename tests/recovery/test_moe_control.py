@@ -208,6 +208,16 @@ def test_a_loss_that_leaves_an_expert_nowhere_is_refused_naming_it_and_the_lost_
     assert "live location again" in over.description
     assert capacity.evaluate() == 0 and capacity.level_of("Mixtral-8x7B") == 0
 
+    # The shadow comes back as it was (its supervisor's restart with its first command line): it still has its place
+    # in the table and holds what the table gives it, so the table, a version on, tells the AW to use it again.
+    workers[shadow] = Ew(shadow, table.primaries_of(shadow), table.shadows_of(shadow))
+    ExpertWorkerNode.objects.filter(name=shadow).update(address=workers[shadow].address)
+    done = watch_until(lambda: moe.table(MoeDeployment.objects.get()).version == 3, 10, f"{shadow} back")
+    assert f"{shadow} back in the table" in done and f"{shadow} reloading" not in done
+    assert ExpertWorkerNode.objects.get(name=shadow).state == ExpertWorkerState.SERVING
+    assert "still has its place" in incident.events.filter(kind=EventKind.ERT).last().description
+    assert aw_version(node) == 3
+
 
 def test_a_drain_moves_an_ews_experts_to_their_shadows_first_then_empties_it(aw, standby):
     node, table, workers = aw
