@@ -23,6 +23,7 @@ The control plane's times come from its API: the healed table, the replacement j
 
     python -m benchmarks.moe_fleet [--aws 8] [--ews 8] [--failures 20] [--streams 8]
     python -m benchmarks.moe_fleet --failures 0     # steady state only (results/moe_fleet_steady.json)
+    python -m benchmarks.moe_fleet --no-shadows     # EW failures without shadows (results/moe_fleet_no_shadows.json)
 """
 
 import argparse
@@ -215,7 +216,41 @@ def over(run: dict, baseline: dict) -> dict:
     }
 
 
+def no_shadows(args) -> dict:
+    """EW failures in a deployment whose experts have no shadow: each loss stalls the lost EW's experts until the
+    standby, provisioned at disk bandwidth, serves them (TARRAGON's EW failure without shadows)."""
+    stack = start_stack(args, "--moe-no-shadows")
+    results: dict = {"machine": machine(), "model": MODEL, "aws": args.aws, "ews": args.ews, "time_scale": 1}
+    try:
+        base, key = stack.info["urls"]["gateway"].removesuffix("/v1"), stack.info["gateway_key"]
+        references = {}
+        for prompt in PROMPTS[: max(args.streams, 1) * 2]:
+            references[prompt] = chat_stream(base, key, MODEL, prompt, max_tokens=args.max_tokens, temperature=0)[0]
+        PROMPTS[:] = list(references)
+        streams = Streams(stack, args.streams, args.max_tokens, references).start()
+        try:
+            failures = ew_failures(stack, streams, references, args, random.Random(args.seed), shadows=False)
+        finally:
+            streams.close()
+        results["ew_failures_without_shadows"] = failures
+        print("ew without shadows", json.dumps(failures["summary"]), flush=True)
+        moe = api(stack, f"/api/moe/{DEPLOYMENT}")
+        results["shadows"] = {"coverage": moe["shadow_coverage"], "bytes": moe["shadow_bytes"]}
+        results["restart_everything_s_modelled"] = round(catalog.load_time_s(catalog.MODELS[MODEL]), 1)
+        stall = failures["summary"]["stall_s"]["median"]
+        if stall:
+            failures["summary"]["modelled_restart_everything_over_median_stall"] = round(
+                results["restart_everything_s_modelled"] / stall, 1
+            )
+    finally:
+        stack.stop(signum=signal.SIGTERM)
+    save("moe_fleet_no_shadows", results)
+    return results
+
+
 def run(args) -> dict:
+    if args.no_shadows:
+        return no_shadows(args)
     stack = start_stack(args)
     rng = random.Random(args.seed)
     results: dict = {"machine": machine(), "model": MODEL, "aws": args.aws, "ews": args.ews, "time_scale": 1}
@@ -333,7 +368,9 @@ def _stall(streams: Streams, references, at: float, settle_s: float) -> tuple[fl
     return (max((j["max_gap_s"] for j in judged), default=None), judged)
 
 
-def ew_failures(stack, streams, references, args, rng) -> dict:
+def ew_failures(stack, streams, references, args, rng, shadows: bool = True) -> dict:
+    """With shadows the table heals at once (v+1: the shadows promoted) and the standby joins after (v+2); without,
+    the table is refused, the AWs wait on the lost experts, and the standby's joining is the healing (v+1)."""
     failures = []
     for _ in range(args.failures):
         wait(lambda: settled(stack), 120, "every EW serving or standing by")
@@ -348,9 +385,8 @@ def ew_failures(stack, streams, references, args, rng) -> dict:
         def at_version(n: int, version=version) -> bool:
             return api(stack, f"/api/moe/{DEPLOYMENT}")["version"] >= version + n
 
-        healed = wait(lambda: at_version(1), 30, "table healed")
-        joined = wait(lambda: at_version(2), 60, "standby joined")
-        joined += healed
+        healed = wait(lambda: at_version(1), 60 if not shadows else 30, "table healed")
+        joined = (wait(lambda: at_version(2), 60, "standby joined") if shadows else 0.0) + healed
         standby = wait(lambda: settled(stack), 90, f"{victim} back, standing by") + joined
         stall, judged = _stall(streams, references, at, args.settle_s)
         failures.append(
@@ -417,6 +453,11 @@ if __name__ == "__main__":
     parser.add_argument("--steady-s", type=float, default=30.0)
     parser.add_argument("--settle-s", type=float, default=8.0, help="wait this long after a failure for its streams")
     parser.add_argument("--seed", type=int, default=15)
+    parser.add_argument(
+        "--no-shadows",
+        action="store_true",
+        help="only EW failures, in a deployment without shadows (results/moe_fleet_no_shadows.json)",
+    )
     parser.add_argument(
         "--no-static-baseline",
         dest="static_baseline",

@@ -502,9 +502,15 @@ def _replacement_ready(deployment: MoeDeployment, row: ExpertWorkerNode, now: dt
     ert = table(deployment)
     lost = row.replacing
     experts, shadows = list(row.primaries), list(row.shadows)
-    joined = moe_policy.with_replacement(ert, experts, row.name, shadow_experts=shadows)
+    # The lost EW may still be in the table (its loss was refused: an expert had no other location); it leaves it
+    # now that the replacement serves its experts.
+    joined = moe_policy.with_replacement(ert, experts, row.name, shadow_experts=shadows, replacing=lost)
     _set_table(deployment, joined)
-    deployment.details = {**deployment.details, "replaced": {**deployment.details.get("replaced", {}), lost: row.name}}
+    deployment.details = {
+        **deployment.details,
+        "replaced": {**deployment.details.get("replaced", {}), lost: row.name},
+        "lost_from_table": [n for n in deployment.details.get("lost_from_table", []) if n != lost],
+    }
     row.replacing = ""
     _set_state(row, State.SERVING, now)
     incident = row.incident

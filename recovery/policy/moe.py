@@ -123,10 +123,23 @@ def with_replacement(
     ew: str,
     keep_shadows: bool = True,
     shadow_experts: Iterable[int] = (),
+    replacing: str | None = None,
 ) -> ExpertRoutingTable:
     """A provisioned EW `ew` serves `experts` (those a lost EW served) as their primary; a shadow promoted for one
     of them in the meantime goes back to being its shadow (it has stayed loaded). It also keeps `shadow_experts`
-    (the lost EW's shadows) as their shadow, after the ones they have."""
+    (the lost EW's shadows) as their shadow, after the ones they have. `replacing`: the lost EW, where the table
+    still names it (its loss was refused: an expert had no other location); it leaves the table here."""
+    if replacing is not None:
+        ert = ExpertRoutingTable(
+            ert.model,
+            ert.version,
+            tuple(
+                Locations(
+                    tuple(p for p in loc.primaries if p != replacing), tuple(s for s in loc.shadows if s != replacing)
+                )
+                for loc in ert.experts
+            ),
+        )
     taken, shadowed = set(experts), set(shadow_experts) - set(experts)
     rows = []
     for i, loc in enumerate(ert.experts):
@@ -139,7 +152,11 @@ def with_replacement(
         promoted = tuple(p for p in loc.primaries if p != ew)
         shadows = (promoted + loc.shadows) if keep_shadows else loc.shadows
         rows.append(Locations((ew,), tuple(dict.fromkeys(s for s in shadows if s != ew))))
-    return ExpertRoutingTable(ert.model, ert.version + 1, tuple(rows))
+    joined = ExpertRoutingTable(ert.model, ert.version + 1, tuple(rows))
+    for i, loc in enumerate(joined.experts):
+        if not loc.primaries:
+            raise ErtRefused(f"expert {i} of {ert.model} would have no live location with {ew} in {replacing}'s place")
+    return joined
 
 
 def memory(ert: ExpertRoutingTable, model: Model) -> dict[str, dict[str, int]]:

@@ -5,6 +5,8 @@ lost one's experts and joins the table, the incident's timeline says each step, 
 the next standby. A table that would leave an expert nowhere is refused with the expert named; a drain moves an
 EW's experts onto their shadows first."""
 
+import json
+import threading
 import time
 
 import pytest
@@ -217,6 +219,70 @@ def test_a_loss_that_leaves_an_expert_nowhere_is_refused_naming_it_and_the_lost_
     assert ExpertWorkerNode.objects.get(name=shadow).state == ExpertWorkerState.SERVING
     assert "still has its place" in incident.events.filter(kind=EventKind.ERT).last().description
     assert aw_version(node) == 3
+
+
+@pytest.fixture
+def aw_no_shadows(agent_token, node_factory, tmp_path):
+    """An attention worker whose three EWs hold their experts with no shadow at all."""
+    room = [moe_policy.ExpertWorker(f"ew-{i}", expert_bytes(MIXTRAL) * 6) for i in range(3)]
+    table = moe_policy.plan(MIXTRAL, room, shadows=False)
+    workers = {ew: Ew(ew, table.primaries_of(ew), []) for ew in sorted(table.ews())}
+    ert = tmp_path / "ert.json"
+    ert.write_text(json.dumps(table.to_json()))
+    node = node_factory(
+        "aw-1",
+        *("--model", "Mixtral-8x7B", "--gpu", "H200-SXM", "--tp", "1"),
+        *("--expert-workers", ",".join(f"{ew}={w.address}" for ew, w in workers.items()), "--ert", str(ert)),
+        env={"LIFELINE_AGENT_TOKEN": AGENT},
+    )
+    yield node, table, workers
+    for worker in workers.values():
+        if worker.proc.poll() is None:
+            worker.proc.terminate()
+            worker.proc.wait(10)
+
+
+def test_an_ew_lost_without_shadows_stalls_its_experts_until_the_standby_serves_them_and_no_token_is_lost(
+    aw_no_shadows, standby
+):
+    """No shadow to fail over to: the table is refused, the AW waits on the lost EW's experts (a bounded stall),
+    the standby loads them and takes the lost EW's place in the table (which no longer names it), the stream that
+    waited ends with the text of an undisturbed run, and the lost EW, back, is the next standby."""
+    node, table, workers = aw_no_shadows
+    registered(aw_no_shadows, standby)
+    expected, _ = stream(node.address)
+    victim = "ew-1"
+    lost_experts = table.primaries_of(victim)
+    moe.watch()
+
+    result = {}
+    waiting = threading.Thread(target=lambda: result.update(zip(("text", "times"), stream(node.address))))
+    waiting.start()
+    time.sleep(0.3)  # the stream is decoding
+    workers[victim].kill()
+    watch_until(
+        lambda: (
+            victim in moe.table(MoeDeployment.objects.get()).ews() and "stalled" in MoeDeployment.objects.get().details
+        ),
+        10,
+        "the loss refused, the deployment stalled",
+    )
+    done = watch_until(lambda: "ew-spare" in moe.table(MoeDeployment.objects.get()).ews(), 30, "the standby joined")
+    joined = moe.table(MoeDeployment.objects.get())
+    assert victim not in joined.ews() and joined.primaries_of("ew-spare") == lost_experts
+    assert joined.version == table.version + 1 and "stall over" in done
+    waiting.join(60)
+    assert result["text"] == expected  # waited, never lost a token
+    gaps = [b - a for a, b in zip(result["times"], result["times"][1:])]
+    assert 1.0 < max(gaps) < 30.0  # a stall, bounded: detection, then the standby's load at disk bandwidth
+    incident = Incident.objects.get(details__moe="mixtral")
+    texts = " | ".join(incident.events.values_list("description", flat=True))
+    assert "no live location" in texts and "in place of ew-1" in texts and "stall" in texts
+
+    workers[victim] = Ew(victim, lost_experts, [])
+    ExpertWorkerNode.objects.filter(name=victim).update(address=workers[victim].address)
+    done = watch_until(lambda: ExpertWorkerNode.objects.get(name=victim).state == ExpertWorkerState.STANDBY, 10)
+    assert f"{victim} back as standby" in done and moe.table(MoeDeployment.objects.get()).version == joined.version
 
 
 def test_a_drain_moves_an_ews_experts_to_their_shadows_first_then_empties_it(aw, standby):

@@ -105,6 +105,12 @@ class Command(BaseCommand):
             help=f"expert workers of the --moe deployment, besides its standby (default {MOE_EWS})",
         )
         parser.add_argument(
+            "--moe-no-shadows",
+            action="store_true",
+            help="the --moe deployment's experts have no shadows: an EW lost stalls its experts until the standby "
+            "serves them (benchmarks.moe_fleet --no-shadows measures that stall)",
+        )
+        parser.add_argument(
             "--moe-static-binding",
             action="store_true",
             help="the --moe attention workers bind each expert to one EW for good, without the routing table's "
@@ -404,7 +410,11 @@ class Command(BaseCommand):
         model = catalog.MODELS[MOE_MODEL]
         room = moe_policy.ExpertWorker
         ews, aw_count = self.opts["moe_ews"], self.opts["moe_aws"]
-        table = moe_policy.plan(model, [room(f"ew-{i + 1}", expert_bytes(model) * 4) for i in range(ews)])
+        table = moe_policy.plan(
+            model,
+            [room(f"ew-{i + 1}", expert_bytes(model) * 4) for i in range(ews)],
+            shadows=not self.opts["moe_no_shadows"],
+        )
         first = free_port(host, ews + 1)
         addresses, standby = {}, f"ew-{ews + 1}"
         for i, ew in enumerate([*sorted(table.ews()), standby]):

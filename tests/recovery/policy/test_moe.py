@@ -184,3 +184,18 @@ def test_an_attention_worker_reloads_only_the_weights_it_runs():
     shared_gb = mixtral.shared_params_b * catalog.BYTES_PER_PARAM
     assert attention_worker_load_s(mixtral) == pytest.approx(shared_gb / catalog.DISK_GBPS + catalog.ENGINE_START_S)
     assert attention_worker_load_s(mixtral) < catalog.load_time_s(mixtral) - 10  # not the experts' 90 GB
+
+
+def test_a_replacement_for_an_ew_whose_loss_was_refused_takes_its_place_and_the_lost_ew_leaves_the_table():
+    """No shadows: the loss was refused, so the table still names the lost EW. The replacement serves its experts and
+    the lost EW appears nowhere (it comes back as a standby, not as a shadow of what it held)."""
+    ert = moe.plan(MIXTRAL, ews(4, 200), shadows=False)
+    lost = "ew-1"
+    with pytest.raises(moe.ErtRefused):
+        moe.after_loss(ert, {lost})
+    joined = moe.with_replacement(ert, ert.primaries_of(lost), "ew-9", replacing=lost)
+    assert lost not in joined.ews() and joined.version == ert.version + 1
+    assert joined.primaries_of("ew-9") == ert.primaries_of(lost)
+    assert all(joined.experts[e] == ert.experts[e] for e in range(MIXTRAL.experts) if e not in ert.primaries_of(lost))
+    with pytest.raises(moe.ErtRefused, match="no live location"):
+        moe.with_replacement(ert, ert.primaries_of(lost)[:1], "ew-9", replacing=lost)  # one expert left behind
