@@ -594,7 +594,17 @@ class Engine:
             if self.experts is not None:
                 # Decoupled MoE: every layer's experts run on the expert workers, awaited here (the per-layer
                 # barrier); what the GPU does here is the attention and shared weights (below).
-                await self.experts.step({seq.request_id: (seq.state, count) for seq, count in plan.work})
+                try:
+                    await self.experts.step({seq.request_id: (seq.state, count) for seq, count in plan.work})
+                except moe.MoeError as exc:
+                    # An expert with no live location for longer than the bounded wait: the step's requests fail
+                    # (the gateway resumes them elsewhere from their checkpoints) and the engine goes on.
+                    log.warning("%s: step failed on the expert side: %s", self.name, exc)
+                    for seq, _ in plan.work:
+                        self._finish(seq, "error", {"reason": f"expert side: {exc}"})
+                    await self._apply(plan, None)
+                    next_start, previous = time.monotonic(), None
+                    continue
                 next_start = max(next_start, time.monotonic())
             began = time.monotonic()
             if previous is not None and drafts is None:

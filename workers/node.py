@@ -189,6 +189,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--ert", default=env("LIFELINE_ERT", ""), help="the expert routing table to start with (a JSON file)"
     )
     parser.add_argument(
+        "--expert-wait",
+        type=float,
+        default=float(env("LIFELINE_EXPERT_WAIT_S", "30")),
+        help="seconds a step waits on an expert with no live location (for the control plane's next table, or an "
+        "EW back) before its requests fail and are resumed elsewhere by the gateway (default 30)",
+    )
+    parser.add_argument(
         "--expert-binding",
         choices=["table", "static"],
         default="table",
@@ -222,6 +229,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--nvl-domain needs GPUs with NVLink: the {args.gpu} connects over PCIe only")
     if not 0 < args.checkpoint_budget <= 0.5:
         parser.error("--checkpoint-budget must be a share of host memory in (0, 0.5]")
+    if args.expert_wait <= 0:
+        parser.error("--expert-wait must be positive (seconds)")
     if args.expert_workers or args.ert:
         args.expert_table = expert_table(parser, args)
     if args.enable_faults and not os.environ.get("LIFELINE_FAULT_TOKEN"):
@@ -346,7 +355,12 @@ async def serve(args: argparse.Namespace) -> str | None:
     if getattr(args, "expert_table", None):
         table, addresses = args.expert_table
         path = ExpertPath(
-            engine.model, table, addresses, counters=engine.counters, static=args.expert_binding == "static"
+            engine.model,
+            table,
+            addresses,
+            counters=engine.counters,
+            wait_s=args.expert_wait,
+            static=args.expert_binding == "static",
         )
         await path.start()
         cast(Engine, engine).experts = path  # the emulated engine's (parse_args refuses it with --engine-url)

@@ -208,6 +208,30 @@ class Refe:
                 self.readmitted += 1
                 log.info("%s answers its probes again: used again", ew)
 
+    async def recheck(self, expert: int) -> bool:
+        """While `expert` has no live location for this AW: ask each EW the table names for it and this AW took
+        as down whether it serves it again (a quick restart at its address, holding what it held, leaves the
+        table as it was); True when one does, and it is used again."""
+        back = False
+        for ew in self.ert.experts[expert].ews():
+            if ew not in self.down:
+                continue
+            try:
+                async with self.session.get(
+                    self.addresses[ew] + "/moe/status", timeout=aiohttp.ClientTimeout(total=4 * self.probe_timeout_s)
+                ) as response:
+                    status = await response.json(content_type=None) if response.status == 200 else {}
+            except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
+                continue
+            held = set(status.get("primaries", [])) | set(status.get("shadows", []))
+            if status.get("state") == "serving" and expert in held:
+                self.down.discard(ew)
+                self.silent.discard(ew)
+                self.readmitted += 1
+                log.info("%s serves expert %d again: used again", ew, expert)
+                back = True
+        return back
+
     async def _send(self, ew, layer, items, tokens, counts, replay) -> list[tuple[str, int, bytes]] | str | None:
         body = {
             "layer": layer,
@@ -329,10 +353,12 @@ class ExpertPath:
         while True:
             try:
                 return await self.refe.layer(layer, tokens, counts)
-            except NoLocation:
+            except NoLocation as exc:
                 if time.monotonic() > deadline:
                     raise
                 self.counters["moe_waits"] += 1
+                if await self.refe.recheck(exc.expert):
+                    continue
                 self.changed.clear()
                 try:
                     await asyncio.wait_for(self.changed.wait(), timeout=0.5)
