@@ -1087,6 +1087,9 @@ class ExpertWorkerNode(models.Model):
     memory = models.JSONField(default=dict, blank=True, help_text="Bytes its primaries and its shadows take.")
     tokens = models.JSONField(default=dict, blank=True, help_text="Tokens per expert it reported, since it started.")
     refused = models.PositiveIntegerField(default=0)
+    pid = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Its process id at the last poll: another one means it restarted."
+    )
     replacing = models.CharField(max_length=64, blank=True, help_text="The lost EW whose experts it is loading.")
     incident = models.ForeignKey(Incident, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
 

@@ -469,6 +469,11 @@ def _answered(
     actions: list[str],
 ) -> None:
     was = row.state
+    pid, row.pid = row.pid, status.get("pid", row.pid)
+    if was not in (State.DOWN, State.DRAINED) and pid is not None and row.pid != pid:
+        # Lost and started again between two polls (its supervisor was quicker than MISSES_TO_CONFIRM): a loss all
+        # the same. The AWs that found it down wait for a table that gives it anew.
+        was = _restarted(deployment, row, pid, now, actions)
     row.misses, row.last_seen = 0, now
     row.primaries, row.shadows = status.get("primaries", []), status.get("shadows", [])
     row.memory, row.tokens = status.get("memory_bytes", {}), status.get("tokens_per_expert", {})
@@ -496,6 +501,33 @@ def _answered(
     elif not row.replacing:
         _set_state(row, State.SERVING, now)
     row.save()
+
+
+def _restarted(deployment: MoeDeployment, row: ExpertWorkerNode, pid: int, now: dt.datetime, actions: list[str]):
+    """An EW that answers as another process than at the last poll: an incident (opened or joined), and it is
+    handled as one lost and back (`_came_back`). Returns the state it is taken to have been in: DOWN."""
+    incident = _incident(deployment, row, row.last_seen or now, now, what="restarted")
+    incidents.add_event(
+        incident,
+        EventKind.DETECTED,
+        f"{row.name} ({row.address}) of {deployment.name} answers as another process (pid {pid} → {row.pid}): it "
+        "was lost and started again between two status polls",
+        at=now,
+        details={"ew": row.name, "pid": row.pid, "was": pid},
+    )
+    row.incident = incident
+    if row.replacing:  # what it was loading is gone with the process, as when a loading replacement is lost
+        incidents.add_event(
+            incident,
+            EventKind.PROVISIONING,
+            f"{row.name} was loading in place of {row.replacing}: {row.replacing}'s experts come back when it does, "
+            "or with the next standby",
+            at=now,
+        )
+        row.replacing = ""
+    _set_state(row, State.DOWN, now)
+    actions.append(f"{row.name} restarted")
+    return State.DOWN
 
 
 def _replacement_ready(deployment: MoeDeployment, row: ExpertWorkerNode, now: dt.datetime, actions: list[str]):

@@ -285,6 +285,32 @@ def test_an_ew_lost_without_shadows_stalls_its_experts_until_the_standby_serves_
     assert f"{victim} back as standby" in done and moe.table(MoeDeployment.objects.get()).version == joined.version
 
 
+def test_an_ew_restarted_between_two_polls_is_seen_as_a_loss_and_the_table_gives_it_anew(aw):
+    """Its supervisor started it again, at its address with what it held, before two polls went unanswered: the
+    control plane sees another process, opens an incident, and bumps the table so the AWs, which took it as down,
+    use it again."""
+    node, table, workers = aw
+    an_attention_worker_node(node)
+    moe.register("mixtral", "Mixtral-8x7B", {ew: w.address for ew, w in workers.items()}, ["aw-1"], table)
+    moe.watch()
+    victim = "ew-1"
+    first = ExpertWorkerNode.objects.get(name=victim).pid
+    assert first == workers[victim].proc.pid
+    port = workers[victim].address.rsplit(":", 1)[1]
+    workers[victim].kill()
+    workers[victim] = Ew(victim, table.primaries_of(victim), table.shadows_of(victim), "--port", port)
+    done = moe.watch()["mixtral"]
+    assert f"{victim} restarted" in done and f"{victim} back in the table" in done
+    assert moe.table(MoeDeployment.objects.get()).version == table.version + 1 == aw_version(node)
+    row = ExpertWorkerNode.objects.get(name=victim)
+    assert row.state == ExpertWorkerState.SERVING and row.pid == workers[victim].proc.pid != first
+    incident = Incident.objects.get(details__moe="mixtral")
+    assert "restarted" in incident.title and incident.capacity_restored_at is not None
+    detected = incident.events.get(kind=EventKind.DETECTED)
+    assert "another process" in detected.description and str(first) in detected.description
+    assert not any("restarted" in action for action in moe.watch()["mixtral"])  # seen once, not at every poll
+
+
 def test_a_drain_moves_an_ews_experts_to_their_shadows_first_then_empties_it(aw, standby):
     node, table, workers = aw
     deployment = registered(aw, standby)
