@@ -498,6 +498,9 @@ def _answered(
         _set_state(row, State.LOADING, now)
     elif reported == State.STANDBY and not row.replacing:
         _set_state(row, State.STANDBY, now)
+    elif not row.replacing and row.name not in table(deployment).ews():
+        # Holding experts the table does not give it (a replacement called off as it finished): it stands by.
+        _stand_by(row, now)
     elif not row.replacing:
         _set_state(row, State.SERVING, now)
     row.save()
@@ -577,6 +580,19 @@ def _came_back(
         if set(row.primaries) != set(want["experts"]) or set(row.shadows) != set(want["shadows"]):
             if _reload(deployment, row, want, now, actions):
                 return
+        for other in rows.values():
+            if other.replacing == row.name:  # still loading in its place: called off, it stands by again
+                other.replacing = ""
+                _stand_by(other, now)
+                actions.append(f"{other.name} called off")
+                if incident is not None:
+                    incidents.add_event(
+                        incident,
+                        EventKind.PROVISIONING,
+                        f"{row.name} is back before {other.name} finished loading in its place: {other.name} is "
+                        "called off and stands by",
+                        at=now,
+                    )
         _back_in_table(deployment, rows, row, now, actions, "answers again and still has its place in the table")
         return
     if not replaced and row.primaries and row.name in deployment.details.get("lost_from_table", []):
@@ -612,6 +628,20 @@ def _came_back(
         "lost_from_table": [n for n in deployment.details.get("lost_from_table", []) if n != row.name],
     }
     row.incident = None
+    row.save()
+
+
+def _stand_by(row: ExpertWorkerNode, now: dt.datetime) -> None:
+    """Tell an EW outside the table to hold nothing; it is the standby once it has said yes."""
+    try:
+        status, _ = nodeclient.call(
+            row.address, "POST", "/moe/load", {"experts": [], "shadows": []}, timeout=PUSH_TIMEOUT_S
+        )
+    except nodeclient.NodeUnreachable:
+        status = 0
+    if status == 202:
+        row.primaries, row.shadows = [], []
+        _set_state(row, State.STANDBY, now)
     row.save()
 
 

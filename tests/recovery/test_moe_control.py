@@ -285,6 +285,27 @@ def test_an_ew_lost_without_shadows_stalls_its_experts_until_the_standby_serves_
     assert f"{victim} back as standby" in done and moe.table(MoeDeployment.objects.get()).version == joined.version
 
 
+def test_a_lost_ew_back_before_its_replacement_has_loaded_takes_its_place_and_the_replacement_stands_by(
+    aw_no_shadows, standby
+):
+    node, table, workers = aw_no_shadows
+    registered(aw_no_shadows, standby)
+    victim = "ew-1"
+    port = workers[victim].address.rsplit(":", 1)[1]
+    workers[victim].kill()
+    watch_until(lambda: ExpertWorkerNode.objects.get(name="ew-spare").replacing == victim, 10, "provisioning")
+    workers[victim] = Ew(victim, table.primaries_of(victim), [], "--port", port)  # back, warm, at its address
+    done = watch_until(lambda: ExpertWorkerNode.objects.get(name=victim).state == ExpertWorkerState.SERVING, 10)
+    assert "ew-spare called off" in done and f"{victim} back in the table" in done
+    watch_until(lambda: ExpertWorkerNode.objects.get(name="ew-spare").state == ExpertWorkerState.STANDBY, 10)
+    ert = moe.table(MoeDeployment.objects.get())
+    assert "ew-spare" not in ert.ews() and ert.primaries_of(victim) == table.primaries_of(victim)
+    assert http_json(standby.address + "/moe/status")[1]["primaries"] == []
+    assert "stalled" not in MoeDeployment.objects.get().details
+    text, _ = stream(node.address)
+    assert text
+
+
 def test_an_ew_restarted_between_two_polls_is_seen_as_a_loss_and_the_table_gives_it_anew(aw):
     """Its supervisor started it again, at its address with what it held, before two polls went unanswered: the
     control plane sees another process, opens an incident, and bumps the table so the AWs, which took it as down,
