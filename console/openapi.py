@@ -187,6 +187,7 @@ PROPOSAL = _typed(
     capacity_rps="object",
 )
 MOE_NAME = _path_param("name", description="the MoE deployment's name", pattern=r"^[-A-Za-z0-9_]{1,64}$")
+EW_NAME = _path_param("ew", description="the expert worker's name", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 NODE_NAME = _path_param("name", description="the node's name", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
 
@@ -572,6 +573,28 @@ def document() -> dict:
                     **NOT_ALLOWED,
                 },
                 parameters=[MOE_NAME],
+            )
+        },
+        "/api/moe/{name}/ews/{ew}/faults": {
+            "post": _operation(
+                "Inject a fault on one expert worker of an MoE deployment (operator; the cluster must allow fault "
+                "injection): corrupt (silent corruption, found by its canaries), hang (found by the attention "
+                "workers' data-path probes), or null to clear it. Audited.",
+                {
+                    "200": _json(_typed(corrupt="boolean", hung="boolean"), "The expert worker's answer."),
+                    "400": _error("The body or the kind is wrong: `field` names it."),
+                    "404": _error("No such expert worker in a deployment of that name."),
+                    "502": _error("The expert worker did not answer."),
+                    **NOT_ALLOWED,
+                },
+                parameters=[MOE_NAME, EW_NAME],
+                body=_obj(
+                    {
+                        "kind": _nullable({"type": "string", "enum": ["corrupt", "hang"]}),
+                        "reason": {"type": "string"},
+                    },
+                    ["kind"],
+                ),
             )
         },
         "/api/placement/plan": {

@@ -86,6 +86,7 @@ urlpatterns = [
     path("api/drains/<int:drain_id>/<str:decision>", drains.api_drain_decide, name="api-drain-decide"),
     path("api/degradation", degradation.api_degradation, name="api-degradation"),
     path("api/moe/<slug:name>", moe.api_moe, name="api-moe"),
+    path("api/moe/<slug:name>/ews/<str:ew>/faults", moe.api_moe_fault, name="api-moe-fault"),
     path("api/placement/plan", placement.api_placement_plan, name="api-placement-plan"),
     path("api/placement/proposals", placement.api_proposals, name="api-placement-proposals"),
     path("api/placement/proposals/<int:proposal_id>", placement.api_proposal, name="api-placement-proposal"),

@@ -137,6 +137,7 @@ MATRIX: dict[str, dict[str, dict]] = {
     "api-degradation": {"GET": api(), "POST": api(405)},
     "api-placement-plan": {"GET": api(405), "POST": api()},
     "api-moe": {"GET": api(404), "POST": api(405)},
+    "api-moe-fault": {"GET": api(405, (roles.OPERATOR,)), "POST": api(404, (roles.OPERATOR,))},
     # With one node of one model, the planner has nothing to switch: a proposal is refused (409), saying why.
     "api-placement-proposals": {"GET": api(), "POST": api(409, (roles.OPERATOR, roles.ONCALL))},
     "api-placement-proposal": {"GET": api(404), "POST": api(405)},

@@ -68,6 +68,9 @@ class ExpertWorker:
         self.loading: set[int] = set()  # experts whose weights are being read for a /moe/load
         self._load_task: asyncio.Task | None = None
         self.corrupt = False  # fault injection (staging): answers well formed and wrong, silent corruption
+        # fault injection (staging): a hung process: the data path and status stop answering until cleared
+        self.running = asyncio.Event()
+        self.running.set()
         self.tokens: Counter = Counter()  # per expert, served
         self.refused = 0
         self.frontier = -1  # the layer of the last batch run
@@ -198,6 +201,9 @@ class ExpertWorker:
         }
 
 
+EW_FAULTS = ("corrupt", "hang")  # what /moe/faults injects
+
+
 def _token_ok(request: web.Request, token: str | None) -> bool:
     scheme, _, value = request.headers.get("Authorization", "").partition(" ")
     return bool(token) and scheme.lower() == "bearer" and token_matches(value.strip(), token)
@@ -205,6 +211,7 @@ def _token_ok(request: web.Request, token: str | None) -> bool:
 
 def build_app(worker: ExpertWorker, agent_token: str | None = None, fault_token: str | None = None) -> web.Application:
     async def layer(request: web.Request) -> web.Response:
+        await worker.running.wait()
         try:
             body = await request.json()
         except ValueError:
@@ -218,9 +225,11 @@ def build_app(worker: ExpertWorker, agent_token: str | None = None, fault_token:
         return web.json_response({"ew": worker.name, "layer": layer_index, "outputs": outputs})
 
     async def health(request: web.Request) -> web.Response:
+        await worker.running.wait()
         return web.json_response({"ok": True, "name": worker.name})
 
     async def status(request: web.Request) -> web.Response:
+        await worker.running.wait()
         return web.json_response(worker.status())
 
     async def load(request: web.Request) -> web.Response:
@@ -246,7 +255,8 @@ def build_app(worker: ExpertWorker, agent_token: str | None = None, fault_token:
 
     async def faults(request: web.Request) -> web.Response:
         """Staging only (--enable-faults and the fault token): {"kind": "corrupt"} makes every answer silently
-        wrong, {"kind": null} clears it."""
+        wrong, {"kind": "hang"} stops the data path, /health and /moe/status answering (a hung process; this
+        endpoint still answers), {"kind": null} clears either."""
         if not fault_token:
             return _error(404, "fault injection is off on this EW (start it with --enable-faults)", None)
         if not _token_ok(request, fault_token):
@@ -256,13 +266,15 @@ def build_app(worker: ExpertWorker, agent_token: str | None = None, fault_token:
         except ApiError as exc:
             return _error(400, str(exc), exc.param)
         kind = body.get("kind")
-        if kind not in ("corrupt", None):
-            return _error(400, f'kind: {kind!r} is not a fault of an EW: expected "corrupt" or null', "kind")
+        if kind not in (*EW_FAULTS, None):
+            return _error(400, f'kind: {kind!r} is not a fault of an EW: expected "corrupt", "hang" or null', "kind")
         worker.corrupt = kind == "corrupt"
-        log.warning(
-            "%s: fault %s", worker.name, "corrupt (silent corruption) injected" if worker.corrupt else "cleared"
-        )
-        return web.json_response({"corrupt": worker.corrupt})
+        if kind == "hang":
+            worker.running.clear()
+        else:
+            worker.running.set()
+        log.warning("%s: fault %s", worker.name, f"{kind} injected" if kind else "cleared")
+        return web.json_response({"corrupt": worker.corrupt, "hung": not worker.running.is_set()})
 
     app = web.Application(client_max_size=64 * 1024**2)
     app.router.add_post("/moe/faults", faults)

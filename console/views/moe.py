@@ -8,13 +8,13 @@ from django.template.loader import render_to_string
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
-from console.auth import DECIDE_DRAINS, api_view, page_view
+from console.auth import DECIDE_DRAINS, INJECT_FAULTS, api_view, page_view
 from console.readmodels import moe as moe_model
 from console.views import allow
 from recovery import roles
-from recovery.actions import moe
-from recovery.http import json_error
-from recovery.models import MoeDeployment
+from recovery.actions import faults, moe
+from recovery.http import json_error, json_object
+from recovery.models import ExpertWorkerNode, MoeDeployment
 
 FRAGMENT = "console/_moe.html"
 
@@ -65,3 +65,26 @@ def api_moe(request, name: str):
     if snapshot is None:
         return json_error(404, f"no MoE deployment named {name}: see /moe/ for those there are", field="name")
     return JsonResponse(snapshot)
+
+
+@api_view(*INJECT_FAULTS)
+@allow("POST")
+def api_moe_fault(request, name: str, ew: str):
+    """Inject a fault on one expert worker (staging: the cluster must allow fault injection): {"kind": "corrupt"}
+    (silent corruption, which its canaries find), {"kind": "hang"} (found by the data path's probes), or
+    {"kind": null} to clear it; with a reason, for the audit log."""
+    if request.method != "POST":
+        return json_error(405, 'POST a fault: {"kind": "corrupt" | "hang" | null, "reason": ...}')
+    row = ExpertWorkerNode.objects.filter(deployment__name=name, name=ew).select_related("deployment").first()
+    if row is None:
+        return json_error(404, f"no expert worker {ew!r} in an MoE deployment named {name!r}: see /moe/", field="ew")
+    body = json_object(request, '{"kind": "corrupt" | "hang" | null, "reason": ...}')
+    if isinstance(body, JsonResponse):
+        return body
+    kind, reason = body.get("kind"), body.get("reason", "")
+    if kind is not None and not isinstance(kind, str):
+        return json_error(400, "kind: a string (corrupt, hang) or null to clear the fault.", field="kind")
+    if not isinstance(reason, str):
+        return json_error(400, "reason: must be a string.", field="reason")
+    status, answer = faults.inject_ew(row, kind, request.user.get_username(), reason)
+    return JsonResponse(answer, status=status)

@@ -95,11 +95,12 @@ def _in_service(node: Node, live: hot.NodeEntry, promoted: tuple[str, ...] = ())
     return weight > 0 and (live.model_state or "serving") == "serving"
 
 
-def _stalled_attention_workers() -> set[str]:
-    """The attention workers of every stalled MoE deployment (an expert with no live location: recovery.actions.moe):
-    a step that selects that expert waits, so they carry nothing until an EW serves it again."""
-    stalled = MoeDeployment.objects.filter(details__has_key="stalled").values_list("attention_workers", flat=True)
-    return {name for workers in stalled for name in workers}
+def _stalled_attention_workers(now: float | None = None) -> set[str]:
+    """The attention workers of every MoE deployment stalled past its grace (an expert with no live location:
+    recovery.actions.moe): a step that selects that expert waits, so they carry nothing until an EW serves it."""
+    now = time.time() if now is None else now
+    stalled = MoeDeployment.objects.filter(details__has_key="stalled").values_list("details", "attention_workers")
+    return {name for details, workers in stalled if details["stalled"].get("degrade_at", 0) <= now for name in workers}
 
 
 def served_models(cluster: Cluster | None = None) -> list[str]:

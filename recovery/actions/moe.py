@@ -44,6 +44,11 @@ SERIES_POINTS = 600  # balancedness samples kept: ten minutes at one a second
 MOE_KIND = "moe"
 CANARY_EVERY_S = 10.0  # each serving EW answers a canary dispatch, alone, this often
 CANARY_LAYERS = (0, 1)  # the layers a canary asks each expert it holds for
+# A stall (an expert with no live location) longer than this takes the deployment's attention workers out of the
+# capacity count, so the model's degradation level rises. Shorter, the requests are delayed, not lost: a standby
+# loading the experts, or the lost EW restarted, ends it in seconds, and shedding for it would outlast it (the
+# level's hold).
+STALL_GRACE_S = 10.0
 
 State = ExpertWorkerState
 
@@ -271,11 +276,12 @@ def _stall(deployment: MoeDeployment, rows: dict[str, ExpertWorkerNode], now: dt
     details = {k: v for k, v in deployment.details.items() if k != "stalled"}
     workers = ", ".join(deployment.attention_workers)
     if experts:
-        details["stalled"] = {"experts": experts, "since": now.timestamp()}
+        since = now.timestamp()
+        details["stalled"] = {"experts": experts, "since": since, "degrade_at": since + STALL_GRACE_S}
         text = (
-            f"experts {_list(experts)} have no live location: steps that select them wait, so the attention workers "
-            f"({workers}) count as out of service and {deployment.model}'s degradation level is raised if its "
-            "capacity falls short"
+            f"experts {_list(experts)} have no live location: steps that select them wait. Past {STALL_GRACE_S:g} s "
+            f"the attention workers ({workers}) count as out of service and {deployment.model}'s degradation level "
+            "rises if its capacity falls short"
         )
         actions.append(f"stalled on experts {_list(experts)}")
     else:

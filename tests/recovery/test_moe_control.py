@@ -161,8 +161,9 @@ def test_a_lost_ew_is_confirmed_healed_replaced_and_comes_back_as_the_standby(aw
     assert details["series"] and all(0 < p["balancedness"] <= 1 for p in details["series"])
 
 
-def test_a_loss_that_leaves_an_expert_nowhere_is_refused_naming_it_and_the_lost_ew_reloads_its_place(aw):
+def test_a_loss_that_leaves_an_expert_nowhere_is_refused_naming_it_and_the_lost_ew_reloads_its_place(aw, monkeypatch):
     node, table, workers = aw
+    monkeypatch.setattr(moe, "STALL_GRACE_S", 0.0)  # the stall counts against capacity at once
     an_attention_worker_node(node)
     moe.register("mixtral", "Mixtral-8x7B", {ew: w.address for ew, w in workers.items()}, ["aw-1"], table)
     # Mixtral has a throughput objective its one attention worker meets; the level drops back without a hold.
@@ -250,6 +251,7 @@ def test_an_ew_lost_without_shadows_stalls_its_experts_until_the_standby_serves_
     waited ends with the text of an undisturbed run, and the lost EW, back, is the next standby."""
     node, table, workers = aw_no_shadows
     registered(aw_no_shadows, standby)
+    ModelCapacity.objects.filter(pk=ModelCapacity.of("Mixtral-8x7B").pk).update(required_rps=0.5)
     expected, _ = stream(node.address)
     victim = "ew-1"
     lost_experts = table.primaries_of(victim)
@@ -267,6 +269,9 @@ def test_an_ew_lost_without_shadows_stalls_its_experts_until_the_standby_serves_
         10,
         "the loss refused, the deployment stalled",
     )
+    # A stall the standby ends in seconds sheds nothing: within its grace the AWs still count.
+    assert MoeDeployment.objects.get().details["stalled"]["degrade_at"] > time.time()
+    assert capacity.evaluate() == 0
     done = watch_until(lambda: "ew-spare" in moe.table(MoeDeployment.objects.get()).ews(), 30, "the standby joined")
     joined = moe.table(MoeDeployment.objects.get())
     assert victim not in joined.ews() and joined.primaries_of("ew-spare") == lost_experts
@@ -410,6 +415,53 @@ def test_a_silently_corrupt_ew_is_found_by_canaries_sent_to_one_ew_at_a_time_and
 def test_fault_injection_on_an_ew_is_off_unless_switched_on(standby):
     status, body = http_json(standby.address + "/moe/faults", data={"kind": "corrupt"})
     assert status == 404 and "--enable-faults" in body["error"]["message"]
+
+
+def test_an_operator_hangs_and_clears_an_ew_from_the_console_api_only_where_the_cluster_allows_it(
+    cast, settings, monkeypatch
+):
+    """POST /api/moe/<name>/ews/<ew>/faults: refused while the cluster's fault injection is off, an operator's
+    only, audited; "hang" stops the EW answering its data path and status (the attention workers' probes find it),
+    null clears it; a kind that is not an EW's fault is named."""
+    from django.test import Client
+
+    settings.LIFELINE_FAULT_TOKEN = "moe-fault-token"
+    monkeypatch.setenv("LIFELINE_FAULT_TOKEN", "moe-fault-token")
+    table = moe_policy.plan(MIXTRAL, [moe_policy.ExpertWorker(f"ew-{i}", expert_bytes(MIXTRAL) * 6) for i in range(2)])
+    workers = {ew: Ew(ew, table.primaries_of(ew), table.shadows_of(ew), "--enable-faults") for ew in table.ews()}
+    try:
+        moe.register("mixtral", "Mixtral-8x7B", {ew: w.address for ew, w in workers.items()}, [], table)
+        operator, manager = Client(), Client()
+        operator.force_login(cast["operator"])
+        manager.force_login(cast["manager"])
+        url = "/api/moe/mixtral/ews/ew-1/faults"
+
+        def post(client, body):
+            return client.post(url, json.dumps(body), content_type="application/json")
+
+        off = post(operator, {"kind": "hang", "reason": "game day"})
+        assert off.status_code == 403 and "off for this cluster" in off.json()["error"]["message"]
+        Cluster.objects.update(fault_injection_enabled=True)
+        assert post(manager, {"kind": "hang", "reason": "game day"}).status_code == 403
+        wrong = post(operator, {"kind": "crash"})
+        assert wrong.status_code == 400 and wrong.json()["error"]["field"] == "kind"
+        hung = post(operator, {"kind": "hang", "reason": "game day"})
+        assert hung.status_code == 200 and hung.json()["hung"] is True
+        with pytest.raises(OSError):  # a hung process: its status does not answer
+            http_json(workers["ew-1"].address + "/moe/status", timeout=1)
+        assert http_json(workers["ew-0"].address + "/moe/status")[0] == 200
+        cleared = post(operator, {"kind": None, "reason": "game day over"})
+        assert cleared.status_code == 200 and cleared.json() == {"corrupt": False, "hung": False}
+        assert http_json(workers["ew-1"].address + "/moe/status")[0] == 200
+        audited = list(AuditEntry.objects.filter(target="moe:mixtral/ew-1").values_list("action", "reason"))
+        assert ("inject_fault", "game day") in audited and ("clear_fault", "game day over") in audited
+        missing = Client()
+        missing.force_login(cast["operator"])
+        gone = missing.post("/api/moe/mixtral/ews/ew-7/faults", "{}", content_type="application/json")
+        assert gone.status_code == 404 and gone.json()["error"]["field"] == "ew"
+    finally:
+        for worker in workers.values():
+            worker.kill()
 
 
 def test_an_attention_workers_canary_canaries_its_ews_first_and_a_corrupt_one_is_drained(aw, monkeypatch):
