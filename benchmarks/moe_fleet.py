@@ -174,6 +174,16 @@ def summarize(failures: list[dict]) -> dict:
     }
 
 
+def undisturbed(stack: DemoStack, args) -> dict[str, str]:
+    """Each prompt's greedy text with nothing failing: what every stream across a failure must equal."""
+    base, key = stack.info["urls"]["gateway"].removesuffix("/v1"), stack.info["gateway_key"]
+    references = {}
+    for prompt in PROMPTS[: max(args.streams, 1) * 2]:
+        references[prompt] = chat_stream(base, key, MODEL, prompt, max_tokens=args.max_tokens, temperature=0)[0]
+    PROMPTS[:] = list(references)
+    return references
+
+
 def start_stack(args, *extra: str) -> DemoStack:
     var_dir = Path(tempfile.mkdtemp(prefix="moe-fleet-"))
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL")}  # its own, embedded
@@ -222,11 +232,7 @@ def no_shadows(args) -> dict:
     stack = start_stack(args, "--moe-no-shadows")
     results: dict = {"machine": machine(), "model": MODEL, "aws": args.aws, "ews": args.ews, "time_scale": 1}
     try:
-        base, key = stack.info["urls"]["gateway"].removesuffix("/v1"), stack.info["gateway_key"]
-        references = {}
-        for prompt in PROMPTS[: max(args.streams, 1) * 2]:
-            references[prompt] = chat_stream(base, key, MODEL, prompt, max_tokens=args.max_tokens, temperature=0)[0]
-        PROMPTS[:] = list(references)
+        references = undisturbed(stack, args)
         streams = Streams(stack, args.streams, args.max_tokens, references).start()
         try:
             failures = ew_failures(stack, streams, references, args, random.Random(args.seed), shadows=False)
@@ -256,11 +262,7 @@ def run(args) -> dict:
     results: dict = {"machine": machine(), "model": MODEL, "aws": args.aws, "ews": args.ews, "time_scale": 1}
     try:
         aws = [f"node-aw{i + 1}" for i in range(args.aws)]
-        base, key = stack.info["urls"]["gateway"].removesuffix("/v1"), stack.info["gateway_key"]
-        references = {}
-        for prompt in PROMPTS[: max(args.streams, 1) * 2]:
-            references[prompt] = chat_stream(base, key, MODEL, prompt, max_tokens=args.max_tokens, temperature=0)[0]
-        PROMPTS[:] = list(references)
+        references = undisturbed(stack, args)
         streams = Streams(stack, args.streams, args.max_tokens, references).start()
         try:
             # Steady state, nothing failing: with KV checkpoints (the default placement policy) and without.

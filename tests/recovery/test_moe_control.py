@@ -27,7 +27,11 @@ from recovery.models import (
 from recovery.policy import moe as moe_policy
 from tests.helpers import http_json
 from tests.workers.test_expert_workers import MIXTRAL, Ew
-from tests.workers.test_moe_attention_worker import AGENT, stream
+from tests.workers.test_moe_attention_worker import (
+    AGENT,
+    moe_aw,  # noqa: F401 - the fixture, reused
+    stream,
+)
 from tests.workers.test_moe_attention_worker import aw as _aw  # noqa: F401 - the fixture, reused
 from workers.moe import expert_bytes
 
@@ -223,24 +227,10 @@ def test_a_loss_that_leaves_an_expert_nowhere_is_refused_naming_it_and_the_lost_
 
 
 @pytest.fixture
-def aw_no_shadows(agent_token, node_factory, tmp_path):
+def aw_no_shadows(agent_token, moe_aw):  # noqa: F811
     """An attention worker whose three EWs hold their experts with no shadow at all."""
-    room = [moe_policy.ExpertWorker(f"ew-{i}", expert_bytes(MIXTRAL) * 6) for i in range(3)]
-    table = moe_policy.plan(MIXTRAL, room, shadows=False)
-    workers = {ew: Ew(ew, table.primaries_of(ew), []) for ew in sorted(table.ews())}
-    ert = tmp_path / "ert.json"
-    ert.write_text(json.dumps(table.to_json()))
-    node = node_factory(
-        "aw-1",
-        *("--model", "Mixtral-8x7B", "--gpu", "H200-SXM", "--tp", "1"),
-        *("--expert-workers", ",".join(f"{ew}={w.address}" for ew, w in workers.items()), "--ert", str(ert)),
-        env={"LIFELINE_AGENT_TOKEN": AGENT},
-    )
-    yield node, table, workers
-    for worker in workers.values():
-        if worker.proc.poll() is None:
-            worker.proc.terminate()
-            worker.proc.wait(10)
+    node, table, workers, _ = moe_aw(False)
+    return node, table, workers
 
 
 def test_an_ew_lost_without_shadows_stalls_its_experts_until_the_standby_serves_them_and_no_token_is_lost(

@@ -21,23 +21,38 @@ HEAD = {"Authorization": f"Bearer {AGENT}"}
 
 
 @pytest.fixture
-def aw(node_factory, tmp_path):
-    table = moe_policy.plan(MIXTRAL, [moe_policy.ExpertWorker(f"ew-{i}", expert_bytes(MIXTRAL) * 6) for i in range(3)])
-    workers = {ew: Ew(ew, table.primaries_of(ew), table.shadows_of(ew)) for ew in sorted(table.ews())}
-    ert = tmp_path / "ert.json"
-    ert.write_text(json.dumps(table.to_json()))
-    addresses = ",".join(f"{ew}={w.address}" for ew, w in workers.items())
-    node = node_factory(
-        "aw-1",
-        *("--model", "Mixtral-8x7B", "--gpu", "H200-SXM", "--tp", "1"),
-        *("--expert-workers", addresses, "--ert", str(ert)),
-        env={"LIFELINE_AGENT_TOKEN": AGENT},
-    )
-    yield node, table, workers
+def moe_aw(node_factory, tmp_path):
+    """Makes an attention worker node in front of three EW processes (each on a port of its own, so one can be
+    started again at its address): every expert shadowed, or none with `shadows=False`."""
+    workers: dict[str, Ew] = {}
+
+    def make(shadows: bool = True, *node_args: str):
+        room = [moe_policy.ExpertWorker(f"ew-{i}", expert_bytes(MIXTRAL) * 6) for i in range(3)]
+        table = moe_policy.plan(MIXTRAL, room, shadows=shadows)
+        ports = {ew: free_port() for ew in sorted(table.ews())}
+        for ew, port in ports.items():
+            workers[ew] = Ew(ew, table.primaries_of(ew), table.shadows_of(ew), "--port", str(port))
+        ert = tmp_path / "ert.json"
+        ert.write_text(json.dumps(table.to_json()))
+        node = node_factory(
+            "aw-1",
+            *("--model", "Mixtral-8x7B", "--gpu", "H200-SXM", "--tp", "1", *node_args),
+            *("--expert-workers", ",".join(f"{ew}={w.address}" for ew, w in workers.items()), "--ert", str(ert)),
+            env={"LIFELINE_AGENT_TOKEN": AGENT},
+        )
+        return node, table, workers, ports
+
+    yield make
     for worker in workers.values():
         if worker.proc.poll() is None:
             worker.proc.terminate()
             worker.proc.wait(10)
+
+
+@pytest.fixture
+def aw(moe_aw):
+    node, table, workers, _ = moe_aw()
+    return node, table, workers
 
 
 class StreamFailed(Exception):
@@ -92,82 +107,46 @@ def test_an_ew_killed_mid_stream_leaves_the_attention_workers_stream_whole_and_b
     assert counters["moe_failovers"] == 1 and counters["moe_mismatches"] == 0
 
 
-def test_an_ew_restarted_at_its_address_with_what_it_held_is_used_again_without_a_new_table(node_factory, tmp_path):
+def test_an_ew_restarted_at_its_address_with_what_it_held_is_used_again_without_a_new_table(moe_aw):
     """No shadows, no control plane: the stream waits on the killed EW's experts; the EW started again at its
     address holding them (a supervisor's quick restart, loading cold) is asked by the AW whether it serves them and
     used again, on the table the AW had. The text equals an undisturbed run. (Only a new table used to make an AW
     try a down EW again, so this stream waited out its bound and failed.)"""
-    room = [moe_policy.ExpertWorker(f"ew-{i}", expert_bytes(MIXTRAL) * 6) for i in range(3)]
-    table = moe_policy.plan(MIXTRAL, room, shadows=False)
-    ports = {ew: free_port() for ew in sorted(table.ews())}
-    workers = {ew: Ew(ew, table.primaries_of(ew), [], "--port", str(ports[ew])) for ew in ports}
-    try:
-        ert = tmp_path / "ert.json"
-        ert.write_text(json.dumps(table.to_json()))
-        node = node_factory(
-            "aw-1",
-            *("--model", "Mixtral-8x7B", "--gpu", "H200-SXM", "--tp", "1"),
-            *("--expert-workers", ",".join(f"{ew}={w.address}" for ew, w in workers.items()), "--ert", str(ert)),
-            env={"LIFELINE_AGENT_TOKEN": AGENT},
-        )
-        expected, _ = stream(node.address)
-        victim = "ew-1"
+    node, table, workers, ports = moe_aw(False)
+    expected, _ = stream(node.address)
+    victim = "ew-1"
 
-        def restart():
-            workers[victim] = Ew(
-                victim, table.primaries_of(victim), [], "--port", str(ports[victim]), "--start", "cold"
-            )
+    def restart():
+        workers[victim] = Ew(victim, table.primaries_of(victim), [], "--port", str(ports[victim]), "--start", "cold")
 
-        def kill_at_8(count):
-            if count == 8:
-                workers[victim].kill()
-                threading.Timer(0.5, restart).start()
+    def kill_at_8(count):
+        if count == 8:
+            workers[victim].kill()
+            threading.Timer(0.5, restart).start()
 
-        text, times = stream(node.address, kill_at_8)
-        assert text == expected
-        gap = max(b - a for a, b in zip(times, times[1:]))
-        assert 0.5 < gap < 20, f"longest token gap {gap:.3f} s"  # waited for the restart and the cold load
-        counters = http_json(node.address + "/agent/status")[1]["counters"]
-        assert counters["moe_readmitted"] >= 1 and counters["moe_ert_version"] == table.version
-        assert counters["moe_waits"] >= 1
-    finally:
-        for worker in workers.values():
-            if worker.proc.poll() is None:
-                worker.proc.terminate()
-                worker.proc.wait(10)
+    text, times = stream(node.address, kill_at_8)
+    assert text == expected
+    gap = max(b - a for a, b in zip(times, times[1:]))
+    assert 0.5 < gap < 20, f"longest token gap {gap:.3f} s"  # waited for the restart and the cold load
+    counters = http_json(node.address + "/agent/status")[1]["counters"]
+    assert counters["moe_readmitted"] >= 1 and counters["moe_ert_version"] == table.version
+    assert counters["moe_waits"] >= 1
 
 
-def test_a_step_that_waits_out_its_bound_fails_its_requests_and_the_attention_worker_serves_on(node_factory, tmp_path):
+def test_a_step_that_waits_out_its_bound_fails_its_requests_and_the_attention_worker_serves_on(moe_aw):
     """An expert with no live location past --expert-wait: the step's requests end with an error (the gateway
     resumes them elsewhere), the engine is not taken down with them, and once the EW is back the AW serves."""
-    room = [moe_policy.ExpertWorker(f"ew-{i}", expert_bytes(MIXTRAL) * 6) for i in range(3)]
-    table = moe_policy.plan(MIXTRAL, room, shadows=False)
-    ports = {ew: free_port() for ew in sorted(table.ews())}
-    workers = {ew: Ew(ew, table.primaries_of(ew), [], "--port", str(ports[ew])) for ew in ports}
-    try:
-        ert = tmp_path / "ert.json"
-        ert.write_text(json.dumps(table.to_json()))
-        node = node_factory(
-            "aw-1",
-            *("--model", "Mixtral-8x7B", "--gpu", "H200-SXM", "--tp", "1", "--expert-wait", "2"),
-            *("--expert-workers", ",".join(f"{ew}={w.address}" for ew, w in workers.items()), "--ert", str(ert)),
-            env={"LIFELINE_AGENT_TOKEN": AGENT},
-        )
-        expected, _ = stream(node.address)
-        workers["ew-1"].kill()
-        began = time.monotonic()
-        with pytest.raises(StreamFailed, match="expert"):
-            stream(node.address)
-        assert time.monotonic() - began < 15
-        assert http_json(node.address + "/health")[0] == 200
-        workers["ew-1"] = Ew("ew-1", table.primaries_of("ew-1"), [], "--port", str(ports["ew-1"]))
-        text, _ = stream(node.address)
-        assert text == expected
-    finally:
-        for worker in workers.values():
-            if worker.proc.poll() is None:
-                worker.proc.terminate()
-                worker.proc.wait(10)
+    node, table, workers, ports = moe_aw(False, "--expert-wait", "2")
+    expected, _ = stream(node.address)
+    workers["ew-1"].kill()
+    began = time.monotonic()
+    with pytest.raises(StreamFailed, match="expert"):
+        stream(node.address)
+    assert time.monotonic() - began < 15
+    assert http_json(node.address + "/health")[0] == 200
+    workers["ew-1"] = Ew("ew-1", table.primaries_of("ew-1"), [], "--port", str(ports["ew-1"]))
+    text, _ = stream(node.address)
+    assert text == expected
 
 
 def test_the_control_planes_new_table_is_taken_and_an_older_or_malformed_one_refused(aw):
