@@ -600,8 +600,8 @@ class Engine:
                     # An expert with no live location for longer than the bounded wait: the step's requests fail
                     # (the gateway resumes them elsewhere from their checkpoints) and the engine goes on.
                     log.warning("%s: step failed on the expert side: %s", self.name, exc)
-                    for seq, _ in plan.work:
-                        self._finish(seq, "error", {"reason": f"expert side: {exc}"})
+                    for seq, _ in plan.work:  # the engine's own sequences, as the core plans them
+                        self._finish(cast(Sequence, seq), "error", {"reason": f"expert side: {exc}"})
                     await self._apply(plan, None)
                     next_start, previous = time.monotonic(), None
                     continue
