@@ -2,10 +2,12 @@
 a person then reads on the incidents list and the incident's page, in a browser whose own time zone is not UTC."""
 
 import datetime as dt
+import json
 import os
 import re
 import signal
 import threading
+import urllib.request
 
 import pytest
 
@@ -41,13 +43,21 @@ def test_an_incident_reads_true_in_utc_with_two_recovery_figures_counts_and_list
     for sender in senders:
         sender.start()
     try:
-
-        def busy():  # a node with requests running, by its heartbeat
-            nodes = demo_stack.api("/api/cluster")[1]["nodes"]
-            return next((n for n in nodes if n["state"] == "serving" and (n.get("load") or {}).get("running")), None)
-
-        victim = wait_for(busy, 15, 0.05, "a node running requests")["name"]
+        # A stream of our own, mid-flight: the node the gateway says serves it is the victim, so at least one request
+        # is moved off it (a node picked by its heartbeat's running count could have finished them by the kill).
+        body = {"model": "Qwen3-32B", "messages": [{"role": "user", "content": "moved"}], "max_tokens": 300}
+        request = urllib.request.Request(
+            info["urls"]["gateway"] + "/chat/completions",
+            data=json.dumps({**body, "stream": True}).encode(),
+            headers={"Authorization": f"Bearer {info['gateway_key']}", "Content-Type": "application/json"},
+        )
+        ours = urllib.request.urlopen(request, timeout=60)
+        victim = ours.headers["X-Lifeline-Node"]
+        for _ in range(3):  # tokens are flowing from it
+            ours.readline()
         os.kill(demo_stack.node(victim)["pid"], signal.SIGKILL)
+        rest = ours.read().decode()  # the stream goes on elsewhere to its end
+        assert "[DONE]" in rest and '"error"' not in rest
         incident = wait_for(
             lambda: next((i for i in demo_stack.api("/api/incidents")[1]["incidents"] if victim in i["nodes"]), None),
             10,
