@@ -269,7 +269,9 @@ def test_an_ew_lost_without_shadows_stalls_its_experts_until_the_standby_serves_
     waiting.join(60)
     assert result["text"] == expected  # waited, never lost a token
     gaps = [b - a for a, b in zip(result["times"], result["times"][1:])]
-    assert 1.0 < max(gaps) < 30.0  # a stall, bounded: detection, then the standby's load at disk bandwidth
+    # The stream did wait across the loss (not finished before it), and no longer than the stall's grace: two
+    # polls to confirm, then the standby's load of two experts at disk bandwidth, about 5 s.
+    assert 1.0 < max(gaps) < moe.STALL_GRACE_S
     incident = Incident.objects.get(details__moe="mixtral")
     texts = " | ".join(incident.events.values_list("description", flat=True))
     assert "no live location" in texts and "in place of ew-1" in texts and "stall" in texts
