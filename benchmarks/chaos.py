@@ -103,6 +103,7 @@ class Stream:
     resumed: int = 0
     restarts: int = 0
     started_wall: float = 0.0
+    ended_wall: float = 0.0
 
     @property
     def lost(self) -> int:
@@ -279,6 +280,7 @@ class Soak:
             except Exception as exc:  # noqa: BLE001 - a client bug is a finding too, not a crash of the soak
                 result.error = f"client {exc.__class__.__name__}: {exc}"[:300]
             result.resumed, result.restarts = resumes.count, resumes.restarts
+            result.ended_wall = time.time()
 
     # --- faults --------------------------------------------------------------------------------
     def serving_nodes(self, exclude_spare: bool = True) -> list[str]:
@@ -634,6 +636,7 @@ class Soak:
             "requests_lost": len(failed) + len(unfinished),
             "refused_by_status": {str(k): v for k, v in refused.items()},
             "killed_gateway_streams_ended_by_cause": dict(orphaned),
+            "unanswered": self.unanswered(failed),
             "redis_keys": self.redis_census,
             "slowest_convergence_s_by_kind": {k: max(v) for k, v in by_kind.items()},
             "never_converged": [f.kind for f in self.faults if f.converged_s is None and f.injected_wall],
@@ -647,6 +650,19 @@ class Soak:
             "violations": self.violations,
         }
         return report
+
+    def unanswered(self, failed: list[Stream]) -> list[dict]:
+        """When the unanswered requests were sent and given up, beside the faults injected then (wall times as
+        seconds since the first fault's), and why: what a violation needs to be traced."""
+        first = next((f for f in self.faults if f.injected_wall), None)
+        origin = first.injected_wall - first.at_s if first and first.injected_wall else 0.0
+        faults = [(f.injected_wall - origin, f.kind) for f in self.faults if f.injected_wall]
+        rows = []
+        for s in failed[:20]:
+            sent, over = s.started_wall - origin, s.ended_wall - origin
+            recent = [f"{kind} at {at:.1f}" for at, kind in faults if sent - 30 <= at <= over]
+            rows.append({"sent_s": round(sent, 1), "given_up_s": round(over, 1), "faults": recent, "error": s.error})
+        return rows
 
     def sql(self, query: str, *params) -> int:
         """One number from the stack's database (PostgreSQL through psql, or the SQLite file)."""
@@ -700,6 +716,21 @@ class Soak:
                     counted[what] += found
                     if not found:
                         self.violations.append(f"no {what[:-1]} row for {target} after {fault.kind}")
+        # A node no fault touched is never marked DOWN: the control plane's own faults (its web process, Redis) must
+        # not read as the fleet's (found here: a web restart took five healthy nodes DOWN, one by one).
+        injected = [f for f in self.faults if f.injected_wall]
+        if injected:
+            touched = sorted({t for f in injected for t in f.targets} | {""})
+            names = ", ".join(["%s"] * len(touched))
+            untouched_down = self.sql(
+                "SELECT count(*) FROM recovery_nodetransition t JOIN recovery_node n ON n.id = t.node_id "
+                f"WHERE t.new_state = 'down' AND t.at >= to_timestamp(%s) AND n.name NOT IN ({names})",
+                injected[0].injected_wall - 1,
+                *touched,
+            )
+            counted["DOWN transitions of nodes no fault touched"] = untouched_down
+            if untouched_down:
+                self.violations.append(f"{untouched_down} DOWN transitions of nodes no fault touched")
         audit = self.sql("SELECT count(*) FROM recovery_auditentry WHERE actor = 'admin' AND reason = %s", ON_CALL)
         counted["audit lines of approvals"] = audit
         if audit < self.approvals:

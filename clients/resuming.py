@@ -55,6 +55,7 @@ async def stream(
     last_id: str | None = None
     failures = 0
     turn = 0
+    why, last_status = "", None  # the last failure's cause, said when the client gives up
     while True:
         url = gateways[turn % len(gateways)].rstrip("/") + path
         headers = {"Authorization": f"Bearer {api_key}"}
@@ -67,8 +68,14 @@ async def stream(
             resumes.restarts += 1
         try:
             async with session.post(url, json={**body, "stream": True}, headers=headers) as response:
+                if response.status == 503 and "Retry-After" in response.headers and last_id is None:
+                    # The gateway's own answer to a new request (the model sheds: its degradation level takes no
+                    # new ones), not a gateway in trouble: said to the caller, who waits Retry-After seconds.
+                    raise StreamFailed(f"503: {(await response.text())[:300]}", 503)
                 if response.status in RETRYABLE:
-                    raise aiohttp.ClientResponseError(response.request_info, (), status=response.status)
+                    raise aiohttp.ClientResponseError(
+                        response.request_info, (), status=response.status, message=(await response.text())[:200]
+                    )
                 if response.status != 200:
                     raise StreamFailed(f"{response.status}: {(await response.text())[:300]}", response.status)
                 event_id = None
@@ -87,10 +94,11 @@ async def stream(
                             last_id, event_id = event_id, None
                             failures = 0  # progress: the attempts count failures in a row
             # The connection ended without [DONE]: the gateway went away mid-stream.
-        except (TimeoutError, aiohttp.ClientError, ConnectionError):
-            pass
+            why, last_status = "the stream ended without [DONE]", None
+        except (TimeoutError, aiohttp.ClientError, ConnectionError) as exc:
+            why, last_status = f"{exc.__class__.__name__}: {exc}", getattr(exc, "status", None)
         failures += 1
         if failures >= attempts:
-            raise StreamFailed(f"gave up after {failures} attempts in a row (last at {url})")
+            raise StreamFailed(f"gave up after {failures} attempts in a row (last at {url}: {why[:200]})", last_status)
         turn += 1
         await asyncio.sleep(backoff_s * min(failures, 5))

@@ -182,9 +182,16 @@ def heartbeat(
     pipe.getset(keys().heartbeats_ingested, now)
     previous = pipe.execute()[-1]
     # (None: the first beat Redis holds; every silence it can measure starts after it anyway.)
-    if previous is not None and now - float(previous) > settings.LIFELINE_HEARTBEAT_MISS_S:
-        # No node's beat came in for longer than a miss: the control plane was deaf, not the fleet silent.
+    if previous is not None and now - float(previous) > deaf_after_s():
+        # No node's beat came in for that long: the control plane was deaf, not the fleet silent.
         client().set(keys().heartbeats_resumed, now, ex=RESUMED_KEPT_S)
+
+
+def deaf_after_s() -> float:
+    """A gap this long with no heartbeat from any node is the control plane's own deafness (its web process
+    restarting, Redis away), not the fleet's silence: while it listens, every node beats once an interval, so some
+    beat comes in at least that often. Shorter than a miss, so it is told before the first node's silence is."""
+    return min(1.5 * settings.LIFELINE_HEARTBEAT_INTERVAL_S, settings.LIFELINE_HEARTBEAT_MISS_S)
 
 
 def hot_state_present() -> bool:
@@ -248,6 +255,12 @@ def checkpoints_held(name: str) -> dict:
 def silent_nodes(cutoff: float) -> list[tuple[str, float]]:
     """Watched nodes whose last heartbeat is older than `cutoff` (epoch seconds)."""
     return client().zrangebyscore(keys().heartbeats, "-inf", cutoff, withscores=True)
+
+
+def newest_heartbeat() -> float | None:
+    """When the most recent heartbeat of any watched node was taken."""
+    newest = client().zrevrange(keys().heartbeats, 0, 0, withscores=True)
+    return newest[0][1] if newest else None
 
 
 def last_seen(name: str) -> float | None:

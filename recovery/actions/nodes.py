@@ -304,24 +304,28 @@ def mark_silent_nodes_down() -> list[str]:
 
 
 def _deaf(silent: list[tuple[str, float]], now: float, started: dt.datetime | None) -> bool:
-    """Every watched node silent at once (two or more): the control plane is deaf (its web process restarting,
-    Redis just back), not the whole fleet dead. Nobody is marked DOWN for it, for at most
-    LIFELINE_HEARTBEAT_DEAF_MAX_S; a fleet still silent after that is judged as usual. Not a fleet none of which
-    was heard since the control plane started: those sessions are judged by when it started."""
+    """No heartbeat from any watched node (two or more) for longer than `hot.deaf_after_s()`: the control plane is
+    deaf (its web process restarting, Redis just back), not the whole fleet dead. Nobody is marked DOWN for it, for at
+    most LIFELINE_HEARTBEAT_DEAF_MAX_S; a fleet still silent after that is judged as usual. Judged by the newest beat
+    of all, not by every node being silent: the nodes beat out of phase, so when the control plane stops hearing
+    them they turn silent one by one over a heartbeat interval, and a test for all of them at once marked the first
+    ones DOWN (five of eight healthy nodes, in the chaos soak's web restart). Not a fleet none of which was heard
+    since the control plane started: those sessions are judged by when it started."""
     watched = hot.watched_count()
-    newest = max((seen for _, seen in silent), default=0.0)
-    heard_since_start = started is None or newest >= started.timestamp()
-    if not (watched >= 2 and len(silent) == watched and heard_since_start):
+    newest = hot.newest_heartbeat() if silent else None
+    heard_since_start = newest is not None and (started is None or newest >= started.timestamp())
+    unheard = newest is not None and now - newest > hot.deaf_after_s()
+    if not (watched >= 2 and unheard and heard_since_start):
         hot.heartbeats_heard()
         return False
     since = hot.heartbeats_deaf_since(now)
     if now - since > settings.LIFELINE_HEARTBEAT_DEAF_MAX_S:
         return False
     log.warning(
-        "all %d watched nodes silent for more than %g s at once: the control plane is not hearing heartbeats "
-        "(its web process or Redis was away), not marking them down for %.0f s more",
+        "no heartbeat from any of the %d watched nodes for %.1f s: the control plane is not hearing heartbeats "
+        "(its web process or Redis was away), not marking any down for %.0f s more",
         watched,
-        settings.LIFELINE_HEARTBEAT_MISS_S,
+        now - newest,
         settings.LIFELINE_HEARTBEAT_DEAF_MAX_S - (now - since),
     )
     return True

@@ -114,6 +114,35 @@ def test_a_node_silent_only_while_the_control_plane_was_deaf_gets_a_whole_allowa
 
 
 @pytest.mark.django_db
+def test_a_fleet_turning_silent_one_node_at_a_time_while_the_control_plane_is_deaf_is_not_marked_down(
+    namespace, settings
+):
+    """The nodes beat out of phase: when the control plane stops hearing them (its web process restarting) they
+    turn silent one by one over an interval. Seen in the chaos soak: five of eight healthy nodes marked DOWN, the
+    model's degradation level raised to 3, before the rest were silent too."""
+    settings.LIFELINE_HEARTBEAT_MISS_S = 3.0
+    settings.LIFELINE_HEARTBEAT_INTERVAL_S = 1.0
+    names = [f"node-{i}" for i in range(8)]
+    for name in names:
+        serving_node(name)
+    forget_heartbeat_history()
+    now = time.time()
+    for i, name in enumerate(names):  # the last beat each node got in, spread over the interval before the web died
+        beat(name, now - 3.5 + i / 8)
+    silent = hot.silent_nodes(now - 3.0)
+    assert 0 < len(silent) < len(names)  # some silent past a miss already, the others not yet
+    assert nodes.mark_silent_nodes_down() == []
+    assert set(Node.objects.filter(name__in=names).values_list("state", flat=True)) == {NodeState.SERVING}
+
+    # The control plane hears node-7 again; more than a miss after that, the nodes it has not heard since are down.
+    beat("node-7", time.time())
+    assert hot.heartbeats_resumed_at() > now  # a gap no listening control plane has: its deafness ended
+    hot.client().set(hot.keys().heartbeats_resumed, time.time() - 4.0)
+    downed = nodes.mark_silent_nodes_down()  # those silent past a miss by now: node-0 to node-3 at least
+    assert set(names[:4]) <= set(downed) <= set(names[:7]), downed
+
+
+@pytest.mark.django_db
 def test_one_node_silent_while_the_rest_of_the_fleet_beats_is_down_at_once(namespace, settings):
     settings.LIFELINE_HEARTBEAT_MISS_S = 3.0
     serving_node("node-a")
