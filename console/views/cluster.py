@@ -1,5 +1,7 @@
 """The cluster page, its JSON, and the console's own health and metrics."""
 
+import os
+
 import redis
 from django.db import connection
 from django.http import HttpResponse, JsonResponse
@@ -72,7 +74,8 @@ def api_cluster_series(request):
 
 @never_cache
 def healthz(request):
-    """Liveness for supervisors and load balancers: the database and Redis answer."""
+    """Liveness for supervisors and load balancers: the database and Redis answer. `process` is the answering web
+    process's pid, which tells several web processes behind one port apart (`serve --processes`)."""
     checks = {}
     try:
         with connection.cursor() as cursor:
@@ -86,7 +89,8 @@ def healthz(request):
     except (redis.RedisError, hot.RedisNotConfigured) as exc:
         checks["redis"] = f"error: {exc}"
     ok = all(v == "ok" for v in checks.values())
-    return JsonResponse({"status": "ok" if ok else "degraded", "checks": checks}, status=200 if ok else 503)
+    body = {"status": "ok" if ok else "degraded", "checks": checks, "process": os.getpid()}
+    return JsonResponse(body, status=200 if ok else 503)
 
 
 @api_view()

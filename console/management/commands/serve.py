@@ -10,6 +10,8 @@ import sys
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from console import webpool
+
 ROLES = ("web", "worker", "beat", "gateway", "node")
 
 
@@ -21,9 +23,15 @@ class Command(BaseCommand):
         parser.add_argument("--host", default=os.environ.get("LIFELINE_BIND_HOST", "0.0.0.0"))
         parser.add_argument("--port", type=int, default=None, help="default: 8000 for web, 8100 for gateway")
         parser.add_argument("--no-migrate", action="store_true", help="web: skip `migrate` before starting")
+        parser.add_argument(
+            "--processes",
+            type=int,
+            default=int(os.environ.get("LIFELINE_WEB_PROCESSES", "1")),
+            help="web: daphne processes sharing the port (one keeps about 256 nodes beating; default 1)",
+        )
         parser.add_argument("extra", nargs="*", help="more arguments for the process (node: workers.node options)")
 
-    def handle(self, *args, role, host, port, no_migrate, extra, **options):
+    def handle(self, *args, role, host, port, no_migrate, processes, extra, **options):
         if not role:
             raise CommandError(f"no role: set LIFELINE_ROLE (or --role) to one of {', '.join(ROLES)}")
         if role not in ROLES:
@@ -39,6 +47,20 @@ class Command(BaseCommand):
 
                 call_command("migrate", interactive=False, verbosity=1)
             argv = [python, "-m", "daphne", "-b", host, "-p", str(port or 8000), "-v", "1", "console.asgi:application"]
+            if processes < 1:
+                raise CommandError(f"--processes {processes}: give 1 or more web processes")
+            if processes > 1:
+                try:
+                    sock = webpool.listen(host, port or 8000)
+                except (ValueError, OSError) as exc:
+                    raise CommandError(str(exc)) from None
+                self.stdout.write(f"lifeline web: {processes} processes on {host}:{port or 8000}")
+                self.stdout.flush()
+
+                def daphne_on(fd: int) -> list[str]:
+                    return [python, "-m", "daphne", "--fd", str(fd), "-v", "1", "console.asgi:application", *extra]
+
+                sys.exit(webpool.supervise(daphne_on, processes, sock))
         elif role == "worker":
             argv = [
                 python,
