@@ -38,6 +38,12 @@ def registration(name="node-x", session=None, address="http://127.0.0.1:9001", r
 
 @pytest.fixture
 def node_api(client):
+    """The node endpoints, on a control plane that watches no node and has taken no heartbeat yet: what other tests
+    left in the suite's Redis would read as its own deafness (nodes watched whose beats are seconds old: a fleet
+    none of which was heard lately; a beat taken seconds before this test's first: heartbeats resuming after a
+    gap, which gives every node a whole allowance from then), and it marks nobody DOWN for either."""
+    keys = hot.keys()
+    hot.client().delete(keys.heartbeats, keys.heartbeats_ingested, keys.heartbeats_resumed, keys.heartbeats_deaf)
     headers = {"HTTP_AUTHORIZATION": f"Bearer {settings.LIFELINE_NODE_TOKEN}"}
 
     def post(path, body, **kw):
