@@ -83,12 +83,13 @@ class Sequence:
 
     @property
     def uncomputed(self) -> int:
-        return self.context_len - self.computed
+        return len(self.prompt_ids) + len(self.generated) - self.computed
 
     @property
     def in_prefill(self) -> bool:
-        # Decoding means only the last sampled token still has to go through the model.
-        return self.uncomputed > 1 or not self.generated
+        # Decoding means only the last sampled token still has to go through the model. (uncomputed > 1, spelled
+        # out: the scheduler and the simulator ask this of every sequence at every step.)
+        return len(self.prompt_ids) + len(self.generated) - self.computed > 1 or not self.generated
 
     def context_block(self, block: int) -> list[int]:
         start, end = block * BLOCK_TOKENS, (block + 1) * BLOCK_TOKENS
@@ -157,7 +158,7 @@ class BlockComplete:
 
     seq: Sequence
     block: int
-    token_ids: list[int]
+    token_ids: list[int]  # empty from a core that counts tokens (token_ids False): its ids are placeholders
 
 
 @dataclass
@@ -327,11 +328,12 @@ class EngineCore:
         index = 0
         while index < len(self.running):
             seq = self.running[index]
-            want = 1 if not seq.in_prefill else min(seq.uncomputed, budget)
+            prefilling = seq.in_prefill
+            want = min(seq.uncomputed, budget) if prefilling else 1
             if want <= 0:
                 index += 1
                 continue
-            room = reserve if not seq.in_prefill else want
+            room = want if prefilling else reserve
             while not self._grow(seq, room):
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -387,7 +389,7 @@ class EngineCore:
                 continue  # aborted or failed while the step ran
             was_prefill = seq.in_prefill
             seq.computed += count
-            if seq.computed < seq.context_len:
+            if seq.computed < len(seq.prompt_ids) + len(seq.generated):  # context_len, at every sequence's step
                 result.prefill_progress = True  # a chunk finished, more to go
                 self._complete_blocks(seq, result)
                 continue
@@ -490,10 +492,15 @@ class EngineCore:
         if seq.in_prefill and not seq.checkpoint_prefill_chunks:
             return  # the prompt's blocks go once prefill is done, unless chunks are checkpointed
         complete = seq.computed // BLOCK_TOKENS
-        for block in range(seq.streamed_blocks, complete):
-            result.events.append(BlockComplete(seq, block, seq.context_block(block)))
-        if complete > seq.streamed_blocks:
-            seq.streamed_blocks = complete
+        if complete <= seq.streamed_blocks:
+            return
+        blocks = range(seq.streamed_blocks, complete)
+        if self.token_ids:
+            result.events += [BlockComplete(seq, block, seq.context_block(block)) for block in blocks]
+        else:
+            # A core that counts tokens has no ids to give (its driver, the simulator, reads which block completed).
+            result.events += [BlockComplete(seq, block, []) for block in blocks]
+        seq.streamed_blocks = complete
 
     # --- the KV block pool ---------------------------------------------------------------
     def _grow(self, seq: Sequence, new_tokens: int) -> bool:

@@ -12,6 +12,7 @@ idle one.
 """
 
 import bisect
+import heapq
 import math
 import threading
 from collections import deque
@@ -260,6 +261,17 @@ class _Roofline:
         compute, memory = flops / self.flops_rate, (weights + (0 + tokens) * self.kv) / self.byte_rate
         return max(compute, memory), compute, memory
 
+    def queue_floor(self, tokens: int) -> float:
+        """Seconds that `tokens` queued ahead of a prompt add to its prefill_s at least, whatever the prompt: the
+        memory part grows by the memory rate per token; the compute part by the compute rate, which counts in full
+        unless the prompt's own prefill was memory-bound, by at most the weights' read time (a dense model, whose
+        compute part grows faster than its memory part, so the prompt's memory margin is largest at 0 tokens)."""
+        compute_rate, memory_rate = self.prefill_token_s
+        floor = tokens * memory_rate
+        if self.weights is not None and compute_rate >= memory_rate:
+            floor = max(floor, tokens * compute_rate - self.weights / self.byte_rate)
+        return floor
+
     def decode_step_s(self, batch: int, context: int) -> float:
         return self.decode_parts(batch, context)[0]
 
@@ -328,6 +340,17 @@ class _Index:
     the prefill queue's increase. The bound's per-node part is computed once per
     status, so a decision reads pending work and `now` only for the few nodes
     whose bound beats the best cost found.
+
+    A group's nodes are ordered by their bound plus a prefill floor: what the
+    prompt tokens the node will still have to prefill at a horizon add to a new
+    prompt's prefill at least (`_Roofline.queue_floor`). The queue only shrinks
+    as time passes, so the floor holds for every decision up to the horizon,
+    which is set halfway to when the prediction has the queue empty; a decision
+    after it first sets a new floor from its own time. Without it a node busy
+    prefilling looks as cheap as one that is not and is visited by every
+    decision until its next status: in a large fleet, the hundreds of nodes
+    that just took a request. The bound in `where` is the floorless one, good
+    until the next status.
     """
 
     def __init__(self, names: list, values: list):
@@ -340,14 +363,17 @@ class _Index:
         self.basis: list[tuple[int, int]] = [(0, 0)] * len(values)
         self.rebased: set[int] = set()
         self.rebased_for = -INF  # the latest decision time a bound was rebased for
-        self.groups: dict[tuple, list] = {}  # (roofline id, weight, slope) -> [(decode bound, name, i)]
+        self.groups: dict[tuple, list] = {}  # (roofline id, weight, slope) -> [(bound + floor, name, i)]
         self.meta: dict[tuple, tuple[_Roofline, float, float]] = {}
+        self.floor: list[float] = [0.0] * len(values)  # seconds of prefill the node has left at its horizon
+        self.horizon: list[float] = [INF] * len(values)  # the last decision time its floor holds for
+        self.lapses: list[tuple[float, int]] = []  # (horizon, node) of the floors, soonest first
         for i, entry in enumerate(values):
             self._measure(i, entry)
             where = self.where[i]
             if where is not None:
                 group, bound = where
-                self.groups[group].append((bound, names[i], i))
+                self.groups[group].append((bound + self.floor[i], names[i], i))
         for members in self.groups.values():
             members.sort()
 
@@ -360,8 +386,27 @@ class _Index:
             self.step[i] = roof.decode_step_s(max(status.decode_batch, 1), status.decode_context_tokens)
         if not weight > 0 or status.model_state != "serving":
             self.where[i] = None  # never chosen
+            self.floor[i], self.horizon[i] = 0.0, INF
             return
         self._bound(i, roof, weight, status.decode_context_tokens, status.decode_batch, status.waiting)
+        self._set_floor(i, roof, status.at)
+
+    def _set_floor(self, i: int, roof: "_Roofline", since: float) -> None:
+        """Node `i`'s prefill floor from `since` on: its predicted prefill queue halfway from `since` to when the
+        prediction has it empty (`_advance` computes chunk tokens per step), valid for decisions until then."""
+        status = self.values[i][0]
+        step = self.step[i]
+        queue = status.uncomputed_prefill_tokens
+        start = max(since, status.at)
+        empty = status.at + step * queue / DEFAULT_CHUNK_TOKENS if queue > 0 and step > 0 else -INF
+        if empty > start:  # (a horizon before `since` would lapse at once, again and again)
+            horizon = start + (empty - start) / 2
+            left = _advance(status, horizon, step, DEFAULT_CHUNK_TOKENS)[0]
+            if left > 0:
+                self.floor[i], self.horizon[i] = roof.queue_floor(left), horizon
+                heapq.heappush(self.lapses, (horizon, i))
+                return
+        self.floor[i], self.horizon[i] = 0.0, INF
 
     def _bound(self, i: int, roof: "_Roofline", weight: float, context: int, decode_batch: int, waiting: int) -> None:
         self.basis[i] = (context, decode_batch)
@@ -388,35 +433,48 @@ class _Index:
 
     def replace(self, i: int, entry) -> None:
         """Entry `i` is now `entry`: re-measure it and move it within its group."""
-        before = self.where[i]
+        before, floor = self.where[i], self.floor[i]
         self.values[i] = entry
         self._measure(i, entry)
-        self._move(i, before)
+        self._move(i, before, floor)
 
-    def _rebase(self, i: int, context: int, decode_batch: int) -> None:
-        """Node `i`'s bound, computed anew at its load predicted for a decision (context, batch): tighter than the
-        status's, and still a lower bound for every later decision until its next status, as prediction only
-        grows. Nodes whose statuses age between decisions are otherwise sharpened at every one."""
-        before = self.where[i]
+    def _rebase(self, i: int, context: int, decode_batch: int, now: float) -> None:
+        """Node `i`'s bound, computed anew at its load predicted for a decision at `now` (context, batch): tighter
+        than the status's, and still a lower bound for every later decision until its next status, as prediction
+        only grows. Nodes whose statuses age between decisions are otherwise sharpened at every one."""
+        before, floor = self.where[i], self.floor[i]
         status, _pending, deployment, weight = self.values[i]
-        self._bound(i, _roofline(deployment), weight, context, decode_batch, status.waiting)
+        roof = _roofline(deployment)
+        self._bound(i, roof, weight, context, decode_batch, status.waiting)
+        self._set_floor(i, roof, now)
         self.rebased.add(i)
-        self._move(i, before)
+        self._move(i, before, floor)
 
-    def _move(self, i: int, before: tuple | None) -> None:
-        """Node `i` within its group (or into another) after its bound changed from `before`."""
+    def _move(self, i: int, before: tuple | None, floor: float) -> None:
+        """Node `i` within its group (or into another) after its bound changed from `before` and its floor from
+        `floor`."""
         after = self.where[i]
-        if before == after:
+        if before == after and floor == self.floor[i]:
             return
         name = self.names[i]
         if after is not None:
             group, bound = after
-            bisect.insort(self.groups[group], (bound, name, i))
+            bisect.insort(self.groups[group], (bound + self.floor[i], name, i))
         if before is not None:
             members = self.groups[before[0]]
-            del members[bisect.bisect_left(members, (before[1], name, i))]
+            del members[bisect.bisect_left(members, (before[1] + floor, name, i))]
             if not members:  # a weight level or a deployment no node has any more
                 del self.groups[before[0]], self.meta[before[0]]
+
+    def _lapse_floors(self, now: float) -> None:
+        """New floors, from `now`, for the nodes whose floor does not hold for a decision at `now`."""
+        while self.lapses and self.lapses[0][0] < now:
+            horizon, i = heapq.heappop(self.lapses)
+            if self.horizon[i] != horizon or self.where[i] is None:
+                continue  # replaced since by a later floor, or by a status
+            floor = self.floor[i]
+            self._set_floor(i, _roofline(self.values[i][2]), now)
+            self._move(i, self.where[i], floor)
 
     def search(self, prompt_tokens: int, now: float, exclude: Collection[str]) -> str | None:
         """The least-cost node: groups in order of their best bound, each scanned until its
@@ -425,10 +483,11 @@ class _Index:
         is costed with the roofline, and that cost is routing_cost's to the last bit."""
         if now < self.rebased_for:  # a decision for an earlier time: the rebased bounds may overshoot it
             for i in list(self.rebased):
-                before = self.where[i]
+                before, floor = self.where[i], self.floor[i]
                 self._measure(i, self.values[i])
-                self._move(i, before)
+                self._move(i, before, floor)
             self.rebased_for = -INF
+        self._lapse_floors(now)
         prefill = {}  # per deployment: the prompt's own prefill and its compute and memory parts
         heads = []
         for group, members in self.groups.items():
@@ -440,7 +499,7 @@ class _Index:
                 heads.append(((shift + members[0][0]) / weight, group, shift))
         heads.sort()
         best_name, best = None, INF
-        values, steps, basis = self.values, self.step, self.basis
+        values, steps, basis, where = self.values, self.step, self.basis, self.where
         stale = []  # nodes the sharpened bound ruled out: rebased after the search, not while it walks
         for head, group, shift in heads:
             if head > best * _MARGIN:
@@ -450,12 +509,12 @@ class _Index:
             compute_rate, memory_rate = roof.prefill_token_s
             load_slope, idle_step, kv_tokens = roof.load_slope, roof.idle_step, roof.kv_tokens
             cut = best * _MARGIN * weight  # a node whose cost, before the weight, passes this loses
-            for bound, name, i in self.groups[group]:
-                low = shift + bound
-                if low > cut:
+            for bound_and_floor, name, i in self.groups[group]:
+                if shift + bound_and_floor > cut:
                     break
                 if name in exclude:
                     continue
+                low = shift + where[i][1]  # the floorless bound: the queue's increase is added below, as predicted
                 status, pending, _deployment, _weight = values[i]
                 uncomputed, context_now, batch_now = _advance(status, now, steps[i], DEFAULT_CHUNK_TOKENS)
                 basis_context, basis_batch = basis[i]
@@ -483,7 +542,7 @@ class _Index:
                     best_name, best = name, cost
                     cut = best * _MARGIN * weight
         for i, context, batch in stale:
-            self._rebase(i, context, batch)
+            self._rebase(i, context, batch, now)
         if stale:
             self.rebased_for = max(self.rebased_for, now)
         return best_name

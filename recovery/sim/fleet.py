@@ -59,7 +59,7 @@ import random
 import zlib
 from bisect import bisect_right
 from collections import Counter, deque
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from itertools import accumulate
 
@@ -106,9 +106,10 @@ def sampling(request: Request) -> SamplingParams:
     return SamplingParams(max_tokens=request.output_tokens, temperature=0.0, ignore_eos=True)
 
 
-@dataclass
+@dataclass(slots=True)
 class Flight:
-    """One request as the simulated gateway holds it, and its figures."""
+    """One request as the simulated gateway holds it, and its figures. (Slots: a run keeps every request's, and
+    without them each would carry a dictionary of its two dozen fields, about 1 KB.)"""
 
     index: int
     request: Request
@@ -143,6 +144,10 @@ class Flight:
     @property
     def request_id(self) -> str:
         return f"r{self.index}"
+
+
+def _arrival_s(flight: Flight) -> float:
+    return flight.request.arrival_s
 
 
 @dataclass
@@ -274,7 +279,6 @@ class Simulation:
         self.second_holder, self.prefill_chunk_checkpoints = second_holder, prefill_chunk_checkpoints
         self.draft_assist = draft_assist
         self.assists: list[Assist] = []  # every pairing of a draft node with a survivor, in the order they began
-        self.requests = requests if requests is not None else scenario.requests(seed)
         self.faults = (fault_list if fault_list is not None else scenario.faults(seed)) if faults else []
         self.fast = fast
         self.now = 0.0
@@ -304,12 +308,25 @@ class Simulation:
                 node.routable, node.standby = False, True
             self.nodes[spec.name] = node
         self.failed: dict[str, float] = {}  # the gateway's: node -> when it lost it
-        self.flights: list[Flight] = [Flight(i, r, prompt_ids(i, r.prompt_tokens)) for i, r in enumerate(self.requests)]
+        # Every request's Flight, by index. Requests given are all there from the start; those the run draws from
+        # the scenario (`Scenario.arrivals`) are drawn as they arrive, and their Flights added then, in arrival
+        # order, which is their index order: an hour of a large fleet is millions of requests, and the event heap
+        # need not hold an arrival for each.
+        self.flights: list[Flight]
+        self._arrivals: Iterator[Flight]
+        if requests is not None:
+            self.flights = [Flight(i, r, prompt_ids(i, r.prompt_tokens)) for i, r in enumerate(requests)]
+            self._arrivals = iter(sorted(self.flights, key=_arrival_s))  # stable: ties in index order
+        else:
+            self.flights = []
+            self._arrivals = map(self._new_flight, scenario.arrivals(seed))
+        self._next_arrival: Flight | None = None
         self.in_flight: dict[str, Flight] = {}
         self.waiting_for_node: list[tuple[Flight, str]] = []  # (flight, why) when no node could take it
         self.fault_records: list[FaultRecord] = []
         self.skipped_faults: list[Fault] = []  # kinds not modelled yet (UNMODELLED_KINDS)
         self._touched: set[str] = set()  # holders whose checkpoint figures changed during a step
+        self._stale_holders: set[str] = set()  # nodes whose holder candidate changed since the ranking was read
         self._stepping = False
         self._recent: deque[tuple[float, str, float]] = deque()  # (when, holder, pages), FleetState's recent placements
         self._recent_pages: dict[str, float] = {}
@@ -324,6 +341,11 @@ class Simulation:
             self._changed(node)  # each node's first status, as a node publishes one when its stream opens
 
     # --- the event loop ---------------------------------------------------------------------
+    def _new_flight(self, request: Request) -> Flight:
+        flight = Flight(len(self.flights), request, prompt_ids(len(self.flights), request.prompt_tokens))
+        self.flights.append(flight)
+        return flight
+
     def _push(self, at: float, kind: str, *payload) -> None:
         self._order += 1
         heapq.heappush(self._heap, (at, self._order, kind, payload))
@@ -342,8 +364,7 @@ class Simulation:
         left); a later call goes on from there."""
         if not self._started:
             self._started = True
-            for flight in self.flights:
-                self._push(flight.request.arrival_s, "arrival", flight)
+            self._next_arrival = next(self._arrivals, None)
             for i, fault in enumerate(self.faults):
                 if fault.kind in UNMODELLED_KINDS:
                     self.skipped_faults.append(fault)
@@ -352,7 +373,6 @@ class Simulation:
             if self.degradation.enabled:
                 self._push(0.0, "capacity")
         handlers: dict[str, Callable[..., None]] = {
-            "arrival": self._on_arrival,
             "step": self._on_step,
             "fault": self._on_fault,
             "detect": self._on_detect,
@@ -367,11 +387,25 @@ class Simulation:
             "suspicious": self._on_suspicious,
             "corrupt": self._on_corrupt_found,
         }
-        while self._heap and self._heap[0][0] <= until:
-            at, _, kind, payload = heapq.heappop(self._heap)
-            self.now = at
-            self.events_processed += 1
-            handlers[kind](*payload)
+        # Arrivals come from their own stream, merged with the heap: at a tie the arrival goes first, as it would
+        # from the heap, where every arrival was pushed before any other event.
+        heap = self._heap
+        while True:
+            arrival = self._next_arrival
+            if arrival is not None and (not heap or arrival.request.arrival_s <= heap[0][0]):
+                if arrival.request.arrival_s > until:
+                    break
+                self.now = arrival.request.arrival_s
+                self.events_processed += 1
+                self._next_arrival = next(self._arrivals, None)
+                self._on_arrival(arrival)
+            elif heap and heap[0][0] <= until:
+                at, _, kind, payload = heapq.heappop(heap)
+                self.now = at
+                self.events_processed += 1
+                handlers[kind](*payload)
+            else:
+                break
         return self
 
     # --- the gateway: routing and placement ----------------------------------------------------
@@ -380,24 +414,28 @@ class Simulation:
         return (node.status, node.pending, node.spec.deployment, weight)
 
     def l_hat(self, name: str) -> float:
-        node = self.nodes[name]
+        return self._l_hat(self.nodes[name])
+
+    def _l_hat(self, node: NodeState) -> float:
+        status = node.status
         return load.holder_load(
-            node.status.checkpoint_bytes_held,
+            status.checkpoint_bytes_held,
             node.spec.deployment.model.kv_bytes_per_block,
-            node.status.running + node.status.waiting,
+            status.running + status.waiting,
             self.alpha,
             self.beta,
-            self._recent_pages.get(name, 0.0),
+            self._recent_pages.get(node.spec.name, 0.0),
         )
 
     def _holder(self, node: NodeState) -> placement.HolderCandidate:
+        name = node.spec.name
         return placement.HolderCandidate(
-            name=node.name,
+            name=name,
             rack=node.spec.rack,
-            l_hat=self.l_hat(node.name),
+            l_hat=self._l_hat(node),
             bytes_held=node.status.checkpoint_bytes_held,
             budget_bytes=node.budget_bytes,
-            alive=node.routable and node.name not in self.failed,
+            alive=node.routable and name not in self.failed,
         )
 
     def _changed(self, node: NodeState) -> None:
@@ -434,14 +472,28 @@ class Simulation:
         self._refresh(node)
 
     def _refresh(self, node: NodeState) -> None:
-        nodes, holders = self.pools[node.spec.deployment.model.key]
+        nodes, _ = self.pools[node.spec.deployment.model.key]
         nodes.set(node.name, self._entry(node))
-        holders.set(self._holder(node))
+        self._stale_holders.add(node.name)
 
     def _refresh_holder(self, node: NodeState) -> None:
         """Only `node`'s L̂ or checkpoint figures changed: its holder candidate, not its routing entry (the routing
-        cost reads no checkpoint figure, and its status object is the one the routing index already holds)."""
-        self.pools[node.spec.deployment.model.key][1].set(self._holder(node))
+        cost reads no checkpoint figure, and its status object is the one the routing index already holds).
+
+        The candidate is rebuilt when a placement next reads the ranking (`_ranking`), not now: a holder's pages
+        move its L̂ at nearly every step, and a ranking is read about once per request. The ranking is ordered by
+        (L̂, name), a total order, so re-ranking only the latest candidate of each node gives the same order as
+        re-ranking at every change; every figure a candidate is built from changes only where this is called."""
+        self._stale_holders.add(node.name)
+
+    def _ranking(self, model: str) -> placement.HolderRanking:
+        """The pool's holder ranking, brought up to date with the candidates that changed since it was last read."""
+        if self._stale_holders:
+            for name in self._stale_holders:
+                node = self.nodes[name]
+                self.pools[node.spec.deployment.model.key][1].set(self._holder(node))
+            self._stale_holders.clear()
+        return self.pools[model][1]
 
     def expire(self) -> None:
         """FleetState.expire: placements older than RECENT_S stop counting in their holder's L̂."""
@@ -463,7 +515,7 @@ class Simulation:
         """The checkpoint holders (Coordinator.place → FleetState.place) and their recent pages (FleetState.placed)."""
         self.expire()
         model = flight.request.model
-        _, ranking = self.pools[model]
+        ranking = self._ranking(model)
         deployment = self.nodes[serving].spec.deployment
         tokens = flight.request.prompt_tokens + flight.request.output_tokens
         chosen = placement.place(
@@ -629,9 +681,7 @@ class Simulation:
         for position, blocks in completed:
             seq = run.seqs[position]
             seq.streamed_blocks += blocks
-            flight = self.in_flight[seq.request_id]
-            for _ in range(blocks):
-                self._page(serving, flight)
+            self._page(serving, self.in_flight[seq.request_id], blocks)
         self._flush_touched()
 
     def _on_run_end(self, name: str, token: int) -> None:
@@ -692,14 +742,25 @@ class Simulation:
         # context on, which the real gateway sees at the node's next load message (every 250 ms at most).
         changed = bool(plan.admitted or plan.preempted or plan.shape[0])
         self._stepping = True
+        # A sequence's BlockComplete events come one after another: they are paged out together, in the same order.
+        blocks_of: Sequence | None = None
+        blocks = 0
         for event in result.events:
+            if blocks_of is not None:
+                if isinstance(event, BlockComplete) and event.seq is blocks_of:
+                    blocks += 1
+                    continue
+                self._page(node, self.in_flight[blocks_of.request_id], blocks)
+                blocks_of = None
             if isinstance(event, Token):
                 self._token(self.in_flight[event.seq.request_id], event)
             elif isinstance(event, BlockComplete):
-                self._page(node, self.in_flight[event.seq.request_id])
+                blocks_of, blocks = event.seq, 1
             elif isinstance(event, Finished):
                 self._finished(self.in_flight[event.seq.request_id], event)
                 changed = True
+        if blocks_of is not None:
+            self._page(node, self.in_flight[blocks_of.request_id], blocks)
         self._stepping = False
         self._flush_touched()
         if changed:
@@ -749,8 +810,8 @@ class Simulation:
         """Coordinator.consider_second_holder and add_second_holder: once a request's context passes τ under
         lifeline, a second holder, the least loaded routable node in another rack than the first (any other when
         there is none), asked once per request."""
-        if flight.context_tokens <= self.tau or not self._may_ask_second_holder(flight):
-            return
+        if len(flight.holders) != 1 or flight.context_tokens <= self.tau or not self._may_ask_second_holder(flight):
+            return  # (the holder count first: most requests have two from the start, and this runs at every token)
         flight.second_asked = True
         first = flight.holders[0]
         request = flight.request
@@ -760,7 +821,7 @@ class Simulation:
         # The gateway's choice (min over the routable nodes with room, in (L̂, name) order, another rack first),
         # read from the pool's ranking, which holds every node's L̂, room and liveness as the gateway sees them:
         # the first in order that qualifies, not a pass over the whole fleet per request.
-        _, ranking = self.pools[request.model]
+        ranking = self._ranking(request.model)
         first_rack = self.nodes[first].spec.rack
         second = same_rack = None
         for candidate in ranking.with_second_room(request_bytes):
@@ -775,30 +836,54 @@ class Simulation:
             return
         self._set_holders(flight, (first, second))
 
-    def _page(self, serving: NodeState, flight: Flight) -> None:
-        """One KV page to each holder, queued on the serving node's link: it arrives when its transfer ends."""
-        flight.blocks_sent += 1
-        for holder in flight.holders:
-            self._send(serving, flight, holder)
+    def _page(self, serving: NodeState, flight: Flight, blocks: int = 1) -> None:
+        """`blocks` completed KV blocks of `flight`: a page each to every holder, queued on the serving node's link."""
+        flight.blocks_sent += blocks
+        self._send(serving, flight, flight.holders, blocks)
 
-    def _send(self, serving: NodeState, flight: Flight, holder: str) -> None:
-        """The holder's next page of `flight`, unless its budget is spent (workers.kvstore refuses it, and every
-        later page of the request)."""
-        h = self.nodes[holder]
-        if holder in flight.refused or not h.alive:
-            return  # refused, or sent to a dead node: lost
-        per_block, seconds = serving.page_costs.get(holder) or self._page_cost(serving, h)
-        if h.held_bytes + per_block > h.budget_bytes:
-            flight.refused.add(holder)
+    def _send(self, serving: NodeState, flight: Flight, holders: tuple[str, ...], pages: int = 1) -> None:
+        """The holders' next `pages` pages of `flight`, a page to every holder before the next page, each queued on
+        the serving node's link and arriving when its transfer ends; none to a holder whose budget is spent
+        (workers.kvstore refuses the page, and every later page of the request), nor to a dead one (lost).
+
+        A prefill completes a hundred blocks at once: each holder's figures are looked up once for all of them, and
+        when every holder has room for all of them their arrival times are summed in one pass, one page after the
+        other as the link serves them (the same additions in the same order)."""
+        refused, now = flight.refused, self.now
+        queues = []  # (holder, its state, its page arrivals, page bytes, link seconds)
+        for holder in holders:
+            h = self.nodes[holder]
+            if holder in refused or not h.alive:
+                continue
+            per_block, seconds = serving.page_costs.get(holder) or self._page_cost(serving, h)
+            queues.append((holder, h, flight.pages.setdefault(holder, []), per_block, seconds))
+        if not queues or pages <= 0:
             return
-        start = max(self.now, serving.link_free_at)
-        serving.link_free_at = start + seconds
-        pages = flight.pages.setdefault(holder, [])
-        if not pages:
-            h.held_requests += 1
-        pages.append(serving.link_free_at)
-        h.held_bytes += per_block
-        self._touched.add(holder)
+        if all(h.held_bytes + pages * per_block <= h.budget_bytes for _, h, _, per_block, _ in queues):
+            # A page arrives when the link is done with the one before it: after the first, the link is busy.
+            start = max(now, serving.link_free_at)
+            times = list(accumulate([seconds for *_, seconds in queues] * pages, initial=start))
+            serving.link_free_at = times[-1]
+            for lane, (holder, h, arrivals, per_block, _) in enumerate(queues):
+                if not arrivals:
+                    h.held_requests += 1
+                arrivals += times[1 + lane :: len(queues)]
+                h.held_bytes += pages * per_block
+                self._touched.add(holder)
+            return
+        for _ in range(pages):
+            for holder, h, arrivals, per_block, seconds in queues:
+                if holder in refused:
+                    continue
+                if h.held_bytes + per_block > h.budget_bytes:
+                    refused.add(holder)
+                    continue
+                serving.link_free_at = max(now, serving.link_free_at) + seconds
+                if not arrivals:
+                    h.held_requests += 1
+                arrivals.append(serving.link_free_at)
+                h.held_bytes += per_block
+                self._touched.add(holder)
 
     def _page_cost(self, serving: NodeState, holder: NodeState) -> tuple[int, float]:
         """A page's bytes and its time on the link from `serving` to `holder` (fixed for a pair: computed once)."""
@@ -822,8 +907,7 @@ class Simulation:
         for holder in added:
             flight.pages[holder] = []
             flight.refused.discard(holder)
-            for _ in range(flight.blocks_sent):
-                self._send(serving, flight, holder)
+            self._send(serving, flight, (holder,), flight.blocks_sent)
         self._flush_touched()
 
     def _drop_pages(self, flight: Flight, holder: str) -> None:
@@ -837,11 +921,11 @@ class Simulation:
     def _flush_touched(self) -> None:
         """Holders whose checkpoint figures changed: their status says so (the rest of it is as it was)."""
         if not self._stepping:
-            for holder in sorted(self._touched):
+            for holder in self._touched:
                 node = self.nodes[holder]
                 node.status.checkpoint_bytes_held = node.held_bytes
                 node.status.checkpoint_requests = node.held_requests
-                self._refresh_holder(node)
+            self._stale_holders |= self._touched
             self._touched.clear()
 
     def _drop_checkpoint(self, flight: Flight) -> None:
@@ -1065,7 +1149,7 @@ class Simulation:
             self._apply_level(change)
         # Every beat while the run goes on: until the arrivals end, then while requests are in flight.
         later = self.now + self.scenario.degradation.interval_s
-        if later < self.scenario.duration_s or (self.in_flight and self._heap):
+        if later < self.scenario.duration_s or (self.in_flight and (self._heap or self._next_arrival is not None)):
             self._push(later, "capacity")
 
     def _apply_level(self, change: LevelChange) -> None:

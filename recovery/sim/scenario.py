@@ -53,9 +53,10 @@ field (``fleet[2].tp``, ``faults.scripted[0].target``), the row of a file, and w
   the same faults.
 """
 
+import heapq
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from functools import cached_property
 from pathlib import Path
@@ -272,15 +273,25 @@ class Scenario:
 
     def requests(self, seed: int) -> list[Request]:
         """Every workload's requests in arrival order; the same for every policy."""
-        requests: list[Request] = []
-        for i, workload in enumerate(self.workloads):
-            requests += workload.requests(self.duration_s, f"{seed}:workload[{i}]", self.context_tokens(workload.model))
-        return sorted(requests, key=lambda r: r.arrival_s)  # stable: ties keep the workloads' order
+        return list(self.arrivals(seed))
+
+    def arrivals(self, seed: int) -> Iterator[Request]:
+        """`requests`, one at a time as they are drawn: an hour of a large fleet is millions of them. Each workload's
+        come in arrival order; merged, ties keep the workloads' order."""
+        streams = [
+            workload.stream(self.duration_s, f"{seed}:workload[{i}]", self.context_tokens(workload.model))
+            for i, workload in enumerate(self.workloads)
+        ]
+        return heapq.merge(*streams, key=_arrival_s)
 
     def faults(self, seed: int) -> list[Fault]:
         """The scripted faults and those drawn for this seed, in time order; the same for every policy."""
         drawn = self.fault_rates.draw([n.name for n in self.nodes], self.racks, self.duration_s, seed)
         return sorted([*self.scripted_faults, *drawn], key=lambda f: f.at_s)
+
+
+def _arrival_s(request: Request) -> float:
+    return request.arrival_s
 
 
 def _served(models: Sequence[str]) -> str:

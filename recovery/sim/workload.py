@@ -81,9 +81,9 @@ MAX_RATE_RPS = 1e5
 MAX_CV = 20.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Request:
-    """One request; its id is its place in the list a workload returns."""
+    """One request; its id is its place in the list a workload returns. (Slots: a long run holds millions.)"""
 
     arrival_s: float  # seconds from the run's start
     model: str
@@ -110,11 +110,13 @@ def tier_mix(raw: object, where: str = "tiers") -> tuple[tuple[str, float], ...]
     return tuple(mix)
 
 
-def draw_tiers(mix: tuple[tuple[str, float], ...], count: int, seed: int | str) -> list[str]:
-    """`count` tiers drawn from `mix`, from their own random stream."""
+def tier_stream(mix: tuple[tuple[str, float], ...], seed: int | str) -> Iterator[str]:
+    """Tiers drawn from `mix`, from their own random stream, one at a time (`random.choices` draws one number per
+    tier, so these are the tiers it would draw for any count at once)."""
     rng = random.Random(f"{seed}:tiers")
     tiers, weights = [t for t, _ in mix], [w for _, w in mix]
-    return rng.choices(tiers, weights, k=count)
+    while True:
+        yield rng.choices(tiers, weights)[0]
 
 
 # --- arrivals ----------------------------------------------------------------------------------
@@ -145,12 +147,14 @@ class Arrivals:
 
     def times(self, rng: random.Random, duration_s: float) -> list[float]:
         """Arrival times in [0, duration_s), the first one gap after 0."""
-        times = []
+        return list(self.stream(rng, duration_s))
+
+    def stream(self, rng: random.Random, duration_s: float) -> Iterator[float]:
+        """`times`, one at a time."""
         t = self.gap(rng)
         while t < duration_s:
-            times.append(t)
+            yield t
             t += self.gap(rng)
-        return times
 
 
 def _in_range(value: object, maximum: float) -> bool:
@@ -218,15 +222,18 @@ class SyntheticWorkload:
             raise ScenarioError("lengths", f"{self.lengths!r} is not a length distribution", ", ".join(LENGTHS))
 
     def requests(self, duration_s: float, seed: int | str, context_tokens: int | None = None) -> list[Request]:
-        times = self.arrivals.times(random.Random(f"{seed}:arrivals"), duration_s)
+        return list(self.stream(duration_s, seed, context_tokens))
+
+    def stream(self, duration_s: float, seed: int | str, context_tokens: int | None = None) -> Iterator[Request]:
+        """The requests one at a time, in arrival order, as they are drawn: a long run need not hold them all. The
+        arrivals, the lengths and the tiers each have their own random stream, so drawing a request's three
+        together gives the same requests as drawing every arrival first."""
         lengths_rng = random.Random(f"{seed}:lengths")
         length_model = LENGTHS[self.lengths]
-        tiers = draw_tiers(self.tiers, len(times), seed)
-        requests = []
-        for t, tier in zip(times, tiers):
+        tiers = tier_stream(self.tiers, seed)
+        for t in self.arrivals.stream(random.Random(f"{seed}:arrivals"), duration_s):
             prompt, output = length_model.sample(lengths_rng, context_tokens)
-            requests.append(Request(t, self.model, prompt, output, tier))
-        return requests
+            yield Request(t, self.model, prompt, output, next(tiers))
 
 
 # --- replayed traces ---------------------------------------------------------------------------
@@ -380,15 +387,18 @@ class TraceWorkload:
 
     def requests(self, duration_s: float, seed: int | str = 0, context_tokens: int | None = None) -> list[Request]:
         """The rows that arrive before `duration_s`, as they are; the seed draws only their tiers."""
-        rows = [r for r in self.rows if r.arrival_s < duration_s]  # in arrival order: the first late row ends them
-        tiers = draw_tiers(self.tiers, len(rows), seed)
-        requests = []
-        for r, tier in zip(rows, tiers):
+        return list(self.stream(duration_s, seed, context_tokens))
+
+    def stream(self, duration_s: float, seed: int | str = 0, context_tokens: int | None = None) -> Iterator[Request]:
+        """`requests`, one at a time."""
+        tiers = tier_stream(self.tiers, seed)
+        for r in self.rows:
+            if r.arrival_s >= duration_s:
+                break  # in arrival order (parse_trace refuses any other): the first late row ends them
             prompt, output = r.prompt_tokens, r.output_tokens
             if self.too_long == "clip":
                 prompt, output = clip_to_context(prompt, output, context_tokens)
-            requests.append(Request(r.arrival_s, self.model, prompt, output, tier))
-        return requests
+            yield Request(r.arrival_s, self.model, prompt, output, next(tiers))
 
 
 Workload = SyntheticWorkload | TraceWorkload

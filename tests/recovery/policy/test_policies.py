@@ -331,6 +331,41 @@ def test_the_index_bound_is_a_lower_bound_on_the_cost(entries, prompt, dt):
 
 @fast
 @given(
+    st.sampled_from([H100, H200, SMALL, MOE, ONE_H100, TIGHT]),
+    st.integers(0, 50_000),
+    st.integers(1, 20_000),
+)
+def test_a_prefill_queue_adds_at_least_its_floor_to_any_prompt(deployment, queued, prompt):
+    roof = load._Roofline(deployment)
+    assert roof.prefill_s(prompt) + roof.queue_floor(queued) <= roof.prefill_s(queued + prompt) * (1 + 1e-12)
+
+
+@fast
+@given(st.lists(entry_strategy, min_size=1, max_size=12), st.integers(1, 20_000), st.floats(0, 1))
+def test_the_index_order_is_a_lower_bound_on_the_cost_until_the_floor_s_horizon(entries, prompt, share):
+    """A node is ordered by its bound plus the floor of the prefill it still has at its horizon: never above its
+    cost for a decision at any time from its status to that horizon, whatever the prompt."""
+    names = [f"n{i:02d}" for i in range(len(entries))]
+    index = load._Index(names, entries)
+    for i, (status, pending, deployment, weight) in enumerate(entries):
+        if index.where[i] is None:
+            continue
+        group, bound = index.where[i]
+        roof, _, slope = index.meta[group]
+        horizon = index.horizon[i]
+        if horizon == math.inf:
+            assert index.floor[i] == 0.0
+            horizon = status.at + 0.5
+        else:
+            assert status.at <= horizon and index.floor[i] > 0
+        at = status.at + share * (horizon - status.at)
+        low = roof.prefill_s(prompt) + slope * prompt + bound + index.floor[i]
+        cost = load.routing_cost(load.predict(status, at, deployment), pending, deployment, prompt)
+        assert low <= cost * (1 + 1e-12)
+
+
+@fast
+@given(
     st.dictionaries(st.sampled_from([f"n{i:02d}" for i in range(24)]), entry_strategy, max_size=24),
     st.lists(st.tuples(st.integers(0, 23), entry_strategy, st.integers(1, 4000), st.floats(0, 0.2)), max_size=8),
     st.sets(st.sampled_from([f"n{i:02d}" for i in range(24)]), max_size=3),

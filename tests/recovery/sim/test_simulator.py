@@ -81,6 +81,39 @@ def test_the_same_seed_gives_the_same_figures_for_every_request(busy_crash):
     assert busy_crash.requests(2) != busy_crash.requests(1)
 
 
+def test_requests_drawn_as_they_arrive_are_the_requests_drawn_up_front(busy_crash):
+    """A run that draws its own requests draws each as it arrives (an hour of a large fleet is millions of them):
+    the same requests, in the same order, and the same run as one given the whole list."""
+    two = scenarios.parse(
+        {
+            "duration_s": 20,
+            "fleet": [fleet(2), {**fleet(2), "name": "b", "model": "Llama-3-8B", "tp": 1}],
+            "workload": [
+                {"model": MODEL, "rate_rps": 4, "arrival": "gamma", "cv": 3, "tiers": {"premium": 1, "standard": 2}},
+                {"model": "Llama-3-8B", "rate_rps": 6, "lengths": "sharegpt"},
+            ],
+            "faults": {"per_1000_node_days": 0, "scripted": [crash(10.0, "b-1")]},
+        }
+    )
+    for scenario in (busy_crash, two):
+        for seed in (1, 2):
+            up_front = sorted(
+                (
+                    r
+                    for i, w in enumerate(scenario.workloads)
+                    for r in w.requests(scenario.duration_s, f"{seed}:workload[{i}]", scenario.context_tokens(w.model))
+                ),
+                key=lambda r: r.arrival_s,
+            )
+            assert list(scenario.arrivals(seed)) == scenario.requests(seed) == up_front
+    drawn = busy_run(busy_crash, "lifeline")
+    given = Simulation(busy_crash, "lifeline", 1, requests=busy_crash.requests(1)).run()
+    assert [f.request for f in drawn.flights] == busy_crash.requests(1)
+    assert [request_metrics(f) for f in drawn.flights] == [request_metrics(f) for f in given.flights]
+    assert [f.generated for f in drawn.flights] == [f.generated for f in given.flights]
+    assert drawn.events_processed == given.events_processed
+
+
 @pytest.mark.parametrize("policy", ["none", "fixed", "load_aware", "lifeline"])
 def test_an_interrupted_request_streams_exactly_what_an_undisturbed_run_does(busy_crash, policy):
     sim = busy_run(busy_crash, policy)
