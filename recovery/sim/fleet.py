@@ -229,6 +229,8 @@ class DecodeRun:
     ends: list[float]
     token: int  # the simulation's run counter when this run began: a run cut short never ends
     valid: int = 0  # steps that happen as a run (all of them, or those before it was cut short)
+    pages: list[tuple[int, list[tuple[int, int]]]] = field(default_factory=list)  # (step, [(position, blocks)])
+    pages_order: int = 0  # the event order of the first page event; the k-th has pages_order + k
 
     def __post_init__(self):
         self.valid = len(self.ends)
@@ -349,6 +351,10 @@ class Simulation:
     def _push(self, at: float, kind: str, *payload) -> None:
         self._order += 1
         heapq.heappush(self._heap, (at, self._order, kind, payload))
+
+    def _push_ordered(self, at: float, order: int, kind: str, *payload) -> None:
+        """An event with a place in the order taken earlier (`_order` advanced past it then)."""
+        heapq.heappush(self._heap, (at, order, kind, payload))
 
     def _new_core(self, spec: SimNode) -> EngineCore:
         """A node's engine as it starts: empty, with its model's degradation level's batch factor (the control plane
@@ -611,8 +617,14 @@ class Simulation:
         by_step: dict[int, list[tuple[int, int]]] = {}
         for at, position, blocks in sorted(pages):
             by_step.setdefault(at, []).append((position, blocks))
-        for at, completed in by_step.items():
-            self._push(run.ends[at], "pages", node.name, run, at, completed)
+        # One event per step that completes blocks, in step order; each pushed when the one before it is handled
+        # (a run is mostly cut short by the next arrival, and the events of its later steps would only be popped to
+        # be ignored), with the place in the event order it would have had pushed now (ties break the same way).
+        run.pages = list(by_step.items())
+        if run.pages:
+            run.pages_order = self._order + 1
+            self._order += len(run.pages)
+            self._push_ordered(run.ends[run.pages[0][0]], run.pages_order, "pages", node.name, run, 0)
         self._push(run.ends[-1], "run", node.name, run.token)
 
     def _decode_run(self, node: NodeState, plan: StepPlan, end: float) -> DecodeRun | None:
@@ -672,17 +684,22 @@ class Simulation:
         node.plan = plan
         self._push(run.ends[done], "step", node.name, node.epoch)
 
-    def _on_pages(self, name: str, run: DecodeRun, step: int, completed: list[tuple[int, int]]) -> None:
-        """Step `step` of a decode run completed KV blocks, (position in the batch, blocks) in batch order: a page
-        each to the sequence's holders, as _on_step sends a step's BlockComplete events."""
+    def _on_pages(self, name: str, run: DecodeRun, index: int) -> None:
+        """The `index`-th step of a decode run that completed KV blocks, (position in the batch, blocks) in batch
+        order: a page each to the sequence's holders, as _on_step sends a step's BlockComplete events. Then the next
+        such step's event, unless the run was cut short before it."""
+        step, completed = run.pages[index]
         if step >= run.valid:
-            return
+            return  # cut short (_settle) or the node failed: the later steps are ordinary ones, or never happen
         serving = self.nodes[name]
         for position, blocks in completed:
             seq = run.seqs[position]
             seq.streamed_blocks += blocks
             self._page(serving, self.in_flight[seq.request_id], blocks)
         self._flush_touched()
+        if index + 1 < len(run.pages):
+            at = run.ends[run.pages[index + 1][0]]
+            self._push_ordered(at, run.pages_order + index + 1, "pages", name, run, index + 1)
 
     def _on_run_end(self, name: str, token: int) -> None:
         node = self.nodes[name]
