@@ -347,7 +347,7 @@ def test_the_index_order_is_a_lower_bound_on_the_cost_until_the_floor_s_horizon(
     cost for a decision at any time from its status to that horizon, whatever the prompt."""
     names = [f"n{i:02d}" for i in range(len(entries))]
     index = load._Index(names, entries)
-    for i, (status, pending, deployment, weight) in enumerate(entries):
+    for i, (status, pending, deployment, _weight) in enumerate(entries):
         if index.where[i] is None:
             continue
         group, bound = index.where[i]
