@@ -363,14 +363,13 @@ def _silenced_tokens(tokens: Sequence[str]) -> list[int]:
     return [i for i, token in enumerate(tokens) if token in SPECIAL_TOKENS or len(token) == 1 and token not in allowed]
 
 
-def tiny_model(path: Path, *, seed: int = 0) -> Path:
-    """Write a small Llama GGUF with random weights (fixed by `seed`) and the tokenizer above; return `path`.
+@cache
+def tiny_weights(seed: int) -> dict[str, np.ndarray]:
+    """The tiny model's tensors under llama.cpp's GGUF names, fixed by `seed` (read-only: shared between calls).
 
-    The same seed gives the same bytes; another seed other weights but the same tokenizer. Writing takes
-    well under a second (~15 MB of f32), so there is no cache: each call writes the file afresh.
-    """
-    path = Path(path)
-    tokens, types, merges = tokenizer()
+    As llama.cpp lays them out: the rows of attn_q and attn_k are in its rotary order, which Hugging Face's
+    checkpoints permute (tests/vllm_engine.py undoes it for vLLM, so both engines compute the same model)."""
+    tokens = tokenizer()[0]
     rng = np.random.default_rng(seed)
 
     def normal(shape: tuple[int, ...], std: float) -> np.ndarray:
@@ -398,6 +397,21 @@ def tiny_model(path: Path, *, seed: int = 0) -> Path:
     output[_silenced_tokens(tokens)] = 0.0  # logit 0, far below the ~3 std winner: never chosen greedily
     tensors |= {"output_norm.weight": np.ones(N_EMBD, dtype=np.float32), "output.weight": output}
 
+    for array in tensors.values():
+        array.flags.writeable = False
+    return tensors
+
+
+def tiny_model(path: Path, *, seed: int = 0) -> Path:
+    """Write a small Llama GGUF with random weights (fixed by `seed`) and the tokenizer above; return `path`.
+
+    The same seed gives the same bytes; another seed other weights but the same tokenizer. Writing takes
+    well under a second (~15 MB of f32), so there is no cache: each call writes the file afresh.
+    """
+    path = Path(path)
+    tokens, types, merges = tokenizer()
+    tensors = tiny_weights(seed)
+
     writer = gguf.GGUFWriter(None, "llama")
     writer.add_name("lifeline-tiny-llama")
     writer.add_description(f"random weights, seed {seed}, written by tests/real_engine.py")
@@ -408,7 +422,7 @@ def tiny_model(path: Path, *, seed: int = 0) -> Path:
     writer.add_feed_forward_length(N_FF)
     writer.add_head_count(N_HEAD)
     writer.add_head_count_kv(N_HEAD_KV)
-    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_dimension_count(N_EMBD // N_HEAD)
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(len(tokens))

@@ -30,9 +30,13 @@ gives what Lifeline needs:
 
 What a stock engine cannot do through its API (stream KV pages to a holder,
 hand a request over at a token boundary, verify a draft model's tokens,
-change its batch limit, reset its GPUs, inject faults) is not among its
-capabilities: the agent answers 501 for it and lists it at
-`/agent/capabilities`, rather than pretend.
+change its batch limit, inject faults) is not among its capabilities: the
+agent answers 501 for it and lists it at `/agent/capabilities`, rather than
+pretend. Reloading the model and resetting the GPUs are offered only where
+the node owns the engine's process (`--engine-command`,
+workers.engine_process): reload is the engine's graceful shutdown and a fresh
+start, reset the same with the GPU reset between the two where the host
+allows it.
 
 Before the node registers, `probe` checks that the engine answers the way its
 dialect expects: the model it serves, the metric series, token ids in its
@@ -55,6 +59,7 @@ import aiohttp
 
 from workers.catalog import BLOCK_TOKENS, Deployment
 from workers.engine import EngineError, FinishEvent, ResumeInfo, Sequence, TokenEvent
+from workers.engine_process import EngineProcess
 from workers.openai_schema import ApiError, CompletionRequest, parse
 from workers.protocol import NodeStatus
 from workers.status_feed import StatusFeed
@@ -63,6 +68,7 @@ log = logging.getLogger(__name__)
 
 _SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\s+(?P<value>[-+0-9.eEInfa]+)")
 _UNREACHABLE = (aiohttp.ClientError, TimeoutError, OSError)
+GIVE_UP_AFTER_EXITS = 3  # an engine this node starts that exits this often without answering is given up on
 STEP_EWMA = 0.2  # weight of the newest inter-token gap in the measured step time
 
 
@@ -435,9 +441,6 @@ class Forwarded:
 class AdapterEngine:
     """A real engine behind the node agent: requests go to it as token ids, load comes from its metrics."""
 
-    # Resume by re-prefill only: a stock engine's KV can be neither streamed to a holder nor restored.
-    capabilities: frozenset[str] = frozenset({"resume"})
-
     def __init__(
         self,
         engine_url: str,
@@ -446,6 +449,8 @@ class AdapterEngine:
         kind: str = "vllm",
         engine_model: str | None = None,
         poll_s: float = 0.25,
+        process: EngineProcess | None = None,
+        ready_wait_s: float = 900.0,
     ):
         if kind not in DIALECTS and kind != "auto":
             raise ValueError(f"unknown engine kind {kind!r}: expected auto or one of {', '.join(DIALECTS)}")
@@ -475,15 +480,45 @@ class AdapterEngine:
         self._poke = asyncio.Event()
         self._task: asyncio.Task | None = None
         self.session: aiohttp.ClientSession | None = None
+        self.process = process  # the engine's process, where this node owns it (--engine-command)
+        self.ready_wait_s = ready_wait_s  # how long a restarted engine may take to answer /health
+        self._restarting: asyncio.Task | None = None
+        if process is not None:
+            process.on_exit = self._on_engine_exit
+            process.on_start = self._reverify
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        """Resume by re-prefill only: a stock engine's KV can be neither streamed to a holder nor restored. Reload
+        and GPU reset where this node owns the engine's process (the reset where the host allows it)."""
+        offered = {"resume"}
+        if self.process is not None:
+            offered.add("reload")
+            if self.process.can_reset:
+                offered.add("reset")
+        return frozenset(offered)
 
     def describe(self) -> dict:
         title = self.dialect.title if self.kind != "auto" else "not identified yet"
-        return {"kind": self.kind, "engine": title, "url": self.engine_url, "model": self.engine_model}
+        described: dict[str, object] = {
+            "kind": self.kind,
+            "engine": title,
+            "url": self.engine_url,
+            "model": self.engine_model,
+        }
+        if self.process is not None:
+            described["process"] = self.process.describe()
+        return described
 
     # --- lifecycle -------------------------------------------------------------
     def start(self) -> None:
         self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, connect=5, sock_read=600))
         self._task = asyncio.get_running_loop().create_task(self._poll_loop(self.session), name="engine-metrics")
+
+    async def start_process(self) -> None:
+        """Start the engine this node owns (before waiting for it to answer)."""
+        if self.process is not None:
+            await self.process.start()
 
     async def stop(self) -> None:
         tasks = [task for task, _ in self._relays.values()]
@@ -491,11 +526,68 @@ class AdapterEngine:
             self.abort(request_id)
         if self._task is not None:
             tasks.append(self._task)
+        if self._restarting is not None:
+            tasks.append(self._restarting)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self.process is not None:
+            await self.process.stop()  # its graceful shutdown: no engine outlives its sidecar
         if self.session is not None:
             await self.session.close()
+
+    # --- the engine's process, where this node owns it ------------------------------------------
+    def reload(self, cold: bool = True) -> int:
+        """The engine's graceful shutdown and a fresh start (a drain's remediation). Every request still in flight
+        fails (the drain moved them first; the gateway resumes any left). Returns how many failed."""
+        return self._restart("reload", reset=False)
+
+    def reset_gpus(self) -> int:
+        """The engine stopped, the GPUs reset, the engine started again. Returns how many requests failed."""
+        return self._restart("GPU reset", reset=True)
+
+    def _restart(self, why: str, reset: bool) -> int:
+        assert self.process is not None, "offered only where the node owns the engine"
+        failed = self._out_of_service(f"{why} of the engine on node {self.name}")
+        if self._restarting is not None and not self._restarting.done():
+            return failed  # one under way already: it ends in a fresh, verified engine
+        self._restarting = asyncio.get_running_loop().create_task(self._restart_process(reset), name="engine-restart")
+        return failed
+
+    async def _restart_process(self, reset: bool) -> None:
+        assert self.process is not None
+        await self.process.restart(reset=reset)
+        await self._reverify()
+
+    def _out_of_service(self, reason: str) -> int:
+        """Until the engine answers as before, the node serves nothing; what runs there fails, to be resumed."""
+        self.verified = False
+        self.engine_ready = False
+        failed = 0
+        for request_id, forwarded in list(self.forwarded.items()):
+            relay = self._relays.pop(request_id, None)
+            if relay is not None and relay[1] is not None:
+                relay[1].close()
+            self._finish(forwarded.seq, "error", {"reason": reason})
+            failed += 1
+        if self.model_state != "loading_full":
+            self.model_state = "loading_full"
+            self.publish("engine_restarting")
+        return failed
+
+    async def _on_engine_exit(self, code: int) -> None:
+        self._out_of_service(f"the engine of node {self.name} exited ({code})")
+
+    async def _reverify(self) -> None:
+        """A restarted engine serves again once it answers /health and as its dialect needs (`probe`)."""
+        if not await self.wait_ready(self.ready_wait_s):
+            log.error("%s: the restarted engine did not answer /health within %.0f s", self.name, self.ready_wait_s)
+            return
+        problems = await self.probe()
+        if problems:
+            log.error("%s: the restarted engine is refused: %s", self.name, "; ".join(problems))
+        else:
+            log.info("%s: the restarted engine answers as %s needs; serving again", self.name, self.dialect.title)
 
     def begin_load(self, cold: bool = True) -> None:
         pass  # the engine loads its own model; /health tells when it is ready
@@ -506,6 +598,8 @@ class AdapterEngine:
         while not self.engine_ready:
             if time.monotonic() > deadline:
                 return False
+            if self.process is not None and self.process.exits_unanswered >= GIVE_UP_AFTER_EXITS:
+                return False  # an engine this node starts that keeps exiting before it answers: no use waiting
             self.poke()
             await asyncio.sleep(self.poll_s)
         return True
@@ -773,6 +867,8 @@ class AdapterEngine:
         try:
             async with session.get(self.engine_url + "/health", timeout=aiohttp.ClientTimeout(total=2)) as health:
                 self.engine_ready = health.status == 200
+            if self.engine_ready and self.process is not None:
+                self.process.answered()
             state = "serving" if self.engine_ready and self.verified else "loading_full"
             async with session.get(self.engine_url + "/metrics", timeout=aiohttp.ClientTimeout(total=2)) as response:
                 figures = self.dialect.figures(await response.text())

@@ -437,6 +437,13 @@ async def switch_model(request: web.Request, runtime: NodeRuntime) -> web.Respon
     `vllm serve` restarted with another model would. 202 once it is on its way; 409 while requests are in flight."""
     body = await _body(request)
     engine = runtime.engine
+    if engine.describe()["kind"] != "emulated":
+        return error(
+            501,
+            "This node fronts a real engine, whose model is set by the engine's own command line: start the engine "
+            "on the other model (and the node with its --model), rather than switching it here",
+            "model",
+        )
     model = body.get("model")
     if not isinstance(model, str) or model not in catalog.MODELS or catalog.MODELS[model].is_draft:
         served = ", ".join(k for k, m in catalog.MODELS.items() if not m.is_draft)

@@ -48,9 +48,12 @@ class ServingEngine(Protocol):
     model: Model
     deployment: Deployment
     model_state: str  # one of workers.protocol.MODEL_STATES
-    capabilities: frozenset[str]  # the keys of CAPABILITIES it offers
     counters: dict[str, float]  # sent in /agent/status; vLLM's names where one exists
     busy_s: float  # seconds spent working, for the emulated GPUs' utilization
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        """The keys of CAPABILITIES it offers."""
 
     @property
     def used_blocks(self) -> int:

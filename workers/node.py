@@ -25,17 +25,19 @@ import socket
 import sys
 import time
 import uuid
+from pathlib import Path
 from typing import cast
 
 from aiohttp import web
 
 from workers import catalog, protocol
-from workers.adapter import DIALECTS, AdapterEngine, EngineMismatch
+from workers.adapter import DIALECTS, GIVE_UP_AFTER_EXITS, AdapterEngine, EngineMismatch
 from workers.agent import build_app, offered_capabilities
 from workers.checkpoint import CheckpointStreamer
 from workers.control import ControlPlaneLink
 from workers.engine import Engine, EngineConfig
 from workers.engine_api import ServingEngine
+from workers.engine_process import EngineProcess, EngineStartError, default_reset_command
 from workers.faults import FaultState
 from workers.kvstore import CheckpointStore
 from workers.moe import ExpertRoutingTable
@@ -180,6 +182,31 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="seconds to wait for the engine to load its model before giving up (default 900)",
     )
     parser.add_argument(
+        "--engine-command",
+        default=env("LIFELINE_ENGINE_COMMAND"),
+        help="with --engine-url: the command that starts the engine; the node then owns its process: starts it, "
+        "starts it again when it dies, stops it with itself, and offers reload (the engine's graceful shutdown "
+        "and a fresh start) and GPU reset (workers.engine_process)",
+    )
+    parser.add_argument(
+        "--engine-log",
+        default=env("LIFELINE_ENGINE_LOG"),
+        help="with --engine-command: the file the engine's output is appended to (default: discarded)",
+    )
+    parser.add_argument(
+        "--engine-stop-timeout",
+        type=float,
+        default=float(env("LIFELINE_ENGINE_STOP_TIMEOUT_S", "30")),
+        help="with --engine-command: seconds the engine gets after SIGTERM to shut down before SIGKILL (default 30)",
+    )
+    parser.add_argument(
+        "--gpu-reset-command",
+        default=env("LIFELINE_GPU_RESET_COMMAND"),
+        help="with --engine-command: how to reset this node's GPUs while the engine is stopped, {gpus} replaced by "
+        "their indices (default: nvidia-smi --gpu-reset -i {gpus}, offered where NVML sees GPUs, nvidia-smi is "
+        "installed and the node runs as root; elsewhere no reset is offered)",
+    )
+    parser.add_argument(
         "--expert-workers",
         default=env("LIFELINE_EXPERT_WORKERS", ""),
         help="an MoE attention worker: its expert workers as name=URL, comma-separated (with --ert); every layer's "
@@ -233,6 +260,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--expert-wait must be positive (seconds)")
     if args.expert_workers or args.ert:
         args.expert_table = expert_table(parser, args)
+    if args.engine_command is not None and not args.engine_url:
+        parser.error("--engine-command starts a real engine: give --engine-url too, the address it will answer at")
+    if args.engine_command is not None and not args.engine_command.strip():
+        parser.error("--engine-command is empty: give the command that starts the engine")
+    if args.gpu_reset_command and args.engine_command is None:
+        parser.error("--gpu-reset-command needs --engine-command: a GPU can be reset only while its engine is stopped")
+    if args.engine_stop_timeout <= 0:
+        parser.error("--engine-stop-timeout must be positive (seconds)")
     if args.enable_faults and not os.environ.get("LIFELINE_FAULT_TOKEN"):
         parser.error(
             "--enable-faults needs LIFELINE_FAULT_TOKEN in the environment: fault injection is always behind a token"
@@ -288,7 +323,23 @@ def build_engine(
 ) -> ServingEngine:
     """The emulated GPU engine, or an adapter in front of the real engine at --engine-url."""
     if args.engine_url:
-        return AdapterEngine(args.engine_url, deployment, args.name, args.engine_kind, args.engine_model)
+        process = None
+        if args.engine_command:
+            process = EngineProcess(
+                args.engine_command,
+                log_path=Path(args.engine_log) if args.engine_log else None,
+                stop_timeout_s=args.engine_stop_timeout,
+                reset_command=args.gpu_reset_command or None,  # or nvidia-smi's, once NVML has seen the GPUs
+            )
+        return AdapterEngine(
+            args.engine_url,
+            deployment,
+            args.name,
+            args.engine_kind,
+            args.engine_model,
+            process=process,
+            ready_wait_s=args.engine_wait,
+        )
     return Engine(
         deployment,
         EngineConfig(time_scale=args.time_scale, max_num_seqs=args.max_num_seqs),
@@ -338,6 +389,10 @@ def build_runtime(args: argparse.Namespace) -> tuple[NodeRuntime, DcgmCollector]
         park_grace_s=args.park_grace,
     )
     identity.gpus = runtime.telemetry.gpus() or identity.gpus  # real GPUs when NVML sees them
+    process = getattr(engine, "process", None)
+    if isinstance(process, EngineProcess) and runtime.telemetry.source == "nvml":
+        process.gpus = tuple(gpu.index for gpu in identity.gpus)
+        process.reset_command = process.reset_command or default_reset_command(process.gpus)
     return runtime, DcgmCollector(runtime.telemetry, identity.host, identity.name)
 
 
@@ -436,14 +491,15 @@ async def serve(args: argparse.Namespace) -> str | None:
         loop.add_signal_handler(signum, stop.set)
 
     link = None
-    refused: list[EngineMismatch] = []
+    refused: list[EngineMismatch | EngineStartError] = []
 
     async def join() -> None:
         """Register once the engine is known to answer as it must (a real engine's adapter checks it first)."""
         if isinstance(engine, AdapterEngine):
             try:
+                await engine.start_process()  # the engine this node owns (--engine-command), if any
                 await _check_engine(engine, args.engine_wait)
-            except EngineMismatch as exc:
+            except (EngineMismatch, EngineStartError) as exc:
                 refused.append(exc)
                 stop.set()
                 return
@@ -484,6 +540,13 @@ async def serve(args: argparse.Namespace) -> str | None:
 async def _check_engine(engine: AdapterEngine, wait_s: float) -> None:
     """Before registering: the real engine answers as its adapter needs, or the node stops saying why."""
     if not await engine.wait_ready(wait_s):
+        process = engine.process
+        if process is not None and process.exits_unanswered >= GIVE_UP_AFTER_EXITS:
+            raise EngineMismatch(
+                f"the engine this node starts ({process.describe()['command']}) exited "
+                f"{process.exits_unanswered} times before it answered /health at {engine.engine_url}"
+                + (f": see its output in {process.log_path}" if process.log_path else ": give --engine-log to see why")
+            )
         raise EngineMismatch(f"the engine at {engine.engine_url} did not answer /health with 200 within {wait_s:.0f} s")
     await engine.identify()
     problems = await engine.probe()
@@ -567,7 +630,7 @@ def main(argv=None) -> None:
     except catalog.CatalogError as exc:
         sys.stderr.write(f"workers.node: {exc}\n")
         sys.exit(2)
-    except EngineMismatch as exc:
+    except (EngineMismatch, EngineStartError) as exc:
         sys.stderr.write(f"workers.node: {exc}\n")
         sys.exit(3)
     if switch_to:

