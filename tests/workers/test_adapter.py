@@ -2,9 +2,10 @@
 re-prefill, and the refusal of an engine that does not answer as the adapter needs.
 
 The vLLM dialect runs here against our emulated node, which serves vLLM's API surface (its /tokenize,
-/v1/completions with token ids as the prompt and `return_token_ids`, its metric names); the llama.cpp
-dialect runs against a real llama-server in tests/workers/test_real_engine.py and tests/e2e. SGLang
-cannot run on this machine: its dialect is read against the messages its documentation shows.
+/v1/completions with token ids as the prompt and `return_token_ids`, its metric names), and against vLLM
+itself (its CPU build) in tests/recovery/gateway/test_vllm_engine.py; the llama.cpp dialect runs against a
+real llama-server in tests/workers/test_real_engine.py and tests/e2e. SGLang cannot run on this machine
+(it needs a GPU build): its dialect is read against the messages its documentation shows.
 """
 
 import asyncio
