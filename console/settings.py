@@ -177,7 +177,7 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_TIMEZONE = "UTC"
-CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+CELERY_BEAT_SCHEDULER = "console.beat:Scheduler"  # django-celery-beat's, with a sign of life
 
 # --- Node lifecycle (source document 004) -----------------------------------
 LIFELINE_HEARTBEAT_INTERVAL_S = env.number("LIFELINE_HEARTBEAT_INTERVAL_S", 1.0, minimum=0.05, maximum=60)

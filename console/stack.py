@@ -95,6 +95,12 @@ class Child:
     exited_at: float | None = None
     log_path: Path | None = None
     history: list[int] = field(default_factory=list)  # pids, oldest first
+    # A sign of life: a file the child touches while it works (celery beat, console/beat.py). Once it is older
+    # than `alive_within_s` the child is taken as stuck and killed (SIGKILL to its group: a stuck process may not
+    # run a SIGTERM handler), then restarted as after any exit.
+    alive_file: Path | None = None
+    alive_within_s: float = 30.0
+    started_wall: float = 0.0
     # A clean stop signals only the leader, which stops what it forked itself (a Celery worker's warm shutdown
     # lets its pool finish the tasks it holds; SIGTERM to the pool would lose them: WorkerLostError). The group
     # is still killed once the leader is gone or the stop's deadline passes.
@@ -134,6 +140,7 @@ class Supervisor:
             handle.close()
         child.history.append(child.proc.pid)
         child.exited_at = None
+        child.started_wall = time.time()
         self.children[child.name] = child
         return child
 
@@ -142,7 +149,10 @@ class Supervisor:
         restarted = []
         now = time.monotonic()
         for child in list(self.children.values()):
-            if child.proc is None or child.proc.poll() is None:
+            if child.proc is None:
+                continue
+            if child.proc.poll() is None:
+                self._kill_if_stuck(child)
                 continue
             if child.exited_at is None:
                 child.exited_at = now
@@ -154,6 +164,25 @@ class Supervisor:
                 self.spawn(child)
                 restarted.append(child)
         return restarted
+
+    def _kill_if_stuck(self, child: Child) -> None:
+        if child.alive_file is None or child.proc is None:
+            return
+        try:
+            touched = child.alive_file.stat().st_mtime
+        except OSError:
+            touched = 0.0
+        silent = time.time() - max(touched, child.started_wall)
+        if silent > child.alive_within_s:
+            log.warning(
+                "%s (pid %s) gave no sign of life for %.0f s (%s): killed, to be started again",
+                child.name,
+                child.proc.pid,
+                silent,
+                child.alive_file,
+            )
+            _signal_group(child.proc.pid, signal.SIGKILL)
+            child.proc.wait()
 
     def exited(self, name: str) -> bool:
         child = self.children.get(name)

@@ -65,3 +65,55 @@ def test_free_ports_are_consecutive_free_and_outside_the_range_outgoing_connecti
     with socket.create_server(("127.0.0.1", 0)) as server:
         with socket.create_connection(server.getsockname()) as client:
             assert low <= client.getsockname()[1] <= high
+
+
+# A child that touches its sign-of-life file while it works, then gets stuck: it stops touching it and ignores
+# SIGTERM, as celery beat did after a Redis restart in the chaos soak.
+STUCK = """
+import pathlib, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+alive = pathlib.Path(sys.argv[1])
+for _ in range(5):
+    alive.touch()
+    time.sleep(0.1)
+time.sleep(600)
+"""
+
+
+def test_a_child_that_stops_giving_signs_of_life_is_killed_and_started_again(tmp_path, caplog):
+    alive = tmp_path / "beat.alive"
+    supervisor = Supervisor(tmp_path / "log")
+    child = supervisor.spawn(
+        Child(
+            "beat",
+            [sys.executable, "-c", STUCK, str(alive)],
+            {},
+            restart_delay_s=0,
+            alive_file=alive,
+            alive_within_s=1.5,
+        )
+    )
+    first = child.pid
+    try:
+        for _ in range(10):  # while it touches the file, and for a while after: not yet stale
+            assert supervisor.poll() == []
+            time.sleep(0.1)
+        deadline = time.monotonic() + 10
+        while child.pid == first:
+            assert time.monotonic() < deadline, "the stuck child was not replaced"
+            supervisor.poll()
+            time.sleep(0.1)
+        assert child.restarts == 1 and child.history == [first, child.pid]
+        assert any(f"beat (pid {first}) gave no sign of life" in r.getMessage() for r in caplog.records)
+    finally:
+        supervisor.stop(timeout_s=1)
+
+
+def test_a_child_without_a_sign_of_life_file_is_never_taken_as_stuck(tmp_path):
+    supervisor = Supervisor(tmp_path / "log")
+    child = supervisor.spawn(Child("quiet", [sys.executable, "-c", "import time; time.sleep(600)"], {}))
+    try:
+        child.started_wall -= 3600  # an hour of silence
+        assert supervisor.poll() == [] and child.alive
+    finally:
+        supervisor.stop(timeout_s=1)

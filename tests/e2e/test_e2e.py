@@ -144,3 +144,12 @@ def test_demo_nodes_take_faults_with_the_token_in_demo_json(demo_stack):
     status, body = http_json(node["address"] + "/agent/faults", method="DELETE", headers=token)
     assert status == 200 and body["active"] == []
     assert http_json(node["address"] + "/agent/faults", data={"kind": "crash"})[0] == 401  # never without the token
+
+
+def test_the_demo_s_beat_gives_signs_of_life_its_supervisor_reads(demo_stack):
+    """celery beat touches var/beat.alive at every tick of its loop (console/beat.py); the demo's supervisor kills
+    and restarts a beat whose file goes stale (tests/console/test_stack_processes.py)."""
+    alive = demo_stack.var_dir / "beat.alive"
+    first = wait_for(lambda: alive.exists() and alive.stat().st_mtime, 30, 0.2, "beat's sign of life")
+    later = wait_for(lambda: alive.stat().st_mtime > first and alive.stat().st_mtime, 15, 0.2, "a later tick")
+    assert time.time() - later < 10

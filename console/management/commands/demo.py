@@ -39,6 +39,7 @@ from workers.moe import expert_bytes
 # that saw the nodes deregister would raise the level, an incident at every stop), then the gateways and the nodes
 # (they deregister through web and Redis), then everything else.
 STOP_FIRST = ["traffic", "beat", "worker"]
+BEAT_SILENT_S = 30.0  # a beat that has not ticked for this long is stuck: killed and started again
 
 
 def stop_phases(children: list[str]) -> list[list[str]]:
@@ -259,12 +260,15 @@ class Command(BaseCommand):
             "--without-mingle",
         ]
         self.supervisor.spawn(Child("worker", worker, env, restart_delay_s=2, term_leader_only=True))
+        alive = Path(settings.VAR_DIR) / "beat.alive"  # console/beat.py touches it at every tick
         self.supervisor.spawn(
             Child(
                 "beat",
                 [python(), "-m", "celery", "-A", "console", "beat", "-l", "INFO", "--pidfile="],
-                env,
+                {**env, "LIFELINE_BEAT_ALIVE_FILE": str(alive)},
                 restart_delay_s=2,
+                alive_file=alive,
+                alive_within_s=BEAT_SILENT_S,
             )
         )
         gateways = []
