@@ -240,12 +240,27 @@ def chat_stream(
     that took it). `on_token(count, node)` runs after each token (to kill its node mid-stream, say); OpenAI clients
     skip SSE comments, so they are read here (a move is announced in one). An error event in the stream fails the
     caller unless `error_ok` (a test that means to end a stream in one). `params`: the request's other fields."""
+    return _openai_stream(base, key, model, prompt, on_token, error_ok, True, params)
+
+
+def completion_stream(
+    base: str, key: str, model: str, prompt: str, on_token=None, *, error_ok: bool = False, **params
+) -> tuple[str, list[str], str]:
+    """chat_stream's completion: the same, with `prompt` as a completion's prompt."""
+    return _openai_stream(base, key, model, prompt, on_token, error_ok, False, params)
+
+
+def _openai_stream(base, key, model, prompt, on_token, error_ok, chat, params) -> tuple[str, list[str], str]:
     import openai
 
     client = openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0)
-    with client.chat.completions.with_streaming_response.create(
-        model=model, messages=[{"role": "user", "content": prompt}], stream=True, **params
-    ) as response:
+    if chat:
+        streaming = client.chat.completions.with_streaming_response.create(
+            model=model, messages=[{"role": "user", "content": prompt}], stream=True, **params
+        )
+    else:
+        streaming = client.completions.with_streaming_response.create(model=model, prompt=prompt, stream=True, **params)
+    with streaming as response:
         node = response.headers["x-lifeline-node"]
         text, comments, count = [], [], 0
         for line in response.iter_lines():
@@ -254,9 +269,32 @@ def chat_stream(
             elif line.startswith("data: {"):
                 chunk = json.loads(line[6:])
                 assert error_ok or "error" not in chunk, chunk
-                if chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
-                    text.append(chunk["choices"][0]["delta"]["content"])
+                choice = chunk["choices"][0] if chunk.get("choices") else {}
+                piece = choice["delta"].get("content") if chat else choice.get("text")
+                if piece:
+                    text.append(piece)
                     count += 1
                     if on_token:
                         on_token(count, node)
     return "".join(text), comments, node
+
+
+async def sse_choices(address: str, path: str, body: dict, headers: dict | None = None) -> tuple[list[dict], dict]:
+    """The choices of every chunk of a streamed answer, and its usage."""
+    import aiohttp
+
+    choices, usage = [], None
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            address + path,
+            json={**body, "stream": True, "stream_options": {"include_usage": True}},
+            headers=headers or {},
+        ) as response:
+            assert response.status == 200, await response.text()
+            async for raw in response.content:
+                line = raw.decode().strip()
+                if line.startswith("data: {"):
+                    chunk = json.loads(line[6:])
+                    choices += chunk["choices"]
+                    usage = chunk.get("usage") or usage
+    return choices, usage

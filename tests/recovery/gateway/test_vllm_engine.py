@@ -12,15 +12,13 @@ The server takes 30-70 s to start here, so one serves the whole module; the last
 """
 
 import asyncio
-import json
 import threading
 
-import aiohttp
 import openai
 import pytest
 
 from tests.gateway_cluster import AGENT, KEY
-from tests.helpers import http_json, wait_for
+from tests.helpers import completion_stream, http_json, sse_choices, wait_for
 from tests.real_engine import LlamaServer, tiny_model
 from tests.vllm_engine import VllmServer, VllmUnavailable, tiny_hf_model, vllm_python
 
@@ -29,6 +27,7 @@ SERVED_AS = "lifeline/tiny-llama"
 AGENT_HEAD = {"Authorization": f"Bearer {AGENT}"}
 ENV = {"LIFELINE_AGENT_TOKEN": AGENT}
 OFFERS = ["openai", "events", "resume", "telemetry"]
+GREEDY = {"max_tokens": 200, "temperature": 0}
 
 
 @pytest.fixture(scope="module")
@@ -47,23 +46,6 @@ def _post(url: str, body: dict) -> dict:
     status, answer = http_json(url, data=body, timeout=60)
     assert status == 200, answer
     return answer
-
-
-async def _stream(address: str, path: str, body: dict, headers: dict | None = None) -> tuple[list[dict], dict]:
-    """The choices of every chunk of a streamed answer, and its usage."""
-    choices, usage = [], None
-    async with aiohttp.ClientSession() as session:
-        async with session.post(
-            address + path, json={**body, "stream": True, "stream_options": {"include_usage": True}}, headers=headers
-        ) as response:
-            assert response.status == 200, await response.text()
-            async for raw in response.content:
-                line = raw.decode().strip()
-                if line.startswith("data: {"):
-                    chunk = json.loads(line[6:])
-                    choices += chunk["choices"]
-                    usage = chunk.get("usage") or usage
-    return choices, usage
 
 
 def _text(choices: list[dict]) -> str:
@@ -86,12 +68,14 @@ async def test_a_node_fronts_a_real_vllm_reads_its_load_and_resumes_on_it_by_re_
     body = {"model": MODEL, "prompt": "The fleet", "max_tokens": 40, "temperature": 0}
     through = _post(node.address + "/v1/completions", body)
     assert through["choices"][0]["text"] == direct["choices"][0]["text"] and through["usage"]["completion_tokens"] == 40
-    streamed, usage = await _stream(node.address, "/v1/completions", {**body, "lifeline": {"return_token_ids": True}})
+    streamed, usage = await sse_choices(
+        node.address, "/v1/completions", {**body, "lifeline": {"return_token_ids": True}}
+    )
     assert _text(streamed) == direct["choices"][0]["text"] and usage["completion_tokens"] == 40
     assert [i for c in streamed for i in c.get("token_ids", [])] == direct["choices"][0]["token_ids"]
 
     # Its load, while a long stream runs: vLLM's running count and the adapter's own decode batch.
-    long = asyncio.create_task(_stream(node.address, "/v1/completions", {**body, "max_tokens": 1500}))
+    long = asyncio.create_task(sse_choices(node.address, "/v1/completions", {**body, "max_tokens": 1500}))
     load = await asyncio.to_thread(
         wait_for,
         lambda: (s := http_json(node.address + "/agent/status")[1]["load"])["decode_batch"] == 1 and s["step_ms"] and s,
@@ -108,10 +92,10 @@ async def test_a_node_fronts_a_real_vllm_reads_its_load_and_resumes_on_it_by_re_
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "resume me"}]}),
     ):
         request = {"model": MODEL, **base, "max_tokens": 60, "temperature": 0}
-        whole, _ = await _stream(node.address, path, {**request, "lifeline": {"return_token_ids": True}})
+        whole, _ = await sse_choices(node.address, path, {**request, "lifeline": {"return_token_ids": True}})
         ids = [i for c in whole for i in c.get("token_ids", [])]
         assert len(ids) == 60, path
-        resumed, usage = await _stream(
+        resumed, usage = await sse_choices(
             node.address,
             path,
             {**request, "lifeline": {"return_token_ids": True, "resume": {"generated_token_ids": ids[:23]}}},
@@ -124,28 +108,6 @@ async def test_a_node_fronts_a_real_vllm_reads_its_load_and_resumes_on_it_by_re_
 
 def _client(base: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0)
-
-
-def completion_stream(base: str, prompt: str, on_token=None) -> tuple[str, list[str], str]:
-    """A completion streamed through the gateway by the official client: (text, SSE comments, the first node).
-    `on_token(count, node)` after each token. (A completion, not a chat: see the module's note on templates.)"""
-    with _client(base).completions.with_streaming_response.create(
-        model=MODEL, prompt=prompt, max_tokens=200, temperature=0, stream=True
-    ) as response:
-        node = response.headers["x-lifeline-node"]
-        text, comments, count = [], [], 0
-        for line in response.iter_lines():
-            if line.startswith(":"):
-                comments.append(line)
-            elif line.startswith("data: {"):
-                chunk = json.loads(line[6:])
-                assert "error" not in chunk, chunk
-                if chunk.get("choices") and chunk["choices"][0].get("text"):
-                    text.append(chunk["choices"][0]["text"])
-                    count += 1
-                    if on_token:
-                        on_token(count, node)
-    return "".join(text), comments, node
 
 
 async def test_a_mixed_fleet_of_vllm_and_llama_cpp_resumes_a_killed_vllm_s_streams_with_identical_text(
@@ -175,7 +137,7 @@ async def test_a_mixed_fleet_of_vllm_and_llama_cpp_resumes_a_killed_vllm_s_strea
         assert done.usage.completion_tokens == 40 and streamed == done.choices[0].text
 
         prompts = [f"Stream number {i} tells the operator what happened" for i in range(4)]
-        undisturbed = [await asyncio.to_thread(completion_stream, base, p) for p in prompts]
+        undisturbed = [await asyncio.to_thread(completion_stream, base, KEY, MODEL, p, **GREEDY) for p in prompts]
 
         # Four streams spread over both engines by their load; vLLM SIGKILLed (the whole server) under the first
         # of its streams to reach 40 tokens.
@@ -189,7 +151,7 @@ async def test_a_mixed_fleet_of_vllm_and_llama_cpp_resumes_a_killed_vllm_s_strea
                     vllm.kill()
 
         disturbed = await asyncio.gather(
-            *(asyncio.to_thread(completion_stream, base, p, kill_vllm_at_40) for p in prompts)
+            *(asyncio.to_thread(completion_stream, base, KEY, MODEL, p, kill_vllm_at_40, **GREEDY) for p in prompts)
         )
         assert killed == ["vllm-0"], [d[2] for d in disturbed]
         assert {d[2] for d in disturbed} == {"vllm-0", "llama-0"}  # spread over both by the engines' own load
