@@ -270,7 +270,7 @@ def _openai_stream(base, key, model, prompt, on_token, error_ok, chat, params) -
                 chunk = json.loads(line[6:])
                 assert error_ok or "error" not in chunk, chunk
                 choice = chunk["choices"][0] if chunk.get("choices") else {}
-                piece = choice["delta"].get("content") if chat else choice.get("text")
+                piece = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
                 if piece:
                     text.append(piece)
                     count += 1
