@@ -59,6 +59,9 @@ REMEDIATION_NAMES = {
     Remediation.SWITCH_MODEL: "switch of model",
 }
 MIGRATE_AGAIN_S = 10.0  # requests still on the node this long after the migration command: ask the gateways again
+# A drained node that is down (its supervisor restarting it) is waited for this long before its remediation is
+# called failed: a reset or reload asked of a node that is not there yet fails for nothing.
+REMEDIATE_WAIT_S = 300.0
 
 
 class DrainRefused(ValueError):
@@ -597,6 +600,22 @@ def _in_flight(node: Node) -> int:
     return max(on_node, through_gateways)
 
 
+def _wait_for_node(drain: Drain, node: Node, why: str) -> bool:
+    """The drained node is not there to remediate (down, restarting): said once on the drain, tried again at the
+    next pass, until REMEDIATE_WAIT_S after it was drained."""
+    if DrainStep.objects.filter(drain=drain, details__waiting_for_node=True).exists():
+        return False
+    _step(
+        drain,
+        drain.state,
+        drain.state,
+        f"{why}: the {REMEDIATION_NAMES[drain.remediation]} waits for it to come back "
+        f"(at most {REMEDIATE_WAIT_S:.0f} s after the drain)",
+        waiting_for_node=True,
+    )
+    return True
+
+
 def _remediate(drain: Drain, node: Node, actor: str) -> bool:
     if drain.remediation == Remediation.HARDWARE_REPAIR:
         audit.record(actor, "hardware_repair", f"node:{node.name}", drain.reason, drain=drain.pk)
@@ -607,6 +626,10 @@ def _remediate(drain: Drain, node: Node, actor: str) -> bool:
             finished_at=timezone.now(),
             outcome="handed to hardware repair",
         )
+    waited = (timezone.now() - drain.state_changed_at).total_seconds()
+    name = REMEDIATION_NAMES[drain.remediation]
+    if node.state != NodeState.SERVING and waited < REMEDIATE_WAIT_S:
+        return _wait_for_node(drain, node, f"{node.name} is {node.state}")
     if drain.remediation == Remediation.SWITCH_MODEL:
         path, body, accepted = "/agent/model", {"model": drain.switch_to}, 202
     else:
@@ -615,9 +638,12 @@ def _remediate(drain: Drain, node: Node, actor: str) -> bool:
     try:
         status, answer = nodeclient.call(node.address, "POST", path, body, timeout=5)
     except nodeclient.NodeUnreachable as exc:
+        if waited < REMEDIATE_WAIT_S:
+            return _wait_for_node(drain, node, f"{node.name} does not answer ({exc})")
         status, answer = 0, {"error": {"message": str(exc)}}
     if status != accepted:
         message = answer.get("error", {}).get("message", status) if isinstance(answer.get("error"), dict) else answer
+        health.set_health(node, Health.UNHEALTHY, f"drain #{drain.pk}: {name} failed: {message}", actor=actor)
         return _move(
             drain,
             DrainState.FAILED,

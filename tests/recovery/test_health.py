@@ -6,9 +6,11 @@ import json
 import threading
 import time
 import uuid
+from datetime import timedelta
 
 import pytest
 from django.core import mail
+from django.utils import timezone
 
 from recovery import hot
 from recovery.actions import capacity, drains, health, nodes, streams
@@ -397,6 +399,59 @@ def test_an_approved_drain_runs_to_the_end_against_a_real_node(pair, commit, cas
         "verifying",
         "returned",
     ]
+
+
+def test_a_drained_node_that_is_down_is_remediated_once_it_is_back_not_failed_at_once(pair, commit, cast):
+    """Found by the chaos soak: a node found corrupt was killed (a rack lost) while its drain waited for approval;
+    the drain's GPU reset then met a refused connection, the drain failed, and the node stayed DRAINING after its
+    restart, out of service for good. The remediation now waits for the node (REMEDIATE_WAIT_S)."""
+    a, _ = pair
+    node = Node.objects.get(name="hc-a")
+    drain = commit(
+        drains.propose, node, source="operator", requested_by=cast["operator"], reason="corrupt", remediation="reset"
+    )
+    commit(drains.decide, drain, cast["oncall"], "approve", "go")
+
+    def step():
+        drain.refresh_from_db()
+        moved = commit(drains.advance, drain)
+        drain.refresh_from_db()
+        return drain.state, moved
+
+    assert step()[0] == DrainState.CORDONED
+    assert step()[0] == DrainState.DRAINING
+    commit(lambda: Node.objects.filter(pk=node.pk).update(state=NodeState.DOWN))  # its heartbeats stopped
+    assert step()[0] == DrainState.DRAINED
+    assert step() == (DrainState.DRAINED, True)  # said once on the drain ...
+    assert step() == (DrainState.DRAINED, False)  # ... and waited for
+    [waiting] = drain.steps.filter(details__waiting_for_node=True)
+    assert "hc-a is down: the GPU reset waits for it to come back" in waiting.cause
+    commit(lambda: Node.objects.filter(pk=node.pk).update(state=NodeState.SERVING))  # registered again
+    assert step()[0] == DrainState.REMEDIATING  # the reset asked of the node that is back
+
+    # A node that stays away past the wait: the drain fails, and the node is UNHEALTHY (not left DRAINING).
+    drain2 = commit(
+        drains.propose,
+        Node.objects.get(name="hc-b"),
+        source="operator",
+        requested_by=cast["operator"],
+        reason="corrupt",
+        remediation="reset",
+    )
+    commit(drains.decide, drain2, cast["oncall"], "approve", "go")
+    commit(drains.decide, drain2, cast["admin"], "approve", "go too")  # another drain is open in the pool: two
+    for _ in range(2):
+        commit(drains.advance, Drain.objects.get(pk=drain2.pk))
+    commit(lambda: Node.objects.filter(name="hc-b").update(state=NodeState.DOWN))
+    commit(drains.advance, Drain.objects.get(pk=drain2.pk))
+    assert Drain.objects.get(pk=drain2.pk).state == DrainState.DRAINED
+    long_ago = timezone.now() - timedelta(seconds=drains.REMEDIATE_WAIT_S + 1)
+    commit(lambda: Drain.objects.filter(pk=drain2.pk).update(state_changed_at=long_ago))
+    b_stopped = Node.objects.get(name="hc-b")
+    commit(lambda: Node.objects.filter(pk=b_stopped.pk).update(address="http://127.0.0.1:1"))  # nothing listens
+    commit(drains.advance, Drain.objects.get(pk=drain2.pk))
+    assert Drain.objects.get(pk=drain2.pk).state == DrainState.FAILED
+    assert Node.objects.get(name="hc-b").health == Health.UNHEALTHY
 
 
 def hand_to_repair(commit, cast, node):

@@ -5,6 +5,7 @@ is refused at approval, saying what changed; approved, the node drains, switches
 canary and serves the new model, each step on the incident's timeline."""
 
 import json
+from datetime import timedelta
 
 import pytest
 from django.utils import timezone
@@ -271,6 +272,11 @@ def test_a_switch_the_node_refuses_fails_the_proposal_and_starts_no_other(commit
     drain = Drain.objects.get(placement=proposal)
     for _ in range(4):
         commit(drains.advance, Drain.objects.get(pk=drain.pk))
+    # A node that does not answer may be restarting: its switch is waited for, then failed.
+    assert Drain.objects.get(pk=drain.pk).state == DrainState.DRAINED
+    long_ago = timezone.now() - timedelta(seconds=drains.REMEDIATE_WAIT_S + 1)
+    commit(lambda: Drain.objects.filter(pk=drain.pk).update(state_changed_at=long_ago))
+    commit(drains.advance, Drain.objects.get(pk=drain.pk))
     assert Drain.objects.get(pk=drain.pk).state == DrainState.FAILED
     assert commit(replacement.advance, PlacementProposal.objects.get(pk=proposal.pk))
     failed = PlacementProposal.objects.get(pk=proposal.pk)
