@@ -37,7 +37,7 @@ from urllib.parse import urlsplit, urlunsplit
 import aiohttp
 import redis
 
-from benchmarks.common import BASE_DIR
+from benchmarks.common import BASE_DIR, issue_token
 from benchmarks.harness import WORDS, expected_ids
 from clients.resuming import Resumes, StreamFailed, stream
 from console.stack import free_port
@@ -216,15 +216,7 @@ class Soak:
     def token_for(self, user: str) -> str:
         """An API token acting as the demo's `user` (its users are named after their roles), issued once."""
         if self.second_token is None:
-            out = subprocess.run(
-                [sys.executable, "manage.py", "issue_token", user, "--label", "chaos soak"],
-                cwd=BASE_DIR,
-                env=self.env,
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-            self.second_token = out.stdout.strip()
+            self.second_token = issue_token(user, self.env, label="chaos soak")
         return self.second_token
 
     def cluster(self) -> dict:

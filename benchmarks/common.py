@@ -144,3 +144,9 @@ def scratch_database(prefix: str, postgres_only: str = "") -> tuple[str, callabl
             connection.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
     return f"{base}/{name}", drop
+
+
+def issue_token(username: str, env: dict[str, str], label: str = "benchmark") -> str:
+    """An API token acting as the demo's `username` (its users are named after their roles), from manage.py."""
+    command = [sys.executable, "manage.py", "issue_token", username, "--label", label]
+    return subprocess.run(command, cwd=BASE_DIR, env=env, capture_output=True, text=True, check=True).stdout.strip()

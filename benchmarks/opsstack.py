@@ -4,12 +4,11 @@
 import os
 import secrets
 import signal
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.common import BASE_DIR
+from benchmarks.common import issue_token
 from console.stack import free_port
 from tests.helpers import DemoStack, http_json, wait_for  # noqa: F401 - wait_for is the benchmarks' too
 
@@ -71,15 +70,7 @@ class OpsStack:
 
     def token_for(self, username: str) -> str:
         """An API token acting as `username` (the demo's users are named after their roles)."""
-        out = subprocess.run(
-            [sys.executable, "manage.py", "issue_token", username, "--label", "benchmark"],
-            cwd=BASE_DIR,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        return out.stdout.strip()
+        return issue_token(username, self.env)
 
     def gateway_health(self) -> dict:
         return http_json(self.gateway.removesuffix("/v1") + "/healthz")[1]

@@ -479,7 +479,35 @@ def wait_healthy(url: str, process: subprocess.Popen, timeout: float, interval: 
     return False
 
 
-class LlamaServer:
+class ServerProcess:
+    """What the test suite's engine servers share: a subprocess on a port of 127.0.0.1, its log, stopped on exit."""
+
+    log_path: Path
+    port: int = 0
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None, "not started"
+        return self.process.pid
+
+    def _log_tail(self, lines: int = 40) -> str:
+        return "".join(self.log_path.read_text(errors="replace").splitlines(keepends=True)[-lines:])
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+class LlamaServer(ServerProcess):
     """`llama-server` on a model, as a subprocess on a free port of 127.0.0.1.
 
     Use as a context manager (`with LlamaServer(model) as server:`), or call start() and stop(). llama-server
@@ -511,16 +539,7 @@ class LlamaServer:
         self.extra_args = tuple(extra_args)
         self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="llama-server-", suffix=".log")[1])
         self.port = 0
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int:
-        assert self.process is not None, "not started"
-        return self.process.pid
+        self.process = None
 
     def command(self) -> list[str]:
         """The command line; `-c` is the total context, which llama-server splits evenly between the slots."""
@@ -553,9 +572,6 @@ class LlamaServer:
     def _wait_healthy(self, timeout: float) -> bool:
         assert self.process is not None
         return wait_healthy(self.url, self.process, timeout)
-
-    def _log_tail(self, lines: int = 40) -> str:
-        return "".join(self.log_path.read_text(errors="replace").splitlines(keepends=True)[-lines:])
 
     def request(self, path: str, body: object = None, timeout: float = 60.0) -> Any:
         """GET `path` (POST `body` as JSON when given) and return the decoded JSON answer."""
@@ -598,8 +614,3 @@ class LlamaServer:
 
     def __enter__(self) -> LlamaServer:
         return self.start() if self.process is None else self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
-    ) -> None:
-        self.stop()

@@ -50,6 +50,7 @@ from tests.real_engine import (
     N_HEAD_KV,
     N_LAYER,
     SPECIAL_TOKENS,
+    ServerProcess,
     _free_port,
     cache_dir,
     tiny_weights,
@@ -245,7 +246,7 @@ def tiny_hf_model(path: Path, *, seed: int = 0) -> Path:
 # --- the server --------------------------------------------------------------------------------------------------
 
 
-class VllmServer:
+class VllmServer(ServerProcess):
     """vLLM's OpenAI server on `model` (a folder), as a subprocess in its own process group on a free port."""
 
     def __init__(self, model: Path, *, alias: str = "tiny-llama", log_path: Path | None = None):
@@ -253,16 +254,7 @@ class VllmServer:
         self.alias = alias
         self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="vllm-", suffix=".log")[1])
         self.port = 0
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int:
-        assert self.process is not None, "not started"
-        return self.process.pid
+        self.process = None
 
     def command(self) -> list[str]:
         return [
@@ -295,8 +287,9 @@ class VllmServer:
         if wait_healthy(self.url, self.process, timeout, interval=0.25):
             return self
         self.stop()
-        tail = "".join(self.log_path.read_text(errors="replace").splitlines(keepends=True)[-30:])
-        raise VllmUnavailable(f"vLLM did not become healthy within {timeout:.0f} s; end of {self.log_path}:\n{tail}")
+        raise VllmUnavailable(
+            f"vLLM did not become healthy within {timeout:.0f} s; end of {self.log_path}:\n{self._log_tail(30)}"
+        )
 
     def stop(self) -> None:
         process = self.process
@@ -317,6 +310,3 @@ class VllmServer:
 
     def __enter__(self) -> VllmServer:
         return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
