@@ -27,10 +27,7 @@ SERVED_AS = "lifeline/tiny-llama"
 AGENT_HEAD = {"Authorization": f"Bearer {AGENT}"}
 ENV = {"LIFELINE_AGENT_TOKEN": AGENT}
 OFFERS = ["openai", "events", "resume", "telemetry"]
-# Long enough that vLLM is still generating when the 40th token reaches the client: the tiny model decodes on
-# vLLM's CPU build several times faster than 2 loaded cores relay through node agent and gateway, so a 200-token
-# reply was at times whole in the pipeline before its 40th token was read, and left nothing to move.
-LONG = {"max_tokens": 1000, "temperature": 0}
+GREEDY = {"max_tokens": 200, "temperature": 0}
 
 
 @pytest.fixture(scope="module")
@@ -140,48 +137,28 @@ async def test_a_mixed_fleet_of_vllm_and_llama_cpp_resumes_a_killed_vllm_s_strea
         assert done.usage.completion_tokens == 40 and streamed == done.choices[0].text
 
         prompts = [f"Stream number {i} tells the operator what happened" for i in range(4)]
-        undisturbed = [await asyncio.to_thread(completion_stream, base, KEY, MODEL, p, **LONG) for p in prompts]
+        undisturbed = [await asyncio.to_thread(completion_stream, base, KEY, MODEL, p, **GREEDY) for p in prompts]
 
         # Four streams spread over both engines by their load; vLLM SIGKILLed (the whole server) under the first
-        # of its streams to reach 40 tokens. Each stream's token count at that moment says whether it was still in
-        # flight on vLLM (a greedy reply of random weights can end at its EOS before the kill, and then has nothing
-        # to move).
+        # of its streams to reach 40 tokens.
         killed: list[str] = []
-        counts = [0] * len(prompts)
-        at_kill: list[int] = []
         lock = threading.Lock()
 
-        def kill_vllm_at_40(i):
-            def on_token(count, node):
-                with lock:
-                    counts[i] = count
-                    if count == 40 and node == "vllm-0" and not killed:
-                        killed.append(node)
-                        at_kill.extend(counts)
-                        vllm.kill()
-
-            return on_token
+        def kill_vllm_at_40(count, node):
+            with lock:
+                if count == 40 and node == "vllm-0" and not killed:
+                    killed.append(node)
+                    vllm.kill()
 
         disturbed = await asyncio.gather(
-            *(
-                asyncio.to_thread(completion_stream, base, KEY, MODEL, p, kill_vllm_at_40(i), **LONG)
-                for i, p in enumerate(prompts)
-            )
+            *(asyncio.to_thread(completion_stream, base, KEY, MODEL, p, kill_vllm_at_40, **GREEDY) for p in prompts)
         )
         assert killed == ["vllm-0"], [d[2] for d in disturbed]
         assert {d[2] for d in disturbed} == {"vllm-0", "llama-0"}  # spread over both by the engines' own load
-        moved = 0
-        for i, ((text, comments, node), (reference, _, _)) in enumerate(zip(disturbed, undisturbed)):
+        for (text, comments, node), (reference, _, _) in zip(disturbed, undisturbed):
             assert text == reference, (node, comments)  # no token lost, none repeated, the same text
-            if node == "vllm-0" and at_kill[i] < counts[i]:  # on vLLM with tokens still to come when it died
-                assert any("lifeline moved this stream" in c and "re-prefill" in c for c in comments), (
-                    i,
-                    at_kill,
-                    counts,
-                    comments,
-                )
-                moved += 1
-        assert moved >= 1, (at_kill, counts)  # the stream at its 40th token, at least
+            if node == "vllm-0":
+                assert any("lifeline moved this stream" in c and "re-prefill" in c for c in comments), comments
         await cluster.flushed()
         moves = cluster.signals("request_moved")
         assert moves and all(m["method"] == "re-prefill" and m["to"] == "llama-0" for m in moves), moves
