@@ -969,11 +969,24 @@ class AdapterEngine:
         self._feed.publish(status, self.forwarded)  # a subscriber that lost statuses gets the request ids with it
 
 
+YIELD_EVERY = 16  # events relayed between two turns of the event loop given to the node's other work
+
+
 async def _events(upstream: aiohttp.ClientResponse) -> AsyncIterator[dict | None]:
-    """The JSON objects of a server-sent event stream; None at `[DONE]`."""
+    """The JSON objects of a server-sent event stream; None at `[DONE]`.
+
+    A line already buffered is read without a turn of the event loop, so an engine that decodes faster than the
+    relay (vLLM on a tiny model: a 1,500-token reply in about 4 s) would hold the loop for the whole reply: the
+    agent answered no status, health probe or heartbeat for 3-5 s (its loop lag). Every YIELD_EVERY events the
+    loop gets a turn.
+    """
+    relayed = 0
     async for line in upstream.content:
         if not line.startswith(b"data:"):
             continue
+        relayed += 1
+        if relayed % YIELD_EVERY == 0:
+            await asyncio.sleep(0)
         data = line[5:].strip()
         if data == b"[DONE]":
             yield None
