@@ -600,7 +600,7 @@ def _in_flight(node: Node) -> int:
     return max(on_node, through_gateways)
 
 
-def _wait_for_node(drain: Drain, node: Node, why: str) -> bool:
+def _wait_for_node(drain: Drain, why: str) -> bool:
     """The drained node is not there to remediate (down, restarting): said once on the drain, tried again at the
     next pass, until REMEDIATE_WAIT_S after it was drained."""
     if DrainStep.objects.filter(drain=drain, details__waiting_for_node=True).exists():
@@ -629,7 +629,7 @@ def _remediate(drain: Drain, node: Node, actor: str) -> bool:
     waited = (timezone.now() - drain.state_changed_at).total_seconds()
     name = REMEDIATION_NAMES[drain.remediation]
     if node.state != NodeState.SERVING and waited < REMEDIATE_WAIT_S:
-        return _wait_for_node(drain, node, f"{node.name} is {node.state}")
+        return _wait_for_node(drain, f"{node.name} is {node.state}")
     if drain.remediation == Remediation.SWITCH_MODEL:
         path, body, accepted = "/agent/model", {"model": drain.switch_to}, 202
     else:
@@ -639,7 +639,7 @@ def _remediate(drain: Drain, node: Node, actor: str) -> bool:
         status, answer = nodeclient.call(node.address, "POST", path, body, timeout=5)
     except nodeclient.NodeUnreachable as exc:
         if waited < REMEDIATE_WAIT_S:
-            return _wait_for_node(drain, node, f"{node.name} does not answer ({exc})")
+            return _wait_for_node(drain, f"{node.name} does not answer ({exc})")
         status, answer = 0, {"error": {"message": str(exc)}}
     if status != accepted:
         message = answer.get("error", {}).get("message", status) if isinstance(answer.get("error"), dict) else answer
