@@ -1,5 +1,6 @@
 """Real processes for the tests: serving nodes and whole Lifeline stacks."""
 
+import asyncio
 import json
 import os
 import shutil
@@ -9,6 +10,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -298,3 +300,60 @@ async def sse_choices(address: str, path: str, body: dict, headers: dict | None 
                     choices += chunk["choices"]
                     usage = chunk.get("usage") or usage
     return choices, usage
+
+
+@asynccontextmanager
+async def buffered_burst(body: bytes):
+    """A response whose whole `body` (an event stream) already sits in the client's buffer, as when a node or an
+    engine sends faster than it is relayed: served by a local aiohttp server in one write."""
+    import aiohttp
+    from aiohttp import web
+
+    async def burst(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(body)
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", burst)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(f"http://127.0.0.1:{port}/v1/completions", json={}) as response:
+                deadline = time.monotonic() + 10
+                while not response.content.is_eof() and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)
+                assert response.content.is_eof(), "the burst did not arrive whole"
+                yield response
+    finally:
+        await runner.cleanup()
+
+
+async def longest_hold_of_the_loop(items) -> tuple[int, int]:
+    """How many items of the async iterator `items` came one after another with no other task given a turn of the
+    event loop in between (the longest such run), and how many items there were."""
+    turns = 0
+
+    async def other_work() -> None:
+        nonlocal turns
+        while True:
+            await asyncio.sleep(0)
+            turns += 1
+
+    task = asyncio.create_task(other_work())
+    await asyncio.sleep(0)
+    longest = run = count = 0
+    seen = turns
+    try:
+        async for _ in items:
+            count += 1
+            run = run + 1 if turns == seen else 1
+            seen, longest = turns, max(longest, run)
+    finally:
+        task.cancel()
+    return longest, count

@@ -33,7 +33,10 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import numpy as np
@@ -307,6 +310,35 @@ class VllmServer(ServerProcess):
         if self.process is not None and self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(timeout=10)
+
+    @contextmanager
+    def slowed(self, share: float = 0.1, period_s: float = 0.05) -> Iterator[None]:
+        """The whole server run `share` of each `period_s` and frozen (SIGSTOP) the rest, as cpulimit does: an
+        engine about 1/share times slower, like a big model on a GPU, whose replies are still being generated
+        when a test's kill lands. On the tiny model vLLM's CPU build decodes faster (~350 tokens/s) than two
+        cores relay its tokens through a node agent and a gateway to several clients, so without this a reply
+        can be whole before a client has read its 40th token. Each frozen spell (45 ms) is far below any
+        probe's timeout: the node stays healthy."""
+        assert self.process is not None, "not started"
+        group, done = self.process.pid, threading.Event()
+
+        def duty() -> None:
+            with suppress(ProcessLookupError):  # killed under it
+                while not done.is_set():
+                    os.killpg(group, signal.SIGCONT)
+                    time.sleep(period_s * share)
+                    os.killpg(group, signal.SIGSTOP)
+                    done.wait(period_s * (1 - share))
+
+        cycler = threading.Thread(target=duty, name="vllm-slowed", daemon=True)
+        cycler.start()
+        try:
+            yield
+        finally:
+            done.set()
+            cycler.join()
+            with suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGCONT)
 
     def __enter__(self) -> VllmServer:
         return self.start()

@@ -36,6 +36,7 @@ BROKEN = (
 )
 RETRY_AFTER_S = 2
 LIVENESS_CHECK_S = 0.5  # while a node is given time for a line, whether it still answers at all is looked at this often
+YIELD_EVERY = 32  # lines relayed (16 events) between two turns given to the gateway's other work (`_next_line`)
 
 
 def data_line(raw: bytes) -> bytes:
@@ -134,6 +135,7 @@ class Relay:
         # What has arrived of the current upstream's stream past its last whole line (`_next_line`).
         self._pending = bytearray()
         self._pending_for: aiohttp.ClientResponse | None = None
+        self._lines = 0  # lines read from nodes, for the turns given to the event loop
 
     # --- the loop --------------------------------------------------------------------------
     async def run(self) -> web.StreamResponse:
@@ -392,7 +394,9 @@ class Relay:
         """The node's next line, given `pace.timeout` since the last one, and more while its engine works.
 
         Lines come from this relay's own buffer of what has arrived, so a line already here (the blank line after
-        each event, several events in one packet) costs no wait at all; only when nothing is buffered does it wait
+        each event, several events in one packet) costs no wait at all. So that a node faster than the relay
+        (a burst of buffered events) cannot hold the gateway's loop for a whole reply, every YIELD_EVERY lines
+        the loop gets a turn: its other streams, probes and routing go on. Only when nothing is buffered does it wait
         for more bytes (`readany`, which takes nothing when cancelled, so a timeout loses no part of a line).
         Whether the node still answers at all (its status stream) is looked at every LIVENESS_CHECK_S meanwhile:
         a node that froze is found within seconds, not after the whole allowance of a long prefill, and a request
@@ -408,6 +412,9 @@ class Relay:
                 line = bytes(pending[: end + 1])
                 del pending[: end + 1]
                 pace.asked_at = time.monotonic()
+                self._lines += 1
+                if self._lines % YIELD_EVERY == 0:
+                    await asyncio.sleep(0)
                 return line
             arrived = content.read_nowait(-1)
             if arrived:

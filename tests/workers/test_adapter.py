@@ -17,9 +17,19 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from tests.helpers import NodeProcess, http_json, sse_choices, wait_for
+from tests.helpers import NodeProcess, buffered_burst, http_json, longest_hold_of_the_loop, sse_choices, wait_for
 from workers import catalog
-from workers.adapter import AdapterEngine, EngineMismatch, LlamaCpp, Sglang, Vllm, detect, parse_metrics
+from workers.adapter import (
+    YIELD_EVERY,
+    AdapterEngine,
+    EngineMismatch,
+    LlamaCpp,
+    Sglang,
+    Vllm,
+    _events,
+    detect,
+    parse_metrics,
+)
 from workers.engine import FinishEvent, TokenEvent
 from workers.engine_api import CAPABILITIES
 from workers.openai_schema import parse
@@ -463,3 +473,13 @@ async def test_an_engine_failing_mid_stream_ends_the_request_with_an_error(engin
     assert [(t.token_id, t.text) for t in tokens] == [(11, "partial")]
     assert finish.reason == "error" and "illegal memory access" in finish.detail["reason"]
     assert engine.counters["engine_errors"] == 1 and engine.forwarded == {}
+
+
+async def test_relaying_an_engines_burst_gives_the_agents_loop_a_turn_every_few_events():
+    """An engine faster than its relay (vLLM's CPU build on the tiny model: ~350 tokens/s) leaves a whole reply in
+    the agent's buffer. Read without a turn of the loop, the agent answered no status, health probe or heartbeat
+    for 3-5 s while it relayed one reply."""
+    body = b"".join(b'data: {"n": %d}\n\n' % i for i in range(600)) + b"data: [DONE]\n\n"
+    async with buffered_burst(body) as response:
+        longest, count = await longest_hold_of_the_loop(_events(response))
+    assert count == 601 and longest <= YIELD_EVERY, longest

@@ -12,13 +12,15 @@ import os
 import signal
 import threading
 import urllib.request
+from types import SimpleNamespace
 
 import aiohttp
 import openai
 import pytest
 
+from recovery.gateway.relay import YIELD_EVERY, Pace, Relay
 from tests.gateway_cluster import AGENT, KEY, gw
-from tests.helpers import chat_stream, http_json, wait_for
+from tests.helpers import buffered_burst, chat_stream, http_json, longest_hold_of_the_loop, wait_for
 
 PROMPT = "Explain what the operator should do after node seven failed in rack b " * 6  # about 90 tokens
 
@@ -480,3 +482,28 @@ async def test_a_clients_4xx_never_counts_against_the_node(cluster):
     await cluster.flushed()  # every signal the gateway emitted so far is in Redis
     entries = cluster.client.xrange(cluster.keys.signals, "-", "+")[before:]
     assert not [e for e in entries if e[1]["kind"] == "node_error"]
+
+
+async def test_relaying_a_burst_from_a_fast_node_gives_the_gateways_loop_a_turn_every_few_lines():
+    """A node that sends faster than the gateway relays (a fast engine, a burst after a stall) leaves many events
+    in the relay's buffer. Read without a turn of the loop, one such stream would hold every other stream, probe
+    and routing decision of the gateway until it was relayed whole."""
+    body = b"".join(b'data: {"choices":[{"text":"x","token_ids":[%d]}]}\n\n' % i for i in range(600))
+    relay = Relay(
+        SimpleNamespace(config=SimpleNamespace(stall_timeout_s=5.0)),
+        None,
+        {},
+        SimpleNamespace(stream=True, include_usage=False),
+        SimpleNamespace(request_id="burst"),
+        "/v1/completions",
+        "key",
+    )
+
+    async def lines(response):
+        pace = Pace(timeout=5.0)
+        while line := await relay._next_line(response, "node-0", pace):
+            yield line
+
+    async with buffered_burst(body) as response:
+        longest, count = await longest_hold_of_the_loop(lines(response))
+    assert count == 1200 and longest <= YIELD_EVERY, longest

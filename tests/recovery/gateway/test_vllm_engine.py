@@ -140,7 +140,8 @@ async def test_a_mixed_fleet_of_vllm_and_llama_cpp_resumes_a_killed_vllm_s_strea
         undisturbed = [await asyncio.to_thread(completion_stream, base, KEY, MODEL, p, **GREEDY) for p in prompts]
 
         # Four streams spread over both engines by their load; vLLM SIGKILLed (the whole server) under the first
-        # of its streams to reach 40 tokens.
+        # of its streams to reach 40 tokens, while it is surely still generating them all: slowed tenfold, its
+        # 200-token replies take seconds (see VllmServer.slowed).
         killed: list[str] = []
         lock = threading.Lock()
 
@@ -150,17 +151,19 @@ async def test_a_mixed_fleet_of_vllm_and_llama_cpp_resumes_a_killed_vllm_s_strea
                     killed.append(node)
                     vllm.kill()
 
-        disturbed = await asyncio.gather(
-            *(asyncio.to_thread(completion_stream, base, KEY, MODEL, p, kill_vllm_at_40, **GREEDY) for p in prompts)
-        )
+        with vllm.slowed():
+            disturbed = await asyncio.gather(
+                *(asyncio.to_thread(completion_stream, base, KEY, MODEL, p, kill_vllm_at_40, **GREEDY) for p in prompts)
+            )
+        await cluster.flushed()
+        moves = cluster.signals("request_moved")
         assert killed == ["vllm-0"], [d[2] for d in disturbed]
         assert {d[2] for d in disturbed} == {"vllm-0", "llama-0"}  # spread over both by the engines' own load
         for (text, comments, node), (reference, _, _) in zip(disturbed, undisturbed):
             assert text == reference, (node, comments)  # no token lost, none repeated, the same text
-            if node == "vllm-0":
-                assert any("lifeline moved this stream" in c and "re-prefill" in c for c in comments), comments
-        await cluster.flushed()
-        moves = cluster.signals("request_moved")
-        assert moves and all(m["method"] == "re-prefill" and m["to"] == "llama-0" for m in moves), moves
+            if node == "vllm-0":  # each stream vLLM had begun moved, and its client was told
+                assert any("lifeline moved this stream" in c and "re-prefill" in c for c in comments), (comments, moves)
+        assert len(moves) == sum(d[2] == "vllm-0" for d in disturbed), moves
+        assert all(m["method"] == "re-prefill" and (m["from"], m["to"]) == ("vllm-0", "llama-0") for m in moves), moves
     finally:
         llama.stop()
