@@ -33,9 +33,8 @@ import struct
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
@@ -249,6 +248,35 @@ def tiny_hf_model(path: Path, *, seed: int = 0) -> Path:
 # --- the server --------------------------------------------------------------------------------------------------
 
 
+# VllmServer.slowed's duty cycle: argv group, seconds running, seconds frozen; SIGUSR1 freezes the group for good.
+DUTY_CYCLE = """
+import os, signal, sys, time
+group, running_s, frozen_s = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+try:
+    os.nice(-10)
+except OSError:
+    pass
+frozen = False
+def freeze(*_):
+    global frozen
+    frozen = True
+    os.killpg(group, signal.SIGSTOP)
+signal.signal(signal.SIGUSR1, freeze)
+try:
+    while not frozen:
+        os.killpg(group, signal.SIGCONT)
+        time.sleep(running_s)
+        if not frozen:
+            os.killpg(group, signal.SIGSTOP)
+            time.sleep(frozen_s)
+    os.killpg(group, signal.SIGSTOP)  # a freeze that came between the loop's test and its SIGCONT
+    while True:
+        signal.pause()
+except ProcessLookupError:
+    pass
+"""
+
+
 class VllmServer(ServerProcess):
     """vLLM's OpenAI server on `model` (a folder), as a subprocess in its own process group on a free port."""
 
@@ -305,6 +333,11 @@ class VllmServer(ServerProcess):
             os.killpg(process.pid, signal.SIGKILL)
             process.wait(timeout=10)
 
+    def thaw(self) -> None:
+        """The whole server running again after a freeze (SIGCONT)."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGCONT)
+
     def kill(self) -> None:
         """SIGKILL to the whole server (the engine core included): a crash, not a shutdown."""
         if self.process is not None and self.process.poll() is None:
@@ -312,31 +345,27 @@ class VllmServer(ServerProcess):
             self.process.wait(timeout=10)
 
     @contextmanager
-    def slowed(self, share: float = 0.1, period_s: float = 0.05) -> Iterator[None]:
+    def slowed(self, share: float = 0.1, period_s: float = 0.05) -> Iterator[Callable[[], None]]:
         """The whole server run `share` of each `period_s` and frozen (SIGSTOP) the rest, as cpulimit does: an
-        engine about 1/share times slower, like a big model on a GPU, whose replies are still being generated
-        when a test's kill lands. On the tiny model vLLM's CPU build decodes faster (~350 tokens/s) than two
-        cores relay its tokens through a node agent and a gateway to several clients, so without this a reply
-        can be whole before a client has read its 40th token. Each frozen spell (45 ms) is far below any
-        probe's timeout: the node stays healthy."""
+        engine about 1/share times slower, like a big model on a GPU, whose replies take seconds. On the tiny
+        model vLLM's CPU build decodes faster (~350 tokens/s) than two cores relay its tokens through a node agent
+        and a gateway to several clients, so a reply can be whole before its client has read a tenth of it. Each
+        frozen spell (45 ms) is far below any probe's timeout: the node stays healthy. The duty cycle runs in a
+        process of its own, at a higher priority where allowed: a thread of the test's process waits for the GIL
+        behind the gateway and the clients, and under load let vLLM run far past its share.
+
+        Yields `freeze()`: the duty cycle stops with the server frozen, so it sends nothing more until it is
+        killed or the block ends (SIGCONT)."""
         assert self.process is not None, "not started"
-        group, done = self.process.pid, threading.Event()
-
-        def duty() -> None:
-            with suppress(ProcessLookupError):  # killed under it
-                while not done.is_set():
-                    os.killpg(group, signal.SIGCONT)
-                    time.sleep(period_s * share)
-                    os.killpg(group, signal.SIGSTOP)
-                    done.wait(period_s * (1 - share))
-
-        cycler = threading.Thread(target=duty, name="vllm-slowed", daemon=True)
-        cycler.start()
+        group = self.process.pid
+        cycler = subprocess.Popen(
+            [sys.executable, "-c", DUTY_CYCLE, str(group), str(period_s * share), str(period_s * (1 - share))]
+        )
         try:
-            yield
+            yield lambda: cycler.send_signal(signal.SIGUSR1)
         finally:
-            done.set()
-            cycler.join()
+            cycler.terminate()
+            cycler.wait(timeout=10)
             with suppress(ProcessLookupError):
                 os.killpg(group, signal.SIGCONT)
 
