@@ -8,6 +8,7 @@ open-loop streaming workload from one load generator in this process, through ea
   plane publishes it, the cluster's default placement policy (KV checkpoints streamed to holders: node work the
   other paths do not ask for); ``lifeline-none``: the same with placement policy ``none`` (routing and relay
   only, as the other routers do); ``lifeline-asyncio``: as ``lifeline``, on asyncio's own event loop;
+  ``lifeline-x2``: as ``lifeline``, two gateway processes sharing one port (``--reuse-port``, one per core);
 - ``vllm-router`` and ``sglang-router``: the Rust routers on PyPI (``vllm-router``, ``sglang-router``),
   round-robin;
 - ``litellm``: LiteLLM's proxy (``litellm[proxy]``), the nodes as one model group.
@@ -43,7 +44,16 @@ from benchmarks.common import percentile, save
 from benchmarks.harness import KEY, WORDS, Harness
 
 PEERS_DIR = Path.home() / ".cache" / "lifeline" / "peers"
-PATHS = ("direct", "lifeline", "lifeline-none", "lifeline-asyncio", "vllm-router", "sglang-router", "litellm")
+PATHS = (
+    "direct",
+    "lifeline",
+    "lifeline-none",
+    "lifeline-asyncio",
+    "lifeline-x2",
+    "vllm-router",
+    "sglang-router",
+    "litellm",
+)
 PACKAGES = {
     "vllm-router": "vllm-router",
     "sglang-router": "sglang-router",
@@ -283,16 +293,20 @@ async def wait_ready(url: str, headers: dict, model: str, seconds: float = 90.0)
     raise RuntimeError(f"not ready after {seconds:.0f} s: {last}")
 
 
-async def measure_path(path, targets, headers, pid, rates, seconds, body) -> dict:
+async def measure_path(path, targets, headers, pids, rates, seconds, body) -> dict:
+    """Each rate in turn through `targets`; `pids`: the router's processes (their CPU is summed), none for direct."""
     rows = []
     for rate in rates:
-        cpu_before = tree_cpu_s(pid) if pid else None
+        cpu_before = [tree_cpu_s(pid) for pid in pids]
         started = time.perf_counter()
         streams = await open_loop(targets, headers, rate, seconds, body, seed=int(rate * 1000))
         wall = time.perf_counter() - started
         row = {"rate": rate, "wall_s": round(wall, 2), **summarise(streams, wall)}
-        if pid:
-            cpu = tree_cpu_s(pid) - cpu_before
+        if pids:
+            each = [tree_cpu_s(pid) - before for pid, before in zip(pids, cpu_before)]
+            cpu = sum(each)
+            if len(pids) > 1:  # how evenly the kernel spread the connections over the processes sharing the port
+                row["router_cpu_s_per_process"] = [round(c, 3) for c in each]
             row["router_cpu_s"] = round(cpu, 3)
             row["router_cores"] = round(cpu / wall, 3)
             row["cpu_ms_per_1000_tokens"] = _r(1e6 * cpu / row["tokens"]) if row["tokens"] else None
@@ -341,7 +355,7 @@ async def run(args) -> dict:
     try:
         for path in args.paths.split(","):
             print(f"{path}:", flush=True)
-            proc, headers, targets, pid = None, {}, workers, None
+            proc, headers, targets, pids = None, {}, workers, []
             try:
                 if path.startswith("lifeline"):
                     # lifeline-asyncio: the same gateway on asyncio's own event loop instead of uvloop
@@ -349,11 +363,11 @@ async def run(args) -> dict:
                     # lifeline-none: no KV checkpoints (placement policy none), the relay and routing alone
                     harness.config["placement_policy"] = "none" if path == "lifeline-none" else args.policy
                     harness.publish()
-                    await harness.start_gateway()
-                    targets, headers, pid = (
+                    await harness.start_gateway(processes=2 if path == "lifeline-x2" else 1)
+                    targets, headers, pids = (
                         [harness.gateway_url],
                         {"Authorization": f"Bearer {KEY}"},
-                        harness._server.pid,
+                        harness.gateway_pids(),
                     )
                 elif path != "direct":
                     venv = await asyncio.to_thread(peer_venv, path)
@@ -367,11 +381,11 @@ async def run(args) -> dict:
                         stderr=subprocess.STDOUT,
                         env={**os.environ, "PYTHONUNBUFFERED": "1"},
                     )
-                    targets, pid = [f"http://127.0.0.1:{port}"], proc.pid
+                    targets, pids = [f"http://127.0.0.1:{port}"], [proc.pid]
                     if path == "litellm":
                         headers = {"Authorization": f"Bearer {LITELLM_KEY}"}
                 await wait_ready(targets[0], headers, args.model)
-                results["paths"][path] = await measure_path(path, targets, headers, pid, rates, args.seconds, body)
+                results["paths"][path] = await measure_path(path, targets, headers, pids, rates, args.seconds, body)
                 if args.aiperf_rate:
                     try:
                         seen = await asyncio.to_thread(
@@ -394,10 +408,8 @@ async def run(args) -> dict:
                         proc.wait(timeout=10)
                     except subprocess.TimeoutExpired:
                         proc.kill()
-                if path.startswith("lifeline") and harness._server is not None:
-                    harness._server.terminate()
-                    harness._server.wait(timeout=10)
-                    harness._server = None
+                if path.startswith("lifeline"):
+                    harness.stop_gateway()
     finally:
         await harness.close()
     return report(results, rates, args)

@@ -133,6 +133,7 @@ class Harness:
         self.restarts: list[dict] = []  # each kill's restart: start mode, when the node was killed, ready, assisted
         self._server = None
         self._more_gateways: list = []  # start_more_gateways
+        self._port_mates: list = []  # start_gateway(processes > 1): the processes sharing the first one's port
         self.gateway_urls: list[str] = []
         self._tasks: list[asyncio.Task] = []
 
@@ -201,9 +202,27 @@ class Harness:
         pipe.publish(self.keys.routing_changed, "1")
         pipe.execute()
 
-    async def start_gateway(self) -> None:
-        """The gateway as its own process, as in production (`manage.py gateway`)."""
-        self._server, self.gateway_url = await self._spawn_gateway("bench-gw")
+    async def start_gateway(self, processes: int = 1) -> None:
+        """The gateway as its own process, as in production (`manage.py gateway`); with `processes` > 1, that many
+        on one port (`--reuse-port`: the kernel spreads the connections), as one host runs one per core."""
+        from console.stack import free_port
+
+        port = free_port() if processes > 1 else None
+        self._server, self.gateway_url = await self._spawn_gateway("bench-gw", port)
+        for i in range(1, processes):
+            self._port_mates.append((await self._spawn_gateway(f"bench-gw-port-{i + 1}", port))[0])
+
+    def gateway_pids(self) -> list[int]:
+        """The processes of the gateway started by `start_gateway` (one, or all sharing its port)."""
+        return [proc.pid for proc in [self._server, *self._port_mates] if proc is not None]
+
+    def stop_gateway(self) -> None:
+        """Stop what `start_gateway` started (SIGTERM, then wait)."""
+        for proc in [self._server, *self._port_mates]:
+            if proc is not None:
+                proc.terminate()
+                proc.wait(timeout=10)
+        self._server, self._port_mates = None, []
 
     async def start_more_gateways(self, count: int) -> list[str]:
         """`count` more gateway processes sharing the routing table (as several behind a balancer); their URLs."""
@@ -213,14 +232,15 @@ class Harness:
             self.gateway_urls.append(url)
         return self.gateway_urls
 
-    async def _spawn_gateway(self, name: str):
+    async def _spawn_gateway(self, name: str, port: int | None = None):
         import subprocess
         import sys
         import tempfile
 
         from console.stack import free_port
 
-        port = free_port()
+        shared = port is not None
+        port = port or free_port()
         env = {
             **os.environ,
             "LIFELINE_NAMESPACE": self.namespace,
@@ -230,18 +250,22 @@ class Harness:
         }
         log = open(os.environ["BENCH_GATEWAY_LOG"], "ab") if os.environ.get("BENCH_GATEWAY_LOG") else subprocess.DEVNULL
         proc = subprocess.Popen(
-            [sys.executable, "manage.py", "gateway", "--port", str(port), "--name", name],
+            [sys.executable, "manage.py", "gateway", "--port", str(port), "--name", name]
+            + (["--reuse-port"] if shared else []),
             cwd=BASE_DIR,
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=log,
         )
         url = f"http://127.0.0.1:{port}"
-        async with aiohttp.ClientSession() as session:
+        # A new connection per look: on a shared port the kernel hands each to one of the processes, so this one is
+        # ready once one of them has reached it and it answers (under its own name) watching every node.
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
             for _ in range(400):
                 try:
                     async with session.get(url + "/healthz") as response:
-                        if len((await response.json())["watching"]) == len(self.serving()):
+                        health = await response.json()
+                        if health["gateway"] == name and len(health["watching"]) == len(self.serving()):
                             return proc, url
                 except aiohttp.ClientError:
                     pass
@@ -322,7 +346,7 @@ class Harness:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for server in [self._server, *self._more_gateways]:
+        for server in [self._server, *self._port_mates, *self._more_gateways]:
             if server is not None:
                 server.terminate()
                 server.wait(timeout=30)
