@@ -216,12 +216,12 @@ class Harness:
         """The processes of the gateway started by `start_gateway` (one, or all sharing its port)."""
         return [proc.pid for proc in [self._server, *self._port_mates] if proc is not None]
 
-    def stop_gateway(self) -> None:
+    def stop_gateway(self, wait_s: float = 10) -> None:
         """Stop what `start_gateway` started (SIGTERM, then wait)."""
         for proc in [self._server, *self._port_mates]:
             if proc is not None:
                 proc.terminate()
-                proc.wait(timeout=10)
+                proc.wait(timeout=wait_s)
         self._server, self._port_mates = None, []
 
     async def start_more_gateways(self, count: int) -> list[str]:
@@ -346,10 +346,10 @@ class Harness:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for server in [self._server, *self._port_mates, *self._more_gateways]:
-            if server is not None:
-                server.terminate()
-                server.wait(timeout=30)
+        self.stop_gateway(wait_s=30)
+        for server in self._more_gateways:
+            server.terminate()
+            server.wait(timeout=30)
         for node in self.nodes.values():
             node.stop(signal.SIGKILL)
         for key in self.redis.scan_iter(match=self.namespace + ":*"):
