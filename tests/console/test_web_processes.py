@@ -125,23 +125,29 @@ def test_two_processes_answer_on_one_port_and_a_node_beats_through_either(web):
 
 
 async def test_live_pages_on_either_process_get_the_events_of_the_other(web):
-    """Eight cluster pages' WebSockets, spread by the kernel over both processes (told apart by their connections),
-    all see the tile of a node registered through one of them: the channel layer in Redis carries the event."""
+    """Cluster pages' WebSockets on both processes (told apart by their connections) all see the tile of a node
+    registered through one of them: the channel layer in Redis carries the event."""
     proc, url, _log = web
     async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as session:
         await log_in(session, url)
-        sockets = []
+        sockets, holder = [], {}
         try:
-            for _ in range(8):
-                ws = await session.ws_connect(url.replace("http", "ws") + "/ws/cluster/", origin=url, heartbeat=None)
-                assert (await ws.receive_json(timeout=10))["kind"] == "hello"
-                sockets.append(ws)
-            ports = {ws.get_extra_info("sockname")[1]: ws for ws in sockets}
-            holder = {}
-            for pid in children(proc):
-                for conn in psutil.Process(pid).net_connections("tcp"):
-                    if conn.raddr and conn.raddr.port in ports:
-                        holder[conn.raddr.port] = pid
+            # The processes share one listening socket and whichever is waiting takes the next connection, so one
+            # can take a burst of them all: pages are opened, eight at a time, until both processes hold some.
+            while len(set(holder.values())) < 2 and len(sockets) < 64:
+                for _ in range(8):
+                    ws = await session.ws_connect(
+                        url.replace("http", "ws") + "/ws/cluster/", origin=url, heartbeat=None
+                    )
+                    assert (await ws.receive_json(timeout=10))["kind"] == "hello"
+                    sockets.append(ws)
+                    await asyncio.sleep(0.01)
+                ports = {ws.get_extra_info("sockname")[1]: ws for ws in sockets}
+                holder = {}
+                for pid in children(proc):
+                    for conn in psutil.Process(pid).net_connections("tcp"):
+                        if conn.raddr and conn.raddr.port in ports:
+                            holder[conn.raddr.port] = pid
             assert set(holder) == set(ports) and len(set(holder.values())) == 2, holder  # both processes hold some
 
             name = f"wp-live-{uuid.uuid4().hex[:6]}"
@@ -156,7 +162,7 @@ async def test_live_pages_on_either_process_get_the_events_of_the_other(web):
                     if frame.get("kind") != "loads" and name in json.dumps(frame):
                         return True
 
-            assert await asyncio.gather(*(sees_the_node(ws) for ws in sockets)) == [True] * 8
+            assert await asyncio.gather(*(sees_the_node(ws) for ws in sockets)) == [True] * len(sockets)
         finally:
             for ws in sockets:
                 await ws.close()
