@@ -628,18 +628,23 @@ def note_capacity(incident: Incident, at: dt.datetime) -> None:
     (now)."""
     if incident.status != IncidentStatus.ACTIVE or incident.capacity_restored_at is not None:
         return
-    if not incident.nodes.exists() or out_of_service(incident):
-        return
+    # One reading of the nodes and their spares decides, and the same reading is told: the nodes change state
+    # while this runs (a drain returns one, a fault takes it again), and a second read could contradict the first
+    # (a node in routing when judged, out of it and with no spare when described: a KeyError in the chaos soak).
+    nodes = list(incident.nodes.order_by("name"))
+    serving = {node.name: _in_service(node) for node in nodes}
     spare_events = [
         e
         for e in incident.events.filter(kind=EventKind.SPARE_PROMOTED).select_related("node")
         if e.node is not None and _in_service(e.node)
     ]
     spares = {e.details.get("in_place_of"): e.node.name for e in spare_events}
+    if not nodes or any(not serving[node.name] and node.name not in spares for node in nodes):
+        return  # some node neither back nor replaced: judged again as the next one returns, or by the periodic check
     # Dated by the nodes themselves, not by when this runs (a reaction can run late, or for an earlier step): the
     # last node to return, each by the time it entered its current state, or its spare by its promotion.
     promoted = {e.details.get("in_place_of"): e.at for e in spare_events}
-    returned = [node.state_changed_at if _in_service(node) else promoted[node.name] for node in incident.nodes.all()]
+    returned = [node.state_changed_at if serving[node.name] else promoted[node.name] for node in nodes]
     at = min(max([*returned, incident.opened_at]), at)
     claimed = Incident.objects.filter(
         pk=incident.pk, status=IncidentStatus.ACTIVE, capacity_restored_at__isnull=True
@@ -648,10 +653,8 @@ def note_capacity(incident: Incident, at: dt.datetime) -> None:
         return
     incident.capacity_restored_at = at
     how = ", ".join(
-        f"{node.name} in routing"
-        if _in_service(node)
-        else f"hot spare {spares[node.name]} serves in place of {node.name}"
-        for node in incident.nodes.order_by("name")
+        f"{node.name} in routing" if serving[node.name] else f"hot spare {spares[node.name]} serves in place of {node.name}"
+        for node in nodes
     )
     seconds = (at - incident.opened_at).total_seconds()
     add_event(

@@ -122,6 +122,30 @@ def test_a_hot_spare_in_service_restores_capacity(commit, react):
     assert incident.recovered_at is None and incident.status == IncidentStatus.ACTIVE  # latency: not judged yet
 
 
+def test_capacity_is_judged_and_told_from_one_reading_of_the_nodes(commit, react, monkeypatch):
+    """A node that leaves routing while capacity is being judged (a fault takes it again as its drain returns it)
+    is told as it was judged: the chaos soak found the two reads disagree, and the check died on a KeyError."""
+    commit(register, "rd-1")
+    commit(register, "rd-2")
+    signal("symptom", node="rd-1", at=time.time() - 20)
+    commit(streams.process)
+    react()
+    incident = Incident.objects.get()
+    Node.objects.filter(name="rd-1").update(state=NodeState.SERVING)  # back in routing...
+    readings = []
+    judged = incidents._in_service
+
+    def leaving(node):  # ...and out of it again for every later read
+        readings.append(node.name)
+        return judged(node) and readings.count(node.name) == 1
+
+    monkeypatch.setattr(incidents, "_in_service", leaving)
+    commit(incidents.note_capacity, incident, timezone.now())
+    incident.refresh_from_db()
+    assert incident.capacity_restored_at is not None
+    assert "rd-1 in routing" in incident.events.get(kind=EventKind.CAPACITY_RESTORED).description
+
+
 def test_the_degradation_level_rises_and_falls_in_the_incident_and_raises_its_severity(commit, react):
     for name in ("dg-1", "dg-2", "dg-3", "dg-4", "dg-5", "dg-6", "dg-7", "dg-8", "dg-9", "dg-10", "dg-11"):
         commit(register, name)
