@@ -77,13 +77,7 @@ async def test_a_node_fronts_a_real_vllm_reads_its_load_and_resumes_on_it_by_re_
 
     # Its load, while a long stream runs: vLLM's running count and the adapter's own decode batch.
     long = asyncio.create_task(sse_choices(node.address, "/v1/completions", {**body, "max_tokens": 1500}))
-    load = await asyncio.to_thread(
-        wait_for,
-        lambda: (s := http_json(node.address + "/agent/status")[1]["load"])["decode_batch"] == 1 and s["step_ms"] and s,
-        30,
-        0.05,
-        "one request decoding on vLLM",
-    )
+    load = await _load_while(node.address, long, lambda s: s["decode_batch"] == 1 and s["step_ms"])
     assert load["source"] == "engine_metrics" and load["running"] == 1 and load["decode_context_tokens"] > 3
     assert len((await long)[0]) >= 1500
 
@@ -110,6 +104,23 @@ async def test_a_node_fronts_a_real_vllm_reads_its_load_and_resumes_on_it_by_re_
         assert [i for c in resumed for i in c.get("token_ids", [])] == ids[cut:], path
         assert _text(resumed) == _text(chunks[ends.index(cut) + 1 :]), path
         assert usage["completion_tokens"] == 60, path
+
+
+async def _load_while(node: str, request: asyncio.Task, wanted, timeout_s: float = 60) -> dict:
+    """The node's load once `wanted` holds of it, read while `request` runs; a request that ends first, or a load
+    that never gets there, fails with what the node said and what the request got."""
+    readings: list[dict] = []
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while asyncio.get_running_loop().time() < deadline:
+        status, body = await asyncio.to_thread(http_json, node + "/agent/status")
+        readings.append(body.get("load") if status == 200 else {"status": status, "body": body})
+        if status == 200 and wanted(readings[-1]):
+            return readings[-1]
+        if request.done():
+            got = request.exception() or f"{len(request.result()[0])} chunks, usage {request.result()[1]}"
+            raise AssertionError(f"the request ended before its load was seen: {got!r}; loads read: {readings[-3:]}")
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"no wanted load in {timeout_s} s; the last read: {readings[-3:]}")
 
 
 def settled_decode_batch(node: str) -> int:
