@@ -12,7 +12,9 @@ from django.conf import settings
 
 
 class NodeUnreachable(Exception):
-    pass
+    def __init__(self, message: str, timed_out: bool = False):
+        super().__init__(message)
+        self.timed_out = timed_out  # it may be there and slow: no answer in time is not a refusal
 
 
 def call(
@@ -34,18 +36,22 @@ def call(
         except ValueError:
             return exc.code, {}
     except (urllib.error.URLError, TimeoutError, OSError, ValueError) as exc:
-        raise NodeUnreachable(f"{address}: {getattr(exc, 'reason', exc)}") from None
+        reason = getattr(exc, "reason", exc)
+        raise NodeUnreachable(f"{address}: {reason}", timed_out=isinstance(reason, TimeoutError)) from None
 
 
 LOADING = {"loading_draft", "draft_ready", "loading_full"}
 
 
-def alive(address: str, timeout: float = 0.5) -> tuple[bool, str]:
-    """Whether the node is up, and what it said: serving, or loading its model, counts as up;
-    no answer, or a lost GPU, does not."""
+def alive(address: str, timeout: float = 0.5) -> tuple[bool | None, str]:
+    """Whether the node is up, and what it said: serving, or loading its model, counts as up; a refused
+    connection, or a lost GPU, does not. None: no answer within `timeout` (up and slow, or hung: the caller
+    decides by what else it knows)."""
     try:
         status, body = call(address, "GET", "/health", timeout=timeout)
     except NodeUnreachable as exc:
+        if exc.timed_out:
+            return None, f"/health does not answer within {timeout:g} s ({exc})"
         return False, f"/health does not answer ({exc})"
     state = body.get("status", "")
     if status == 200 or state in LOADING:

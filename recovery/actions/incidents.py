@@ -18,6 +18,7 @@ requests that failed. People acknowledge, take command, write notes and close.
 import datetime as dt
 import logging
 import statistics
+import time
 
 from django.db import transaction
 from django.db.models import Avg
@@ -219,6 +220,14 @@ def confirm_failure(node_name: str, at, source: str, reason: str) -> str:
     if node.state not in (NodeState.JOIN, NodeState.SERVING):
         return "already down"
     up, said = nodeclient.alive(node.address, timeout=0.5)
+    if up is None:
+        # No answer in time: hung, or only slow (a loaded host, a long pause of its process). Its heartbeats
+        # tell which: one came within the deaf allowance, so its process runs and the heartbeat check judges it
+        # (DOWN within a miss if it stops); none for longer, and it is gone now.
+        heard = hot.last_seen(node.name)
+        age = None if heard is None else time.time() - heard
+        up = age is not None and age < hot.deaf_after_s()
+        said += f"; its last heartbeat {age:.1f} s ago" if age is not None else "; no heartbeat on record"
     if up:
         add_event(
             incident,

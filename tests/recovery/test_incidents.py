@@ -2,6 +2,7 @@
 
 import datetime as dt
 import json
+import socket
 import time
 import uuid
 
@@ -93,6 +94,37 @@ def test_a_symptom_on_a_node_that_answers_is_not_confirmed(commit, node_factory)
     incident = Incident.objects.get()
     assert kinds(incident) == [EventKind.SYMPTOM, EventKind.NOT_CONFIRMED]
     assert Node.objects.get(name="alive-1").state == "serving"
+
+
+@pytest.fixture
+def mute():
+    """An address that takes connections and never answers: a node that is there and slow, or hung."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)  # accepted by the kernel, never read
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+
+
+def test_a_node_slow_to_answer_is_judged_by_its_heartbeat_not_by_one_probe(commit, react, mute):
+    """A probe that times out does not say the node is gone (a loaded host answers late); its heartbeat does: one
+    within the deaf allowance leaves it serving, watched; none for longer takes it DOWN at once."""
+    commit(register, "slow-1", address=mute)  # registered just now: heard now
+    signal("symptom", node="slow-1", reason="slow-1 unreachable (TimeoutError)")
+    commit(streams.process)
+    incident = Incident.objects.get()
+    assert kinds(incident) == [EventKind.SYMPTOM, EventKind.NOT_CONFIRMED]
+    assert Node.objects.get(name="slow-1").state == "serving"
+    said = incident.events.get(kind=EventKind.NOT_CONFIRMED).description
+    assert "does not answer within 0.5 s" in said and "its last heartbeat 0." in said, said
+
+    commit(register, "hung-1", address=mute)
+    hot.heartbeat("hung-1", time.time() - 4, "serving", {})  # silent for 4 s: hung, not slow
+    signal("symptom", node="hung-1", reason="hung-1: no byte for 3.0 s and its status stream is silent too (hung)")
+    commit(streams.process)
+    react()
+    assert Node.objects.get(name="hung-1").state == "down"
+    down = Node.objects.get(name="hung-1").transitions.get(new_state="down").cause
+    assert "does not answer within 0.5 s" in down and "its last heartbeat 4." in down, down
 
 
 def test_failures_within_the_window_share_an_incident_and_later_ones_do_not(commit):
