@@ -662,7 +662,9 @@ def note_capacity(incident: Incident, at: dt.datetime) -> None:
         return
     incident.capacity_restored_at = at
     how = ", ".join(
-        f"{node.name} in routing" if serving[node.name] else f"hot spare {spares[node.name]} serves in place of {node.name}"
+        f"{node.name} in routing"
+        if serving[node.name]
+        else f"hot spare {spares[node.name]} serves in place of {node.name}"
         for node in nodes
     )
     seconds = (at - incident.opened_at).total_seconds()
