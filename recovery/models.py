@@ -190,7 +190,14 @@ class Cluster(models.Model):
         does not come back is simply not waited for once the grace ends. Empty outside the grace."""
         if self.starting_until() is None:
             return []
+        return list(Node.objects.filter(cluster=self, state=NodeState.LEFT, pk__in=self.returning_node_ids()))
+
+    def returning_node_ids(self) -> list[int]:
+        """The nodes (pk) that deregistered while alive in the RETURNING_WITHIN_S before the control plane
+        started, whatever they did since: those of them still LEFT are the returning nodes."""
         started = self.control_plane_started_at
+        if started is None:
+            return []
         left = NodeTransition.objects.filter(
             node__cluster=self,
             new_state=NodeState.LEFT,
@@ -198,7 +205,7 @@ class Cluster(models.Model):
             at__gte=started - dt.timedelta(seconds=RETURNING_WITHIN_S),
             at__lte=started,
         )
-        return list(Node.objects.filter(cluster=self, state=NodeState.LEFT, pk__in=left.values("node")))
+        return list(left.values_list("node", flat=True).distinct())
 
     @classmethod
     def default(cls) -> "Cluster":

@@ -125,11 +125,13 @@ def report(
     cluster = cluster or Cluster.default()
     rows = {row.model_key: row for row in ModelCapacity.objects.filter(cluster=cluster)}
     slos = {key: row.slo() for key, row in rows.items()}
-    everyone = Node.objects.filter(state=NodeState.SERVING)
-    if model is not None:
-        everyone = everyone.filter(model_key=model)
+    # What happened since the start is read before the nodes, and the nodes once: every transition the first
+    # reading holds shows in the second, so a node that turns SERVING meanwhile is joining in both readings or in
+    # service in both, never neither (a restart of the stack once counted one neither, and the level rose).
+    start = _since_start(cluster)
+    fleet = [n for n in Node.objects.all() if model in (None, n.model_key)]
     exclude = (*exclude, *_stalled_attention_workers())
-    nodes = [n for n in everyone if n.name not in exclude]
+    nodes = [n for n in fleet if n.state == NodeState.SERVING and n.name not in exclude]
     promoted = tuple(promoted) + _spares_on_their_way(nodes)
     live = hot.nodes([n.name for n in nodes])
     relaxed = {
@@ -161,7 +163,7 @@ def report(
             in_force += in_force_figure.rps
         else:
             in_force += figure.rps
-    starting, until = _starting(cluster, set(figures), model)
+    starting, until = _starting(start, fleet, set(figures))
     starting_rps = sum(
         policy.node_capacity(
             catalog.Deployment.of(n.model_key, n.gpu_key, n.tp), slos.get(n.model_key, policy.Slo()), MAX_NUM_SEQS
@@ -190,33 +192,45 @@ def report(
     )
 
 
-def _starting(cluster: Cluster, in_service: set[str], model: str | None = None) -> tuple[list[Node], float | None]:
-    """The nodes (of `model`, or all) joining since the control plane started (not a loss), and when the start-up
-    grace ends.
+@dataclass(frozen=True)
+class _Start:
+    """What the start-up grace judges joining nodes by, read before the nodes themselves."""
+
+    until: float  # the end of the grace (epoch seconds)
+    served: frozenset[str]  # nodes that turned SERVING since the start
+    lost: frozenset[str]  # nodes found gone since the start other than by the start-up sweep
+    returning: frozenset[int]  # nodes (pk) that left as the stack stopped, expected back
+
+
+def _since_start(cluster: Cluster) -> _Start | None:
+    """The transitions since the control plane started, or None once the start-up grace has passed."""
+    until = cluster.starting_until()
+    if until is None:
+        return None
+    since = NodeTransition.objects.filter(at__gte=cluster.control_plane_started_at)
+    served = since.filter(new_state=NodeState.SERVING).values_list("node__name", flat=True)
+    # A node found gone since the start other than by the start-up sweep (its previous run's session, never heard
+    # again) was serving when the control plane started: a loss, not a node on its way. So when beat alone restarts
+    # (the control plane's start is stamped again) while the fleet serves, a node that dies in the grace still counts.
+    lost = since.filter(new_state=NodeState.DOWN).exclude(actor=nodes.STARTUP).values_list("node__name", flat=True)
+    returning = cluster.returning_node_ids()
+    return _Start(until, frozenset(served), frozenset(lost), frozenset(returning))
+
+
+def _starting(start: _Start | None, fleet: list[Node], in_service: set[str]) -> tuple[list[Node], float | None]:
+    """The nodes of `fleet` joining since the control plane started (not a loss), and when the start-up grace ends.
 
     None once the grace has passed or the fleet is back to its usual size (every node that has not left, the
     hot spares aside, in service). A node that served since the start and is gone is not joining: it is lost.
     """
-    until = cluster.starting_until()
-    if until is None:
+    if start is None:
         return [], None
-    started = cluster.control_plane_started_at
     # The fleet's usual size: every node that has not left, and those that left as the stack stopped (expected
     # back), the hot spares aside.
-    fleet = [
-        n
-        for n in [*Node.objects.exclude(state=NodeState.LEFT), *cluster.returning_nodes()]
-        if not n.spare and model in (None, n.model_key)
-    ]
-    if all(n.name in in_service for n in fleet):
+    usual = [n for n in fleet if not n.spare and (n.state != NodeState.LEFT or n.pk in start.returning)]
+    if all(n.name in in_service for n in usual):
         return [], None
-    since = NodeTransition.objects.filter(at__gte=started)
-    served = set(since.filter(new_state=NodeState.SERVING).values_list("node__name", flat=True))
-    # A node found gone since the start other than by the start-up sweep (its previous run's session, never heard
-    # again) was serving when the control plane started: a loss, not a node on its way. So when beat alone restarts
-    # (the control plane's start is stamped again) while the fleet serves, a node that dies in the grace still counts.
-    lost = set(since.filter(new_state=NodeState.DOWN).exclude(actor=nodes.STARTUP).values_list("node__name", flat=True))
-    return [n for n in fleet if n.name not in in_service and n.name not in served | lost], until
+    return [n for n in usual if n.name not in in_service and n.name not in start.served | start.lost], start.until
 
 
 def _spares_on_their_way(nodes: list[Node]) -> tuple[str, ...]:

@@ -74,6 +74,29 @@ def test_a_node_that_served_since_the_start_and_dies_is_a_loss_at_once(commit, t
     assert names[0] not in figures.starting and sorted(figures.starting) == names[2:]
 
 
+def test_a_node_that_turns_serving_while_capacity_is_read_is_joining_or_serving_never_lost(commit, tokens, monkeypatch):
+    """The restart e2e test once saw a level rise at a start: a node turned SERVING between the read of the nodes
+    in service and the read of the transitions since the start, and was counted neither serving nor joining."""
+    names = [f"su-r-{i}" for i in range(3)]
+    _previous_run(commit, names, level=0)
+    _restart(commit, names)
+    read_live = hot.nodes
+
+    def turning_serving(*args, **kwargs):  # read between the nodes and what the capacity is judged by
+        node = Node.objects.get(name=names[0])
+        if node.state == NodeState.JOIN:
+            commit(nodes.transition_node, node, NodeState.SERVING, "model loaded")
+        return read_live(*args, **kwargs)
+
+    monkeypatch.setattr(hot, "nodes", turning_serving)
+    figures = capacity.report(model="Qwen3-32B")
+    assert figures.in_service + len(figures.starting) == 3, figures
+    assert figures.ratio_once_started > 1
+    monkeypatch.setattr(hot, "nodes", read_live)
+    assert commit(capacity.evaluate) == 0
+    assert capacity.report().in_service == 1  # the next reading sees it serving
+
+
 def test_the_grace_ends_when_the_fleet_is_whole(commit, tokens):
     names = [f"su-c-{i}" for i in range(4)]
     _previous_run(commit, names, level=0)
