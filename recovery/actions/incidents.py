@@ -19,6 +19,7 @@ import datetime as dt
 import logging
 import statistics
 import time
+from dataclasses import dataclass
 
 from django.db import transaction
 from django.db.models import Avg
@@ -108,14 +109,35 @@ def _in_service(node: Node) -> bool:
     )
 
 
+@dataclass(frozen=True)
+class Coverage:
+    """One reading of an incident's nodes and of the hot spares in service in their place. The nodes change state
+    while it is used (a drain returns one, a fault takes it again): whatever is judged from one reading is told from
+    the same, never from a second read that could contradict it."""
+
+    nodes: list[Node]  # by name
+    in_routing: dict[str, bool]  # node -> back in routing
+    spares: dict[str, IncidentEvent]  # node -> the promotion of the spare in service in its place
+
+    @property
+    def missing(self) -> list[str]:
+        """The nodes neither back in routing nor replaced by a hot spare now in service."""
+        return [n.name for n in self.nodes if not self.in_routing[n.name] and n.name not in self.spares]
+
+
+def coverage(incident: Incident) -> Coverage:
+    nodes = list(incident.nodes.order_by("name"))
+    promoted = incident.events.filter(kind=EventKind.SPARE_PROMOTED).select_related("node")
+    return Coverage(
+        nodes,
+        {node.name: _in_service(node) for node in nodes},
+        {e.details.get("in_place_of"): e for e in promoted if e.node is not None and _in_service(e.node)},
+    )
+
+
 def out_of_service(incident: Incident) -> list[str]:
     """The nodes of `incident` neither back in routing nor replaced by a hot spare now in service."""
-    replaced = {
-        event.details.get("in_place_of")
-        for event in incident.events.filter(kind=EventKind.SPARE_PROMOTED).select_related("node")
-        if event.node is not None and _in_service(event.node)
-    }
-    return sorted(n.name for n in incident.nodes.all() if not _in_service(n) and n.name not in replaced)
+    return coverage(incident).missing
 
 
 def _at_failure(node: Node, at: dt.datetime) -> dt.datetime:
@@ -637,23 +659,14 @@ def note_capacity(incident: Incident, at: dt.datetime) -> None:
     (now)."""
     if incident.status != IncidentStatus.ACTIVE or incident.capacity_restored_at is not None:
         return
-    # One reading of the nodes and their spares decides, and the same reading is told: the nodes change state
-    # while this runs (a drain returns one, a fault takes it again), and a second read could contradict the first
-    # (a node in routing when judged, out of it and with no spare when described: a KeyError in the chaos soak).
-    nodes = list(incident.nodes.order_by("name"))
-    serving = {node.name: _in_service(node) for node in nodes}
-    spare_events = [
-        e
-        for e in incident.events.filter(kind=EventKind.SPARE_PROMOTED).select_related("node")
-        if e.node is not None and _in_service(e.node)
-    ]
-    spares = {e.details.get("in_place_of"): e.node.name for e in spare_events}
-    if not nodes or any(not serving[node.name] and node.name not in spares for node in nodes):
+    # One reading decides and is told (a node in routing when judged, out of it and with no spare when described,
+    # once killed the periodic check on a KeyError in the chaos soak).
+    reading = coverage(incident)
+    if not reading.nodes or reading.missing:
         return  # some node neither back nor replaced: judged again as the next one returns, or by the periodic check
     # Dated by the nodes themselves, not by when this runs (a reaction can run late, or for an earlier step): the
     # last node to return, each by the time it entered its current state, or its spare by its promotion.
-    promoted = {e.details.get("in_place_of"): e.at for e in spare_events}
-    returned = [node.state_changed_at if serving[node.name] else promoted[node.name] for node in nodes]
+    returned = [n.state_changed_at if reading.in_routing[n.name] else reading.spares[n.name].at for n in reading.nodes]
     at = min(max([*returned, incident.opened_at]), at)
     claimed = Incident.objects.filter(
         pk=incident.pk, status=IncidentStatus.ACTIVE, capacity_restored_at__isnull=True
@@ -663,10 +676,11 @@ def note_capacity(incident: Incident, at: dt.datetime) -> None:
     incident.capacity_restored_at = at
     how = ", ".join(
         f"{node.name} in routing"
-        if serving[node.name]
-        else f"hot spare {spares[node.name]} serves in place of {node.name}"
-        for node in nodes
+        if reading.in_routing[node.name]
+        else f"hot spare {reading.spares[node.name].node.name} serves in place of {node.name}"
+        for node in reading.nodes
     )
+    spares = {name: event.node.name for name, event in reading.spares.items()}
     seconds = (at - incident.opened_at).total_seconds()
     add_event(
         incident,
