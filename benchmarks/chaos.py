@@ -678,10 +678,12 @@ class Soak:
 
     def sql(self, query: str, *params) -> int:
         """One number from the stack's database (PostgreSQL through psql, or the SQLite file)."""
-        return int(self.sql_rows(query, *params)[0][0] or 0)
+        rows = self.sql_rows(query, *params)
+        return int(rows[0][0] or 0) if rows else 0
 
     def sql_rows(self, query: str, *params) -> list[list[str]]:
-        """Rows of text from the stack's database. `to_timestamp(%s)` and `epoch(column)` read as either dialect."""
+        """Rows of text from the stack's database, NULL as "" (as psql prints it). `to_timestamp(%s)` and
+        `epoch(column)` read as either dialect."""
         if self.pg_db:
             for value in params:
                 query = query.replace("%s", "'" + str(value).replace("'", "''") + "'", 1)
@@ -689,13 +691,13 @@ class Soak:
             url = with_database(self.pg_admin, self.pg_db)
             argv = ["psql", url, "-Atq", "-F", "\x1f", "-c", query]
             out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
-            return [line.split("\x1f") for line in out.splitlines()] or [[""]]
+            return [line.split("\x1f") for line in out.splitlines()]
         import sqlite3
 
         query = query.replace("%s", "?").replace("to_timestamp(?)", "datetime(?, 'unixepoch')")
         query = re.sub(r"epoch\(([\w.]+)\)", r"((julianday(\1) - 2440587.5) * 86400)", query)
         with sqlite3.connect(self.var_dir / "lifeline.sqlite3") as db:
-            return [[str(v) for v in row] for row in db.execute(query, params).fetchall()] or [[""]]
+            return [["" if v is None else str(v) for v in row] for row in db.execute(query, params).fetchall()]
 
     def check_rows(self) -> dict:
         """The rows every fault must have produced are there: a node that died or went silent has its DOWN
@@ -747,7 +749,6 @@ class Soak:
                 injected[0].injected_wall - 1,
                 *touched,
             )
-            untouched = [row for row in untouched if row[0]]
             counted["DOWN transitions of nodes no fault touched"] = len(untouched)
             if untouched:
                 # Each with its cause and the faults injected in the 40 s before it: what tracing it needs.

@@ -129,7 +129,8 @@ def report(
     # reading holds shows in the second, so a node that turns SERVING meanwhile is joining in both readings or in
     # service in both, never neither (a restart of the stack once counted one neither, and the level rose).
     start = _since_start(cluster)
-    fleet = [n for n in Node.objects.all() if model in (None, n.model_key)]
+    fleet = Node.objects.all() if start else Node.objects.exclude(state=NodeState.LEFT)  # left: back at a start
+    fleet = list(fleet if model is None else fleet.filter(model_key=model))
     exclude = (*exclude, *_stalled_attention_workers())
     nodes = [n for n in fleet if n.state == NodeState.SERVING and n.name not in exclude]
     promoted = tuple(promoted) + _spares_on_their_way(nodes)
