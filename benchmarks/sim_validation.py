@@ -15,8 +15,8 @@ in the simulator (recovery.sim), also with and without the failure:
     that trace, so it sees the arrival times the real gateway saw, the scheduler's lag included;
   - failure: KILL_AT_S after the start, the real cluster's busiest node (most requests in flight, the
     gateway's in-flight hash) is SIGKILLed; the harness takes it out of routing a second later, restarts it
-    cold RESTART_AFTER_S after the kill (draft model, then full model; its draft does not assist a survivor:
-    the simulator does not model progressive recovery, so the real runs leave it off too). In the simulator:
+    cold RESTART_AFTER_S after the kill (draft model, then full model; its draft does not assist a survivor, on
+    either side: DRAFT_ASSIST, see there). In the simulator:
     a scripted crash of the same node at the same moment (detected at once, as the real gateway notices the
     node's event stream closing), back after RESTART_AFTER_S plus the draft's load time (recovery.sim's
     repair_s) and then the full model's load time, both from workers.catalog as the emulated node loads them.
@@ -99,6 +99,12 @@ DRAIN_TIMEOUT_S = 120.0
 SEED = 11
 SIM_SEED = 1  # a trace replay draws nothing; the seed only names the run
 GOAL = 0.10  # the issue's: within 10 % on each metric
+# The restarted node's draft does not assist a survivor, on either side (the harness's `assist`, the simulator's
+# `draft_assist`): the harness pairs it with the survivor most loaded by its own count, the simulator by L̂
+# (progressive.pick_assisted), so the two would assist different nodes and the TPOT compared would not be the same
+# thing. Before the simulator modelled assist this was moot; after it, the simulated side alone assisted and its
+# mean TPOT came out 19 % below the real one's in a 45 s run (2026-11-29), an error of the harness, not the model.
+DRAFT_ASSIST = False
 TIME_SCALE = {4: 1.0, 8: 1.0}  # per size; see the module docstring and benchmarks/README.md
 WORDS = [w for w in tokens.VOCAB if w.isalpha()]
 COMPARED = (
@@ -226,7 +232,7 @@ async def run_real(setup: Setup, policy: str, arrivals: list, kill: bool) -> dic
     """The scenario on the real emulated cluster; times as time.monotonic() gives them (wall seconds)."""
     scale = setup.time_scale
     harness = Harness(
-        setup.nodes, model=MODEL, gpu=GPU, tp=TP, racks=RACKS, policy=policy, time_scale=scale, assist=False
+        setup.nodes, model=MODEL, gpu=GPU, tp=TP, racks=RACKS, policy=policy, time_scale=scale, assist=DRAFT_ASSIST
     )
     sent: list[Sent] = []
     killed: dict = {}
@@ -581,13 +587,18 @@ def dump(run: dict, path: Path) -> None:
     path.write_text(json.dumps(raw) + "\n")
 
 
+def simulate(scenario: sim_scenario.Scenario, policy: str):
+    """The simulated side: the scenario as the real harness runs it (DRAFT_ASSIST)."""
+    return run_one(scenario, policy, SIM_SEED, draft_assist=DRAFT_ASSIST)
+
+
 def analyse(setup: Setup, policy: str, faulted_run: dict, baseline_run: dict, workdir: Path) -> dict:
     scale, killed = setup.time_scale, faulted_run["killed"]
     dump(faulted_run, workdir / f"real-{setup.nodes}-{policy}-failure.json")
     dump(baseline_run, workdir / f"real-{setup.nodes}-{policy}-no-failure.json")
     trace = write_trace(faulted_run, setup, workdir / f"trace-{setup.nodes}-{policy}.csv")
     scenario = scenario_for(setup, trace, killed, faulted_run["t0"])
-    simulated = run_one(scenario, policy, SIM_SEED)
+    simulated = simulate(scenario, policy)
 
     real_faulted = measured(faulted_run, setup, scenario)
     real_baseline = measured(baseline_run, setup, scenario)

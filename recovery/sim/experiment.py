@@ -56,17 +56,19 @@ def run_one(
     window_s: float = WINDOW_S,
     progress: RunProgress | None = None,
     fast: bool = True,
+    **options,
 ) -> RunResult:
     """One policy on one seed: the scenario's faults, and the same requests without them for the baseline.
     `progress` hears the share done, the baseline being the first half. `fast` (the default) takes the simulator's
-    fast path, whose figures are the step-by-step run's (Simulation's docstring); False steps every step."""
+    fast path, whose figures are the step-by-step run's (Simulation's docstring); False steps every step.
+    `options` go to both Simulations (a mechanism switched off, as `draft_assist=False`)."""
     started = time.perf_counter()
     requests = scenario.requests(seed)
     baseline = _advance(
-        Simulation(scenario, policy, seed, faults=False, requests=requests, fast=fast), progress, 0.0, 0.5
+        Simulation(scenario, policy, seed, faults=False, requests=requests, fast=fast, **options), progress, 0.0, 0.5
     )
     faulted = _advance(
-        Simulation(scenario, policy, seed, requests=requests, fault_list=scenario.faults(seed), fast=fast),
+        Simulation(scenario, policy, seed, requests=requests, fault_list=scenario.faults(seed), fast=fast, **options),
         progress,
         0.5,
         0.5,
