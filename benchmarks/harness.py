@@ -342,6 +342,11 @@ class Harness:
         except OSError:
             return False
 
+    def signals(self, kind: str) -> list[dict]:
+        """What the gateways told the control plane of `kind` (recovery.gateway.signals), oldest first."""
+        entries = self.redis.xrange(self.keys.signals)
+        return [json.loads(fields["data"]) for _, fields in entries if fields.get("kind") == kind]
+
     async def close(self) -> None:
         for task in self._tasks:
             task.cancel()

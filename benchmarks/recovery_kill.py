@@ -137,8 +137,7 @@ class Cluster:
         return {rid: json.loads(value) for rid, value in raw.items()}
 
     def signals(self, kind: str) -> list[dict]:
-        entries = self.h.redis.xrange(self.h.keys.signals)
-        return [json.loads(fields["data"]) for _, fields in entries if fields.get("kind") == kind]
+        return self.h.signals(kind)
 
     def snapshot(self) -> tuple[dict[str, dict], set[str]]:
         """The gateway's requests in flight, and the nodes serving and not cordoned (asked of each node)."""

@@ -280,6 +280,8 @@ async def run_real(setup: Setup, policy: str, arrivals: list, kill: bool) -> dic
             cpu_after = cpu_times()
             lagging.cancel()
             await asyncio.gather(lagging, return_exceptions=True)
+            await asyncio.sleep(0.5)  # the gateway's signals go out after the streams end
+            moves = await asyncio.to_thread(harness.signals, "request_moved")
     finally:
         await harness.close()
     total = sum(cpu_after) - sum(cpu_before)
@@ -299,7 +301,15 @@ async def run_real(setup: Setup, policy: str, arrivals: list, kill: bool) -> dic
         "wall_s": round(drained - t0, 1),
         "unfinished_requests": len(pending),
     }
-    return {"policy": policy, "kill": kill, "t0": t0, "sent": sent, "killed": killed, "machine": machine}
+    return {
+        "policy": policy,
+        "kill": kill,
+        "t0": t0,
+        "sent": sent,
+        "killed": killed,
+        "machine": machine,
+        "moves": moves,  # the gateway's request_moved signals: each move's stall broken down
+    }
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -401,6 +411,41 @@ def _move_method(announcement: str) -> str:
     """How the moved stream resumed, in the simulator's words (workers.engine.ResumeInfo's method, else as said)."""
     method = MOVED.search(announcement).group(2)
     return RESUME_METHODS.get(method, method)
+
+
+def real_breakdown(run: dict, killed_node: str) -> dict | None:
+    """Where the real moves' stalls went, as the gateway timed them (recovery.gateway.relay's stall_breakdown_ms):
+    the means of the break noticed after the last token, the target answering (the plan, the request, its restore:
+    restore_ms of it), its first token after that; the moves off the killed node only."""
+    timings = [
+        m["stall_breakdown_ms"]
+        for m in run.get("moves", [])
+        if m.get("from") == killed_node and m.get("kind") == "failure" and m.get("stall_breakdown_ms")
+    ]
+    if not timings:
+        return None
+    return {key: _mean_of(t.get(key) for t in timings) for key in timings[0]} | {"moves": len(timings)}
+
+
+def simulated_breakdown(flights: list[Flight], kill_s: float) -> dict | None:
+    """The same parts in the simulator: it notices a crash at once, the target has the request when its restore or
+    fetch is done (no network, no gateway: restore_ms is all of answered_ms), and the rest is its first token."""
+    parts = []
+    for flight in flights:
+        if not flight.interrupted_at or not flight.stalls or len(flight.spans) < 2:
+            continue
+        answered = flight.spans[1][1] - flight.interrupted_at[0]
+        parts.append((answered, flight.stalls[0] - answered))
+    if not parts:
+        return None
+    answered = _mean_of(a * 1000 for a, _ in parts)
+    return {
+        "noticed_ms": 0.0,
+        "answered_ms": answered,
+        "restore_ms": answered,
+        "first_token_ms": _mean_of(f * 1000 for _, f in parts),
+        "moves": len(parts),
+    }
 
 
 def _mean_of(values) -> float | None:
@@ -649,6 +694,10 @@ def analyse(setup: Setup, policy: str, faulted_run: dict, baseline_run: dict, wo
             "restore_ms_mean_real": _mean_of(
                 s.resume.get("restore_ms") for s in faulted_run["sent"] if s.moves and s.resume
             ),
+            "stall_breakdown_ms_mean": {
+                "measured-real": real_breakdown(faulted_run, killed["node"]),
+                "measured-simulated": simulated_breakdown(simulated.simulation.flights, kill_s),
+            },
         },
         "restarted_node_serving_after_kill_s": {
             "measured-real": None if back_real is None else round(back_real, 2),
@@ -717,7 +766,7 @@ def explain(result: dict) -> dict[str, str]:
                 f"(paths real {paths['recovery_paths_real']}, simulated {paths['recovery_paths_simulated']}): "
                 "the real move (the gateway noticing the broken "
                 "stream, planning, a new HTTP request carrying the context to the target) is not in the simulator, "
-                f"which dispatches a resumed request with no network delay; {load}"
+                f"which dispatches a resumed request with no network delay{_breakdown_text(paths)}; {load}"
             )
         else:
             compared = noise["failure_impact_by_window"]["compared"]
@@ -736,6 +785,18 @@ def explain(result: dict) -> dict[str, str]:
                 f"{back['measured-real']} s after the kill (real) against {back['modelled-simulated']} s (modelled)"
             )
     return why
+
+
+def _breakdown_text(kill: dict) -> str:
+    parts = kill.get("stall_breakdown_ms_mean") or {}
+    real, sim = parts.get("measured-real"), parts.get("measured-simulated")
+    if not real or not sim:
+        return ""
+    return (
+        f"; where it went, mean ms real / simulated: break noticed {real['noticed_ms']} / {sim['noticed_ms']}, "
+        f"target answered {real['answered_ms']} / {sim['answered_ms']} (its restore {real['restore_ms']} / "
+        f"{sim['restore_ms']}), its first token {real['first_token_ms']} / {sim['first_token_ms']} after that"
+    )
 
 
 # --- the report -----------------------------------------------------------------------------------
@@ -782,6 +843,8 @@ async def main_async(setups: list[Setup], policies: list[str]) -> list[dict]:
             result["off_goal_why"] = explain(result)
             results.append(result)
             print(table([result]).splitlines()[1], f"({time.monotonic() - started:.0f} s)", flush=True)
+            for side, parts in result["kill"]["stall_breakdown_ms_mean"].items():
+                print(f"    stall breakdown, {side}: {parts}", flush=True)
     return results
 
 

@@ -216,7 +216,19 @@ def describe_move(data: dict) -> str:
         why = f"the plan was to {plan}" + (f"; {data['resume_reason']}" if data.get("resume_reason") else "")
     else:
         why = data.get("reason") or "no reason given"
-    return f"{line}, {what}, stalled {data.get('stall_ms')} ms ({why})"
+    return f"{line}, {what}, stalled {data.get('stall_ms')} ms{_stall_breakdown(data)} ({why})"
+
+
+def _stall_breakdown(data: dict) -> str:
+    """Where a move's stall went, as the gateway timed it (recovery.gateway.relay's stall_breakdown_ms)."""
+    timing = data.get("stall_breakdown_ms")
+    if not timing:
+        return ""  # a signal from a gateway that did not time it
+    restore = f", its restore {timing['restore_ms']:g} ms," if timing.get("restore_ms") else ""
+    return (
+        f": the break noticed {timing['noticed_ms']:g} ms after the last token, {data.get('to')} answered "
+        f"{timing['answered_ms']:g} ms later{restore} and sent its first token {timing['first_token_ms']:g} ms after"
+    )
 
 
 def describe_replacement(data: dict) -> str:

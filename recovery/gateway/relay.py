@@ -136,6 +136,7 @@ class Relay:
         self._pending = bytearray()
         self._pending_for: aiohttp.ClientResponse | None = None
         self._lines = 0  # lines read from nodes, for the turns given to the event loop
+        self._answered_at = 0.0  # when the node last sent answered (its headers): where a move's stall went
 
     # --- the loop --------------------------------------------------------------------------
     async def run(self) -> web.StreamResponse:
@@ -171,6 +172,7 @@ class Relay:
             self.nodes.append(route.name)
             try:
                 upstream = await co.send(route, self.path, payload)
+                self._answered_at = time.monotonic()
             except BROKEN + (TimeoutError, OSError) as exc:
                 co.refused(flight, route.name)
                 reason = f"{route.name} unreachable ({exc.__class__.__name__})"
@@ -500,6 +502,16 @@ class Relay:
         previous = self.streamed_on or (earlier[-1] if earlier else "?")
         since = len(earlier) - earlier[::-1].index(previous) if previous in earlier else len(earlier)
         stall_ms = round((now - (flight.last_token_at or broke_at or now)) * 1000, 1)
+        # Where the stall went: the break noticed this long after the last token, the target answering this long after
+        # that (the plan, the request, the target's restore or fetch: its own restore_ms), its first token after that.
+        noticed = broke_at if broke_at is not None else now
+        answered = min(max(self._answered_at, noticed), now)
+        timing = {
+            "noticed_ms": round(max(noticed - (flight.last_token_at or noticed), 0.0) * 1000, 1),
+            "answered_ms": round((answered - noticed) * 1000, 1),
+            "restore_ms": actual.get("restore_ms"),
+            "first_token_ms": round((now - answered) * 1000, 1),
+        }
         move = {
             "from": previous,
             "to": node,
@@ -513,6 +525,7 @@ class Relay:
             "source": actual.get("source"),
             "resume_reason": actual.get("reason"),
             "stall_ms": stall_ms,
+            "stall_breakdown_ms": timing,
             "reason": decision.reason,
             "cause": reason,
         }

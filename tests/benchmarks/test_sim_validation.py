@@ -155,6 +155,16 @@ def test_a_tiny_real_run_goes_through_the_whole_pipeline(tmp_path):
     assert set(result["error_pct"]) == {key for key, _ in sv.COMPARED}
     assert result["error_pct"]["ttft_mean_ms"] is not None and result["error_pct"]["tpot_mean_ms"] is not None
     assert result["kill"]["sim_node"] in {"rack-0-1", "rack-1-1"}
+    # Where the stalls went: each real move off the killed node timed by the gateway, each simulated one by the model.
+    kill = result["kill"]
+    breakdown = kill["stall_breakdown_ms_mean"]
+    assert kill["moved_real"] >= 1, "the busiest node had requests in flight when it was killed"
+    real_parts, sim_parts = breakdown["measured-real"], breakdown["measured-simulated"]
+    assert real_parts["moves"] == kill["moved_real"]
+    assert sim_parts["moves"] == kill["interrupted_simulated"]
+    for parts in (real_parts, sim_parts):
+        assert set(parts) == {"noticed_ms", "answered_ms", "restore_ms", "first_token_ms", "moves"}
+        assert parts["answered_ms"] >= 0 and parts["first_token_ms"] > 0
     assert result["machine"]["with_failure"]["load_average_before"]
     off_goal = sv.explain(result)  # a sentence per figure off the goal, naming it
     assert set(off_goal) <= {key for key, _ in sv.COMPARED}

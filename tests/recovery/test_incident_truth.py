@@ -269,6 +269,41 @@ async def test_the_gateway_reports_a_move_from_the_node_the_request_streamed_on(
     )
 
 
+async def test_a_moves_stall_is_broken_down_into_noticing_the_target_answering_and_its_first_token():
+    """Where a stall went, timed by the gateway: the break noticed after the last token, the target's answer (the
+    plan, the request, its restore), its first token; the parts add up to the stall, and the timeline says them."""
+    from types import SimpleNamespace
+
+    from recovery.gateway.coordinator import Flight
+    from recovery.gateway.relay import Relay
+    from recovery.policy.dispatch import Decision
+
+    reported = []
+    co = SimpleNamespace(report=lambda kind, /, **data: reported.append(data))
+    flight = Flight("r-2", "t", "standard", "Qwen3-32B", 10, 100, node="node-08", generated=[7] * 40)
+    relay = Relay(co, None, {}, SimpleNamespace(stream=False, include_usage=False), flight, "/v1/completions", "k")
+    relay.nodes, relay.streamed_on = ["node-08", "node-01"], "node-08"
+    now = time.monotonic()
+    flight.last_token_at, broke_at, relay._answered_at = now - 0.100, now - 0.095, now - 0.030
+    resume = {"method": "checkpoint-local", "restored_tokens": 1024, "reprefill_tokens": 8, "restore_ms": 11.5}
+    decision = Decision("r-2", "node-01", "restore", "node-01", "holder node-01 not overloaded")
+    await relay._announce("node-01", decision, broke_at, now, {"lifeline": {"resume": resume}}, "node-08 closed")
+
+    [move] = reported
+    timing = move["stall_breakdown_ms"]
+    assert timing == {"noticed_ms": 5.0, "answered_ms": 65.0, "restore_ms": 11.5, "first_token_ms": 30.0}
+    assert timing["noticed_ms"] + timing["answered_ms"] + timing["first_token_ms"] == pytest.approx(move["stall_ms"])
+    assert streams.describe_move({**move, "request_id": "r-2"}) == (
+        "r-2: node-08 → node-01 at token 40, restored from checkpoint (1024 tokens, 8 re-prefilled), stalled 100.0 ms:"
+        " the break noticed 5 ms after the last token, node-01 answered 65 ms later, its restore 11.5 ms, and sent"
+        " its first token 30 ms after (holder node-01 not overloaded)"
+    )
+    # A move the node answered before the break was noticed (a takeover) counts no negative time.
+    relay._answered_at = 0.0
+    await relay._announce("node-01", decision, broke_at, now, {"lifeline": {"resume": resume}}, "node-08 closed")
+    assert reported[-1]["stall_breakdown_ms"]["answered_ms"] == 0.0
+
+
 def test_a_level_rise_no_failure_explains_opens_an_incident_that_a_failure_joins(commit, react):
     """Issue 12: the report counts every failure class. Demand past capacity raises the level with no node down: an
     incident of its own (shed and slowed requests burn the budget like a failure's), which a node failure joins."""
