@@ -136,7 +136,7 @@ class Relay:
         self._pending = bytearray()
         self._pending_for: aiohttp.ClientResponse | None = None
         self._lines = 0  # lines read from nodes, for the turns given to the event loop
-        self._answered_at = 0.0  # when the node last sent answered (its headers): where a move's stall went
+        self._answered_at = 0.0  # when the node it was last sent to answered (its headers): for a move's stall
 
     # --- the loop --------------------------------------------------------------------------
     async def run(self) -> web.StreamResponse:
