@@ -263,6 +263,9 @@ def freeze(*_):
     os.killpg(group, signal.SIGSTOP)
 signal.signal(signal.SIGUSR1, freeze)
 try:
+    os.killpg(group, signal.SIGSTOP)
+    print("cycling", flush=True)  # the server is held from here on: the caller may go on
+    time.sleep(frozen_s)
     while not frozen:
         os.killpg(group, signal.SIGCONT)
         time.sleep(running_s)
@@ -359,8 +362,12 @@ class VllmServer(ServerProcess):
         assert self.process is not None, "not started"
         group = self.process.pid
         cycler = subprocess.Popen(
-            [sys.executable, "-c", DUTY_CYCLE, str(group), str(period_s * share), str(period_s * (1 - share))]
+            [sys.executable, "-c", DUTY_CYCLE, str(group), str(period_s * share), str(period_s * (1 - share))],
+            stdout=subprocess.PIPE,
         )
+        # Not before the cycle holds the server: a Python starting takes a while on a cold machine, and vLLM at full
+        # speed finished every reply before the first token reached its client (CI, 2026-11-29, three rounds).
+        assert cycler.stdout is not None and cycler.stdout.readline() == b"cycling\n", "the duty cycle did not start"
         try:
             yield lambda: cycler.send_signal(signal.SIGUSR1)
         finally:
