@@ -224,7 +224,8 @@ def _stall_breakdown(data: dict) -> str:
     timing = data.get("stall_breakdown_ms")
     if not timing:
         return ""  # a signal from a gateway that did not time it
-    restore = f", its restore {timing['restore_ms']:g} ms," if timing.get("restore_ms") else ""
+    # The node says its restore to the microsecond; a tenth of a millisecond is what a timeline needs.
+    restore = f", its restore {round(timing['restore_ms'], 1):g} ms," if timing.get("restore_ms") else ""
     return (
         f": the break noticed {timing['noticed_ms']:g} ms after the last token, {data.get('to')} answered "
         f"{timing['answered_ms']:g} ms later{restore} and sent its first token {timing['first_token_ms']:g} ms after"

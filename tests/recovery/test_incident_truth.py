@@ -285,13 +285,13 @@ async def test_a_moves_stall_is_broken_down_into_noticing_the_target_answering_a
     relay.nodes, relay.streamed_on = ["node-08", "node-01"], "node-08"
     now = time.monotonic()
     flight.last_token_at, broke_at, relay._answered_at = now - 0.100, now - 0.095, now - 0.030
-    resume = {"method": "checkpoint-local", "restored_tokens": 1024, "reprefill_tokens": 8, "restore_ms": 11.5}
+    resume = {"method": "checkpoint-local", "restored_tokens": 1024, "reprefill_tokens": 8, "restore_ms": 11.498983}
     decision = Decision("r-2", "node-01", "restore", "node-01", "holder node-01 not overloaded")
     await relay._announce("node-01", decision, broke_at, now, {"lifeline": {"resume": resume}}, "node-08 closed")
 
     [move] = reported
     timing = move["stall_breakdown_ms"]
-    assert timing == {"noticed_ms": 5.0, "answered_ms": 65.0, "restore_ms": 11.5, "first_token_ms": 30.0}
+    assert timing == {"noticed_ms": 5.0, "answered_ms": 65.0, "restore_ms": 11.498983, "first_token_ms": 30.0}
     assert timing["noticed_ms"] + timing["answered_ms"] + timing["first_token_ms"] == pytest.approx(move["stall_ms"])
     assert streams.describe_move({**move, "request_id": "r-2"}) == (
         "r-2: node-08 → node-01 at token 40, restored from checkpoint (1024 tokens, 8 re-prefilled), stalled 100.0 ms:"
