@@ -427,7 +427,7 @@ def real_breakdown(run: dict, killed_node: str) -> dict | None:
     return {key: _mean_of(t.get(key) for t in timings) for key in timings[0]} | {"moves": len(timings)}
 
 
-def simulated_breakdown(flights: list[Flight], kill_s: float) -> dict | None:
+def simulated_breakdown(flights: list[Flight]) -> dict | None:
     """The same parts in the simulator: it notices a crash at once, the target has the request when its restore or
     fetch is done (no network, no gateway: restore_ms is all of answered_ms), and the rest is its first token."""
     parts = []
@@ -696,7 +696,7 @@ def analyse(setup: Setup, policy: str, faulted_run: dict, baseline_run: dict, wo
             ),
             "stall_breakdown_ms_mean": {
                 "measured-real": real_breakdown(faulted_run, killed["node"]),
-                "measured-simulated": simulated_breakdown(simulated.simulation.flights, kill_s),
+                "measured-simulated": simulated_breakdown(simulated.simulation.flights),
             },
         },
         "restarted_node_serving_after_kill_s": {

@@ -373,6 +373,7 @@ class VllmServer(ServerProcess):
         finally:
             cycler.terminate()
             cycler.wait(timeout=10)
+            cycler.stdout.close()
             with suppress(ProcessLookupError):
                 os.killpg(group, signal.SIGCONT)
 
