@@ -200,46 +200,48 @@ def bench_decision(events: int, rebuilt: bool = False, decisions: int = DECISION
     }
 
 
+def gateway_coordinator(fleet: Fleet, clock: list[float]):
+    """A real Coordinator (no network) routing over `fleet`, on the clock `clock[0]`, its statuses all pushed."""
+    from recovery.gateway.coordinator import Coordinator
+    from recovery.gateway.table import ClusterConfig, Route, RoutingView
+
+    view = RoutingView("redis://127.0.0.1:1/0", "bench")  # never connected: routes are set here
+    view.config = ClusterConfig(placement_policy="lifeline", alpha=ALPHA, beta=BETA)
+    view.routes = {
+        n: Route(
+            n, f"http://{n}", "Qwen3-32B", fleet.rack[n], fleet.candidates[n][3], fleet.deployment[n].gpu.key, 2, "s"
+        )
+        for n in fleet.names
+    }
+    co = Coordinator(view, None, "bench", {})
+    co.fleet.clock = co.watcher.clock = lambda: clock[0]  # statuses received, and dated, on the benchmark's clock
+    for n in fleet.names:
+        push(co, fleet, n, clock[0])
+    co.fleet.rebuild()
+    return co
+
+
+def push(co, fleet: Fleet, name: str, now: float) -> None:
+    """A status event from `name`, delivered as the gateway's NodeWatcher receives one."""
+    status = fleet.status(name, now)
+    data = dataclasses.asdict(status)
+    data["checkpoint_bytes_held"] = fleet.pages_held[name] * fleet.deployment[name].model.kv_bytes_per_block
+    data["checkpoint_budget_bytes"] = BUDGET_BYTES
+    co.watcher._update(name, data)
+
+
 def bench_gateway_path(events: int, decisions: int = DECISIONS) -> dict:
     """choose + place through the gateway's Coordinator, its fleet state updated by status events."""
     import asyncio
 
-    from recovery.gateway.coordinator import Coordinator, Flight
-    from recovery.gateway.table import ClusterConfig, Route, RoutingView
+    from recovery.gateway.coordinator import Flight
 
     async def run() -> dict:
         rng = random.Random(SEED)
         clock = [1_700_000_000.0]
         fleet = Fleet(rng, clock[0])
-        view = RoutingView("redis://127.0.0.1:1/0", "bench")  # never connected: routes are set here
-        view.config = ClusterConfig(placement_policy="lifeline", alpha=ALPHA, beta=BETA)
-        view.routes = {
-            n: Route(
-                n,
-                f"http://{n}",
-                "Qwen3-32B",
-                fleet.rack[n],
-                fleet.candidates[n][3],
-                fleet.deployment[n].gpu.key,
-                2,
-                "s",
-            )
-            for n in fleet.names
-        }
-        co = Coordinator(view, None, "bench", {})
-        co.fleet.clock = co.watcher.clock = lambda: clock[0]  # statuses received, and dated, on the benchmark's clock
-
-        def push(name: str) -> None:
-            status = fleet.status(name, clock[0])
-            data = dataclasses.asdict(status)
-            data["checkpoint_bytes_held"] = fleet.pages_held[name] * fleet.deployment[name].model.kv_bytes_per_block
-            data["checkpoint_budget_bytes"] = BUDGET_BYTES
-            co.watcher._update(name, data)
-
-        for n in fleet.names:
-            push(n)
-        co.fleet.rebuild()
-        times, two_holders = [], 0
+        co = gateway_coordinator(fleet, clock)
+        times, upkeep, two_holders = [], [], 0
         gc.disable()
         try:
             for i in range(decisions):
@@ -252,12 +254,15 @@ def bench_gateway_path(events: int, decisions: int = DECISIONS) -> dict:
                 times.append(time.perf_counter_ns() - t0)
                 two_holders += len(holders) == 2
                 co.watcher.dispatched(route.name, flight.request_id, prompt)
+                t0 = time.perf_counter_ns()
+                co.fleet.tidy()  # the gateway runs it once the request is on its way (Coordinator._tidy_soon)
+                upkeep.append(time.perf_counter_ns() - t0)
                 fleet.dispatched(route.name, tuple(h.name for h in holders), prompt)
                 fleet.unconfirmed.append((i, route.name))
                 due = [n for d, n in fleet.unconfirmed if d <= i - CONFIRM_AFTER]
                 fleet.unconfirmed = [(d, n) for d, n in fleet.unconfirmed if d > i - CONFIRM_AFTER]
                 for n in due + rng.sample(fleet.names, max(0, events - len(due))):
-                    push(n)
+                    push(co, fleet, n, clock[0])
                     co.watcher.pending_for(n).requests = co.watcher.pending_for(n).prompt_tokens = 0
                 if i % 1000 == 999:
                     gc.collect()
@@ -270,6 +275,8 @@ def bench_gateway_path(events: int, decisions: int = DECISIONS) -> dict:
             "decision_p50_us": round(percentile(times, 0.5) / 1000, 1),
             "decision_p99_us": round(percentile(times, 0.99) / 1000, 1),
             "decision_p999_us": round(percentile(times, 0.999) / 1000, 1),
+            "upkeep_after_p50_us": round(percentile(upkeep, 0.5) / 1000, 1),
+            "upkeep_after_p99_us": round(percentile(upkeep, 0.99) / 1000, 1),
             "goal_p99_us": 100,
         }
 

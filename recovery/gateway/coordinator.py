@@ -91,6 +91,7 @@ class Coordinator:
         self._second_asked: set[str] = set()
         self._session: aiohttp.ClientSession | None = None
         self._tasks: set[asyncio.Task] = set()
+        self._tidy_due = False
 
     def start(self) -> None:
         self._session = aiohttp.ClientSession(headers=self.headers, timeout=aiohttp.ClientTimeout(total=10))
@@ -155,7 +156,25 @@ class Coordinator:
         holders = self.place(flight, route)
         flight.node, flight.holders = route.name, tuple(h.name for h in holders)
         self.watcher.dispatched(route.name, flight.request_id, flight.context_tokens)
+        self._tidy_soon()
         return holders
+
+    def _tidy_soon(self) -> None:
+        """The fleet state's upkeep after a decision (FleetState.tidy), run once the request is on its way: the
+        loop's next turn, when the relay awaits the node."""
+        if self._tidy_due:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # called outside a loop (a tool, a test): at once
+            self.fleet.tidy()
+            return
+        self._tidy_due = True
+        loop.call_soon(self._tidy)
+
+    def _tidy(self) -> None:
+        self._tidy_due = False
+        self.fleet.tidy()
 
     def adopt(self, flight: Flight, route: Route, holders: tuple[str, ...]) -> None:
         """`flight` is a stream taken over from another gateway: it runs on `route` already, its holders placed."""

@@ -6,9 +6,14 @@ in a `load.NodeIndex` (its status, pending work, deployment and weight) and
 one `HolderCandidate` in a `placement.HolderRanking` (its recovery load L̂,
 checkpoint bytes and budget, alive or not), and an entry is replaced when
 something about that node changed: a status event, a checkpoint placed on
-it, such a placement aging out, the node lost or back. Both indexes re-rank
-the replaced entry at once, so a request waiting for its decision only
-searches. A route or setting change rebuilds them.
+it, such a placement aging out, the node lost or back. A status event
+re-ranks the node at once, so a request waiting for its decision only
+searches. What a decision itself changes (the pages it placed on its
+holders, the bounds its search sharpened) is kept up to date by `tidy`,
+which the gateway runs once the request is on its way; a decision that comes
+first brings the holders it needs up to date itself, so every decision reads
+the same figures whenever `tidy` ran. A route or setting change rebuilds the
+indexes.
 """
 
 import time
@@ -45,6 +50,7 @@ class FleetState:
         self._recent: deque[tuple[float, str, float]] = deque()  # (when, holder, pages) in time order
         self._recent_pages: dict[str, float] = {}
         self._recent_count: dict[str, int] = {}  # placements behind each sum: at 0 the sum goes, whatever rounding left
+        self._stale: set[str] = set()  # holders whose L̂ moved since their candidate was made: re-ranked before a use
         self._signature = None
 
     # --- events ---------------------------------------------------------------------------
@@ -66,6 +72,7 @@ class FleetState:
             )
             for model, routes in by_model.items()
         }
+        self._stale.clear()  # every holder was made just now
 
     def node_changed(self, name: str) -> None:
         """A status event from `name`, or the gateway lost it or got it back."""
@@ -73,6 +80,7 @@ class FleetState:
         if pool is not None:
             pool.nodes.set(name, self._entry(route))
             pool.holders.set(self._holder(route))
+            self._stale.discard(name)
 
     def placed(self, holders: tuple[Route, ...], pages: float) -> None:
         """Checkpoints of a new request go to `holders`: their L̂ counts the pages from now.
@@ -88,7 +96,7 @@ class FleetState:
             self._recent.append((now, route.name, pages))
             self._recent_pages[route.name] = self._recent_pages.get(route.name, 0.0) + pages
             self._recent_count[route.name] = self._recent_count.get(route.name, 0) + 1
-            self._refresh_holder(route.name)
+            self._stale.add(route.name)
 
     def expire(self, now: float) -> None:
         """Placements older than RECENT_S stop counting: the holder's own status has them by now."""
@@ -101,7 +109,20 @@ class FleetState:
             else:
                 self._recent_pages[name] = max(self._recent_pages.get(name, 0.0) - pages, 0.0)
                 self._recent_count[name] = count
-            self._refresh_holder(name)
+            self._stale.add(name)
+
+    def tidy(self) -> None:
+        """What the last decisions changed, brought into the indexes: holders whose L̂ moved, routing bounds a search
+        sharpened. Off a request's path: a decision works the same without it. Placements age out at a placement
+        (`place`), not here: L̂ is read between placements too (a second holder, a recovery plan), and the simulator
+        reads it as this does."""
+        self._refresh_stale()
+        for pool in self.pools.values():
+            pool.nodes.tidy()
+
+    def _refresh_stale(self) -> None:
+        while self._stale:
+            self._refresh_holder(self._stale.pop())
 
     # --- what the policies read -------------------------------------------------------------
     def l_hat(self, name: str) -> float:
@@ -124,9 +145,11 @@ class FleetState:
         if pool is None:
             return None
         silent = self.watcher.silent  # no open status stream here (yet): nothing is sent there
-        if not exclude and not silent:
-            return pool.nodes.choose(prompt_tokens, self.clock(), self.failed)
-        return pool.nodes.choose(prompt_tokens, self.clock(), set(exclude) | set(self.failed) | silent)
+        if exclude or silent:
+            exclude = set(exclude) | set(self.failed) | silent
+        else:
+            exclude = self.failed
+        return pool.nodes.choose(prompt_tokens, self.clock(), exclude, upkeep=False)
 
     def place(
         self, model: str, serving: str, request_tokens: int, prefix_tokens: int, exclude: set[str] = frozenset()
@@ -138,6 +161,7 @@ class FleetState:
         if pool is None or route is None or not route.holds_checkpoints:
             return ()  # a node that cannot stream its KV pages (a real engine's) gets no holders
         self.expire(self.clock())
+        self._refresh_stale()
         config = self.view.config
         return placement.place(
             config.placement_policy,

@@ -363,6 +363,9 @@ class _Index:
         self.basis: list[tuple[int, int]] = [(0, 0)] * len(values)
         self.rebased: set[int] = set()
         self.rebased_for = -INF  # the latest decision time a bound was rebased for
+        # Bounds a search found it could sharpen, left for `tidy` (node -> (context, batch, decision time)); a new
+        # status for the node drops its entry, as the prediction was of the old one.
+        self.deferred: dict[int, tuple[int, int, float]] = {}
         self.groups: dict[tuple, list] = {}  # (roofline id, weight, slope) -> [(bound + floor, name, i)]
         self.meta: dict[tuple, tuple[_Roofline, float, float]] = {}
         self.floor: list[float] = [0.0] * len(values)  # seconds of prefill the node has left at its horizon
@@ -435,6 +438,7 @@ class _Index:
         """Entry `i` is now `entry`: re-measure it and move it within its group."""
         before, floor = self.where[i], self.floor[i]
         self.values[i] = entry
+        self.deferred.pop(i, None)
         self._measure(i, entry)
         self._move(i, before, floor)
 
@@ -476,11 +480,22 @@ class _Index:
             self._set_floor(i, _roofline(self.values[i][2]), now)
             self._move(i, self.where[i], floor)
 
-    def search(self, prompt_tokens: int, now: float, exclude: Collection[str]) -> str | None:
+    def tidy(self) -> None:
+        """Sharpen the bounds the searches since the last call found they could (`search(..., upkeep=False)`)."""
+        deferred, self.deferred = self.deferred, {}
+        for i, (context, batch, now) in deferred.items():
+            self._rebase(i, context, batch, now)
+            self.rebased_for = max(self.rebased_for, now)
+
+    def search(self, prompt_tokens: int, now: float, exclude: Collection[str], upkeep: bool = True) -> str | None:
         """The least-cost node: groups in order of their best bound, each scanned until its
         bound passes the best cost found. A node's bound is first sharpened with its own
         prediction and pending work (a few multiplications); only a node that could still win
-        is costed with the roofline, and that cost is routing_cost's to the last bit."""
+        is costed with the roofline, and that cost is routing_cost's to the last bit.
+
+        The nodes whose sharpened bound ruled them out keep it for later searches: at once, or with
+        `upkeep=False` at the next `tidy`, which a caller runs once the request is on its way. The
+        answer is the same either way; only the next searches' work differs."""
         if now < self.rebased_for:  # a decision for an earlier time: the rebased bounds may overshoot it
             for i in list(self.rebased):
                 before, floor = self.where[i], self.floor[i]
@@ -541,6 +556,10 @@ class _Index:
                 if cost < best or (cost == best and best_name is not None and name < best_name):
                     best_name, best = name, cost
                     cut = best * _MARGIN * weight
+        if not upkeep:
+            for i, context, batch in stale:
+                self.deferred[i] = (context, batch, now)
+            return best_name
         for i, context, batch in stale:
             self._rebase(i, context, batch, now)
         if stale:
@@ -618,8 +637,13 @@ class NodeIndex:
     def set(self, name: str, entry: tuple[RoutingStatus, Pending, Deployment, float]) -> None:
         self._index.replace(self._slot[name], entry)
 
-    def choose(self, prompt_tokens: int, now: float, exclude: Collection[str] = ()) -> str | None:
-        return self._index.search(prompt_tokens, now, exclude)
+    def choose(self, prompt_tokens: int, now: float, exclude: Collection[str] = (), upkeep: bool = True) -> str | None:
+        """The least-cost node. `upkeep=False` leaves the index's own upkeep for `tidy` (the same answer now, and
+        the next searches' as fast once `tidy` has run): a caller with a request waiting runs it afterwards."""
+        return self._index.search(prompt_tokens, now, exclude, upkeep)
+
+    def tidy(self) -> None:
+        self._index.tidy()
 
 
 # --- recovery load (document 000) ------------------------------------------------------

@@ -810,6 +810,24 @@ def test_expected_tokens_per_step_lies_between_one_and_k_plus_one(alpha, k):
     assert value <= progressive.expected_tokens_per_step(alpha, k + 1) + 1e-9
 
 
+def test_a_sharpening_left_for_tidy_does_not_outlive_the_status_it_was_predicted_from():
+    """A search with upkeep=False leaves a busy node's sharpened bound for tidy(); if the node's next status (it
+    went idle) comes first, tidy must not put back a bound predicted from the busy one: the idle node is chosen."""
+    # a's status is older than b's and a little heavier: b is visited first and costs less than a predicted to now,
+    # so a's bound is sharpened (b's own prediction grew too, but b is costed, not ruled out)
+    busy = NodeStatus(at=NOW - 10, running=30, decode_batch=30, decode_context_tokens=30_000, step_ms=20.0)
+    light = NodeStatus(at=NOW - 1, running=30, decode_batch=30, decode_context_tokens=29_000, step_ms=20.0)
+    nodes = {"a": (busy, Pending(), H100, 1.0), "b": (light, Pending(), H100, 1.0)}
+    index = load.NodeIndex(nodes)
+    assert index.choose(1000, NOW, upkeep=False) == "b"
+    assert 0 in index._index.deferred  # a's sharpening waits for tidy
+    index.set("a", (NodeStatus(at=NOW), nodes["a"][1], H100, 1.0))  # a's next status: idle
+    index.tidy()
+    nodes["a"] = (NodeStatus(at=NOW), nodes["a"][1], H100, 1.0)
+    assert load._plain_choose_node(nodes, 1000, NOW + 0.001) == "a"
+    assert index.choose(1000, NOW + 0.001) == "a"
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_bounds_rebased_on_aging_statuses_keep_every_answer_the_definitions(seed):
     """A node whose status ages between decisions gets its search bound rebased at its predicted load (the
@@ -824,7 +842,10 @@ def test_bounds_rebased_on_aging_statuses_keep_every_answer_the_definitions(seed
     now = 1_700_000_000.0
     fleet = Fleet(rng, now)
     index = load.NodeIndex(fleet.candidates)
-    rebased = 0
+    # The gateway's way: the rebasing left for tidy(), which runs after the request is sent, here sometimes only
+    # after new statuses came in (a rebase predicted from the old status must not outlive it) or not at all.
+    lazy = load.NodeIndex(fleet.candidates)
+    rebased = deferred = 0
     for i in range(600):
         now += rng.choice([0.001, 0.003, 0.02]) if rng.random() > 0.03 else -0.05
         prompt = fleet.new_request()[0]
@@ -832,11 +853,20 @@ def test_bounds_rebased_on_aging_statuses_keep_every_answer_the_definitions(seed
         plain = load._plain_choose_node(fleet.candidates, prompt, now, exclude)
         assert load.choose_node(fleet.candidates, prompt, now, exclude) == plain
         assert index.choose(prompt, now, exclude) == plain
+        assert lazy.choose(prompt, now, exclude, upkeep=False) == plain
         rebased = max(rebased, len(index._index.rebased))
+        deferred = max(deferred, len(lazy._index.deferred))
+        if i % 3 == 0:
+            lazy.tidy()
+            assert not lazy._index.deferred
         fleet.dispatched(plain, (), prompt)
         before = dict(fleet.candidates)
         fleet.status_events(now, i, plain, 1)  # one status a decision: the rest age
         for name, entry in fleet.candidates.items():
             if entry is not before[name]:
                 index.set(name, entry)
-    assert rebased > 10  # the path under test was taken
+                lazy.set(name, entry)
+        if i % 3 == 1:
+            lazy.tidy()
+    assert rebased > 10 and deferred > 3  # the paths under test were taken
+    assert len(lazy._index.rebased) > 10  # and tidy() did rebase
