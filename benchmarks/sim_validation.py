@@ -17,9 +17,12 @@ in the simulator (recovery.sim), also with and without the failure:
     gateway's in-flight hash) is SIGKILLed; the harness takes it out of routing a second later, restarts it
     cold RESTART_AFTER_S after the kill (draft model, then full model; its draft does not assist a survivor, on
     either side: DRAFT_ASSIST, see there). In the simulator:
-    a scripted crash of the same node at the same moment (detected at once, as the real gateway notices the
-    node's event stream closing), back after RESTART_AFTER_S plus the draft's load time (recovery.sim's
-    repair_s) and then the full model's load time, both from workers.catalog as the emulated node loads them.
+    a scripted crash of the same node at the same moment (detected when the real gateway notices its streams
+    closing: faults.DetectionDefaults.stream_break_s, and each move takes the gateway's hop, fleet.MOVE_HOP_S; both
+    measured by benchmarks/move_hop.py on a scenario of its own), back after RESTART_AFTER_S plus the draft's load
+    time (recovery.sim's repair_s) and then the full model's load time, both from workers.catalog as the emulated
+    node loads them.
+
 
 Metrics, on both sides from the same code, recovery.sim.metrics.run_metrics: the real run's client-side
 observations (each request's send time and the time of every token chunk it received) are put in the shape of
@@ -82,7 +85,7 @@ from recovery.sim import scenario as sim_scenario
 from recovery.sim.degradation import Degradation, DegradationSettings
 from recovery.sim.experiment import run_one
 from recovery.sim.faults import Fault
-from recovery.sim.fleet import SERIES_S, FaultRecord, Flight
+from recovery.sim.fleet import MOVE_HOP_S, SERIES_S, FaultRecord, Flight
 from recovery.sim.metrics import TOLERANCE, WINDOW_S, RunMetrics, run_metrics, windows
 from recovery.sim.workload import Request, read_trace
 from workers import catalog, tokens
@@ -257,7 +260,7 @@ async def run_real(setup: Setup, policy: str, arrivals: list, kill: bool) -> dic
                 while name is None:  # nothing in flight anywhere: wait for the next arrival
                     await asyncio.sleep(0.05)
                     name, in_flight = busiest(harness)
-                killed.update(node=name, in_flight=in_flight)
+                killed.update(node=name, in_flight=in_flight, at_epoch=time.time())
                 killed["at"] = await harness.kill(
                     name, restart_after_s=setup.restart_after_s * scale, confirm_after_s=CONFIRM_AFTER_S * scale
                 )
@@ -415,34 +418,49 @@ def _move_method(announcement: str) -> str:
 
 def real_breakdown(run: dict, killed_node: str) -> dict | None:
     """Where the real moves' stalls went, as the gateway timed them (recovery.gateway.relay's stall_breakdown_ms):
-    the means of the break noticed after the last token, the target answering (the plan, the request, its restore:
-    restore_ms of it), its first token after that; the moves off the killed node only."""
-    timings = [
-        m["stall_breakdown_ms"]
+    the means of the break noticed after the kill (from the signal's time, less the parts after the break; and after
+    the last token, as the gateway counts it), the target answering (the plan, the request, its restore: restore_ms
+    of it), its first token after that; the moves off the killed node only."""
+    moves = [
+        m
         for m in run.get("moves", [])
         if m.get("from") == killed_node and m.get("kind") == "failure" and m.get("stall_breakdown_ms")
     ]
-    if not timings:
+    if not moves:
         return None
-    return {key: _mean_of(t.get(key) for t in timings) for key in timings[0]} | {"moves": len(timings)}
+    timings = [m["stall_breakdown_ms"] for m in moves]
+    killed_at = run.get("killed", {}).get("at_epoch")
+    return {
+        "noticed_ms": None
+        if killed_at is None
+        else _mean_of(
+            (m["at"] - (t["first_token_ms"] + t["answered_ms"]) / 1000 - killed_at) * 1000
+            for m, t in zip(moves, timings)
+        ),
+        "noticed_after_last_token_ms": _mean_of(t.get("noticed_ms") for t in timings),
+        **{key: _mean_of(t.get(key) for t in timings) for key in ("answered_ms", "restore_ms", "first_token_ms")},
+        "moves": len(timings),
+    }
 
 
-def simulated_breakdown(flights: list[Flight]) -> dict | None:
-    """The same parts in the simulator: it notices a crash at once, the target has the request when its restore or
-    fetch is done (no network, no gateway: restore_ms is all of answered_ms), and the rest is its first token."""
+def simulated_breakdown(flights: list[Flight], noticed_s: float) -> dict | None:
+    """The same parts in the simulator: it notices a crash `noticed_s` after it (faults.DetectionDefaults'
+    stream_break_s), the target has the request after the gateway's hop (fleet.MOVE_HOP_S, for the moves of the pass)
+    and its restore or fetch, and the rest is its first token."""
     parts = []
     for flight in flights:
         if not flight.interrupted_at or not flight.stalls or len(flight.spans) < 2:
             continue
-        answered = flight.spans[1][1] - flight.interrupted_at[0]
-        parts.append((answered, flight.stalls[0] - answered))
+        answered = flight.spans[1][1] - flight.interrupted_at[0] - noticed_s
+        parts.append((answered, flight.stalls[0] - noticed_s - answered))
     if not parts:
         return None
+    hop = MOVE_HOP_S[0] + MOVE_HOP_S[1] * len(parts)
     answered = _mean_of(a * 1000 for a, _ in parts)
     return {
-        "noticed_ms": 0.0,
+        "noticed_ms": round(noticed_s * 1000, 1),
         "answered_ms": answered,
-        "restore_ms": answered,
+        "restore_ms": _mean_of((a - hop) * 1000 for a, _ in parts),
         "first_token_ms": _mean_of(f * 1000 for _, f in parts),
         "moves": len(parts),
     }
@@ -696,7 +714,9 @@ def analyse(setup: Setup, policy: str, faulted_run: dict, baseline_run: dict, wo
             ),
             "stall_breakdown_ms_mean": {
                 "measured-real": real_breakdown(faulted_run, killed["node"]),
-                "measured-simulated": simulated_breakdown(simulated.simulation.flights),
+                "measured-simulated": simulated_breakdown(
+                    simulated.simulation.flights, scenario.detection.stream_break_s
+                ),
             },
         },
         "restarted_node_serving_after_kill_s": {

@@ -51,6 +51,7 @@ class FleetState:
         self._recent_pages: dict[str, float] = {}
         self._recent_count: dict[str, int] = {}  # placements behind each sum: at 0 the sum goes, whatever rounding left
         self._stale: set[str] = set()  # holders whose L̂ moved since their candidate was made: re-ranked before a use
+        self._kv: dict[str, tuple[int, int]] = {}  # model -> its KV bytes per token and per block
         self._signature = None
 
     # --- events ---------------------------------------------------------------------------
@@ -127,18 +128,26 @@ class FleetState:
     # --- what the policies read -------------------------------------------------------------
     def l_hat(self, name: str) -> float:
         """Recovery load (eq. 4): checkpoint pages held, plus recent placements here, and queue depth."""
-        route = self.view.routes.get(name)
-        status = self.watcher.status(name)
-        per_block = route.deployment.model.kv_bytes_per_block if route else 1
+        return self._l_hat(name, self.view.routes.get(name), self.watcher.status(name))
+
+    def _l_hat(self, name: str, route: Route | None, status) -> float:
         config = self.view.config
         return load.holder_load(
             status.checkpoint_bytes_held,
-            per_block,
+            self._kv_bytes(route)[1] if route else 1,
             status.running + status.waiting,
             config.alpha,
             config.beta,
             self._recent_pages.get(name, 0.0),
         )
+
+    def _kv_bytes(self, route: Route) -> tuple[int, int]:
+        """(per token, per block) of the route's model's KV: a decision reads them, and the catalog computes them."""
+        kv = self._kv.get(route.model)
+        if kv is None:
+            model = route.deployment.model
+            kv = self._kv[route.model] = (model.kv_bytes_per_token, model.kv_bytes_per_block)
+        return kv
 
     def choose(self, model: str, prompt_tokens: int, exclude) -> str | None:
         pool = self.pools.get(model)
@@ -167,7 +176,7 @@ class FleetState:
             config.placement_policy,
             serving,
             [c for c in pool.holders if c.name not in exclude] if exclude else pool.holders,
-            request_bytes=request_tokens * route.deployment.model.kv_bytes_per_token,
+            request_bytes=request_tokens * self._kv_bytes(route)[0],
             prefix_tokens=prefix_tokens,
             tau=config.tau_tokens,
         )
@@ -184,15 +193,16 @@ class FleetState:
         return (self.watcher.status(route.name), self.watcher.pending_for(route.name), route.deployment, route.weight)
 
     def _holder(self, route: Route) -> placement.HolderCandidate:
-        status = self.watcher.status(route.name)
+        name = route.name
+        status = self.watcher.status(name)
         return placement.HolderCandidate(
-            name=route.name,
-            rack=route.rack,
-            l_hat=self.l_hat(route.name),
-            bytes_held=status.checkpoint_bytes_held,
+            name,
+            route.rack,
+            self._l_hat(name, route, status),
+            status.checkpoint_bytes_held,
             # A node that cannot hold checkpoints (a real engine's) has no room for any.
-            budget_bytes=(status.checkpoint_budget_bytes or UNLIMITED) if route.holds_checkpoints else 0,
-            alive=route.name not in self.failed and route.name not in self.watcher.silent,
+            (status.checkpoint_budget_bytes or UNLIMITED) if route.holds_checkpoints else 0,
+            name not in self.failed and name not in self.watcher.silent,
         )
 
     def _refresh_holder(self, name: str) -> None:

@@ -70,8 +70,8 @@ records its verdict (``confirmed_s``), as the real system does it with its shipp
 ========== ======================================================== =============================================
 kind       out of routing                                           confirmed
 ========== ======================================================== =============================================
-crash      at once: the node's event stream breaks as its            DOWN after the heartbeat miss
-           connections close (recovery/gateway/watch.py)
+crash      when its streams break as its connections close           DOWN after the heartbeat miss
+           (recovery/gateway/watch.py): stream_break_s, measured
 hang       DOWN after the heartbeat miss (republished routing), or   DOWN after the heartbeat miss
            the stall timeout of a request in flight, or the event
            stream's read timeout, whichever is first
@@ -233,6 +233,9 @@ class DetectionDefaults:
     stall_timeout_s: float = 5.0
     # recovery/gateway/watch.py: the event stream's read timeout, 3 × SILENT_S (nodes speak every second)
     event_stream_timeout_s: float = 9.0
+    # From a node's SIGKILL to the gateway noticing its streams broke: measured, not a setting (benchmarks/move_hop.py,
+    # noticed_ms_mean, 2026-11-29: 8.95 ms, sd 3 ms, over 82 moves of 1 to 12 requests moving at once).
+    stream_break_s: float = 0.00895
     # recovery/models.py Cluster.canary_interval_s, canary_retry_s, suspicious_after, unhealthy_after
     canary_interval_s: float = 30.0
     canary_retry_s: float = 2.0
@@ -274,7 +277,7 @@ def detect(kind: str, rng: random.Random, defaults: DetectionDefaults = DETECTIO
     run time, from its start to its verdict (sdc only)."""
     d = defaults
     if kind == "crash":
-        return Detection(0.0, d.heartbeat_down_s(rng), "event stream closed")
+        return Detection(d.stream_break_s, d.heartbeat_down_s(rng), "event stream closed")
     if kind in ("hang", "rack"):
         down = d.heartbeat_down_s(rng)
         routing, by = min((down, "heartbeat miss"), (d.stall_timeout_s, "stall timeout"))

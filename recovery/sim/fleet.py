@@ -1,11 +1,12 @@
 """The simulated fleet: one virtual clock, a heap of events, a node per EngineCore and a gateway on the policies.
 
-Events, in time order (ties in the order they were pushed): a request arrives; a node's step ends; a fault hits;
-the gateway learns of it (`faults.detect`'s routing_s); a resumed request reaches its new node (after the KV
-restore or fetch time); a node is back (repair, then the model load of `workers.catalog.load_time_s`); the control
-plane evaluates capacity (with a throughput objective only); a corrupt node fails a canary. Every node is a
-`workers.core.EngineCore` for its catalog deployment, stepped one planned step at a time for
-`step_seconds(plan)`, exactly as `run_virtual` drives one node.
+Events, in time order (ties in the order they were pushed): a request arrives; a node's step ends; a fault hits; the
+gateway learns of it (`faults.detect`'s routing_s); a resumed request reaches its new node (after the gateway's hop,
+MOVE_HOP_S, and the KV restore or fetch time); a node is back (repair, then the model load of
+`workers.catalog.load_time_s`); the control plane evaluates capacity (with a throughput objective only); a corrupt
+node fails a canary. Every node is a `workers.core.EngineCore` for its catalog deployment, stepped one planned step
+at a time for `step_seconds(plan)`, exactly as `run_virtual` drives one node.
+
 
 The gateway makes the real gateway's decisions with the same policy functions, fed the way
 recovery/gateway/coordinator.py and fleet.py feed them:
@@ -91,6 +92,12 @@ _PLACEHOLDERS = [COUNTED_TOKEN] * MAX_RUN  # fast path: the tokens of a decode r
 # (workers.engine.EngineConfig.max_assisted).
 ASSIST_K = 4
 MAX_ASSISTED = 64
+# A failure's move beyond the KV restore: from the gateway noticing the break to the target's answer, less the
+# target's own restore (the plan, the resume request, both processes' handling of it and of the other moves), for
+# each of n requests moved in one pass: MOVE_HOP_S[0] + MOVE_HOP_S[1]·n seconds. Measured on the real gateway and
+# emulated nodes of this repository, on a scenario of its own (benchmarks/move_hop.py, hop_ms_by_at_once,
+# 2026-11-29), not fitted to the validation it is checked by (benchmarks/sim_validation.py).
+MOVE_HOP_S = (0.00373, 0.00108)  # 3.73 ms + 1.08 ms per move, residual sd 2.5 ms over 82 moves
 
 
 def prompt_ids(index: int, length: int) -> range:
@@ -1079,9 +1086,10 @@ class Simulation:
                     self._leave(flight)
                     self.waiting_for_node.append((flight, "no survivor"))
                 continue
+            hop = MOVE_HOP_S[0] + MOVE_HOP_S[1] * len(stranded)
             for flight, decision in zip(flights, decisions):
                 self._leave(flight)
-                self._carry_out(flight, decision, record)
+                self._carry_out(flight, decision, record, hop)
 
     def checkpointed_estimate(self, flight: Flight) -> int:
         """Coordinator._checkpointed_estimate: recovery.checkpointed_estimate, with prefill chunks checkpointed
@@ -1101,21 +1109,24 @@ class Simulation:
         flight.seq = None
         flight.spans[-1][2] = self.now
 
-    def _carry_out(self, flight: Flight, decision: dispatch.Decision, record: FaultRecord | None) -> None:
+    def _carry_out(
+        self, flight: Flight, decision: dispatch.Decision, record: FaultRecord | None, hop: float = 0.0
+    ) -> None:
+        """The move planned for `flight`: it reaches its target after the gateway's hop and the KV restore or fetch."""
         fault_at = record.fault.at_s if record else self.now
-        restored, delay, method = 0, 0.0, decision.method
+        restored, delay, method = 0, hop, decision.method
         if method in ("restore", "fetch") and decision.source is not None:
             restored = self.received_tokens(flight, decision.source, fault_at)
             per_block = self.nodes[decision.target].spec.deployment.model.kv_bytes_per_block
             size = restored // catalog.BLOCK_TOKENS * per_block
             if method == "restore":
-                delay = catalog.kv_transfer_s(size, catalog.HOST_TO_GPU_LINK)
+                delay += catalog.kv_transfer_s(size, catalog.HOST_TO_GPU_LINK)
             else:
                 target = self.nodes[decision.target].spec
                 link, share = catalog.node_link(
                     self.nodes[decision.source].spec.placement, target.placement, target.deployment.gpu
                 )
-                delay = catalog.kv_transfer_s(size, link, share)
+                delay += catalog.kv_transfer_s(size, link, share)
             if restored == 0:
                 method = "reprefill"  # the holder had no page of it yet (workers.engine.resume falls back)
         flight.methods.append(method)

@@ -7,6 +7,8 @@ import pytest
 
 from benchmarks import sim_validation as sv
 from recovery.sim.experiment import run_one
+from recovery.sim.faults import DETECTION
+from recovery.sim.fleet import MOVE_HOP_S
 from recovery.sim.metrics import run_metrics
 from workers import catalog, tokens
 
@@ -162,9 +164,15 @@ def test_a_tiny_real_run_goes_through_the_whole_pipeline(tmp_path):
     real_parts, sim_parts = breakdown["measured-real"], breakdown["measured-simulated"]
     assert real_parts["moves"] == kill["moved_real"]
     assert sim_parts["moves"] == kill["interrupted_simulated"]
+    assert set(sim_parts) == {"noticed_ms", "answered_ms", "restore_ms", "first_token_ms", "moves"}
+    assert set(real_parts) == set(sim_parts) | {"noticed_after_last_token_ms"}
     for parts in (real_parts, sim_parts):
-        assert set(parts) == {"noticed_ms", "answered_ms", "restore_ms", "first_token_ms", "moves"}
         assert parts["answered_ms"] >= 0 and parts["first_token_ms"] > 0
+        assert 0 < parts["noticed_ms"] < 1000  # from the SIGKILL, on both sides
+    # The simulator's move: the measured break and hop (benchmarks/move_hop.py), then its restore.
+    hop_ms = (MOVE_HOP_S[0] + MOVE_HOP_S[1] * sim_parts["moves"]) * 1000
+    assert sim_parts["noticed_ms"] == round(DETECTION.stream_break_s * 1000, 1)
+    assert sim_parts["answered_ms"] == pytest.approx(hop_ms + sim_parts["restore_ms"], abs=0.2)
     assert result["machine"]["with_failure"]["load_average_before"]
     off_goal = sv.explain(result)  # a sentence per figure off the goal, naming it
     assert set(off_goal) <= {key for key, _ in sv.COMPARED}

@@ -153,9 +153,9 @@ def test_the_detection_defaults_are_the_shipped_ones():
     assert (DETECTION.stall_timeout_s, DETECTION.event_stream_timeout_s) == (5, 9)
 
 
-def test_a_crash_leaves_routing_at_once_and_is_down_after_the_heartbeat_miss():
+def test_a_crash_leaves_routing_when_its_streams_break_and_is_down_after_the_heartbeat_miss():
     found = delays("crash")
-    assert all(d.routing_s == 0 for d in found)
+    assert all(d.routing_s == DETECTION.stream_break_s == 0.00895 for d in found)  # measured: benchmarks/move_hop.py
     confirmed = [d.confirmed_s for d in found]
     assert 2.0 <= min(confirmed) and max(confirmed) <= 4.0  # miss 3 s, minus up to a beat, plus up to a check
     assert statistics.mean(confirmed) == pytest.approx(3.0, abs=0.05)

@@ -127,10 +127,10 @@ class Recorded(Simulation):
             self.log.insert(mark, self._lost)
         self._lost = None
 
-    def _carry_out(self, flight, decision, record):
+    def _carry_out(self, flight, decision, record, hop=0.0):
         if self._lost is not None:
             self._lost.decisions[flight.request_id] = decision
-        super()._carry_out(flight, decision, record)
+        super()._carry_out(flight, decision, record, hop)
 
     def _set_holders(self, flight, holders):
         if self._lost is not None:

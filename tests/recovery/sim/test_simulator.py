@@ -10,8 +10,8 @@ from recovery.sim import scenario as scenarios
 from recovery.sim.__main__ import main
 from recovery.sim.bench import measure
 from recovery.sim.experiment import run_one
-from recovery.sim.faults import Fault
-from recovery.sim.fleet import Simulation, prompt_ids, sampling
+from recovery.sim.faults import DETECTION, Fault
+from recovery.sim.fleet import MOVE_HOP_S, Simulation, prompt_ids, sampling
 from recovery.sim.metrics import percentile, request_metrics, run_metrics
 from recovery.sim.workload import Request
 from workers import catalog
@@ -165,6 +165,20 @@ def test_a_killed_nodes_request_restores_from_its_holder_when_the_pages_are_ther
     assert flight.generated == undisturbed(0, LONG)
 
 
+def test_a_crashed_nodes_request_reaches_its_holder_after_the_break_the_gateways_hop_and_the_restore():
+    """The move as measured on the real gateway (benchmarks/move_hop.py): the break noticed stream_break_s after the
+    crash, the gateway's hop for one move, then the restore from host memory."""
+    sim = one_long_request("fixed")
+    flight = sim.flights[0]
+    assert sim.fault_records[0].detected_s == pytest.approx(1.5 + DETECTION.stream_break_s)
+    restore_s = catalog.kv_transfer_s(
+        flight.restored_tokens[0] // 16 * sim.nodes["a-2"].spec.deployment.model.kv_bytes_per_block,
+        catalog.HOST_TO_GPU_LINK,
+    )
+    hop_s = MOVE_HOP_S[0] + MOVE_HOP_S[1] * 1
+    assert flight.spans[1][1] == pytest.approx(1.5 + DETECTION.stream_break_s + hop_s + restore_s)
+
+
 def test_with_policy_none_a_killed_nodes_request_re_prefills():
     sim = one_long_request("none")
     flight = sim.flights[0]
@@ -192,7 +206,10 @@ def test_a_request_the_holder_had_no_page_of_yet_re_prefills():
 def test_what_is_restored_is_what_reached_the_holder_by_the_fault():
     scenario = make(duration_s=30, count=2)
     fault = Fault(1.5, "crash", "a-1", None, scripted=True)
-    sim = Simulation(scenario, "fixed", 1, requests=[LONG], fault_list=[fault]).run(until=1.5)
+    # Until the gateway noticed the crash (its streams broke) and planned the request's move.
+    sim = Simulation(scenario, "fixed", 1, requests=[LONG], fault_list=[fault]).run(
+        until=1.5 + DETECTION.stream_break_s
+    )
     flight = sim.flights[0]
     arrivals = flight.pages["a-2"]
     # Pages queue on the serving node's link: each takes its transfer time after the one before.
@@ -209,7 +226,7 @@ def test_what_is_restored_is_what_reached_the_holder_by_the_fault():
 def test_a_lost_holders_checkpoints_are_re_placed_and_resent_then_restored_from():
     scenario = make(duration_s=30, count=3)
     faults = [Fault(1.0, "crash", "a-2", None, scripted=True), Fault(2.0, "crash", "a-1", None, scripted=True)]
-    sim = Simulation(scenario, "fixed", 1, requests=[LONG], fault_list=faults).run(until=1.0)
+    sim = Simulation(scenario, "fixed", 1, requests=[LONG], fault_list=faults).run(until=1.0 + DETECTION.stream_break_s)
     flight = sim.flights[0]
     assert flight.node == "a-1" and flight.holders == ("a-3",)  # the fixed neighbour after a-2, gone
     assert len(flight.pages["a-3"]) == flight.blocks_sent > LONG.prompt_tokens // 16
@@ -339,7 +356,8 @@ def test_routing_and_placement_are_the_real_gateways_policy_functions(until):
 
 def test_recovery_decisions_are_plan_recovery_s_over_the_survivors():
     scenario = make(duration_s=40, rate_rps=12, scripted=[crash(20.0, repair_s=None)])
-    sim = Simulation(scenario, "load_aware", 2).run(until=math.nextafter(20.0, 0))  # everything before the fault
+    detected = 20.0 + DETECTION.stream_break_s  # the gateway notices the node's streams broke, and plans
+    sim = Simulation(scenario, "load_aware", 2).run(until=math.nextafter(detected, 0))  # everything before that
     stranded = [f for f in sim.in_flight.values() if f.node == "a-2" and f.seq is not None]
     survivors = {
         n.name: dispatch.Survivor(
@@ -359,7 +377,7 @@ def test_recovery_decisions_are_plan_recovery_s_over_the_survivors():
     expected = dispatch.plan_recovery(
         interrupted, survivors, {"a-2"}, dispatch.theta_for([s.l_hat for s in survivors.values()])
     )
-    sim.run(until=20.0)
+    sim.run(until=detected)
     assert [f.methods[-1] for f in stranded] == [
         "reprefill" if d.method != "reprefill" and sim.received_tokens(f, d.source, 20.0) == 0 else d.method
         for f, d in zip(stranded, expected)
@@ -393,10 +411,11 @@ def test_a_small_four_node_minute_runs_with_its_baseline_and_finds_the_recovery_
     assert m.restored + m.fetched + m.reprefilled == m.interrupted
     assert m.ttft_p50_s <= m.ttft_p99_s and m.tpot_p50_s <= m.tpot_p99_s
     (fault,) = m.faults
-    assert fault.detected_s == 20.0  # a crash closes the event stream: out of routing at once
+    assert fault.detected_s == 20.0 + DETECTION.stream_break_s  # out of routing once its streams' close is noticed
     # Back in ~24 s (1 s repair, the model's load); the cluster is within 10 % of its baseline later.
     assert fault.recovered_at_s is not None and 20.0 <= fault.recovered_at_s < 60
-    assert fault.recovery_s == fault.recovered_at_s - fault.detected_s
+    # From detection; 0 when the windows were within 10 % from the fault's own on (detection is 9 ms after it).
+    assert fault.recovery_s == max(0.0, fault.recovered_at_s - fault.detected_s)
     # Before the fault the two runs are the same run.
     before = [request_metrics(f) for f in result.simulation.flights if f.finished_at and f.finished_at < 20.0]
     base = {r.request_id: r for r in map(request_metrics, result.baseline.flights)}
