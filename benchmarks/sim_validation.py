@@ -460,7 +460,7 @@ def simulated_breakdown(flights: list[Flight], noticed_s: float) -> dict | None:
     return {
         "noticed_ms": round(noticed_s * 1000, 1),
         "answered_ms": answered,
-        "restore_ms": _mean_of((a - hop) * 1000 for a, _ in parts),
+        "restore_ms": _mean_of(max(a - hop, 0.0) * 1000 for a, _ in parts),  # 0 for a re-prefill, not -0.0
         "first_token_ms": _mean_of(f * 1000 for _, f in parts),
         "moves": len(parts),
     }
