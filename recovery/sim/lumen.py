@@ -202,7 +202,8 @@ DIFFERENCES = [
     "(recovery/sim/workload.py); document 000 replays Splitwise-Conv and ShareGPT traces at a load it does not state.",
     "Hardware model: a roofline of H100-SXM (workers/catalog.py; GPU and TP are our choice, document 000 names "
     "neither), not SGLang on real GPUs: no kernel overheads, no scheduler jitter.",
-    "Detection: a crash leaves routing at once (the node's event stream breaks) and is confirmed 2-4 s later "
+    "Detection: a crash leaves routing 9 ms after it, when the gateway notices the node's streams break, each move "
+    "then takes the gateway's hop (both measured by benchmarks/move_hop.py), and it is confirmed 2-4 s later "
     "(recovery/sim/faults.py); document 000 says detection takes under 1 s with heartbeats.",
     "Reload: weights at 5 GB/s plus a 10 s engine start (catalog.load_time_s) after a 5 s restart; document 000 "
     "quotes minutes for a 32B model from NVMe, yet recovery times of 10-25 s.",
