@@ -336,6 +336,10 @@ async def test_lowering_the_batch_factor_preempts_nothing_and_holds_new_admissio
     async with aiohttp.ClientSession() as session, StatusRecorder(session, node.address) as recorder:
         first = [asyncio.create_task(stream_finish(session, node.address, 200)) for _ in range(6)]
         await asyncio.to_thread(wait_for, lambda: load_status(node)["running"] == 6, 10, 0.02, "6 running")
+        # The recorder's stream has the sixth admission too (CI 2026-11-29: it came after the change was counted).
+        await asyncio.to_thread(
+            wait_for, lambda: any(s.get("running") == 6 for s in recorder.statuses), 10, 0.02, "6 running recorded"
+        )
         assert set_batch_factor(node, {"batch_factor": 0.5})[1]["batch_limit"] == 4
         after_change = len(recorder.statuses)
         assert load_status(node)["running"] == 6  # the running batch goes on above the new limit
