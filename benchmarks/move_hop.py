@@ -39,7 +39,7 @@ import aiohttp
 from benchmarks.common import save
 from benchmarks.harness import Harness
 from benchmarks.policy_comparison import busiest
-from benchmarks.sim_validation import GPU, MODEL, TP, WORDS, stream
+from benchmarks.sim_validation import GPU, MODEL, TP, WORDS, break_noticed_at, stream
 
 MOVES = (1, 2, 4, 8, 12)
 ROUNDS = 3
@@ -83,8 +83,8 @@ async def one_round(k: int, rng: random.Random) -> dict:
     rows = []
     for m in moves:
         b = m["stall_breakdown_ms"]
-        answered_at = m["at"] - b["first_token_ms"] / 1000
-        noticed_at = answered_at - b["answered_ms"] / 1000
+        noticed_at = break_noticed_at(m)
+        answered_at = noticed_at + b["answered_ms"] / 1000
         rows.append(
             {
                 "method": m.get("method"),

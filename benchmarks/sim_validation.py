@@ -416,6 +416,13 @@ def _move_method(announcement: str) -> str:
     return RESUME_METHODS.get(method, method)
 
 
+def break_noticed_at(move: dict) -> float:
+    """When (epoch seconds) the gateway noticed the break a `request_moved` signal reports: the signal's time (the first
+    resumed token) less the parts of its stall_breakdown_ms after the break."""
+    timing = move["stall_breakdown_ms"]
+    return move["at"] - (timing["first_token_ms"] + timing["answered_ms"]) / 1000
+
+
 def real_breakdown(run: dict, killed_node: str) -> dict | None:
     """Where the real moves' stalls went, as the gateway timed them (recovery.gateway.relay's stall_breakdown_ms):
     the means of the break noticed after the kill (from the signal's time, less the parts after the break; and after
@@ -431,12 +438,7 @@ def real_breakdown(run: dict, killed_node: str) -> dict | None:
     timings = [m["stall_breakdown_ms"] for m in moves]
     killed_at = run.get("killed", {}).get("at_epoch")
     return {
-        "noticed_ms": None
-        if killed_at is None
-        else _mean_of(
-            (m["at"] - (t["first_token_ms"] + t["answered_ms"]) / 1000 - killed_at) * 1000
-            for m, t in zip(moves, timings)
-        ),
+        "noticed_ms": None if killed_at is None else _mean_of((break_noticed_at(m) - killed_at) * 1000 for m in moves),
         "noticed_after_last_token_ms": _mean_of(t.get("noticed_ms") for t in timings),
         **{key: _mean_of(t.get(key) for t in timings) for key in ("answered_ms", "restore_ms", "first_token_ms")},
         "moves": len(timings),
