@@ -85,7 +85,7 @@ from recovery.sim import scenario as sim_scenario
 from recovery.sim.degradation import Degradation, DegradationSettings
 from recovery.sim.experiment import run_one
 from recovery.sim.faults import Fault
-from recovery.sim.fleet import MOVE_HOP_S, SERIES_S, FaultRecord, Flight
+from recovery.sim.fleet import MOVE_HOP_S, SERIES_S, FaultRecord, Flight, Simulation
 from recovery.sim.metrics import TOLERANCE, WINDOW_S, RunMetrics, run_metrics, windows
 from recovery.sim.workload import Request, read_trace
 from workers import catalog, tokens
@@ -110,6 +110,10 @@ GOAL = 0.10  # the issue's: within 10 % on each metric
 DRAFT_ASSIST = False
 TIME_SCALE = {4: 1.0, 8: 1.0}  # per size; see the module docstring and benchmarks/README.md
 WORDS = [w for w in tokens.VOCAB if w.isalpha()]
+# The kill moved by each of these (ms) in extra simulated runs: a moved request waits for the step its target is in
+# when it arrives, and a prefill step of a 600-1,500-token prompt takes 100-250 ms here, so one crash's stall depends
+# on where in its target's step the crash falls (the phase), which the real and the simulated runs do not share.
+PHASE_OFFSETS_MS = tuple(range(-250, 251, 25))
 COMPARED = (
     ("ttft_mean_ms", "mean TTFT"),
     ("tpot_mean_ms", "mean TPOT"),
@@ -657,6 +661,42 @@ def simulate(scenario: sim_scenario.Scenario, policy: str):
     return run_one(scenario, policy, SIM_SEED, draft_assist=DRAFT_ASSIST)
 
 
+def phase_spread(
+    setup: Setup, policy: str, trace: Path, killed: dict, t0: float, real_stall_ms: float | None
+) -> dict | None:
+    """The simulated stall with the kill moved by each of PHASE_OFFSETS_MS, the same trace otherwise.
+
+    One crash gives one phase: where in each target's step its moved requests arrive. A request that arrives just
+    after its target began a long prefill step waits for the whole step, one that arrives just before it waits for
+    none, so a single crash's mean stall moves by up to a step's length with a shift of a few ms (the phase is not
+    reproduced between the real cluster and the simulator, whose steps start at other moments). The spread says how
+    far the single-phase comparison can be off for that reason alone, and where the real figure falls in it."""
+    stalls = []
+    for offset in PHASE_OFFSETS_MS:
+        shifted = {**killed, "at": killed["at"] + offset / 1000 * setup.time_scale}
+        simulation = Simulation(scenario_for(setup, trace, shifted, t0), policy, SIM_SEED, draft_assist=DRAFT_ASSIST)
+        stall = run_metrics(simulation.run()).stall_mean_s
+        stalls.append(None if stall is None else round(stall * 1000, 1))
+    seen = sorted(v for v in stalls if v is not None)
+    if not seen:
+        return None
+    mean = statistics.mean(seen)
+    spread = {
+        "offsets_ms": list(PHASE_OFFSETS_MS),
+        "stall_ms": stalls,
+        "mean_ms": round(mean, 1),
+        "sd_ms": round(statistics.pstdev(seen), 1),
+        "min_ms": seen[0],
+        "max_ms": seen[-1],
+    }
+    if real_stall_ms is not None:
+        spread["real_ms"] = real_stall_ms
+        spread["real_within_range"] = seen[0] <= real_stall_ms <= seen[-1]
+        spread["real_rank"] = round(sum(v <= real_stall_ms for v in seen) / len(seen), 2)  # share of phases at or below
+        spread["error_pct_of_mean"] = error_pct(real_stall_ms, round(mean, 1))
+    return spread
+
+
 def analyse(setup: Setup, policy: str, faulted_run: dict, baseline_run: dict, workdir: Path) -> dict:
     scale, killed = setup.time_scale, faulted_run["killed"]
     dump(faulted_run, workdir / f"real-{setup.nodes}-{policy}-failure.json")
@@ -714,6 +754,7 @@ def analyse(setup: Setup, policy: str, faulted_run: dict, baseline_run: dict, wo
             "restore_ms_mean_real": _mean_of(
                 s.resume.get("restore_ms") for s in faulted_run["sent"] if s.moves and s.resume
             ),
+            "stall_phase_spread": phase_spread(setup, policy, trace, killed, faulted_run["t0"], real["stall_mean_ms"]),
             "stall_breakdown_ms_mean": {
                 "measured-real": real_breakdown(faulted_run, killed["node"]),
                 "measured-simulated": simulated_breakdown(
@@ -780,15 +821,19 @@ def explain(result: dict) -> dict[str, str]:
                 f"{_delta(sim[key], base['measured-simulated'][key])} ms in the simulator"
             )
         elif key == "stall_mean_ms" and result["difference"][key] > 0:
-            why[key] = f"{name}: the simulator's stalls are {result['difference'][key]} ms longer than the real ones"
+            why[key] = (
+                f"{name}: the simulator's stalls are {result['difference'][key]} ms longer than the real ones"
+                f"{_breakdown_text(result['kill'])}{_phase_text(result['kill'])}"
+            )
         elif key == "stall_mean_ms":
             paths = result["kill"]
             why[key] = (
                 f"{name}: {-result['difference'][key]} ms more per interrupted request on the real cluster "
                 f"(paths real {paths['recovery_paths_real']}, simulated {paths['recovery_paths_simulated']}): "
-                "the real move (the gateway noticing the broken "
-                "stream, planning, a new HTTP request carrying the context to the target) is not in the simulator, "
-                f"which dispatches a resumed request with no network delay{_breakdown_text(paths)}; {load}"
+                "the real move (the gateway noticing the broken stream, planning, a new HTTP request carrying the "
+                "context to the target) took longer than the simulator's model of it (fleet.MOVE_HOP_S and "
+                f"faults.DetectionDefaults.stream_break_s, measured by move_hop){_breakdown_text(paths)}"
+                f"{_phase_text(paths)}; {load}"
             )
         else:
             compared = noise["failure_impact_by_window"]["compared"]
@@ -818,6 +863,18 @@ def _breakdown_text(kill: dict) -> str:
         f"; where it went, mean ms real / simulated: break noticed {real['noticed_ms']} / {sim['noticed_ms']}, "
         f"target answered {real['answered_ms']} / {sim['answered_ms']} (its restore {real['restore_ms']} / "
         f"{sim['restore_ms']}), its first token {real['first_token_ms']} / {sim['first_token_ms']} after that"
+    )
+
+
+def _phase_text(kill: dict) -> str:
+    spread = kill.get("stall_phase_spread")
+    if not spread or "real_ms" not in spread:
+        return ""
+    where = "within" if spread["real_within_range"] else "outside"
+    return (
+        f"; with the kill moved by {spread['offsets_ms'][0]} to +{spread['offsets_ms'][-1]} ms the simulated stall "
+        f"ranges {spread['min_ms']}-{spread['max_ms']} ms (mean {spread['mean_ms']}, sd {spread['sd_ms']}): the real "
+        f"{spread['real_ms']} ms is {where} that range, {spread['error_pct_of_mean']:+.1f} % off its mean"
     )
 
 

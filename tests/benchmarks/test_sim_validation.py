@@ -177,3 +177,27 @@ def test_a_tiny_real_run_goes_through_the_whole_pipeline(tmp_path):
     off_goal = sv.explain(result)  # a sentence per figure off the goal, naming it
     assert set(off_goal) <= {key for key, _ in sv.COMPARED}
     assert all(text.startswith(dict(sv.COMPARED)[key]) for key, text in off_goal.items())
+
+
+def test_the_stalls_phase_spread_moves_the_kill_and_says_where_the_real_stall_falls(tmp_path):
+    """One crash's stall depends on where in its targets' steps the moved requests arrive: the spread re-runs the
+    simulated side with the kill moved by each offset, and the unmoved run is the one compared."""
+    setup = sv.Setup(4, sv.RATE_PER_NODE * 4, kill_at_s=10.0, after_kill_s=5.0)
+    requests = [sent(prompt, max_tokens, offset + 0.003, "n00") for offset, prompt, max_tokens in sv.schedule(setup)]
+    real = run(requests, "n01", kill_at=10.0)
+    trace = sv.write_trace(real, setup, tmp_path / "trace.csv")
+    scenario = sv.scenario_for(setup, trace, real["killed"], T0)
+    unmoved = sv.simulate(scenario, "fixed").metrics.stall_mean_s
+    assert unmoved is not None, "the crash interrupts requests"
+
+    spread = sv.phase_spread(setup, "fixed", trace, real["killed"], T0, real_stall_ms=100.0)
+
+    assert spread["offsets_ms"] == list(sv.PHASE_OFFSETS_MS)
+    assert len(spread["stall_ms"]) == len(sv.PHASE_OFFSETS_MS)
+    assert spread["stall_ms"][sv.PHASE_OFFSETS_MS.index(0)] == pytest.approx(unmoved * 1000, abs=0.05)
+    assert spread["min_ms"] <= spread["mean_ms"] <= spread["max_ms"]
+    assert spread["max_ms"] - spread["min_ms"] > 10, "a shift of a few ms moves the stall by much more"
+    below = sum(v <= 100.0 for v in spread["stall_ms"] if v is not None)
+    assert spread["real_rank"] == pytest.approx(below / len(sv.PHASE_OFFSETS_MS), abs=0.01)
+    assert spread["real_within_range"] == (spread["min_ms"] <= 100.0 <= spread["max_ms"])
+    assert spread["error_pct_of_mean"] == sv.error_pct(100.0, spread["mean_ms"])
