@@ -883,6 +883,7 @@ def table(results: list[dict]) -> str:
     header = ["nodes", "policy"]
     for _, name in COMPARED:
         header += [f"{name} real", "sim", "err"]
+    header += ["stall, kill moved: sim mean (range)", "err"]
     rows = [header]
     for r in results:
         row = [str(r["nodes"]), r["policy"]]
@@ -894,6 +895,15 @@ def table(results: list[dict]) -> str:
                 "n/a" if sim is None else f"{sim:g}{unit}",
                 "n/a" if err is None else f"{err:+.1f}%",
             ]
+        spread = r["kill"].get("stall_phase_spread")
+        if spread:
+            err = spread.get("error_pct_of_mean")
+            row += [
+                f"{spread['mean_ms']:g} ms ({spread['min_ms']:g}-{spread['max_ms']:g})",
+                "n/a" if err is None else f"{err:+.1f}%",
+            ]
+        else:
+            row += ["n/a", "n/a"]
         rows.append(row)
     widths = [max(len(row[c]) for row in rows) for c in range(len(header))]
     return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows)

@@ -174,6 +174,10 @@ def test_a_tiny_real_run_goes_through_the_whole_pipeline(tmp_path):
     assert sim_parts["noticed_ms"] == round(DETECTION.stream_break_s * 1000, 1)
     assert sim_parts["answered_ms"] == pytest.approx(hop_ms + sim_parts["restore_ms"], abs=0.2)
     assert result["machine"]["with_failure"]["load_average_before"]
+    spread = kill["stall_phase_spread"]  # the same stall with the simulated kill moved
+    assert spread["real_ms"] == real["stall_mean_ms"]
+    assert spread["stall_ms"][sv.PHASE_OFFSETS_MS.index(0)] == simulated["stall_mean_ms"]
+    assert f"{spread['mean_ms']:g} ms ({spread['min_ms']:g}-{spread['max_ms']:g})" in sv.table([result])
     off_goal = sv.explain(result)  # a sentence per figure off the goal, naming it
     assert set(off_goal) <= {key for key, _ in sv.COMPARED}
     assert all(text.startswith(dict(sv.COMPARED)[key]) for key, text in off_goal.items())
