@@ -46,7 +46,7 @@ def row(cells) -> str:
 
 
 def header(*names) -> list[str]:
-    return [row(names), row(["---"] * len(names))]
+    return [row(names), "|" + "---|" * len(names)]
 
 
 def command_line(data: dict) -> str:

@@ -22,7 +22,7 @@ def test_every_results_file_renders(name):
     text = lt.render(name)
     data = json.loads((lt.RESULTS / f"lumen_{name}.json").read_text())
     assert data["command"] in text
-    assert text.count("\n| --- |") >= 1
+    assert text.count("\n|---|") >= 1
 
 
 def test_a_policy_tables_rows_are_the_results_figures(tmp_path):
