@@ -176,6 +176,17 @@ def grid(data: dict) -> list[str]:
     return out
 
 
+def outcome(ours: dict, attainment_digits: int) -> list[str]:
+    """Mean TTFT, mean TPOT, recovery time, attainment and faults of a run with drawn faults."""
+    return [
+        stat(ours["ttft_mean_s"]),
+        stat(ours["tpot_mean_s"], 1000, 0),
+        stat(ours["recovery_s"], digits=1),
+        stat(ours["attainment"], 100, attainment_digits),
+        mean(ours["faults"], digits=1),
+    ]
+
+
 def sensitivity(data: dict) -> list[str]:
     out = [command_line(data), ""]
     out += header(
@@ -183,19 +194,7 @@ def sensitivity(data: dict) -> list[str]:
         "restored / fetched / re-prefilled",
     )  # fmt: skip
     for name, ours in data["rows"].items():
-        out.append(
-            row(
-                [
-                    name,
-                    stat(ours["ttft_mean_s"]),
-                    stat(ours["tpot_mean_s"], 1000, 0),
-                    stat(ours["recovery_s"], digits=1),
-                    stat(ours["attainment"], 100, 1),
-                    mean(ours["faults"], digits=1),
-                    paths(ours, 1),
-                ]
-            )
-        )
+        out.append(row([name, *outcome(ours, 1), paths(ours, 1)]))
     return out
 
 
@@ -207,19 +206,7 @@ def scale(data: dict) -> list[str]:
         out += ["", f"{name}: {size['kind']}", ""]
         out += header("policy", "mean TTFT s", "mean TPOT ms", "recovery s", "attainment %", "faults", "interrupted")
         for policy, ours in size["rows"].items():
-            out.append(
-                row(
-                    [
-                        policy,
-                        stat(ours["ttft_mean_s"]),
-                        stat(ours["tpot_mean_s"], 1000, 0),
-                        stat(ours["recovery_s"], digits=1),
-                        stat(ours["attainment"], 100, 2),
-                        mean(ours["faults"], digits=1),
-                        mean(ours["interrupted"]),
-                    ]
-                )
-            )
+            out.append(row([policy, *outcome(ours, 2), mean(ours["interrupted"])]))
         out += [f"- {line}" for line in size.get("verdict", [])]
     return out
 
