@@ -17,8 +17,8 @@ def test_a_figure_is_its_mean_and_interval_with_the_runs_that_gave_none_counted_
 
 @pytest.mark.parametrize("name", sorted(lt.RENDER))
 def test_every_results_file_renders(name):
-    if not (lt.RESULTS / f"lumen_{name}.json").exists():
-        pytest.skip(f"no lumen_{name}.json in benchmarks/results")
+    # benchmarks/README.md shows every one of these tables: its results file is committed beside it.
+    assert (lt.RESULTS / f"lumen_{name}.json").exists(), f"benchmarks/results/lumen_{name}.json is missing"
     text = lt.render(name)
     data = json.loads((lt.RESULTS / f"lumen_{name}.json").read_text())
     assert data["command"] in text
@@ -50,5 +50,5 @@ def test_a_policy_tables_rows_are_the_results_figures(tmp_path):
     assert (
         "| load_aware | 1.50 ± 0.25 | 2.61 | 1500 ± 250 | – | 1.5 ± 0.2 | – | 150.0 ± 25.0 | 10 | 6 / 1 / 3 |" in lines
     )
-    assert "| lifeline vs load_aware | -12.5 %; paired -10.0 ± 5.0 % (paper -30.0 %) " in lines[-3] + " "
+    assert lines[-3].startswith("| lifeline vs load_aware | -12.5 %; paired -10.0 ± 5.0 % (paper -30.0 %) |")
     assert lines[-1] == "- workers4: Lifeline ties LUMEN"
