@@ -89,6 +89,8 @@ class Coordinator:
         self._decisions: dict[str, tuple[str, asyncio.Future]] = {}
         self._planned: dict[str, dict] = {}
         self._second_asked: set[str] = set()
+        # A lost node's requests not yet streaming from their new node: its other checkpoints wait for them.
+        self._replacing: dict[str, set[str]] = {}
         self._session: aiohttp.ClientSession | None = None
         self._tasks: set[asyncio.Task] = set()
         self._tidy_due = False
@@ -122,6 +124,7 @@ class Coordinator:
     def finished(self, flight: Flight) -> None:
         """The request is over, however it ended: nothing of it stays."""
         self.flights.pop(flight.request_id, None)
+        self._served(flight.request_id)
         self._decisions.pop(flight.request_id, None)
         self._planned.pop(flight.request_id, None)
         self._second_asked.discard(flight.request_id)
@@ -370,7 +373,35 @@ class Coordinator:
             in_flight=sum(1 for f in self.flights.values() if f.node == name),
         )
         self._plan(name)
-        self._replace_holders(name)
+        waiting = {f.request_id for f in self.flights.values() if f.node == name}
+        if not waiting:
+            self._replace_holders(name)
+            return
+        self._replacing[name] = waiting
+        self._schedule(recovery.REPLACE_HOLDERS_WITHIN_S, self._replace_due, name, waiting)
+
+    def streams_on(self, flight: Flight, node: str) -> None:
+        """`flight`'s tokens come from `node` now (its first, or its first after a move)."""
+        if self._replacing:
+            self._served(flight.request_id)
+
+    def _served(self, request_id: str) -> None:
+        """A lost node's request streams again, or is over: once all of them are, its checkpoints are re-placed
+        (recovery.REPLACE_HOLDERS_WITHIN_S)."""
+        for lost, waiting in list(self._replacing.items()):
+            if request_id in waiting:
+                waiting.discard(request_id)
+                if not waiting:
+                    self._schedule(0.0, self._replace_due, lost, waiting)
+
+    def _schedule(self, delay: float, callback, *args) -> None:
+        """`callback(*args)` on the event loop, `delay` seconds from now (after the current turn at 0)."""
+        asyncio.get_running_loop().call_later(delay, callback, *args)
+
+    def _replace_due(self, lost: str, waiting: set[str]) -> None:
+        if self._replacing.get(lost) is waiting:  # not done already, nor a later loss of the same node's
+            del self._replacing[lost]
+            self._replace_holders(lost)
 
     def survivor(self, route: Route) -> dispatch.Survivor:
         """`route` as a recovery target: its L̂, its free KV blocks as its status says and its place in the

@@ -16,6 +16,12 @@ from recovery.policy import dispatch
 from workers.catalog import BLOCK_TOKENS, Deployment, Placement
 from workers.protocol import RoutingStatus
 
+# A lost node's checkpoints of requests running elsewhere are re-placed once every request it was serving has its
+# first token after its move (or has ended), and at the latest this long after the node was lost. Re-placing makes
+# each serving node resend every block to a new holder: done at once it competed with the moves for the nodes'
+# CPU and links (benchmarks/README.md, "sim_validation"), and it guards only against a second failure.
+REPLACE_HOLDERS_WITHIN_S = 1.0
+
 
 def checkpointed_estimate(
     holders: Sequence[str], has_output: bool, context_tokens: int, prefill_chunks_checkpointed: bool

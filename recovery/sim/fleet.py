@@ -317,6 +317,8 @@ class Simulation:
                 node.routable, node.standby = False, True
             self.nodes[spec.name] = node
         self.failed: dict[str, float] = {}  # the gateway's: node -> when it lost it
+        # A lost node's requests not yet streaming again: its other checkpoints wait for them (Coordinator's).
+        self._replacing: dict[str, set[str]] = {}
         # Every request's Flight, by index. Requests given are all there from the start; those the run draws from
         # the scenario (`Scenario.arrivals`) are drawn as they arrive, and their Flights added then, in arrival
         # order, which is their index order: an hour of a large fleet is millions of requests, and the event heap
@@ -399,6 +401,7 @@ class Simulation:
             "capacity": self._on_capacity,
             "suspicious": self._on_suspicious,
             "corrupt": self._on_corrupt_found,
+            "replace": self._on_replace_due,
         }
         # Arrivals come from their own stream, merged with the heap: at a tie the arrival goes first, as it would
         # from the heap, where every arrival was pushed before any other event.
@@ -808,6 +811,8 @@ class Simulation:
         if flight.waiting_since is not None:
             flight.stalls.append(now - flight.waiting_since)
             flight.waiting_since = None
+        if self._replacing:  # its first token since its node was lost, if it was
+            self._served(flight.request_id)
         self._consider_second_holder(flight)
 
     @staticmethod
@@ -963,6 +968,8 @@ class Simulation:
         flight.level = self.degradation.level(flight.request.model)
         self.in_flight.pop(flight.request_id, None)
         self._drop_checkpoint(flight)
+        if self._replacing:
+            self._served(flight.request_id)
         if self.fast:
             flight.generated, flight.seq = [], None  # counted in `emitted`; a long run would hold every token
 
@@ -1023,10 +1030,30 @@ class Simulation:
         self._changed(node)
         record.interrupted += len(stranded)
         self._plan(stranded, record)
-        self._replace_holders(name)
+        waiting = {f.request_id for f in self.in_flight.values() if f.node == name}
+        if waiting:
+            self._replacing[name] = waiting
+            self._push(self.now + recovery.REPLACE_HOLDERS_WITHIN_S, "replace", name, waiting)
+        else:
+            self._replace_holders(name)
         if node.loaded_early:
             node.loaded_early = False
             self._on_loaded(name, epoch)
+
+    def _served(self, request_id: str) -> None:
+        """Coordinator._served: once every request of a lost node streams again or is over, its checkpoints are
+        re-placed, after the event under way (the gateway's next loop turn)."""
+        for lost, waiting in list(self._replacing.items()):
+            if request_id in waiting:
+                waiting.discard(request_id)
+                if not waiting:
+                    self._push(self.now, "replace", lost, waiting)
+
+    def _on_replace_due(self, lost: str, waiting: set[str]) -> None:
+        if self._replacing.get(lost) is waiting:
+            del self._replacing[lost]
+            self._settle_all()
+            self._replace_holders(lost)
 
     def _replace_holders(self, lost: str) -> None:
         """Coordinator._replace_holders: requests running elsewhere that had `lost` as a holder get a new one,

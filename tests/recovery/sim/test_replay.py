@@ -17,7 +17,7 @@ import pytest
 
 from recovery.gateway.coordinator import Coordinator, Flight
 from recovery.gateway.table import ClusterConfig, Route, RoutingView
-from recovery.policy import dispatch
+from recovery.policy import dispatch, recovery
 from recovery.sim import scenario as scenarios
 from recovery.sim.fleet import Simulation
 
@@ -61,6 +61,21 @@ class Lost:
     node: str
     contexts: dict[str, int]  # each request on the node: prompt and generated tokens its client has
     decisions: dict[str, dispatch.Decision] = field(default_factory=dict)  # decided: where each continues
+    # Decided, when the node had no request of its own to wait for: its checkpoints' new holders, in order.
+    replaced: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
+
+
+@dataclass
+class Served:
+    at: float
+    request_id: str  # a lost node's request: its first token since, from its new node
+
+
+@dataclass
+class Replaced:
+    at: float
+    node: str
+    all_served: bool  # every request of the node streams again (else the time allowed ran out)
     # Decided: requests elsewhere that the node held checkpoints of, and their new holders, in order.
     replaced: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
 
@@ -77,7 +92,8 @@ class Recorded(Simulation):
     def __init__(self, *args, **kwargs):
         self.log: list = []
         self._arrival: tuple[str, str] | None = None  # (node, request) while a dispatch is under way
-        self._lost: Lost | None = None
+        self._lost: Lost | Replaced | None = None
+        self._finishing = False
         super().__init__(*args, **kwargs)  # each node publishes its first status
 
     def _publish(self, name: str, arrival: str | None = None) -> None:
@@ -137,9 +153,25 @@ class Recorded(Simulation):
             self._lost.replaced.append((flight.request_id, tuple(holders)))
         super()._set_holders(flight, holders)
 
+    def _served(self, request_id):
+        if not self._finishing and any(request_id in waiting for waiting in self._replacing.values()):
+            self.log.append(Served(self.now, request_id))
+        super()._served(request_id)
+
+    def _on_replace_due(self, lost, waiting):
+        if self._replacing.get(lost) is not waiting:
+            return super()._on_replace_due(lost, waiting)
+        mark = len(self.log)
+        self._lost = Replaced(self.now, lost, not waiting)
+        super()._on_replace_due(lost, waiting)
+        self.log.insert(mark, self._lost)  # before the statuses its holder changes published
+        self._lost = None
+
     def _finished(self, flight, event):
         self.log.append(Done(self.now, flight.request_id))
+        self._finishing = True
         super()._finished(flight, event)
+        self._finishing = False
 
 
 # --- the replay -------------------------------------------------------------------------------------------
@@ -152,6 +184,10 @@ class ReplayCoordinator(Coordinator):
     def __init__(self, *args):
         super().__init__(*args)
         self.holder_changes: list[tuple[str, tuple[str, ...]]] = []
+        self.scheduled: list[tuple[float, object, tuple]] = []  # the loop's timers, run when the log says
+
+    def _schedule(self, delay, callback, *args):
+        self.scheduled.append((delay, callback, args))
 
     async def _set_holders(self, flight, serving, lost, holders):
         flight.holders = tuple(h.name for h in holders)
@@ -203,6 +239,8 @@ class Compared:
     second_holders: int = 0
     recoveries: int = 0
     replaced: int = 0
+    deferred: int = 0  # re-placements once the lost node's requests streamed again
+    timed_out: int = 0  # re-placements when the time allowed ran out first
     methods: dict[str, int] = field(default_factory=dict)
 
 
@@ -261,6 +299,26 @@ async def replay(sim: Recorded) -> Compared:
             seen.replaced += len(event.replaced)
             for decision in decisions.values():
                 seen.methods[decision.method] = seen.methods.get(decision.method, 0) + 1
+        elif isinstance(event, Served):
+            flight = co.flights[event.request_id]
+            co.streams_on(flight, flight.node)
+        elif isinstance(event, Replaced):
+            # The gateway's timer for this node: at once when all its requests were served, else the time allowed.
+            delay = 0.0 if event.all_served else recovery.REPLACE_HOLDERS_WITHIN_S
+            due = [
+                t
+                for t in co.scheduled
+                if t[0] == delay and t[2][0] == event.node and co._replacing.get(event.node) is t[2][1]
+            ]
+            assert due, event
+            co.scheduled.remove(due[0])
+            changes = len(co.holder_changes)
+            due[0][1](*due[0][2])
+            await asyncio.gather(*co._tasks)
+            assert co.holder_changes[changes:] == event.replaced, event
+            seen.replaced += len(event.replaced)
+            seen.deferred += event.all_served
+            seen.timed_out += not event.all_served
         elif isinstance(event, Done):
             co.finished(co.flights[event.request_id])
     return seen
@@ -290,6 +348,7 @@ async def test_a_recorded_run_replays_through_the_gateway_with_every_decision_th
     assert seen.placements == seen.routes
     assert seen.recoveries == sim.fault_records[0].interrupted > 5
     assert seen.replaced > 0  # requests elsewhere whose holder a-2 was got a new one
+    assert seen.deferred == 1  # once a-2's own requests streamed again from their new nodes
     if policy == "lifeline":
         assert seen.second_holders > 0  # asked once a request's context passed τ
 
