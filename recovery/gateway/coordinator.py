@@ -5,7 +5,8 @@ It holds every request in flight through this gateway, picks its node
 (least load, document 002) and its checkpoint holders (the cluster's
 placement policy), and when a node is lost it plans where each of that
 node's requests continues (Algorithm 2) in one pass, so the plan sees its
-own decisions. It also re-places the checkpoints a lost holder kept, and
+own decisions. Once that node's requests stream again it re-places the
+checkpoints the node kept of others (recovery.REPLACE_HOLDERS_WITHIN_S), and it
 carries out planned migrations the control plane asks for.
 """
 
@@ -359,7 +360,8 @@ class Coordinator:
 
     # --- losing a node ------------------------------------------------------------------------
     def node_lost(self, name: str, reason: str, at: float) -> None:
-        """This gateway lost `name`: take it out of routing here, plan its requests, re-place its checkpoints."""
+        """This gateway lost `name`: take it out of routing here, plan its requests, and re-place its checkpoints
+        once they stream again."""
         if name in self.failed:
             return
         self.failed[name] = at
