@@ -18,8 +18,10 @@ from workers.protocol import RoutingStatus
 
 # A lost node's checkpoints of requests running elsewhere are re-placed once every request it was serving has its
 # first token after its move (or has ended), and at the latest this long after the node was lost. Re-placing makes
-# each serving node resend every block to a new holder: done at once it competed with the moves for the nodes'
-# CPU and links (benchmarks/README.md, "sim_validation"), and it guards only against a second failure.
+# each serving node resend every block to a new holder, and it guards only against a second failure: the stalled
+# streams come first. Done at once, the resent pages held the serving nodes' links while the moved requests' KV was
+# fetched (the simulator's stalls shortened when it waited); on the real emulated cluster, whose moves are slowed by
+# its shared CPUs, waiting changed nothing measurable (benchmarks/README.md, "sim_validation").
 REPLACE_HOLDERS_WITHIN_S = 1.0
 
 
