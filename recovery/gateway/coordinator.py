@@ -382,8 +382,8 @@ class Coordinator:
         self._replacing[name] = waiting
         self._schedule(recovery.REPLACE_HOLDERS_WITHIN_S, self._replace_due, name, waiting)
 
-    def streams_on(self, flight: Flight, node: str) -> None:
-        """`flight`'s tokens come from `node` now (its first, or its first after a move)."""
+    def streams_on(self, flight: Flight) -> None:
+        """`flight`'s tokens come from its node now (its first, or its first after a move)."""
         if self._replacing:
             self._served(flight.request_id)
 

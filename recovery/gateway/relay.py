@@ -372,7 +372,7 @@ class Relay:
                 if self.streamed_on != node:
                     self.streamed_on = node
                     self._record_stream()
-                    self.co.streams_on(flight, node)
+                    self.co.streams_on(flight)
                 for token in ids.group(1).split(b","):
                     flight.generated.append(int(token))
                 flight.first_token_at = flight.first_token_at or now

@@ -69,7 +69,7 @@ async def test_the_lost_nodes_other_checkpoints_wait_until_its_own_requests_stre
     await turns()
     assert asked == []  # r1 and r2 wait for their moves: no node resends anything yet
     mine[0].node = "b"
-    co.streams_on(mine[0], "b")  # r1's first token from b
+    co.streams_on(mine[0])  # r1's first token from b
     await turns()
     assert asked == []  # r2 still waits
     co.finished(mine[1])  # r2 is over (it ended, or its client left)
@@ -77,7 +77,7 @@ async def test_the_lost_nodes_other_checkpoints_wait_until_its_own_requests_stre
     assert asked == [("r3", "a", [asked[0][2][0]])]
     assert asked[0][2][0] not in ("a", "s")  # a live holder, not the node that serves it
     assert elsewhere.holders == tuple(asked[0][2])
-    co.streams_on(mine[1], "t")  # late news changes nothing: done once
+    co.streams_on(mine[1])  # late news changes nothing: done once
     await turns()
     assert len(asked) == 1
 

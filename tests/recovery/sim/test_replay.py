@@ -301,7 +301,7 @@ async def replay(sim: Recorded) -> Compared:
                 seen.methods[decision.method] = seen.methods.get(decision.method, 0) + 1
         elif isinstance(event, Served):
             flight = co.flights[event.request_id]
-            co.streams_on(flight, flight.node)
+            co.streams_on(flight)
         elif isinstance(event, Replaced):
             # The gateway's timer for this node: at once when all its requests were served, else the time allowed.
             delay = 0.0 if event.all_served else recovery.REPLACE_HOLDERS_WITHIN_S
