@@ -60,6 +60,11 @@ INFRA_FAULTS = (
     "gateway_kill",
 )
 FAULTS = NODE_FAULTS + INFRA_FAULTS
+# A node's drain steps since a time (name, epoch seconds): an sdc fault is judged by them.
+DRAIN_STEPS_SINCE = (
+    "SELECT count(*) FROM recovery_drainstep s JOIN recovery_drain d ON d.id = s.drain_id "
+    "WHERE d.node_id = (SELECT id FROM recovery_node WHERE name = %s) AND s.at >= to_timestamp(%s)"
+)
 # Faults whose node(s) must get their rows: a DOWN transition and an incident event (sdc: health, drain steps).
 ROW_FAULTS = {"node_kill", "node_hang", "node_and_holder", "rack", "sdc"}
 ON_CALL = "chaos soak on-call"
@@ -711,14 +716,9 @@ class Soak:
 
     def undrained_corrupt(self) -> set[str]:
         """Nodes an sdc fault corrupted that have no drain raised since."""
-        node = "(SELECT id FROM recovery_node WHERE name = %s)"
-        query = (
-            "SELECT count(*) FROM recovery_drainstep s JOIN recovery_drain d ON d.id = s.drain_id "
-            f"WHERE d.node_id = {node} AND s.at >= to_timestamp(%s)"
-        )
         corrupt = [(f.targets[0], f.injected_wall) for f in self.faults if f.kind == "sdc" and f.targets]
         try:
-            return {name for name, at in corrupt if not self.sql(query, name, at - 1)}
+            return {name for name, at in corrupt if not self.sql(DRAIN_STEPS_SINCE, name, at - 1)}
         except (subprocess.CalledProcessError, OSError, sqlite3.Error):  # the database is away: assume the worst
             return {name for name, _ in corrupt}
 
@@ -734,13 +734,7 @@ class Soak:
             target,
             fault.injected_wall,
         )
-        drained = self.sql(
-            "SELECT count(*) FROM recovery_drainstep s JOIN recovery_drain d ON d.id = s.drain_id "
-            f"WHERE d.node_id = {node} AND s.at >= to_timestamp(%s)",
-            target,
-            fault.injected_wall - 1,
-        )
-        return down > 0 and drained == 0
+        return down > 0 and not self.sql(DRAIN_STEPS_SINCE, target, fault.injected_wall - 1)
 
     def check_rows(self) -> dict:
         """The rows every fault must have produced are there: a node that died or went silent has its DOWN
@@ -774,10 +768,7 @@ class Soak:
                             f"SELECT count(*) FROM recovery_healthtransition WHERE node_id = {node} "
                             "AND new IN ('suspicious', 'unhealthy') AND at >= to_timestamp(%s)"
                         ),
-                        "drain steps": (
-                            "SELECT count(*) FROM recovery_drainstep s JOIN recovery_drain d ON d.id = s.drain_id "
-                            f"WHERE d.node_id = {node} AND s.at >= to_timestamp(%s)"
-                        ),
+                        "drain steps": DRAIN_STEPS_SINCE,
                         "incident events": checks["incident events"],
                     }
                 for what, query in checks.items():

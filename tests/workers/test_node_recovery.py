@@ -363,13 +363,10 @@ async def test_a_holder_restarted_at_a_new_address_gets_the_pages_sent_to_it(fle
     reborn = node_factory("ra-b", *SCALE, env=ENV)  # same name, another port
     assert reborn.address != b.address
     stream = Stream()
+    # Long enough to still run while the holder is asked: a request that ends drops its checkpoint.
+    payload = {**body("r-after", holders=[peer(reborn)]), "max_tokens": 4000}
     async with aiohttp.ClientSession() as session:
-        async with session.post(
-            # Long enough to still run while the holder is asked: a request that ends drops its checkpoint.
-            a.address + "/v1/completions",
-            json={**body("r-after", holders=[peer(reborn)]), "max_tokens": 4000},
-            headers=HEAD,
-        ) as response:
+        async with session.post(a.address + "/v1/completions", json=payload, headers=HEAD) as response:
             await stream.read(response, stop_after=40)
             held = await asyncio.to_thread(
                 wait_for, lambda: checkpoint_of(reborn, "r-after"), 5, 0.05, "pages on the restarted holder"
