@@ -159,6 +159,7 @@ class BlockComplete:
     seq: Sequence
     block: int
     token_ids: list[int]  # empty from a core that counts tokens (token_ids False): its ids are placeholders
+    count: int = 1  # blocks block .. block + count - 1: a core that counts tokens says a prefill's blocks in one event
 
 
 @dataclass
@@ -494,12 +495,13 @@ class EngineCore:
         complete = seq.computed // BLOCK_TOKENS
         if complete <= seq.streamed_blocks:
             return
-        blocks = range(seq.streamed_blocks, complete)
         if self.token_ids:
+            blocks = range(seq.streamed_blocks, complete)
             result.events += [BlockComplete(seq, block, seq.context_block(block)) for block in blocks]
         else:
-            # A core that counts tokens has no ids to give (its driver, the simulator, reads which block completed).
-            result.events += [BlockComplete(seq, block, []) for block in blocks]
+            # A core that counts tokens has no ids to give, so a prefill's hundred blocks are one event (its driver,
+            # the simulator, reads how many completed).
+            result.events.append(BlockComplete(seq, seq.streamed_blocks, [], complete - seq.streamed_blocks))
         seq.streamed_blocks = complete
 
     # --- the KV block pool ---------------------------------------------------------------

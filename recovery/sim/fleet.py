@@ -54,6 +54,7 @@ model after the repair) with the draft ready within it; the real node loads the 
 after the other, which would add the draft's load to every cold restart, with or without assist.
 """
 
+import gc
 import heapq
 import math
 import random
@@ -87,6 +88,7 @@ SERIES_S = 0.5  # latency over time is kept in buckets this wide; recovery-time 
 MAX_RUN = 256  # fast path: decode steps advanced in one event at most (a longer run is two)
 MIN_RUN = 2  # fast path: shorter runs go step by step
 _PLACEHOLDERS = [COUNTED_TOKEN] * MAX_RUN  # fast path: the tokens of a decode run, counted, not computed
+GC_YOUNG_THRESHOLD = 50_000  # allocations between young garbage collections while a run goes on (Simulation.run)
 # Draft assist: drafted tokens per sequence a survivor verifies (recovery.actions.incidents.ASSIST_K, the k that
 # benchmarks/harness.py and workers/control_api.py default to), for at most MAX_ASSISTED decoding sequences a step
 # (workers.engine.EngineConfig.max_assisted).
@@ -406,6 +408,19 @@ class Simulation:
         # Arrivals come from their own stream, merged with the heap: at a tie the arrival goes first, as it would
         # from the heap, where every arrival was pushed before any other event.
         heap = self._heap
+        threshold = gc.get_threshold()
+        # A run allocates and frees events and steps by the million and makes next to no garbage cycles: Python's
+        # default (a young collection every 700 allocations, each older one walking every live object) took an eighth
+        # of a 1,000-node run's wall time (benchmarks/results/sim_speed.json). Fewer collections while it runs.
+        gc.set_threshold(max(threshold[0], GC_YOUNG_THRESHOLD), *threshold[1:])
+        try:
+            self._loop(until, handlers)
+        finally:
+            gc.set_threshold(*threshold)
+        return self
+
+    def _loop(self, until: float, handlers: dict[str, Callable[..., None]]) -> None:
+        heap = self._heap
         while True:
             arrival = self._next_arrival
             if arrival is not None and (not heap or arrival.request.arrival_s <= heap[0][0]):
@@ -422,7 +437,6 @@ class Simulation:
                 handlers[kind](*payload)
             else:
                 break
-        return self
 
     # --- the gateway: routing and placement ----------------------------------------------------
     def _entry(self, node: NodeState) -> tuple:
@@ -775,14 +789,14 @@ class Simulation:
         for event in result.events:
             if blocks_of is not None:
                 if isinstance(event, BlockComplete) and event.seq is blocks_of:
-                    blocks += 1
+                    blocks += event.count
                     continue
                 self._page(node, self.in_flight[blocks_of.request_id], blocks)
                 blocks_of = None
             if isinstance(event, Token):
                 self._token(self.in_flight[event.seq.request_id], event)
             elif isinstance(event, BlockComplete):
-                blocks_of, blocks = event.seq, 1
+                blocks_of, blocks = event.seq, event.count
             elif isinstance(event, Finished):
                 self._finished(self.in_flight[event.seq.request_id], event)
                 changed = True

@@ -155,6 +155,33 @@ def test_each_complete_block_is_checkpointed_once_in_order():
     assert first_page["chunks-too"] < first_page["prompt-once-prefilled"]
 
 
+def test_a_counting_core_says_a_steps_blocks_in_one_event_covering_the_same_blocks():
+    """The simulator's core (token_ids=False) names a step's completed blocks of a sequence as one range: the same
+    blocks, in the same steps, as a core with token ids names one event at a time."""
+
+    def blocks_by_step(token_ids: bool) -> list[tuple[int, str, list[int]]]:
+        core = EngineCore(DEPLOYMENT, max_batched_tokens=64, token_ids=token_ids)
+        holder = object()
+        arrivals = [
+            (0.0, request("chunked", 150, 30, holders=(holder,), checkpoint_prefill_chunks=True)),
+            (0.0, request("at-the-end", 100, 40, holders=(holder,))),
+        ]
+        out = []
+        for index, step in enumerate(run_virtual(core, arrivals)):
+            for event in step.events:
+                if isinstance(event, BlockComplete):
+                    out.append((index, event.seq.request_id, list(range(event.block, event.block + event.count))))
+        return out
+
+    counted, with_ids = blocks_by_step(False), blocks_by_step(True)
+    merged: dict[tuple[int, str], list[int]] = {}
+    for index, request_id, blocks in with_ids:
+        assert len(blocks) == 1  # a core with token ids: one event per block, with its ids
+        merged.setdefault((index, request_id), []).extend(blocks)
+    assert [((i, r), b) for i, r, b in counted] == list(merged.items())
+    assert any(len(blocks) > 1 for *_, blocks in counted)  # the prompt's blocks at the end of its prefill
+
+
 def test_the_same_trace_takes_the_same_steps():
     def run():
         core = EngineCore(DEPLOYMENT, max_num_seqs=3, max_batched_tokens=256)
