@@ -405,9 +405,6 @@ class Simulation:
             "corrupt": self._on_corrupt_found,
             "replace": self._on_replace_due,
         }
-        # Arrivals come from their own stream, merged with the heap: at a tie the arrival goes first, as it would
-        # from the heap, where every arrival was pushed before any other event.
-        heap = self._heap
         threshold = gc.get_threshold()
         # A run allocates and frees events and steps by the million and makes next to no garbage cycles: Python's
         # default (a young collection every 700 allocations, each older one walking every live object) took an eighth
@@ -420,6 +417,8 @@ class Simulation:
         return self
 
     def _loop(self, until: float, handlers: dict[str, Callable[..., None]]) -> None:
+        # Arrivals come from their own stream, merged with the heap: at a tie the arrival goes first, as it would
+        # from the heap, where every arrival was pushed before any other event.
         heap = self._heap
         while True:
             arrival = self._next_arrival
