@@ -11,8 +11,10 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Callable
 
 import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError
 
 from recovery.keys import Keys
@@ -26,58 +28,81 @@ STREAM_OVER_S = 600  # how long "it ended" is remembered for a late resume
 
 
 class Signals:
+    """Everything a gateway writes as it serves goes through one queue, written by one task in one round trip per
+    batch (a pipeline, in order): at a hundred requests a second a stream's record, its end and its outcome no
+    longer cost a task and a round trip each (benchmarks/gateway_peers)."""
+
     def __init__(self, redis_url: str, namespace: str, gateway: str):
         self.redis = aioredis.Redis.from_url(redis_url, decode_responses=True)
         self.keys = Keys(namespace)
         self.gateway = gateway
-        self._tasks: set[asyncio.Task] = set()
+        self._queue: list[tuple[str, Callable[[Pipeline], object]]] = []  # (what it is, for a log line; the commands)
+        self._writer: asyncio.Task | None = None
 
     def emit(self, kind: str, /, **data) -> None:
         data.setdefault("at", time.time())
-        self._send(self.keys.signals, {"kind": kind, "gateway": self.gateway, "data": json.dumps(data)}, MAX_SIGNALS)
+        fields = {"kind": kind, "gateway": self.gateway, "data": json.dumps(data)}
+        self._write(
+            f"a signals entry ({kind})",
+            lambda pipe: pipe.xadd(self.keys.signals, fields, maxlen=MAX_SIGNALS, approximate=True),
+        )
 
     def outcome(self, **data) -> None:
-        self._send(self.keys.outcomes, {"gateway": self.gateway, "data": json.dumps(data)}, MAX_OUTCOMES)
-
-    def _send(self, stream: str, fields: dict, maxlen: int) -> None:
-        task = asyncio.get_running_loop().create_task(self._xadd(stream, fields, maxlen))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _xadd(self, stream: str, fields: dict, maxlen: int) -> None:
-        try:
-            await self.redis.xadd(stream, fields, maxlen=maxlen, approximate=True)
-        except (RedisError, OSError) as exc:
-            log.warning("lost a %s entry (%s): %s", stream.rsplit(":", 1)[-1], exc, fields.get("kind"))
+        fields = {"gateway": self.gateway, "data": json.dumps(data)}
+        self._write(
+            "an outcomes entry",
+            lambda pipe: pipe.xadd(self.keys.outcomes, fields, maxlen=MAX_OUTCOMES, approximate=True),
+        )
 
     # --- streams another gateway may take over (Last-Event-ID) ---------------------------------------------------
     def stream_record(self, request_id: str, record: dict) -> None:
         """Where the request's stream runs now (written when its node changes), so that any gateway can take it over
         if this one dies."""
-        self._call(self.redis.set(self.keys.stream(request_id), json.dumps(record), ex=STREAM_RECORD_S))
+        value = json.dumps(record)
+        self._write(
+            f"the stream record of {request_id}",
+            lambda pipe: pipe.set(self.keys.stream(request_id), value, ex=STREAM_RECORD_S),
+        )
 
     def stream_over(self, request_id: str, how: str) -> None:
         """The request ended (`how`): a resume of it is answered 404, saying so."""
-        pipe = self.redis.pipeline()
-        pipe.delete(self.keys.stream(request_id))
-        pipe.set(self.keys.stream_over(request_id), json.dumps({"how": how, "at": time.time()}), ex=STREAM_OVER_S)
-        self._call(pipe.execute())
+        value = json.dumps({"how": how, "at": time.time()})
+
+        def commands(pipe: Pipeline) -> None:
+            pipe.delete(self.keys.stream(request_id))
+            pipe.set(self.keys.stream_over(request_id), value, ex=STREAM_OVER_S)
+
+        self._write(f"the end of stream {request_id}", commands)
 
     async def stream_lookup(self, request_id: str) -> tuple[dict | None, dict | None]:
         """The request's stream record, or how it ended; (None, None) for a request no gateway knows."""
         record, over = await self.redis.mget(self.keys.stream(request_id), self.keys.stream_over(request_id))
         return (json.loads(record) if record else None), (json.loads(over) if over else None)
 
-    def _call(self, awaitable) -> None:
-        async def run():
-            try:
-                await awaitable
-            except (RedisError, OSError) as exc:
-                log.warning("could not record a stream for resumption: %s", exc)
+    def _write(self, what: str, commands: Callable[[Pipeline], object]) -> None:
+        """Queue `commands` for the writer, starting it unless it runs: it takes what has queued meanwhile too."""
+        self._queue.append((what, commands))
+        if self._writer is None:
+            self._writer = asyncio.get_running_loop().create_task(self._drain())
 
-        task = asyncio.get_running_loop().create_task(run())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    async def _drain(self) -> None:
+        """Write the queue, a batch per round trip, in order, until it is empty. Writing never blocks or fails a
+        request: a batch Redis did not take is logged, what it held named."""
+        try:
+            while self._queue:
+                batch, self._queue = self._queue, []
+                pipe = self.redis.pipeline(transaction=False)
+                for _, commands in batch:
+                    commands(pipe)
+                try:
+                    await pipe.execute()
+                except (RedisError, OSError) as exc:
+                    lost = ", ".join(what for what, _ in batch[:3]) + (
+                        f" and {len(batch) - 3} more" if len(batch) > 3 else ""
+                    )
+                    log.warning("lost %d write(s) to the control plane (%s): %s", len(batch), exc, lost)
+        finally:
+            self._writer = None
 
     async def publish_inflight(self, flights: dict[str, dict]) -> None:
         """This gateway's in-flight requests, for the checkpoint page and drain plans (expires unless refreshed)."""
@@ -95,8 +120,8 @@ class Signals:
 
     async def flush(self) -> None:
         """Wait until everything emitted so far is written (or given up)."""
-        while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        while self._writer is not None:
+            await asyncio.gather(self._writer, return_exceptions=True)
 
     async def close(self) -> None:
         await self.flush()
