@@ -407,8 +407,9 @@ class Simulation:
         }
         threshold = gc.get_threshold()
         # A run allocates and frees events and steps by the million and makes next to no garbage cycles: Python's
-        # default (a young collection every 700 allocations, each older one walking every live object) took an eighth
-        # of a 1,000-node run's wall time (benchmarks/results/sim_speed.json). Fewer collections while it runs.
+        # default (a young collection every 700 allocations, each older one walking every live object) took a sixth
+        # to an eighth of a 1,000-node run's wall time (benchmarks/README.md, Simulator speed). Fewer collections
+        # while it runs.
         gc.set_threshold(max(threshold[0], GC_YOUNG_THRESHOLD), *threshold[1:])
         try:
             self._loop(until, handlers)

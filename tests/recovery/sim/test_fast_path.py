@@ -111,7 +111,7 @@ def test_the_speed_benchmark_compares_both_paths_and_writes_its_figures(tmp_path
 
 def test_a_run_collects_young_garbage_less_often_and_puts_the_setting_back():
     """Simulation.run raises the young generation's threshold while it runs (its objects make next to no cycles,
-    and the default collections took an eighth of a 1,000-node run) and restores it, a failing run too."""
+    and the default collections took a sixth to an eighth of a 1,000-node run) and restores it, a failing run too."""
     import gc
 
     from recovery.sim.fleet import GC_YOUNG_THRESHOLD
