@@ -11,20 +11,19 @@ from recovery.gateway.signals import Signals
 
 
 @pytest.fixture
-async def signals(redis_keys):
+async def signals(redis_keys, monkeypatch):
+    """A gateway's Signals on the real Redis, with the commands of each round trip counted (`sent.round_trips`)."""
     client, keys = redis_keys
     sent = Signals(os.environ["REDIS_URL"], keys.namespace, "gw-writer")
-    round_trips = []
-    execute = type(sent.redis.pipeline()).execute
+    pipeline = type(sent.redis.pipeline())
+    execute, sent.round_trips = pipeline.execute, []
 
     async def counted(pipe, *args, **kwargs):
-        round_trips.append(len(pipe.command_stack))
+        sent.round_trips.append(len(pipe.command_stack))
         return await execute(pipe, *args, **kwargs)
 
-    sent.round_trips = round_trips
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(type(sent.redis.pipeline()), "execute", counted)
-        yield sent, client, keys
+    monkeypatch.setattr(pipeline, "execute", counted)
+    yield sent, client, keys
     await sent.close()
 
 
