@@ -555,8 +555,16 @@ class AdapterEngine:
         return failed
 
     async def _restart_process(self, reset: bool) -> None:
-        assert self.process is not None
-        await self.process.restart(reset=reset)
+        assert self.process is not None and self.session is not None
+        # No polls while the engine stops: llama-server's exit waits for every handler it has taken on, a /metrics
+        # poll's until its client gives up (seconds, longer under load), and a GPU reset waits for that exit.
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        try:
+            await self.process.restart(reset=reset)
+        finally:
+            self._task = asyncio.get_running_loop().create_task(self._poll_loop(self.session), name="engine-metrics")
         await self._reverify()
 
     def _out_of_service(self, reason: str) -> int:
