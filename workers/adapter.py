@@ -513,6 +513,10 @@ class AdapterEngine:
     # --- lifecycle -------------------------------------------------------------
     def start(self) -> None:
         self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, connect=5, sock_read=600))
+        self._start_polling()
+
+    def _start_polling(self) -> None:
+        assert self.session is not None, "start() opens the session first"
         self._task = asyncio.get_running_loop().create_task(self._poll_loop(self.session), name="engine-metrics")
 
     async def start_process(self) -> None:
@@ -555,7 +559,7 @@ class AdapterEngine:
         return failed
 
     async def _restart_process(self, reset: bool) -> None:
-        assert self.process is not None and self.session is not None
+        assert self.process is not None
         # No polls while the engine stops: llama-server's exit waits for every handler it has taken on, a /metrics
         # poll's until its client gives up (seconds, longer under load), and a GPU reset waits for that exit.
         if self._task is not None:
@@ -564,7 +568,9 @@ class AdapterEngine:
         try:
             await self.process.restart(reset=reset)
         finally:
-            self._task = asyncio.get_running_loop().create_task(self._poll_loop(self.session), name="engine-metrics")
+            current = asyncio.current_task()
+            if current is None or not current.cancelling():  # cancelled: the node is stopping, and polls no more
+                self._start_polling()
         await self._reverify()
 
     def _out_of_service(self, reason: str) -> int:

@@ -168,6 +168,31 @@ async def test_the_node_sends_its_engine_no_poll_while_the_engine_stops(tmp_path
     assert lines.count("start") == 2 and lines[lines.index("exit") + 1 :].count("request /metrics") >= 3
 
 
+async def test_a_node_stopped_during_an_engine_restart_leaves_no_poll_running(tmp_path):
+    """The restart resumes polling when the engine is back, but not when the node's stop cancelled it: a poll loop
+    left behind would go on against a closed session."""
+    from workers import catalog
+    from workers.adapter import AdapterEngine
+
+    script, log = tmp_path / "engine.py", tmp_path / "requests.log"
+    script.write_text(LINGERING_ENGINE)
+    port = _free_port()
+    process = EngineProcess(f"{sys.executable} {script} {port} {log}", stop_timeout_s=10)
+    deployment = catalog.Deployment.of("Qwen3-32B", "H100-SXM", 1)
+    adapter = AdapterEngine(f"http://127.0.0.1:{port}", deployment, "stopped", "llamacpp", poll_s=0.01, process=process)
+    adapter.start()
+    await adapter.start_process()
+    for _ in range(200):
+        if log.exists() and "request /metrics" in log.read_text():
+            break
+        await asyncio.sleep(0.02)
+    adapter.reload()
+    await asyncio.sleep(0.1)  # the restart waits for the engine's exit (half a second)
+    await adapter.stop()
+    polls = [t for t in asyncio.all_tasks() if t.get_name() == "engine-metrics" and not t.done()]
+    assert polls == [], "a poll loop outlived the node's stop"
+
+
 def test_the_default_gpu_reset_is_offered_only_where_the_host_allows_it(monkeypatch):
     monkeypatch.setattr(engine_process.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
     monkeypatch.setattr(engine_process.os, "geteuid", lambda: 0)
