@@ -116,10 +116,11 @@ class Setup:
     duration_s: float = 120.0
     fault_at_s: float = 30.0
     failed: int = 1
-    repair_s: float = 5.0
+    repair_s: float | None = 5.0  # None: out for the rest of the run
     lengths: str = "splitwise-conversation"
     fabric: dict = field(default_factory=dict)  # scenario fleet fields: rack layout, nvl_domain
     racks: int = 0  # above 0: the workers spread over this many racks, and the fault takes rack-1 whole
+    fault_kind: str = "crash"  # what the `failed` workers suffer (recovery.sim.faults.NODE_KINDS)
 
     def scenario(self, fault_rate: float = 0.0, spares: int = 0) -> Scenario:
         group = {"name": "w", "count": self.workers, "model": self.model, "gpu": self.gpu, "tp": self.tp}
@@ -127,7 +128,7 @@ class Setup:
         if spares:
             group["spares"] = spares
         scripted = [
-            {"at_s": self.fault_at_s, "kind": "crash", "target": f"w-{i}", "repair_s": self.repair_s}
+            {"at_s": self.fault_at_s, "kind": self.fault_kind, "target": f"w-{i}", "repair_s": self.repair_s}
             for i in range(1, self.failed + 1)
         ]
         fleet = [group]
@@ -792,59 +793,41 @@ SCALE_POLICIES = ("none", "load_aware", "lifeline")
 
 
 def scale(ctx: Context) -> dict:
-    """Faults drawn from the rate on a large fleet: a day at 4 per 1,000 node-days with --day; else a short window
-    holding a day's expected faults (modelled, clearly labelled)."""
-    runs, plans = [], []
+    """Faults drawn from the rate on a large fleet: with --day, days of 256 and 1,000 nodes composed from measured
+    windows (`day_at_scale`); else a short window holding a day's expected faults (modelled, clearly labelled)."""
     if ctx.day:
-        for n in (256, 1000):
-            fleet = replace(WORKERS4, name=f"scale-{n}", workers=n, failed=0, duration_s=DAY_S, fault_at_s=0.0)
-            plans.append((fleet, FAULTS_PER_1000_NODE_DAYS, "measured: a simulated day at the rate"))
-    else:
-        n, window = (32, 10.0) if ctx.quick else (256, 10.0)
-        fleet = replace(
-            WORKERS4,
-            name=f"scale-{n}",
-            workers=n,
-            failed=0,
-            duration_s=window,
-            fault_at_s=0.0,
-            rate_per_worker=WORKERS4.rate_per_worker,
-        )
-        compress = DAY_S / window
-        plans.append(
+        return day_at_scale(ctx)
+    n, window = (32, 10.0) if ctx.quick else (256, 10.0)
+    fleet = replace(WORKERS4, name=f"scale-{n}", workers=n, failed=0, duration_s=window, fault_at_s=0.0)
+    compress = DAY_S / window
+    rate = FAULTS_PER_1000_NODE_DAYS * compress
+    kind = (
+        f"modelled: {window:g} s window, the rate raised ×{compress:g} so it holds a day's expected "
+        f"faults ({FAULTS_PER_1000_NODE_DAYS * n / 1000:g}); --day composes whole days of 256 and 1,000 nodes "
+        "from measured windows instead"
+    )
+    scenario = fleet.scenario(fault_rate=rate)
+    jobs = [Job(p, scenario, p, seed, (0.0, fleet.duration_s)) for seed in ctx.seeds for p in SCALE_POLICIES]
+    runs = run_jobs(jobs, ctx.jobs)
+    rows = {p: aggregate(runs, p) for p in SCALE_POLICIES}
+    print(f"\nscale: {fleet.workers} workers, {fleet.duration_s:g} s, faults at {rate:g} per 1,000 node-days ({kind})")
+    print_table(
+        ("policy", "TTFT s", "TPOT ms", "recovery s", "attain. %", "faults", "interrupted"),
+        [
             (
-                fleet,
-                FAULTS_PER_1000_NODE_DAYS * compress,
-                f"modelled: {window:g} s window, the rate raised ×{compress:g} so it holds a day's expected "
-                f"faults ({FAULTS_PER_1000_NODE_DAYS * n / 1000:g}); the issue asks 256 and 1,000 nodes over a day, "
-                "which the simulator cannot do on this machine (use --day where time allows)",
+                p,
+                _fmt(r["ttft_mean_s"]),
+                _fmt(r["tpot_mean_s"], 1000, 0),
+                _fmt(r["recovery_s"], 1, 1),
+                _fmt(r["attainment"], 100, 2),
+                f"{r['faults']['mean']:.1f}",
+                f"{r['interrupted']['mean']:.1f}",
             )
-        )
-    out = {}
-    for fleet, rate, kind in plans:
-        scenario = fleet.scenario(fault_rate=rate)
-        jobs = [Job(p, scenario, p, seed, (0.0, fleet.duration_s)) for seed in ctx.seeds for p in SCALE_POLICIES]
-        runs = run_jobs(jobs, ctx.jobs)
-        rows = {p: aggregate(runs, p) for p in SCALE_POLICIES}
-        print(
-            f"\nscale: {fleet.workers} workers, {fleet.duration_s:g} s, faults at {rate:g} per 1,000 node-days ({kind})"
-        )
-        print_table(
-            ("policy", "TTFT s", "TPOT ms", "recovery s", "attain. %", "faults", "interrupted"),
-            [
-                (
-                    p,
-                    _fmt(r["ttft_mean_s"]),
-                    _fmt(r["tpot_mean_s"], 1000, 0),
-                    _fmt(r["recovery_s"], 1, 1),
-                    _fmt(r["attainment"], 100, 2),
-                    f"{r['faults']['mean']:.1f}",
-                    f"{r['interrupted']['mean']:.1f}",
-                )
-                for p, r in rows.items()
-            ],
-        )
-        out[fleet.name] = {
+            for p, r in rows.items()
+        ],
+    )
+    return {
+        fleet.name: {
             "setup": fleet.describe(),
             "per_1000_node_days": rate,
             "kind": kind,
@@ -852,7 +835,263 @@ def scale(ctx: Context) -> dict:
             "verdict": _verdict(runs, fleet.name),
             "runs": runs,
         }
+    }
+
+
+# --- a day at scale, composed from measured windows -----------------------------------------------------
+DAY_FLEETS = (256, 1000)
+WARM_S = 5.0  # a window's arrivals before its fault: the batches fill (figures are over arrivals from here on)
+# A window's arrivals after its fault: past the fault's detection (a crash 9 ms, a hang the 3 s heartbeat miss, a
+# corruption up to a canary round of 30 s and its retries: recovery.sim.faults.DetectionDefaults) and the moves.
+AFTER_S = {"crash": 15.0, "gpu_lost": 15.0, "hang": 20.0, "sdc": 50.0}
+STEADY_S = 20.0  # a steady window's arrivals (no fault), its figures over those from WARM_S on
+
+
+@dataclass(frozen=True)
+class DayFault:
+    """One fault of a drawn day, and how many of the fleet's nodes were already out when it struck."""
+
+    at_s: float
+    kind: str
+    outage_s: float
+    out_before: int
+
+
+def draw_day(nodes: int, seed: int) -> list[DayFault]:
+    """A day of faults on `nodes` nodes at the rate (recovery.sim.faults.FaultRates: 4 per 1,000 node-days, the
+    Meta Llama 3 mix of kinds, StepFun's outages), each with the count of nodes still out when it struck."""
+    drawn = FaultRates().draw([f"n-{i}" for i in range(nodes)], (), DAY_S, f"day:{seed}")
+    return [
+        DayFault(f.at_s, f.kind, f.repair_s or math.inf, sum(1 for g in drawn[:i] if g.back_at_s > f.at_s))
+        for i, f in enumerate(drawn)
+    ]
+
+
+def stretches(faults: Sequence[DayFault]) -> list[tuple[float, int]]:
+    """The day cut where a node fails or comes back: (seconds, nodes out) of each stretch, in order."""
+    changes = sorted(
+        [(f.at_s, 1) for f in faults] + [(f.at_s + f.outage_s, -1) for f in faults if f.at_s + f.outage_s < DAY_S]
+    )
+    out, last, pieces = 0, 0.0, []
+    for at, step in [*changes, (DAY_S, 0)]:
+        if at > last:
+            pieces.append((at - last, out))
+        out, last = out + step, at
+    return pieces
+
+
+def _window_setup(nodes: int, out: int, fault: DayFault | None) -> Setup:
+    """The fleet with `out` nodes already out, carrying the whole fleet's load, and `fault` (if any) at WARM_S."""
+    serving = nodes - out
+    base = replace(
+        WORKERS4,
+        name=f"day-{nodes}",
+        workers=serving,
+        rate_per_worker=WORKERS4.rate_per_worker * nodes / serving,
+        fault_at_s=WARM_S,
+    )
+    if fault is None:
+        return replace(base, failed=0, duration_s=STEADY_S)
+    # The outage outlasts the window (StepFun's median is 22 h): the node does not come back within it.
+    repair = None if math.isinf(fault.outage_s) else fault.outage_s  # None: out for the rest of the run
+    return replace(base, duration_s=WARM_S + AFTER_S[fault.kind], fault_kind=fault.kind, repair_s=repair)
+
+
+def _sums(faulted: Simulation, baseline: Simulation, window: tuple[float, float]) -> dict:
+    """What a window adds to a day: the TTFT samples as summarise counts them (arrivals in the window that no fault
+    cut off, and every interrupted request's replay) and the SLO misses of the faulted run, beside the baseline's
+    (the same requests, no fault): arrivals in the window and all misses."""
+    start, end = window
+    objective = default_for(faulted.scenario.fleet[0].model, "standard")
+    ttft_limit, tpot_limit = objective.ttft_ms / 1000, objective.tpot_ms / 1000
+
+    def missed(r) -> bool:
+        ttft = math.inf if r.ttft_s is None else max(r.ttft_s, r.stall_s or 0.0)
+        return not (
+            ttft <= ttft_limit and (r.tpot_s is None or r.tpot_s <= tpot_limit) and r.emitted == r.output_tokens
+        )
+
+    rows = [request_metrics(f) for f in faulted.flights]
+    base = [request_metrics(f) for f in baseline.flights]
+    samples = [r.ttft_s for r in rows if start <= r.arrival_s < end and r.ttft_s is not None and not r.interrupted]
+    samples += [r.stall_s for r in rows if r.interrupted and r.stall_s is not None]
+    base_samples = [r.ttft_s for r in base if start <= r.arrival_s < end and r.ttft_s is not None]
+    return {
+        "ttft_sum": sum(samples),
+        "ttft_count": len(samples),
+        "base_ttft_sum": sum(base_samples),
+        "base_ttft_count": len(base_samples),
+        "missed": sum(map(missed, rows)),
+        "base_missed": sum(map(missed, base)),
+    }
+
+
+def run_window(job: Job) -> dict:
+    """run_job's figures of one window, with the sums a day is composed from."""
+    started = time.perf_counter()
+    scenario, options = job.scenario, {"fast": True, **dict[str, Any](job.options)}
+    requests = scenario.requests(job.seed)
+    baseline = Simulation(scenario, job.policy, job.seed, faults=False, requests=requests, **options).run()
+    faulted = Simulation(
+        scenario, job.policy, job.seed, requests=requests, fault_list=scenario.faults(job.seed), **options
+    ).run()
+    return {
+        "label": job.label,
+        "policy": job.policy,
+        "seed": job.seed,
+        **summarise(faulted, baseline, job.window),
+        **_sums(faulted, baseline, job.window),
+        "wall_s": time.perf_counter() - started,
+    }
+
+
+def compose_day(
+    nodes: int, faults: Sequence[DayFault], steady: dict[int, dict], windows: Sequence[dict], rate_per_s: float
+) -> dict:
+    """One day's figures from its measured windows (modelled: arithmetic on measured runs, nothing ran a day).
+
+    Each stretch between changes carries rate × seconds requests at the steady figures measured with as many nodes
+    out (`steady[out]`: ttft_mean_s and attainment of a no-fault window); each fault adds what its window measured
+    beyond that window's own no-fault baseline on the same requests (TTFT samples, the interrupted requests'
+    replays among them, and SLO misses). Per-fault figures (interruptions, replay TTFT, recovery time, how each
+    request was recovered) are the windows' own, summed or averaged over the day's faults."""
+    requests = ttft_sum = missed = 0.0
+    for seconds, out in stretches(faults):
+        count = rate_per_s * seconds
+        requests += count
+        ttft_sum += count * steady[out]["ttft_mean_s"]
+        missed += count * (1 - steady[out]["attainment"])
+    samples = requests
+    for w in windows:
+        ttft_sum += w["ttft_sum"] - w["base_ttft_sum"]
+        samples += w["ttft_count"] - w["base_ttft_count"]
+        missed += w["missed"] - w["base_missed"]
+    interrupted = sum(w["interrupted"] for w in windows)
+    replays = [(w["replay_ttft_s"], w["interrupted"]) for w in windows if w["replay_ttft_s"] is not None]
+    recoveries = [w["recovery_s"] for w in windows]
+    return {
+        "ttft_mean_s": ttft_sum / samples,
+        "attainment": max(0.0, 1 - missed / requests),
+        "requests": requests,
+        "faults": len(faults),
+        "node_hours_out": sum(out * seconds for seconds, out in stretches(faults)) / 3600,
+        "interrupted": interrupted,
+        "restored": sum(w["restored"] for w in windows),
+        "fetched": sum(w["fetched"] for w in windows),
+        "reprefilled": sum(w["reprefilled"] for w in windows),
+        "replay_ttft_s": sum(r * k for r, k in replays) / sum(k for _, k in replays) if replays else None,
+        "recovery_s": statistics.fmean(recoveries) if recoveries and None not in recoveries else None,
+        "unrecovered_faults": sum(1 for r in recoveries if r is None),
+    }
+
+
+DAY_FIGURES = (
+    "ttft_mean_s",
+    "attainment",
+    "faults",
+    "node_hours_out",
+    "interrupted",
+    "restored",
+    "fetched",
+    "reprefilled",
+    "replay_ttft_s",
+    "recovery_s",
+    "unrecovered_faults",
+    "requests",
+)
+
+
+def day_at_scale(ctx: Context) -> dict:
+    """256 and 1,000 nodes over simulated days at the rate, one day per seed, every policy on the same days.
+
+    A day of a 1,000-node fleet is 600 million requests, two days of this machine's core for each policy; what a
+    day holds that matters to recovery is a handful of faults. So each drawn fault is run as a window of its own
+    (the fleet with the nodes already out that the day had out then, carrying the whole fleet's load, the fault
+    WARM_S in, arrivals until its detection and moves are long past), each count of nodes out that the days reach
+    as a no-fault window, and every policy on the same windows and requests; `compose_day` adds them up. The
+    windows are measured; the day is modelled from them, and is labelled so."""
+    fleets = (32,) if ctx.quick else DAY_FLEETS
+    out: dict = {}
+    for nodes in fleets:
+        days = {seed: draw_day(nodes, seed) for seed in ctx.seeds}
+        outs = sorted({o for faults in days.values() for _, o in stretches(faults)})
+        jobs = []
+        for p in SCALE_POLICIES:
+            for o in outs:
+                setup = _window_setup(nodes, o, None)
+                jobs.append(Job(f"{p}/steady/{o}", setup.scenario(), p, 1, (WARM_S, setup.duration_s)))
+            for seed, faults in days.items():
+                for i, f in enumerate(faults):
+                    setup = _window_setup(nodes, f.out_before, f)
+                    jobs.append(Job(f"{p}/{seed}/{i}", setup.scenario(), p, seed, (WARM_S, setup.duration_s)))
+        windows = dict(zip((j.label for j in jobs), _run_windows(jobs, ctx.jobs)))
+        rate_per_s = WORKERS4.rate_per_worker * nodes
+        runs = []
+        for p in SCALE_POLICIES:
+            steady = {o: windows[f"{p}/steady/{o}"] for o in outs}
+            for seed, faults in days.items():
+                mine = [windows[f"{p}/{seed}/{i}"] for i in range(len(faults))]
+                runs.append(
+                    {"label": p, "policy": p, "seed": seed, **compose_day(nodes, faults, steady, mine, rate_per_s)}
+                )
+        rows = {
+            p: {
+                name: {**mean_ci([r[name] for r in runs if r["label"] == p]), "kind": "modelled"}
+                for name in DAY_FIGURES
+            }
+            for p in SCALE_POLICIES
+        }
+        print(
+            f"\nscale --day: {nodes} nodes, {len(days)} days, {FAULTS_PER_1000_NODE_DAYS:g} faults per 1,000 node-days"
+        )
+        print_table(
+            ("policy", "TTFT s", "attain. %", "faults", "interrupted", "replay TTFT s", "recovery s", "re-prefilled"),
+            [
+                (
+                    p,
+                    _fmt(r["ttft_mean_s"], 1, 4),
+                    _fmt(r["attainment"], 100, 4),
+                    f"{r['faults']['mean']:.1f}",
+                    f"{r['interrupted']['mean']:.1f}",
+                    _fmt(r["replay_ttft_s"], 1, 3),
+                    _fmt(r["recovery_s"], 1, 1),
+                    f"{r['reprefilled']['mean']:.1f}",
+                )
+                for p, r in rows.items()
+            ],
+        )
+        out[f"day-{nodes}"] = {
+            "setup": replace(WORKERS4, name=f"day-{nodes}", workers=nodes).describe(),
+            "per_1000_node_days": FAULTS_PER_1000_NODE_DAYS,
+            "kind": (
+                "modelled: each day composed from measured windows (compose_day); the windows' own figures are measured"
+            ),
+            "window": {"warm_s": WARM_S, "after_s": AFTER_S, "steady_s": STEADY_S},
+            "days": {seed: [asdict(f) for f in faults] for seed, faults in days.items()},
+            "rows": rows,
+            "verdict": _verdict(runs, f"day-{nodes}") + _replay_verdict(runs, f"day-{nodes}"),
+            "runs": runs,
+            "windows": windows,
+        }
     return out
+
+
+def _run_windows(jobs: list[Job], processes: int) -> list[dict]:
+    if processes <= 1:
+        return [_announce(run_window(job)) for job in jobs]
+    with ProcessPoolExecutor(processes) as pool:
+        return [_announce(r) for r in pool.map(run_window, jobs)]
+
+
+def _replay_verdict(runs: list[dict], where: str) -> list[str]:
+    """Where a day's mean TTFT cannot tell the policies apart, the interrupted requests' wait can."""
+    r = paired(runs, "lifeline", "load_aware", "replay_ttft_s")
+    if r["mean"] is None:
+        return [f"{where}: replay TTFT: not comparable (no day with an interrupted request)"]
+    spread = "" if r["ci95"] is None else f" ± {r['ci95'] * 100:.1f} %"
+    return [
+        f"{where}: Lifeline's replay TTFT against LUMEN's: {r['mean'] * 100:+.1f} %{spread} paired over {r['n']} days"
+    ]
 
 
 # --- spares -------------------------------------------------------------------------------------------

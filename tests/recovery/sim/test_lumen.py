@@ -163,3 +163,77 @@ def test_a_fleet_run_closer_to_saturation_loses_more_to_the_same_fault():
     assert lumen._day_attainment(4, 0, fault, STEADY, 0.0, 1e6, load=1.2) < lumen._day_attainment(
         4, 0, fault, STEADY, 0.0, 1e6
     )
+
+
+# --- a day at scale, composed from windows ----------------------------------------------------------------
+def test_a_days_stretches_follow_its_failures_and_repairs():
+    faults = [lumen.DayFault(100.0, "crash", 200.0, 0), lumen.DayFault(200.0, "hang", math.inf, 1)]
+    pieces = lumen.stretches(faults)
+    assert pieces == [(100.0, 0), (100.0, 1), (100.0, 2), (lumen.DAY_S - 300.0, 1)]
+    assert sum(seconds for seconds, _ in pieces) == lumen.DAY_S
+
+
+def test_drawn_days_are_the_seeds_and_count_the_nodes_already_out():
+    days = {seed: lumen.draw_day(1000, seed) for seed in range(1, 6)}
+    assert days == {seed: lumen.draw_day(1000, seed) for seed in range(1, 6)}
+    assert 5 <= sum(map(len, days.values())) <= 40  # about 4 a day at 4 per 1,000 node-days
+    for faults in days.values():
+        for i, f in enumerate(faults):
+            assert f.out_before == sum(1 for g in faults[:i] if g.at_s + g.outage_s > f.at_s)
+
+
+STEADY_FIGURES = {0: {"ttft_mean_s": 0.2, "attainment": 0.999}, 1: {"ttft_mean_s": 0.3, "attainment": 0.99}}
+
+
+def test_a_day_without_faults_is_its_steady_window():
+    composed = lumen.compose_day(10, [], STEADY_FIGURES, [], rate_per_s=70.0)
+    assert composed["ttft_mean_s"] == pytest.approx(0.2) and composed["attainment"] == pytest.approx(0.999)
+    assert composed["requests"] == pytest.approx(70.0 * lumen.DAY_S) and composed["recovery_s"] is None
+
+
+def test_a_fault_adds_its_windows_excess_over_its_baseline_and_the_capacity_it_took():
+    fault = lumen.DayFault(lumen.DAY_S / 2, "crash", math.inf, 0)
+    window = {
+        "ttft_sum": 1000.0 * 0.25 + 40 * 5.0,  # 1,000 arrivals a little slower, and 40 replays of 5 s
+        "ttft_count": 1040,
+        "base_ttft_sum": 1000.0 * 0.2,
+        "base_ttft_count": 1000,
+        "missed": 30,
+        "base_missed": 1,
+        "interrupted": 40,
+        "restored": 38,
+        "fetched": 0,
+        "reprefilled": 2,
+        "replay_ttft_s": 5.0,
+        "recovery_s": 0.0,
+    }
+    composed = lumen.compose_day(10, [fault], STEADY_FIGURES, [window], rate_per_s=1.0)
+    day = lumen.DAY_S
+    assert composed["ttft_mean_s"] == pytest.approx((day / 2 * 0.2 + day / 2 * 0.3 + 250.0) / (day + 40))
+    assert composed["attainment"] == pytest.approx(1 - (day / 2 * 0.001 + day / 2 * 0.01 + 29) / day)
+    assert composed["interrupted"] == 40 and composed["replay_ttft_s"] == 5.0 and composed["node_hours_out"] == 12.0
+
+
+def test_a_day_at_scale_runs_every_policy_on_the_same_drawn_faults(monkeypatch):
+    """Eight nodes, a short window: one crash and one hang drawn into the day, the second with the first's node
+    still out. Every policy sees both, the fault's window interrupts requests, and the checkpointing policies
+    restore what stop-and-restart re-prefills."""
+    day = [lumen.DayFault(3600.0, "crash", math.inf, 0), lumen.DayFault(7200.0, "hang", 3600.0, 1)]
+    monkeypatch.setattr(lumen, "DAY_FLEETS", (8,))
+    monkeypatch.setattr(lumen, "draw_day", lambda nodes, seed: day)
+    monkeypatch.setattr(lumen, "WARM_S", 2.0)
+    monkeypatch.setattr(lumen, "STEADY_S", 5.0)
+    monkeypatch.setattr(lumen, "AFTER_S", {"crash": 4.0, "hang": 8.0})
+    ctx = lumen.Context(seeds=(1,), quick=False, jobs=1, day=True, command="c")
+    body = lumen.scale(ctx)["day-8"]
+    assert set(body["windows"]) == {
+        f"{p}/{w}" for p in lumen.SCALE_POLICIES for w in ("steady/0", "steady/1", "steady/2", "1/0", "1/1")
+    }
+    runs = {r["policy"]: r for r in body["runs"]}
+    for policy, run in runs.items():
+        assert run["faults"] == 2 and run["interrupted"] > 0, policy
+        assert run["replay_ttft_s"] is not None and run["replay_ttft_s"] > 0
+    assert runs["none"]["reprefilled"] == runs["none"]["interrupted"]
+    assert runs["lifeline"]["restored"] + runs["lifeline"]["fetched"] > 0
+    assert body["rows"]["lifeline"]["ttft_mean_s"]["kind"] == "modelled" and "composed" in body["kind"]
+    assert any("replay TTFT" in line for line in body["verdict"])
