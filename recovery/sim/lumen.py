@@ -397,6 +397,7 @@ class Context:
     day: bool
     command: str
     rate: float | None = None  # --rate: requests/s per worker for the prototype tables
+    fleets: tuple[int, ...] = ()  # --fleets: scale --day's fleet sizes (default DAY_FLEETS)
 
 
 RATED = ("workers4", "workers8", "rack8")
@@ -843,8 +844,8 @@ DAY_FLEETS = (256, 1000)
 WARM_S = 5.0  # a window's arrivals before its fault: the batches fill (figures are over arrivals from here on)
 # A window's arrivals after its fault: past the fault's detection (a crash 9 ms, a hang the 3 s heartbeat miss, a
 # corruption up to a canary round of 30 s and its retries: recovery.sim.faults.DetectionDefaults) and the moves.
-AFTER_S = {"crash": 15.0, "gpu_lost": 15.0, "hang": 20.0, "sdc": 50.0}
-STEADY_S = 20.0  # a steady window's arrivals (no fault), its figures over those from WARM_S on
+AFTER_S = {"crash": 10.0, "gpu_lost": 10.0, "hang": 15.0, "sdc": 45.0}
+STEADY_S = 15.0  # a steady window's arrivals (no fault), its figures over those from WARM_S on
 
 
 @dataclass(frozen=True)
@@ -932,9 +933,13 @@ def run_window(job: Job) -> dict:
     scenario, options = job.scenario, {"fast": True, **dict[str, Any](job.options)}
     requests = scenario.requests(job.seed)
     baseline = Simulation(scenario, job.policy, job.seed, faults=False, requests=requests, **options).run()
-    faulted = Simulation(
-        scenario, job.policy, job.seed, requests=requests, fault_list=scenario.faults(job.seed), **options
-    ).run()
+    faults = scenario.faults(job.seed)
+    # A steady window has no fault: its faulted run would be its baseline again, step for step.
+    faulted = (
+        Simulation(scenario, job.policy, job.seed, requests=requests, fault_list=faults, **options).run()
+        if faults
+        else baseline
+    )
     return {
         "label": job.label,
         "policy": job.policy,
@@ -1010,7 +1015,7 @@ def day_at_scale(ctx: Context) -> dict:
     WARM_S in, arrivals until its detection and moves are long past), each count of nodes out that the days reach
     as a no-fault window, and every policy on the same windows and requests; `compose_day` adds them up. The
     windows are measured; the day is modelled from them, and is labelled so."""
-    fleets = (32,) if ctx.quick else DAY_FLEETS
+    fleets = ctx.fleets or ((32,) if ctx.quick else DAY_FLEETS)
     out: dict = {}
     for nodes in fleets:
         days = {seed: draw_day(nodes, seed) for seed in ctx.seeds}
@@ -1277,7 +1282,10 @@ def write(name: str, ctx: Context, body: dict, wall_s: float, out_dir: Path = RE
         **body,
     }
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"lumen_{name}{'' if ctx.rate is None or name not in RATED else f'_rate{ctx.rate:g}'}.json"
+    suffix = "" if ctx.rate is None or name not in RATED else f"_rate{ctx.rate:g}"
+    if name == "scale" and ctx.day:  # each fleet size's days in a file of their own: they take hours
+        suffix = "_day_" + "_".join(map(str, ctx.fleets or DAY_FLEETS))
+    path = out_dir / f"lumen_{name}{suffix}.json"
     path.write_text(json.dumps(data, indent=1, default=str) + "\n", encoding="utf-8")
     return path
 
@@ -1288,7 +1296,10 @@ def main(argv: list[str] | None = None, out_dir: Path = RESULTS) -> int:
     parser.add_argument("--seeds", type=int, default=3, help="seeds per variant (default 3)")
     parser.add_argument("--quick", action="store_true", help="short runs and fewer sizes: a smoke test")
     parser.add_argument("--jobs", type=int, default=1, help="processes to run seeds in (default 1)")
-    parser.add_argument("--day", action="store_true", help="scale: a simulated day of 256 and 1,000 nodes (slow)")
+    parser.add_argument(
+        "--day", action="store_true", help="scale: days of 256 and 1,000 nodes composed from measured windows (slow)"
+    )
+    parser.add_argument("--fleets", help="scale --day: fleet sizes, comma-separated (default 256,1000)")
     parser.add_argument(
         "--rate",
         type=float,
@@ -1302,6 +1313,12 @@ def main(argv: list[str] | None = None, out_dir: Path = RESULTS) -> int:
     argv_text = " ".join(sys.argv[1:] if argv is None else argv)
     if args.rate is not None and not 0 < args.rate <= 1000:
         parser.error("--rate must be above 0 and at most 1000 requests/s per worker")
+    try:
+        fleets = tuple(int(n) for n in args.fleets.split(",")) if args.fleets else ()
+    except ValueError:
+        parser.error(f"--fleets takes node counts separated by commas, such as 256,1000; got {args.fleets!r}")
+    if any(not 8 <= n <= 4096 for n in fleets):
+        parser.error(f"--fleets: each fleet from 8 to 4096 nodes; got {args.fleets!r}")
     ctx = Context(
         tuple(range(1, args.seeds + 1)),
         args.quick,
@@ -1309,6 +1326,7 @@ def main(argv: list[str] | None = None, out_dir: Path = RESULTS) -> int:
         args.day,
         f"python -m recovery.sim.lumen {argv_text}",
         args.rate,
+        fleets,
     )
     for name in EXPERIMENTS if args.experiment == "all" else (args.experiment,):
         started = time.perf_counter()

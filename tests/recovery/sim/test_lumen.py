@@ -237,3 +237,15 @@ def test_a_day_at_scale_runs_every_policy_on_the_same_drawn_faults(monkeypatch):
     assert runs["lifeline"]["restored"] + runs["lifeline"]["fetched"] > 0
     assert body["rows"]["lifeline"]["ttft_mean_s"]["kind"] == "modelled" and "composed" in body["kind"]
     assert any("replay TTFT" in line for line in body["verdict"])
+
+
+def test_day_fleets_are_checked_and_each_size_writes_its_own_file(capsys, tmp_path):
+    with pytest.raises(SystemExit):
+        lumen.main(["scale", "--day", "--fleets", "256,lots"], out_dir=tmp_path)
+    assert "--fleets takes node counts separated by commas, such as 256,1000; got '256,lots'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        lumen.main(["scale", "--day", "--fleets", "2"], out_dir=tmp_path)
+    assert "each fleet from 8 to 4096 nodes" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+    ctx = lumen.Context(seeds=(1,), quick=False, jobs=1, day=True, command="c", fleets=(1000,))
+    assert lumen.write("scale", ctx, {}, 0.0, tmp_path).name == "lumen_scale_day_1000.json"
