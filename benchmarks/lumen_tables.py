@@ -13,6 +13,7 @@ from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 POLICY_TABLES = ("workers4", "workers8", "workers8_rate9", "workers8_rate10", "rack8")
+DAY_TABLES = ("scale_day_256",)
 RATIOS = ("lifeline_vs_load_aware", "lifeline_vs_none", "load_aware_vs_none", "load_aware_vs_fixed")
 
 
@@ -211,6 +212,48 @@ def scale(data: dict) -> list[str]:
     return out
 
 
+def day(data: dict) -> list[str]:
+    """`scale --day`: each fleet's days (composed from windows, modelled), then each drawn fault's window (measured)."""
+    out = [command_line(data)]
+    for name, size in data.items():
+        if not name.startswith("day-"):
+            continue
+        out += ["", f"{name}: {size['kind']}", ""]
+        out += header(
+            "policy", "mean TTFT s", "attainment %", "faults", "node-hours out", "interrupted", "replay TTFT s",
+            "recovery s", "restored / fetched / re-prefilled",
+        )  # fmt: skip
+        for policy, ours in size["rows"].items():
+            out.append(
+                row(
+                    [
+                        policy,
+                        stat(ours["ttft_mean_s"], digits=4),
+                        stat(ours["attainment"], 100, 4),
+                        mean(ours["faults"], digits=1),
+                        mean(ours["node_hours_out"], digits=1),
+                        mean(ours["interrupted"], digits=1),
+                        stat(ours["replay_ttft_s"], digits=3),
+                        stat(ours["recovery_s"], digits=1),
+                        paths(ours, 1),
+                    ]
+                )
+            )
+        out += [f"- {line}" for line in size.get("verdict", [])]
+        policies = list(size["rows"])
+        out += ["", "Each fault's window (measured): interrupted, and their replay TTFT in s, per policy", ""]
+        out += header("day", "at h", "kind", "nodes out before", *(f"{p}: interrupted / replay s" for p in policies))
+        for seed, faults in size["days"].items():
+            for i, fault in enumerate(faults):
+                cells = []
+                for p in policies:
+                    w = size["windows"][f"{p}/{seed}/{i}"]
+                    replay = "–" if w["replay_ttft_s"] is None else f"{w['replay_ttft_s']:.3f}"
+                    cells.append(f"{w['interrupted']} / {replay}")
+                out.append(row([seed, f"{fault['at_s'] / 3600:.1f}", fault["kind"], fault["out_before"], *cells]))
+    return out
+
+
 def spares(data: dict) -> list[str]:
     loads = data["attainment_by_load"]
     missed = data["missed_requests_per_fault_by_load"]
@@ -252,6 +295,7 @@ def spares(data: dict) -> list[str]:
 
 RENDER = {"table1": table1, "ablations": ablations, "grid": grid, "sensitivity": sensitivity, "scale": scale}
 RENDER |= {"spares": spares} | {name: policy_table for name in POLICY_TABLES}
+RENDER |= {name: day for name in DAY_TABLES}
 
 
 def render(name: str, results: Path = RESULTS) -> str:

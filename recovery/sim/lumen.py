@@ -1,5 +1,5 @@
 """python -m recovery.sim.lumen [table1|workers4|workers8|rack8|ablations|grid|sensitivity|scale|spares|all] [--seeds N]
-[--quick] [--rate R] [--jobs J] [--day]
+[--quick] [--rate R] [--jobs J] [--day [--fleets N,N]]
 
 Source document 000 (LUMEN) reproduced on the simulator, then Lifeline's policy beside it: every policy in the
 same run on several seeds, each seed giving every policy the same requests and the same faults, each run against
@@ -20,9 +20,11 @@ Experiments
 - ``grid``: Lifeline on the 4-worker setup over θ (theta_factor) × τ.
 - ``sensitivity``: the 4-worker setup with the checkpoint link at NVLink, rack-leaf InfiniBand (the default) and
   spine InfiniBand bandwidth; an 8-worker fleet with faults drawn from the rate, at ×0.5, ×1 and ×2 of it.
-- ``scale``: faults drawn from the rate on a large fleet. ``--day`` runs what the issue asks, 256 and 1,000 nodes
-  over a simulated day at 4 faults per 1,000 node-days; without it, 256 nodes over a short window whose rate is
-  raised so the window holds a day's expected faults (the simulator is far too slow for a day on this machine).
+- ``scale``: faults drawn from the rate on a large fleet. ``--day`` gives days of 256 and 1,000 nodes at 4 faults
+  per 1,000 node-days (``--fleets`` picks the sizes, one day per seed), each composed from measured windows: one
+  per drawn fault, with the nodes the day already had out, and one per count of nodes out (``day_at_scale``); a
+  whole day is 600 million requests at 1,000 nodes, days of this machine's core per policy. Without it, 256 nodes
+  over a short window whose rate is raised so the window holds a day's expected faults.
 - ``spares``: hot spares against SLO attainment and GPU-hours per fleet (see `spares`).
 
 What a figure is
@@ -1095,7 +1097,9 @@ def _replay_verdict(runs: list[dict], where: str) -> list[str]:
         return [f"{where}: replay TTFT: not comparable (no day with an interrupted request)"]
     spread = "" if r["ci95"] is None else f" ± {r['ci95'] * 100:.1f} %"
     return [
-        f"{where}: Lifeline's replay TTFT against LUMEN's: {r['mean'] * 100:+.1f} %{spread} paired over {r['n']} days"
+        f"{where}: Lifeline's replay TTFT against LUMEN's: {r['mean'] * 100:+.1f} %{spread} paired over {r['n']} days "
+        f"({'worse' if r['mean'] > 0 else 'better'}"
+        f"{'' if r['ci95'] is not None and abs(r['mean']) > r['ci95'] else ', within the 95 % CI'})"
     ]
 
 
