@@ -12,8 +12,8 @@ survivors. Each lives here once, and both gateways call it
 import math
 from collections.abc import Collection, Mapping, Sequence
 
-from recovery.policy import dispatch
-from workers.catalog import BLOCK_TOKENS, Deployment, Placement
+from recovery.policy import dispatch, load
+from workers.catalog import BLOCK_TOKENS, HOST_TO_GPU_LINK, Deployment, Placement, kv_transfer_s, node_link
 from workers.protocol import RoutingStatus
 
 # A lost node's checkpoints of requests running elsewhere are re-placed once every request it was serving has its
@@ -96,3 +96,82 @@ def plan(
     else:
         theta = dispatch.theta_for([s.l_hat for s in survivors.values()], theta_factor)
     return dispatch.plan_recovery(stranded, survivors, failed, theta, tau, alpha, beta)
+
+
+# Nodes a soonest plan weighs besides a request's holders: the least costly by the statuses as the plan starts,
+# so a plan is O(nodes + requests × this) and a thousand requests over hundreds of survivors stays in milliseconds.
+SOONEST_POOL = 16
+
+
+def plan_soonest(
+    stranded: Sequence[dispatch.Interrupted],
+    survivors: Mapping[str, dispatch.Survivor],
+    statuses: Mapping[str, RoutingStatus],
+    failed: Collection[str],
+) -> list[dispatch.Decision]:
+    """Every stranded request where its next token comes soonest: an experiment beside eq. 6 (`plan`).
+
+    Eq. 6 restores a request on its holder unless the holder's recovery load L̂ (the checkpoints it holds and its
+    queue) passes θ, twice the fleet's mean. L̂ does not see what keeps a restored request from its next token: the
+    prefill work queued ahead of it on that node. On 256 simulated nodes a holder's queue held a restored request
+    for up to half a second while idle nodes were a few milliseconds of KV transfer away (benchmarks/README.md).
+    This weighs, per request, the time to its next token by the gateway's own routing cost (load.routing_cost: the
+    node's queued prefill, its decode step and its KV load, with the work this plan already gave it) for
+
+    - restoring on each surviving holder: the uncheckpointed tail's prefill there, after the KV's copy from the
+      holder's host memory (HOST_TO_GPU_LINK);
+    - fetching to each of the SOONEST_POOL least costly survivors: the same tail there, after the KV's transfer
+      over the link between them (workers.catalog.node_link) or out of the holder's host memory, whichever is
+      slower, when it has the free blocks for the whole context;
+    - re-prefilling the whole context on one of them, when it has the free blocks;
+
+    and takes the soonest; ties go to restoring, then to the name. Requests are planned in order, each seeing the
+    ones before it (`load.Pending`). Raises dispatch.NoSurvivors as `plan` does."""
+    failed = set(failed)
+    alive = {n: s for n, s in survivors.items() if s.alive and n not in failed and n in statuses}
+    if stranded and not alive:
+        raise dispatch.NoSurvivors(
+            f"no surviving node can take {len(stranded)} interrupted requests: every node is failed or dead"
+        )
+    pending = {n: load.Pending() for n in alive}
+    free = {n: s.free_blocks for n, s in alive.items()}
+
+    def ready_s(name: str, tokens: int) -> float:
+        return load.routing_cost(statuses[name], pending[name], alive[name].deployment, max(tokens, 1))
+
+    pool = sorted(alive, key=lambda n: (ready_s(n, 1), n))[:SOONEST_POOL]
+    decisions = []
+    for r in stranded:
+        tokens = r.context_tokens
+        kv = max(0, min(r.checkpointed_tokens, tokens)) if r.holders else 0
+        holders = [h for h in r.holders if h in alive] if kv else []
+        options: list[tuple[float, int, str, str, str | None]] = []  # (seconds, preference, target, method, source)
+        for h in holders:
+            copy_s = kv_transfer_s(alive[h].deployment.model.kv_bytes_per_token * kv, HOST_TO_GPU_LINK)
+            options.append((ready_s(h, tokens - kv) + copy_s, 0, h, "restore", h))
+        for w in pool:
+            if free[w] < dispatch.blocks(tokens):
+                continue
+            target = alive[w]
+            for h in holders:
+                if h != w:
+                    link, share = node_link(alive[h].placement, target.placement, target.deployment.gpu)
+                    size = target.deployment.model.kv_bytes_per_token * kv
+                    # The pages leave the holder's host memory over its PCIe too: the slower leg sets the pace.
+                    move_s = max(kv_transfer_s(size, link, share), kv_transfer_s(size, HOST_TO_GPU_LINK))
+                    options.append((ready_s(w, tokens - kv) + move_s, 1, w, "fetch", h))
+            options.append((ready_s(w, tokens), 2, w, "reprefill", None))
+        if not options:  # no holder alive and no pooled node with room: the least costly, as eq. 6 would
+            options.append((ready_s(pool[0], tokens), 2, pool[0], "reprefill", None))
+        seconds, _, target_name, method, source = min(options, key=lambda o: (o[0], o[1], o[2]))
+        lost = [h for h in r.holders if h not in alive]
+        why = f"next token soonest: {method} on {target_name} in {seconds * 1000:.1f} ms"
+        if method != "reprefill":
+            why += f" ({kv} tokens from {source})"
+        if lost:
+            why = f"holder {', '.join(lost)} failed too; {why}"
+        decisions.append(dispatch.Decision(r.request_id, target_name, method, source, why))
+        uncomputed = tokens if method == "reprefill" else tokens - kv
+        pending[target_name].add(uncomputed)
+        free[target_name] = max(0, free[target_name] - dispatch.blocks(tokens))
+    return decisions

@@ -245,6 +245,9 @@ class DecodeRun:
         self.valid = len(self.ends)
 
 
+RESUME_PLANS = ("eq6", "soonest")
+
+
 class Simulation:
     """One run: a policy, a seed, the scenario's requests and (unless `faults` is False) its faults.
 
@@ -275,13 +278,21 @@ class Simulation:
         prefill_chunk_checkpoints: bool = True,
         draft_assist: bool = True,
         fast: bool = False,
+        resume: str = "eq6",
     ):
         """The five switches after `max_batched_tokens` take one of Lifeline's mechanisms away at a time, for the
         ablations of recovery/sim/lumen.py: `load_aware_placement` False places the first holder as the fixed
         neighbour; `locality_dispatch` False sends every interrupted request to its holder whatever the holder's
         load (θ infinite, DéjàVu's dispatch); `second_holder` False never gives a request a second holder;
         `prefill_chunk_checkpoints` False streams no page before the first token; `draft_assist` False has a
-        restarting node load its model without assisting a survivor with its draft model meanwhile."""
+        restarting node load its model without assisting a survivor with its draft model meanwhile.
+
+        `resume` is how a lost node's requests are dispatched: "eq6", document 000's eq. 6 as the gateway does it
+        (recovery.plan), or "soonest", where each one's next token comes soonest by the routing cost
+        (recovery.plan_soonest, an experiment the gateway does not run)."""
+        if resume not in RESUME_PLANS:
+            raise ValueError(f"unknown resume plan {resume!r}: expected one of {', '.join(RESUME_PLANS)}")
+        self.resume = resume
         if policy not in placement.POLICIES:
             raise ValueError(f"unknown placement policy {policy!r}: expected one of {', '.join(placement.POLICIES)}")
         self.scenario, self.policy, self.seed = scenario, policy, seed
@@ -1119,9 +1130,13 @@ class Simulation:
             ]
             theta_factor = self.theta_factor if self.locality_dispatch else math.inf
             try:
-                decisions = recovery.plan(
-                    interrupted, survivors, set(self.failed), theta_factor, self.tau, self.alpha, self.beta
-                )
+                if self.resume == "soonest":
+                    statuses = {name: self.nodes[name].status for name in survivors}
+                    decisions = recovery.plan_soonest(interrupted, survivors, statuses, set(self.failed))
+                else:
+                    decisions = recovery.plan(
+                        interrupted, survivors, set(self.failed), theta_factor, self.tau, self.alpha, self.beta
+                    )
             except dispatch.NoSurvivors:
                 for flight in flights:
                     self._leave(flight)

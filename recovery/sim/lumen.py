@@ -158,7 +158,7 @@ class Setup:
         d = catalog.Deployment.of(self.model, self.gpu, self.tp)
         return {
             **asdict(self),
-            "reload_s": round(self.repair_s + catalog.load_time_s(d.model), 1),
+            "reload_s": None if self.repair_s is None else round(self.repair_s + catalog.load_time_s(d.model), 1),
             "kind": "input (our choice where document 000 is silent)",
         }
 

@@ -113,3 +113,44 @@ def test_no_survivor_is_said_plainly():
     stranded = [dispatch.Interrupted("r", (), 0, 100)]
     with pytest.raises(dispatch.NoSurvivors, match="no surviving node"):
         recovery.plan(stranded, {}, {"x"}, 2.0, 512, 1.0, 1.0)
+
+
+# --- the soonest plan (an experiment beside eq. 6) ------------------------------------------------------------
+
+
+def soonest_fleet(**backlog: int) -> tuple[dict, dict]:
+    """Idle H100 pairs in one rack, each with `backlog[name]` prefill tokens queued."""
+    statuses = {n: NodeStatus(uncomputed_prefill_tokens=t, kv_blocks_total=10_000) for n, t in backlog.items()}
+    survivors = {n: recovery.survivor(n, Placement("r1"), 0.0, s, H100) for n, s in statuses.items()}
+    return survivors, statuses
+
+
+def test_a_restored_request_leaves_a_holder_with_a_long_queue_for_an_idle_node():
+    """Eq. 6 restores on the holder (its L̂ is 0, under any θ); the holder's 40,000 queued prefill tokens hold the
+    request for seconds, an idle node is a KV transfer away."""
+    survivors, statuses = soonest_fleet(h=40_000, idle=0)
+    stranded = [dispatch.Interrupted("r", ("h",), 2048, 2100)]
+    (eq6,) = recovery.plan(stranded, survivors, {"x"}, 2.0, 512, 1.0, 1.0)
+    assert (eq6.target, eq6.method) == ("h", "restore")
+    (soonest,) = recovery.plan_soonest(stranded, survivors, statuses, {"x"})
+    assert (soonest.target, soonest.method, soonest.source) == ("idle", "fetch", "h")
+    assert "next token soonest: fetch on idle" in soonest.reason
+
+
+def test_an_idle_holder_restores_and_a_request_without_a_copy_re_prefills_where_it_is_soonest():
+    survivors, statuses = soonest_fleet(h=0, busy=40_000, idle=0)
+    stranded = [dispatch.Interrupted("a", ("h",), 2048, 2100), dispatch.Interrupted("b", (), 0, 2100)]
+    first, second = recovery.plan_soonest(stranded, survivors, statuses, {"x"})
+    assert (first.target, first.method, first.source) == ("h", "restore", "h")
+    assert (second.target, second.method) == ("idle", "reprefill")  # h has a's tail queued now; busy its backlog
+
+
+def test_a_soonest_plan_spreads_requests_by_the_work_it_already_gave():
+    survivors, statuses = soonest_fleet(a=0, b=0, c=0)
+    stranded = [dispatch.Interrupted(f"r{i}", (), 0, 4000) for i in range(3)]
+    assert {d.target for d in recovery.plan_soonest(stranded, survivors, statuses, {"x"})} == {"a", "b", "c"}
+
+
+def test_a_soonest_plan_with_no_survivor_says_so():
+    with pytest.raises(dispatch.NoSurvivors, match="no surviving node"):
+        recovery.plan_soonest([dispatch.Interrupted("r", (), 0, 100)], {}, {}, {"x"})

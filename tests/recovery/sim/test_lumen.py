@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from recovery.policy import recovery as recovery_policy
 from recovery.sim import lumen
 from recovery.sim import scenario as scenarios
 from recovery.sim.fleet import Simulation
@@ -133,6 +134,28 @@ def test_no_load_aware_placement_puts_the_first_holder_on_the_fixed_neighbour():
     sim = Simulation(scenario, "lifeline", 1, load_aware_placement=False, second_holder=False).run()
     neighbour = {"a-1": "a-2", "a-2": "a-3", "a-3": "a-1"}
     assert all(f.holders == (neighbour[f.node],) for f in sim.flights if f.holders)
+
+
+def test_a_soonest_resume_plans_with_plan_soonest_and_an_unknown_plan_is_refused(monkeypatch):
+    """The same faulted run with resume="soonest": the lost node's requests are planned by plan_soonest (each
+    decision says so), none lost."""
+    seen = []
+    original = recovery_policy.plan_soonest
+
+    def spy(*args, **kwargs):
+        decisions = original(*args, **kwargs)
+        seen.extend(decisions)
+        return decisions
+
+    monkeypatch.setattr(recovery_policy, "plan_soonest", spy)
+    scenario = TINY.scenario()
+    sim = Simulation(scenario, "lifeline", 1, resume="soonest", fast=True).run()
+    interrupted = [f for f in sim.flights if f.interrupted_at]
+    assert interrupted and len(seen) == len(interrupted)
+    assert all("next token soonest" in d.reason for d in seen)
+    assert all(f.emitted == f.request.output_tokens for f in sim.flights)
+    with pytest.raises(ValueError, match="unknown resume plan 'fastest': expected one of eq6, soonest"):
+        Simulation(scenario, "lifeline", 1, resume="fastest")
 
 
 # --- the spares model ------------------------------------------------------------------------------------
