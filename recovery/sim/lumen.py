@@ -1,4 +1,4 @@
-"""python -m recovery.sim.lumen [table1|workers4|workers8|rack8|ablations|grid|sensitivity|scale|spares|all] [--seeds N]
+"""python -m recovery.sim.lumen [table1|workers4|…|scale|spares|resume|all] [--seeds N]
 [--quick] [--rate R] [--jobs J] [--day [--fleets N,N]]
 
 Source document 000 (LUMEN) reproduced on the simulator, then Lifeline's policy beside it: every policy in the
@@ -26,6 +26,9 @@ Experiments
   whole day is 600 million requests at 1,000 nodes, days of this machine's core per policy. Without it, 256 nodes
   over a short window whose rate is raised so the window holds a day's expected faults.
 - ``spares``: hot spares against SLO attainment and GPU-hours per fleet (see `spares`).
+- ``resume``: an experiment, not the gateway's policy: eq. 6's dispatch of a lost node's requests against
+  resuming each where its next token comes soonest (recovery.policy.recovery.plan_soonest), on the 4- and
+  8-worker setups and on 64 nodes losing a TP group.
 
 What a figure is
 ----------------
@@ -69,7 +72,18 @@ from recovery.sim.scenario import Scenario, parse
 from workers import catalog
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
-EXPERIMENTS = ("table1", "workers4", "workers8", "rack8", "ablations", "grid", "sensitivity", "scale", "spares")
+EXPERIMENTS = (
+    "table1",
+    "workers4",
+    "workers8",
+    "rack8",
+    "ablations",
+    "grid",
+    "sensitivity",
+    "scale",
+    "spares",
+    "resume",
+)
 POLICIES = ("none", "fixed", "load_aware", "lifeline")
 PAPER = "document 000 (LUMEN review), Experimental Results"
 
@@ -1103,6 +1117,57 @@ def _replay_verdict(runs: list[dict], where: str) -> list[str]:
     ]
 
 
+# --- resuming where the next token comes soonest (an experiment) ---------------------------------------
+RESUME_VARIANTS = {  # label: (policy, Simulation options)
+    "load_aware": ("load_aware", ()),
+    "lifeline": ("lifeline", ()),
+    "lifeline+soonest": ("lifeline", (("resume", "soonest"),)),
+}
+
+
+def resume(ctx: Context, setups: Sequence[Setup] = ()) -> dict:
+    """Eq. 6 against recovery.plan_soonest (each lost request resumed where its next token comes soonest by the
+    routing cost), on document 000's two setups and on a 64-node fleet losing a TP group: mean TTFT, recovery time
+    and the interrupted requests' replay TTFT, each paired against LUMEN's seed by seed."""
+    window64 = replace(_window_setup(64, 0, DayFault(0.0, "gpu_lost", math.inf, 0)), name="gpu-lost-64")
+    out: dict = {}
+    for setup in setups or (_quick(WORKERS4, ctx), _quick(WORKERS8, ctx), window64):
+        scenario = setup.scenario()
+        jobs = [
+            Job(label, scenario, policy, seed, _window(setup), options)
+            for seed in ctx.seeds
+            for label, (policy, options) in RESUME_VARIANTS.items()
+        ]
+        runs = run_jobs(jobs, ctx.jobs)
+        rows = {label: aggregate(runs, label) for label in RESUME_VARIANTS}
+        against = {
+            label: {
+                name: paired(runs, label, "load_aware", name) for name in ("ttft_mean_s", "recovery_s", "replay_ttft_s")
+            }
+            for label in ("lifeline", "lifeline+soonest")
+        }
+        print(f"\nresume: {setup.name}, {setup.workers} workers, seeds {list(ctx.seeds)}")
+        print_table(
+            ("variant", "TTFT s", "recovery s", "replay TTFT s", "restored", "fetched", "re-prefilled"),
+            [
+                (
+                    label,
+                    _fmt(r["ttft_mean_s"]),
+                    _fmt(r["recovery_s"], 1, 1),
+                    _fmt(r["replay_ttft_s"], 1, 3),
+                    f"{r['restored']['mean']:.1f}",
+                    f"{r['fetched']['mean']:.1f}",
+                    f"{r['reprefilled']['mean']:.1f}",
+                )
+                for label, r in rows.items()
+            ],
+        )
+        for label, figures in against.items():
+            print(f"  {label} vs load_aware: " + ", ".join(f"{k} {_fmt(v, 100, 1)} %" for k, v in figures.items()))
+        out[setup.name] = {"setup": setup.describe(), "rows": rows, "vs_load_aware": against, "runs": runs}
+    return out
+
+
 # --- spares -------------------------------------------------------------------------------------------
 SPARE_FLEETS = (16, 64, 256, 1000)
 PROBE_WORKERS = 8
@@ -1265,6 +1330,7 @@ RUNNERS: dict[str, Callable[[Context], dict]] = {
     "sensitivity": sensitivity,
     "scale": scale,
     "spares": spares,
+    "resume": resume,
 }
 
 

@@ -158,6 +158,17 @@ def test_a_soonest_resume_plans_with_plan_soonest_and_an_unknown_plan_is_refused
         Simulation(scenario, "lifeline", 1, resume="fastest")
 
 
+def test_the_resume_experiment_pairs_each_variant_with_lumen_on_the_same_seeds():
+    ctx = lumen.Context(seeds=(1, 2), quick=False, jobs=1, day=False, command="c")
+    body = lumen.resume(ctx, [TINY])["workers4"]
+    assert set(body["rows"]) == {"load_aware", "lifeline", "lifeline+soonest"}
+    assert {(r["label"], r["seed"]) for r in body["runs"]} == {(v, s) for v in lumen.RESUME_VARIANTS for s in (1, 2)}
+    paired = body["vs_load_aware"]["lifeline+soonest"]["replay_ttft_s"]
+    assert paired["n"] + paired["missing"] == 2
+    soonest = [r for r in body["runs"] if r["label"] == "lifeline+soonest"]
+    assert all(r["restored"] + r["fetched"] + r["reprefilled"] == r["interrupted"] for r in soonest)
+
+
 # --- the spares model ------------------------------------------------------------------------------------
 STEADY = [(1.0, 0.999), (1.5, 0.9)]
 
