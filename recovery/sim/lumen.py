@@ -983,10 +983,16 @@ def compose_day(
         ttft_sum += count * steady[out]["ttft_mean_s"]
         missed += count * (1 - steady[out]["attainment"])
     samples = requests
-    for w in windows:
+    for w, fault in zip(windows, faults, strict=True):
         ttft_sum += w["ttft_sum"] - w["base_ttft_sum"]
         samples += w["ttft_count"] - w["base_ttft_count"]
         missed += w["missed"] - w["base_missed"]
+        # The window's requests after the fault are in the stretch that begins with it too, at the steady figures
+        # of one node more out: what that node's loss costs them is in the window's excess already.
+        before, after = steady.get(fault.out_before), steady.get(fault.out_before + 1)
+        if before and after:
+            ttft_sum -= w["base_ttft_count"] * (after["ttft_mean_s"] - before["ttft_mean_s"])
+            missed -= w["base_ttft_count"] * (before["attainment"] - after["attainment"])
     interrupted = sum(w["interrupted"] for w in windows)
     replays = [(w["replay_ttft_s"], w["interrupted"]) for w in windows if w["replay_ttft_s"] is not None]
     recoveries = [w["recovery_s"] for w in windows]
