@@ -254,6 +254,35 @@ def day(data: dict) -> list[str]:
     return out
 
 
+def resume(data: dict) -> list[str]:
+    """`resume`: eq. 6 against plan_soonest, each variant paired with LUMEN (load_aware) seed by seed."""
+    out = [command_line(data)]
+    for name, size in data.items():
+        if not isinstance(size, dict) or "vs_load_aware" not in size:
+            continue
+        out += ["", f"{name}: {size['setup']['workers']} workers", ""]
+        out += header(
+            "variant", "mean TTFT s", "recovery s", "replay TTFT s", "restored / fetched / re-prefilled",
+            "vs LUMEN, paired: TTFT %", "recovery %", "replay TTFT %",
+        )  # fmt: skip
+        for label, ours in size["rows"].items():
+            vs = size["vs_load_aware"].get(label, {})
+            cells = [stat(vs.get(k), 100, 1) if vs else "–" for k in ("ttft_mean_s", "recovery_s", "replay_ttft_s")]
+            out.append(
+                row(
+                    [
+                        label,
+                        stat(ours["ttft_mean_s"], digits=3),
+                        stat(ours["recovery_s"], digits=1),
+                        stat(ours["replay_ttft_s"], digits=3),
+                        paths(ours, 1),
+                        *cells,
+                    ]
+                )
+            )
+    return out
+
+
 def spares(data: dict) -> list[str]:
     loads = data["attainment_by_load"]
     missed = data["missed_requests_per_fault_by_load"]
@@ -296,6 +325,7 @@ def spares(data: dict) -> list[str]:
 RENDER = {"table1": table1, "ablations": ablations, "grid": grid, "sensitivity": sensitivity, "scale": scale}
 RENDER |= {"spares": spares} | {name: policy_table for name in POLICY_TABLES}
 RENDER |= {name: day for name in DAY_TABLES}
+RENDER["resume"] = resume
 
 
 def render(name: str, results: Path = RESULTS) -> str:
