@@ -135,6 +135,9 @@ def main(argv: list[str] | None = None) -> None:
         type=int,
         help="also run a whole simulated hour of arrivals at this many nodes (measured, not modelled)",
     )
+    parser.add_argument(
+        "--results", type=Path, default=RESULTS, help=f"where to write the figures (default {RESULTS.name})"
+    )
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # a single run, printed as JSON
     parser.add_argument("--step", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -184,7 +187,9 @@ def main(argv: list[str] | None = None) -> None:
         "command": "python -m recovery.sim.bench "
         + " ".join(map(str, args.nodes))
         + f" --duration {args.duration:g}"
-        + (f" --hour {args.hour}" if args.hour else ""),
+        + (f" --hour {args.hour}" if args.hour else "")
+        + (f" --reference-up-to {args.reference_up_to}" if args.reference_up_to != 64 else "")
+        + ("" if args.results == RESULTS else f" --results {args.results}"),
         "measured": "wall_s, events_per_s, simulated_s_per_wall_s (whole run, its light tail included), "
         "steady_simulated_s_per_wall_s and steady_requests_per_wall_s (full load, steady_window_s), "
         "policy_us_per_request and policy_share (Simulation.choose and .place, timed in the steady state), "
@@ -197,8 +202,8 @@ def main(argv: list[str] | None = None) -> None:
         "runs": rows,
         "hour_run": hour,
     }
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {RESULTS}")
+    args.results.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {args.results}")
 
 
 if __name__ == "__main__":
