@@ -13,7 +13,7 @@ from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 POLICY_TABLES = ("workers4", "workers8", "workers8_rate9", "workers8_rate10", "rack8")
-DAY_TABLES = ("scale_day_256",)
+DAY_TABLES = ("scale_day_256", "scale_day_1000")
 RATIOS = ("lifeline_vs_load_aware", "lifeline_vs_none", "load_aware_vs_none", "load_aware_vs_fixed")
 
 
@@ -219,6 +219,8 @@ def day(data: dict) -> list[str]:
         if not name.startswith("day-"):
             continue
         out += ["", f"{name}: {size['kind']}", ""]
+        if size.get("caveat"):
+            out += [f"Caveat: {size['caveat']}", ""]
         out += header(
             "policy", "mean TTFT s", "attainment %", "faults", "node-hours out", "interrupted", "replay TTFT s",
             "recovery s", "restored / fetched / re-prefilled",
