@@ -345,17 +345,15 @@ def _simulate(job: Job) -> tuple[Simulation, Simulation]:
     return faulted, baseline
 
 
-def run_job(job: Job) -> dict:
-    """The faulted run and its baseline, summarised; the wall time of both."""
+def run_job(job: Job, sums: bool = False) -> dict:
+    """The faulted run and its baseline, summarised (with `sums`, also what a day adds up: `_sums`); the wall time
+    of both."""
     started = time.perf_counter()
     faulted, baseline = _simulate(job)
-    return {
-        "label": job.label,
-        "policy": job.policy,
-        "seed": job.seed,
-        **summarise(faulted, baseline, job.window),
-        "wall_s": time.perf_counter() - started,
-    }
+    figures = {"label": job.label, "policy": job.policy, "seed": job.seed, **summarise(faulted, baseline, job.window)}
+    if sums:
+        figures.update(_sums(faulted, baseline, job.window))
+    return {**figures, "wall_s": time.perf_counter() - started}
 
 
 def run_jobs(jobs: list[Job], processes: int, runner: Callable[[Job], dict] = run_job) -> list[dict]:
@@ -952,16 +950,7 @@ def _sums(faulted: Simulation, baseline: Simulation, window: tuple[float, float]
 
 def run_window(job: Job) -> dict:
     """run_job's figures of one window, with the sums a day is composed from."""
-    started = time.perf_counter()
-    faulted, baseline = _simulate(job)
-    return {
-        "label": job.label,
-        "policy": job.policy,
-        "seed": job.seed,
-        **summarise(faulted, baseline, job.window),
-        **_sums(faulted, baseline, job.window),
-        "wall_s": time.perf_counter() - started,
-    }
+    return run_job(job, sums=True)
 
 
 def compose_day(
