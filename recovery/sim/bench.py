@@ -30,6 +30,7 @@ from recovery.sim.metrics import request_metrics
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "sim_speed.json"
 RATE_PER_NODE = 2.5
+REFERENCE_UP_TO = 64  # nodes: the largest fleet also run step by step, by default
 WARMUP_S = 10.0  # simulated seconds before the steady state is timed: the nodes' batches fill in the first few
 
 
@@ -129,7 +130,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m recovery.sim.bench")
     parser.add_argument("nodes", nargs="*", type=int, default=[16, 64, 256, 1000])
     parser.add_argument("--duration", type=float, default=30.0, help="seconds of arrivals (default 30)")
-    parser.add_argument("--reference-up-to", type=int, default=64, help="also run step by step up to this size")
+    parser.add_argument(
+        "--reference-up-to", type=int, default=REFERENCE_UP_TO, help="also run step by step up to this size"
+    )
     parser.add_argument(
         "--hour",
         type=int,
@@ -188,7 +191,7 @@ def main(argv: list[str] | None = None) -> None:
         + " ".join(map(str, args.nodes))
         + f" --duration {args.duration:g}"
         + (f" --hour {args.hour}" if args.hour else "")
-        + (f" --reference-up-to {args.reference_up_to}" if args.reference_up_to != 64 else "")
+        + (f" --reference-up-to {args.reference_up_to}" if args.reference_up_to != REFERENCE_UP_TO else "")
         + ("" if args.results == RESULTS else f" --results {args.results}"),
         "measured": "wall_s, events_per_s, simulated_s_per_wall_s (whole run, its light tail included), "
         "steady_simulated_s_per_wall_s and steady_requests_per_wall_s (full load, steady_window_s), "

@@ -61,6 +61,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -948,11 +949,6 @@ def _sums(faulted: Simulation, baseline: Simulation, window: tuple[float, float]
     }
 
 
-def run_window(job: Job) -> dict:
-    """run_job's figures of one window, with the sums a day is composed from."""
-    return run_job(job, sums=True)
-
-
 def compose_day(
     nodes: int, faults: Sequence[DayFault], steady: dict[int, dict], windows: Sequence[dict], rate_per_s: float
 ) -> dict:
@@ -1041,7 +1037,7 @@ def day_at_scale(ctx: Context) -> dict:
                     # would otherwise be the same run twice.
                     window_seed = seed * 1000 + i
                     jobs.append(Job(f"{p}/{seed}/{i}", setup.scenario(), p, window_seed, (WARM_S, setup.duration_s)))
-        windows = dict(zip((j.label for j in jobs), run_jobs(jobs, ctx.jobs, run_window)))
+        windows = dict(zip((j.label for j in jobs), run_jobs(jobs, ctx.jobs, partial(run_job, sums=True))))
         rate_per_s = WORKERS4.rate_per_worker * nodes
         runs = []
         for p in SCALE_POLICIES:
