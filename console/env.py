@@ -9,7 +9,7 @@ import os
 import re
 import secrets
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -113,17 +113,26 @@ def namespace(name: str, default: str) -> str:
     return value
 
 
-DATABASE_FORMS = "sqlite:///path/to/lifeline.sqlite3 or postgres://user:password@host:5432/dbname"
+DATABASE_FORMS = (
+    "postgres://user:password@host:5432/dbname, postgres://user@/dbname?host=/socket/folder "
+    "or sqlite:///path/to/lifeline.sqlite3"
+)
 
 
-def database(name: str, default_sqlite_path: Path) -> dict:
-    """Django DATABASES['default'] from a URL such as postgres://u:p@host:5432/db."""
+def database(name: str, default: dict) -> dict:
+    """Django DATABASES['default'] from a URL such as postgres://u:p@host:5432/db; `default` without one."""
     value = _raw(name)
     if value is None:
-        return _sqlite(default_sqlite_path)
+        return default
+    return database_from_url(value, name)
+
+
+def database_from_url(value: str, name: str = "DATABASE_URL") -> dict:
+    """Django's DATABASES entry for a database URL; `name` says where the value came from in an error."""
     try:
         parts = urlsplit(value)
         port = parts.port
+        query = parse_qs(parts.query, strict_parsing=bool(parts.query))
     except ValueError as exc:
         raise ConfigError(f"{name}={value!r} is malformed ({exc}): expected {DATABASE_FORMS}") from None
     scheme = parts.scheme.lower()
@@ -135,14 +144,18 @@ def database(name: str, default_sqlite_path: Path) -> dict:
         return _sqlite(Path("/" + path.lstrip("/")))
     if scheme in {"postgres", "postgresql", "pgsql"}:
         dbname = unquote(parts.path.lstrip("/"))
-        if not parts.hostname or not dbname or "/" in dbname:
+        # libpq's form for a server's socket folder: postgres://user@/dbname?host=/path (the embedded server's).
+        host = query.pop("host", [parts.hostname])[-1]
+        if not host or not dbname or "/" in dbname:
             raise ConfigError(f"{name}={value!r} needs a host and a database name: expected {DATABASE_FORMS}")
+        if query:
+            raise ConfigError(f"{name}={value!r}: unknown option {sorted(query)[0]!r}: only host= is understood")
         return {
             "ENGINE": "django.db.backends.postgresql",
             "NAME": dbname,
             "USER": unquote(parts.username or ""),
             "PASSWORD": unquote(parts.password or ""),
-            "HOST": parts.hostname,
+            "HOST": host,
             "PORT": str(port or 5432),
             "CONN_MAX_AGE": 60,
             "CONN_HEALTH_CHECKS": True,

@@ -1,14 +1,15 @@
 """Lifeline settings, read from the environment.
 
-Defaults are the embedded single-machine setup (SQLite, loopback only, DEBUG
-off). DATABASE_URL and REDIS_URL switch to PostgreSQL and a Redis server.
+Defaults are the embedded single-machine setup (a PostgreSQL server of its own in
+var/postgres, loopback only, DEBUG off). DATABASE_URL and REDIS_URL switch to a
+PostgreSQL and a Redis server of yours.
 """
 
 from pathlib import Path
 
 from celery.schedules import crontab
 
-from console import env
+from console import database, env
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env.string("LIFELINE_VAR_DIR", str(BASE_DIR / "var"))).resolve()
@@ -64,7 +65,8 @@ TEMPLATES = [
     },
 ]
 
-DATABASES = {"default": env.database("DATABASE_URL", VAR_DIR / "lifeline.sqlite3")}
+# Without DATABASE_URL: the embedded PostgreSQL (console/database.py), which `manage.py demo` starts.
+DATABASES = {"default": env.database("DATABASE_URL", database.django_settings(database.data_dir(VAR_DIR)))}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [

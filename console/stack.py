@@ -105,6 +105,11 @@ class Child:
     # lets its pool finish the tasks it holds; SIGTERM to the pool would lose them: WorkerLostError). The group
     # is still killed once the leader is gone or the stop's deadline passes.
     term_leader_only: bool = False
+    # The signal a stop sends: PostgreSQL takes SIGTERM as a "smart" shutdown that waits for every client to leave,
+    # SIGINT as the fast one.
+    stop_signal: int = signal.SIGTERM
+    # Popen's user/group/extra_groups: the account the child runs as, when not ours (PostgreSQL refuses root).
+    identity: dict = field(default_factory=dict)
 
     @property
     def pid(self) -> int | None:
@@ -135,6 +140,7 @@ class Supervisor:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
+                **child.identity,
             )
         finally:
             handle.close()
@@ -200,9 +206,9 @@ class Supervisor:
             for name in names:
                 child = self.children[name]
                 if child.alive and child.term_leader_only:
-                    child.proc.send_signal(signal.SIGTERM)
+                    child.proc.send_signal(child.stop_signal)
                 elif child.alive:
-                    _signal_group(child.proc.pid, signal.SIGTERM)
+                    _signal_group(child.proc.pid, child.stop_signal)
             for name in names:
                 self._reap(self.children[name], deadline, timeout_s)
 
@@ -284,6 +290,43 @@ def start_embedded_redis(supervisor: Supervisor, data_dir: Path, host: str = "12
                     f"the embedded Redis did not start on port {port}: see {supervisor.children['redis'].log_path}"
                 ) from None
             time.sleep(0.05)
+
+
+# --- the embedded PostgreSQL ---------------------------------------------------------
+def start_embedded_postgres(supervisor: Supervisor, data_dir: Path) -> str:
+    """Start the embedded PostgreSQL on `data_dir` (made on the first start), with a `lifeline` database; return
+    its DATABASE_URL once it answers. A server already running on that folder (a management command's, a demo
+    still stopping) is used as it is."""
+    from console import database
+
+    if not database.running(data_dir):
+        database.initialise(data_dir)
+        _drop_stale_pid_file(data_dir / "postmaster.pid")
+        child = supervisor.spawn(
+            Child(
+                "postgres",
+                database.server_argv(data_dir),
+                dict(os.environ),
+                restart_delay_s=1.0,
+                stop_signal=signal.SIGINT,
+                identity=database.server_identity(),
+            )
+        )
+        database.wait_ready(data_dir, lambda: supervisor.exited("postgres"), log_path=child.log_path)
+    database.create_database(data_dir, database.DATABASE)
+    return database.url(data_dir)
+
+
+def _drop_stale_pid_file(path: Path) -> None:
+    """A server killed with its machine leaves postmaster.pid behind; PostgreSQL starts over it unless its pid now
+    belongs to another process (pids are reused after a restart), when it refuses to start. Drop it then."""
+    try:
+        pid = int(path.read_text().split()[0])
+        command = Path(f"/proc/{pid}/comm").read_text().strip()
+    except (OSError, ValueError, IndexError):
+        return
+    if command != "postgres":
+        path.unlink(missing_ok=True)
 
 
 def wait_http(url: str, timeout_s: float, child: Child | None = None, supervisor: Supervisor | None = None) -> None:

@@ -1,17 +1,29 @@
 import contextlib
 import os
-import secrets
 import signal
 import sys
+from pathlib import Path
 
 import pytest
 
 from console.stack import free_port
 from recovery.keys import Keys
 from tests.gateway_cluster import Cluster
-from tests.helpers import BASE_DIR, CHROMIUM_ARGS, DemoStack, NodeProcess, chromium_path, pid_alive
+from tests.helpers import CHROMIUM_ARGS, DemoStack, NodeProcess, chromium_path, pid_alive
 
 ROLE_PASSWORD = "correct-horse-{}"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def fast_password_hashing():
+    """The cast logs in as four users in about 130 tests: MD5 instead of a million rounds of PBKDF2 each (the hasher
+    is not what those tests test; production keeps Django's default, tests/test_security.py checks it)."""
+    from django.test.utils import override_settings
+
+    fast = override_settings(PASSWORD_HASHERS=["django.contrib.auth.hashers.MD5PasswordHasher"])
+    fast.enable()
+    yield
+    fast.disable()
 
 
 @pytest.fixture
@@ -71,35 +83,42 @@ def node_factory(tmp_path):
         node.stop()
 
 
+def template_database() -> str:
+    """This run's migrated template database (made once, by whichever test process asks first)."""
+    from harness import databases
+
+    return databases.template(os.environ["LIFELINE_TEST_RUN"], Path(os.environ["LIFELINE_TEST_SHARED_DIR"]))
+
+
 @contextlib.contextmanager
-def stack_database(tmp_path_factory):
-    """A database of its own for the processes a stack starts: PostgreSQL when the suite uses it."""
-    url = os.environ.get("DATABASE_URL", "")
-    if not url.startswith(("postgres://", "postgresql://")):
-        yield f"sqlite:///{tmp_path_factory.mktemp('e2e-db') / 'lifeline.sqlite3'}"
-        return
-    import psycopg
-    from psycopg import sql
+def stack_database(tmp_path_factory=None):
+    """A database of its own for the processes a stack starts, a copy of the run's migrated template."""
+    from harness import databases
 
-    from console import env
+    with databases.scratch("lifeline_e2e", template_database()) as url:
+        yield url
 
-    params = env.database("DATABASE_URL", BASE_DIR)
-    name = f"lifeline_e2e_{secrets.token_hex(4)}"
-    admin = dict(
-        host=params["HOST"],
-        port=params["PORT"],
-        user=params["USER"] or None,
-        password=params["PASSWORD"] or None,
-        dbname="postgres",
-        autocommit=True,
-    )
-    with psycopg.connect(**admin) as connection:
-        connection.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        yield url.rsplit("/", 1)[0] + "/" + name
-    finally:
-        with psycopg.connect(**admin) as connection:
-            connection.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_test_environment, django_db_blocker):
+    """The test database: a copy of the run's template, migrated once for the whole run (and for every process of
+    a parallel one), instead of a migration from zero per process."""
+    from django.conf import settings
+    from django.db import connections
+
+    from harness import databases
+    from tests.services import worker_id
+
+    name = f"test_lifeline_{os.environ['LIFELINE_TEST_RUN']}_{worker_id() or 'main'}"
+    with django_db_blocker.unblock():
+        databases.create(databases.server_url(), name, template_database())
+        for alias in (settings.DATABASES["default"], connections["default"].settings_dict):
+            alias["NAME"] = name
+        connections["default"].close()
+    yield
+    with django_db_blocker.unblock():
+        connections["default"].close()
+        databases.drop(databases.server_url(), name)
 
 
 @pytest.fixture(scope="module")

@@ -59,6 +59,16 @@ def test_production_refuses_debug():
     assert result.returncode != 0 and "never runs with DEBUG" in result.stderr
 
 
+def test_passwords_are_stored_with_django_s_default_pbkdf2():
+    """The tests log in with a fast hasher (tests/conftest.py); the settings every process runs keep Django's."""
+    from django.conf import global_settings
+
+    from console import settings as production
+
+    hashers = getattr(production, "PASSWORD_HASHERS", global_settings.PASSWORD_HASHERS)
+    assert hashers[0] == "django.contrib.auth.hashers.PBKDF2PasswordHasher"
+
+
 HEADERS_SCRIPT = """
 import json, django
 django.setup()

@@ -1,12 +1,15 @@
 """Settings from the environment: good values parse, bad ones fail at start with a clear message."""
 
+import json
 import os
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
-from console import env
+from console import database, env
 from tests.helpers import BASE_DIR
 
 
@@ -21,7 +24,7 @@ def environ(monkeypatch):
 
 def test_postgres_url(environ):
     environ(DATABASE_URL="postgres://ops:s%40cret@db.internal:6543/lifeline")
-    db = env.database("DATABASE_URL", BASE_DIR / "x.sqlite3")
+    db = env.database("DATABASE_URL", {})
     assert db["ENGINE"] == "django.db.backends.postgresql"
     assert (db["HOST"], db["PORT"], db["NAME"], db["USER"], db["PASSWORD"]) == (
         "db.internal",
@@ -32,12 +35,59 @@ def test_postgres_url(environ):
     )
 
 
+def test_postgres_socket_folder_url(environ):
+    """libpq's form for a server reached through its socket folder, as the embedded PostgreSQL is."""
+    environ(DATABASE_URL="postgres://postgres@/lifeline_e2e?host=/tmp/some%20dir/postgres")
+    db = env.database("DATABASE_URL", {})
+    assert (db["HOST"], db["NAME"], db["USER"]) == ("/tmp/some dir/postgres", "lifeline_e2e", "postgres")
+    environ(DATABASE_URL="postgres://postgres@/lifeline?host=/tmp/pg&sslmode=require")
+    with pytest.raises(env.ConfigError, match="unknown option 'sslmode'"):
+        env.database("DATABASE_URL", {})
+
+
 def test_sqlite_url_and_default(environ, monkeypatch, tmp_path):
     environ(DATABASE_URL=f"sqlite:///{tmp_path}/a.sqlite3")
-    assert env.database("DATABASE_URL", tmp_path / "d.sqlite3")["NAME"] == f"{tmp_path}/a.sqlite3"
+    assert env.database("DATABASE_URL", {})["NAME"] == f"{tmp_path}/a.sqlite3"
     monkeypatch.delenv("DATABASE_URL")
-    db = env.database("DATABASE_URL", tmp_path / "d.sqlite3")
-    assert db["ENGINE"] == "django.db.backends.sqlite3" and db["NAME"] == str(tmp_path / "d.sqlite3")
+    assert env.database("DATABASE_URL", {"NAME": "the default"}) == {"NAME": "the default"}
+
+
+def test_the_default_database_is_the_embedded_postgresql(tmp_path):
+    """Without DATABASE_URL every process of a checkout uses the PostgreSQL server in its var/ (./lifeline run
+    starts it), never a SQLite file: the default run is CI's and production's database."""
+    environ = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    environ["LIFELINE_VAR_DIR"] = str(tmp_path)
+    code = "from django.conf import settings; import json; print(json.dumps(settings.DATABASES['default']))"
+    result = subprocess.run(
+        [sys.executable, "-c", f"import django; django.setup(); {code}"],
+        cwd=BASE_DIR,
+        env={**environ, "DJANGO_SETTINGS_MODULE": "console.settings"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    db = json.loads(result.stdout)
+    assert db["ENGINE"] == "django.db.backends.postgresql"
+    assert (db["HOST"], db["NAME"]) == (str(database.data_dir(tmp_path)), "lifeline")
+
+
+def test_the_embedded_server_keeps_its_data_where_the_account_it_runs_as_can_reach(tmp_path):
+    """var/postgres; but PostgreSQL will not run as root, and as root the server runs as `nobody`, which cannot
+    pass a private folder (pytest's own, or a checkout in /root): its data then go to a folder of their own, the
+    same one for the same var/ every time."""
+    reachable = Path(tempfile.mkdtemp())
+    try:
+        reachable.chmod(0o755)
+        assert database.data_dir(reachable / "var") == reachable / "var" / "postgres"
+    finally:
+        reachable.rmdir()
+    private = tmp_path / "var"  # under pytest's folder, which only its owner may enter
+    if os.geteuid() != 0:
+        assert database.data_dir(private) == private / "postgres"
+    else:
+        elsewhere = database.data_dir(private)
+        assert elsewhere.parent == Path(tempfile.gettempdir()) and elsewhere == database.data_dir(private)
+        assert database.data_dir(tmp_path / "other") != elsewhere
 
 
 @pytest.mark.parametrize(
@@ -54,9 +104,9 @@ def test_sqlite_url_and_default(environ, monkeypatch, tmp_path):
 def test_malformed_database_url_names_the_variable_and_the_form(environ, url):
     environ(DATABASE_URL=url)
     with pytest.raises(env.ConfigError) as excinfo:
-        env.database("DATABASE_URL", BASE_DIR / "x")
+        env.database("DATABASE_URL", {})
     message = str(excinfo.value)
-    assert message.startswith("DATABASE_URL=") and "expected sqlite:///" in message and "postgres://" in message
+    assert message.startswith("DATABASE_URL=") and "expected postgres://" in message and "sqlite:///" in message
 
 
 @pytest.mark.parametrize("url", ["http://localhost:6379", "redis://:bad/0", "redis:///0"])

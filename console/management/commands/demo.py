@@ -15,7 +15,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError, close_old_connections
 
 from console import actions as console_actions
-from console import celery_app
+from console import celery_app, database
 from console.models import ApiToken
 from console.stack import (
     Child,
@@ -24,6 +24,7 @@ from console.stack import (
     free_port,
     port_in_use,
     python,
+    start_embedded_postgres,
     start_embedded_redis,
     wait_http,
 )
@@ -214,6 +215,9 @@ class Command(BaseCommand):
             redis_url = start_embedded_redis(self.supervisor, var_dir / "redis")
             settings.REDIS_URL = redis_url  # this process publishes keys and routing too
             self.stdout.write(f"Started an embedded Redis at {redis_url}.")
+        self.database_url = os.environ.get("DATABASE_URL")
+        if not self.database_url:
+            self.database_url = start_embedded_postgres(self.supervisor, database.data_dir(var_dir))
         self.stdout.write(f"Database: {_describe_db()}; migrating…")
         call_command("migrate", interactive=False, verbosity=0)
 
@@ -396,6 +400,7 @@ class Command(BaseCommand):
         env.update(
             {
                 "DJANGO_SETTINGS_MODULE": "console.settings",
+                "DATABASE_URL": self.database_url,
                 "REDIS_URL": redis_url,
                 "LIFELINE_VAR_DIR": str(settings.VAR_DIR),
                 "LIFELINE_NAMESPACE": settings.LIFELINE_NAMESPACE,
@@ -664,7 +669,10 @@ def _describe_db() -> str:
     db = settings.DATABASES["default"]
     if db["ENGINE"].endswith("sqlite3"):
         return f"SQLite at {db['NAME']}"
-    return f"PostgreSQL {db['NAME']} at {db['HOST']}:{db['PORT']}"
+    if not os.environ.get("DATABASE_URL"):
+        return f"the embedded PostgreSQL, database {db['NAME']} in {db['HOST']}"
+    where = db["HOST"] if db["HOST"].startswith("/") else f"{db['HOST']}:{db['PORT']}"
+    return f"PostgreSQL {db['NAME']} at {where}"
 
 
 def _redact(url: str) -> str:
