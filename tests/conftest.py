@@ -4,14 +4,36 @@ import signal
 import sys
 from pathlib import Path
 
+import hypothesis
 import pytest
 
 from console.stack import free_port
 from recovery.keys import Keys
 from tests.gateway_cluster import Cluster
-from tests.helpers import CHROMIUM_ARGS, DemoStack, NodeProcess, chromium_path, pid_alive
+from tests.helpers import CHROMIUM_ARGS, EXAMPLES_CI, EXAMPLES_FULL, DemoStack, NodeProcess, chromium_path, pid_alive
 
 ROLE_PASSWORD = "correct-horse-{}"
+
+# Property tests draw a quarter of their examples in the suite (`ci`, the default) and all of them on demand:
+# `./lifeline test --hypothesis-profile=full`. Tests that name a count say it through tests.helpers.examples().
+hypothesis.settings.register_profile("ci", max_examples=EXAMPLES_CI)
+hypothesis.settings.register_profile("full", max_examples=EXAMPLES_FULL)
+hypothesis.settings.load_profile("ci")
+
+
+BROWSER_FIXTURES = {"browser", "chromium"}
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """The modules that drive Chromium run last, one after the other. The run has one Chromium, started at the
+    first of them (launching one per module cost a start each), and Playwright's synchronous API holds an event loop
+    on the main thread from then on: an asyncio test after it could not run its own."""
+    driven = {getattr(item, "module", None) for item in items if BROWSER_FIXTURES & set(item.fixturenames)}
+    driven.discard(None)
+    items[:] = [i for i in items if getattr(i, "module", None) not in driven] + [
+        i for i in items if getattr(i, "module", None) in driven
+    ]
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -194,12 +216,21 @@ async def cluster(node_factory, redis_keys):
     await c.close()
 
 
-@pytest.fixture(scope="module")
-def browser():
-    """Headless Chromium (Debian's, never a downloaded one), one per module."""
+@pytest.fixture(scope="session")
+def chromium():
+    """Headless Chromium (Debian's, never a downloaded one): one for the whole run."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
         yield browser
         browser.close()
+
+
+@pytest.fixture(scope="module")
+def browser(chromium):
+    """The run's Chromium, for one module: each `new_page()` or `new_context()` is a fresh context (no cookie or
+    storage from another test), and every context the module opened is closed at its end."""
+    yield chromium
+    for context in list(chromium.contexts):
+        context.close()

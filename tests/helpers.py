@@ -15,6 +15,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 BASE_DIR = Path(__file__).resolve().parent.parent
+# Examples a property test draws by default, in the suite's `ci` profile and in the `full` one (tests/conftest.py).
+EXAMPLES_CI, EXAMPLES_FULL = 25, 100
+
+
+def examples(full: int) -> int:
+    """The examples for a property test that draws `full` under the `full` profile: the same share of it as the
+    loaded profile draws by default (a quarter in `ci`), never fewer than 10."""
+    import hypothesis
+
+    return max(10, round(full * hypothesis.settings.default.max_examples / EXAMPLES_FULL))
 
 
 class NodeProcess:
