@@ -1,5 +1,6 @@
 import contextlib
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -22,18 +23,54 @@ hypothesis.settings.load_profile("ci")
 
 
 BROWSER_FIXTURES = {"browser", "chromium"}
+# What starts a process or serves on a socket: a node, a stack, a real engine, a live server, a browser. A test that
+# uses one is marked `processes` and runs in the serial phase of `./lifeline test`; the rest run in parallel.
+PROCESS_FIXTURES = {"node_factory", "cluster", "demo_stack", "ops_stack", "e2e_database_url", "live_server"}
+PROCESS_WORDS = re.compile(
+    r"\b(subprocess|Popen|multiprocessing|ProcessPool\w*|NodeProcess|DemoStack|Supervisor|stack_database|LlamaServer|"
+    r"real_engine|vllm_engine|AppRunner|TestServer|aiohttp_server|promtool)\b"
+)
 
 
-@pytest.hookimpl(trylast=True)
+def _starts_processes(module) -> bool:
+    """Whether a test module's own code starts a process or a server (read once per module)."""
+    found = getattr(module, "__starts_processes__", None)
+    if found is None:
+        source = Path(module.__file__).read_text()
+        found = module.__starts_processes__ = bool(PROCESS_WORDS.search(source))
+    return found
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """The modules that drive Chromium run last, one after the other. The run has one Chromium, started at the
-    first of them (launching one per module cost a start each), and Playwright's synchronous API holds an event loop
-    on the main thread from then on: an asyncio test after it could not run its own."""
-    driven = {getattr(item, "module", None) for item in items if BROWSER_FIXTURES & set(item.fixturenames)}
-    driven.discard(None)
-    items[:] = [i for i in items if getattr(i, "module", None) not in driven] + [
-        i for i in items if getattr(i, "module", None) in driven
-    ]
+    """Mark what starts processes (before `-m` selects on the mark)."""
+    for item in items:
+        module = getattr(item, "module", None)
+        uses = set(item.fixturenames)
+        if (
+            uses & (PROCESS_FIXTURES | BROWSER_FIXTURES)
+            or item.get_closest_marker("e2e")
+            or item.get_closest_marker("browser")
+            or (module is not None and _starts_processes(module))
+        ):
+            item.add_marker(pytest.mark.processes)
+
+
+class BrowserModulesLast:
+    @pytest.hookimpl(trylast=True)  # after pytest-django's own ordering
+    def pytest_collection_modifyitems(self, items):
+        """The modules that drive Chromium run last, one after the other. The run has one Chromium, started at the
+        first of them (launching one per module cost a start each), and Playwright's synchronous API holds an event
+        loop on the main thread from then on: an asyncio test after it could not run its own."""
+        driven = {getattr(item, "module", None) for item in items if BROWSER_FIXTURES & set(item.fixturenames)}
+        driven.discard(None)
+        items[:] = [i for i in items if getattr(i, "module", None) not in driven] + [
+            i for i in items if getattr(i, "module", None) in driven
+        ]
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(BrowserModulesLast(), "lifeline-browser-modules-last")
 
 
 @pytest.fixture(autouse=True, scope="session")
