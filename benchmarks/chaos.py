@@ -1,6 +1,6 @@
 """The chaos soak: the whole system under steady, checked traffic while a seeded fault schedule breaks its parts.
 
-    python -m benchmarks.chaos --minutes 30 --seed 7        # on demand; the suite runs a 3-minute form
+    python -m benchmarks.chaos --minutes 30 --seed 7        # on demand; the suite runs a 1-minute form
 
 `manage.py demo` on its embedded default (its own Redis, which the soak kills and pauses; SQLite, or the
 PostgreSQL that DATABASE_URL names, in a database of its own that the soak cuts off and lets back) with two

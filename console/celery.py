@@ -1,5 +1,7 @@
+import itertools
 import logging
 import os
+from time import sleep
 
 from celery import Celery
 from celery.contrib.django.task import DjangoTask
@@ -8,7 +10,7 @@ from celery.signals import beat_init
 from django.conf import settings
 from django.db import close_old_connections
 
-from recovery.stores import STORE_ERRORS, away, store_of
+from recovery.stores import DATABASE_AWAY, STORE_ERRORS, away, store_of
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 log = logging.getLogger(__name__)
@@ -52,4 +54,17 @@ def _control_plane_started(sender=None, **kwargs) -> None:
     # Imported here, not at the top: this module loads with the console package, before Django's apps are ready.
     from recovery.actions import capacity
 
-    capacity.control_plane_started()
+    for attempt in itertools.count():
+        try:
+            capacity.control_plane_started()
+            return
+        except STORE_ERRORS as exc:
+            # A store away while beat starts (a restart during an outage): wait it out, as every task does; beat
+            # could not send a task without Redis anyway. Lost, the start would leave the grace unpublished.
+            if not away(exc):
+                raise
+            if isinstance(exc, DATABASE_AWAY):
+                close_old_connections()  # a broken connection is not reused
+            wait = min(2**attempt, RETRY_BACKOFF_MAX_S)
+            log.warning("beat's start-up waits: the %s is unavailable (%s); again in %d s", store_of(exc), exc, wait)
+            sleep(wait)

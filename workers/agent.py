@@ -268,13 +268,14 @@ async def _run_request(request: web.Request, kind: str) -> web.StreamResponse:
             response = web.StreamResponse(
                 headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
             )
-            await response.prepare(request)
-            runtime.streaming.add(seq.request_id)
             # A resumed stream continues one the client already has: no role chunk.
             try:
+                await response.prepare(request)
+                runtime.streaming.add(seq.request_id)
                 await _relay_events(response, seq, writer, req, metrics, backlog, seq.resumed_with > 0, extension)
-            except ConnectionResetError:  # the gateway went away mid-stream (killed, or moved the request on)
-                log.info("the reader of %s went away mid-stream at %d tokens", seq.request_id, len(seq.generated))
+            except ConnectionResetError:  # the gateway went away (killed, or moved the request on): before the
+                # stream's headers (while a resume fetched its pages, say) or mid-stream
+                log.info("the reader of %s went away at %d tokens", seq.request_id, len(seq.generated))
             return response
         events = []
         while True:

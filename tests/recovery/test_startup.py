@@ -170,6 +170,31 @@ def test_celery_beat_starting_is_the_control_plane_starting(commit, tokens):
     assert started is not None and started >= before
 
 
+def test_beat_starting_while_redis_is_away_waits_for_it_instead_of_losing_the_start(commit, tokens, monkeypatch):
+    """Beat restarted during a Redis outage (the chaos soak's beat restart beside a Redis pause): its start-up step
+    failed once and was lost for good. It waits the outage out, as a task does, and then completes."""
+    import redis
+    from celery.signals import beat_init
+
+    import console.celery
+
+    real_evaluate, calls, waits = capacity.evaluate, [], []
+
+    def evaluate_while_redis_is_paused(*args, **kwargs):
+        calls.append(time.monotonic())
+        if len(calls) <= 2:
+            raise redis.exceptions.TimeoutError("Timeout reading from socket")
+        return real_evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(capacity, "evaluate", evaluate_while_redis_is_paused)
+    monkeypatch.setattr(console.celery, "sleep", waits.append)
+    before = timezone.now()
+    results = commit(beat_init.send, sender=None)
+    assert [error for _, error in results if isinstance(error, Exception)] == []  # nothing raised into Celery's log
+    assert len(calls) == 3 and waits == [1, 2]  # backoff, then the start went through
+    assert Cluster.default().control_plane_started_at >= before
+
+
 def test_a_node_lost_after_beat_alone_restarts_is_a_loss_not_a_joining_node(commit, tokens, react, settings):
     """Beat restarting while the fleet serves stamps the control plane's start again: the nodes' SERVING is from
     before it. One that dies in the grace is still a loss: the level rises at once (a CI run caught it masked)."""
