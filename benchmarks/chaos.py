@@ -41,9 +41,8 @@ import redis
 from benchmarks.common import BASE_DIR, issue_token
 from benchmarks.harness import WORDS, expected_ids
 from clients.resuming import Resumes, StreamFailed, stream
-from console.stack import free_port
+from harness.processes import demo, http_json
 from recovery.keys import Keys
-from tests.helpers import DemoStack, http_json
 
 RESULTS = BASE_DIR / "benchmarks" / "results" / "chaos.json"
 MODEL = "Qwen3-32B"
@@ -161,31 +160,10 @@ class Soak:
                 "LIFELINE_LOG_LEVEL": "WARNING",
             }
         )
-        gateway_port = free_port(count=2)  # two gateways: this port and the next
-        argv = [
-            sys.executable,
-            "manage.py",
-            "demo",
-            "--nodes",
-            str(args.nodes),
-            "--spares",
-            "1",
-            "--racks",
-            "4",
-            "--gateways",
-            "2",
-            "--no-traffic",
-            "--port",
-            str(free_port()),
-            "--gateway-port",
-            str(gateway_port),
-            "--restart-delay",
-            "3",
-            "--time-scale",
-            str(args.time_scale),
-        ]
+        options = ["--nodes", str(args.nodes), "--spares", "1", "--racks", "4", "--restart-delay", "3"]
+        options += ["--time-scale", str(args.time_scale)]
         self.env = env
-        self.stack = DemoStack(self.var_dir, env, argv)
+        self.stack = demo(self.var_dir, env, *options, gateways=2)
         self.second_token: str | None = None  # the demo's "oncall" user, for a drain that needs two approvals
         self.streams: list[Stream] = []
         self.faults: list[Fault] = []

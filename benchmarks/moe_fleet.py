@@ -40,7 +40,7 @@ from pathlib import Path
 
 from benchmarks.common import BASE_DIR, machine, percentile, save
 from console.stack import free_port
-from tests.helpers import DemoStack, chat_stream, http_json
+from harness.processes import DemoStack, chat_stream, http_json
 from workers import catalog
 
 MODEL = "Mixtral-8x7B"

@@ -1,16 +1,14 @@
 """The whole system for the operations benchmarks: `manage.py demo` on its embedded default
-(its own Redis, SQLite), with its Celery worker and beat, driven through the console's JSON API."""
+(its own PostgreSQL and Redis), with its Celery worker and beat, driven through the console's JSON API."""
 
 import os
 import secrets
 import signal
-import sys
 import tempfile
 from pathlib import Path
 
 from benchmarks.common import issue_token
-from console.stack import free_port
-from tests.helpers import DemoStack, http_json, wait_for  # noqa: F401 - wait_for is the benchmarks' too
+from harness.processes import demo, http_json, wait_for  # noqa: F401 - wait_for is the benchmarks' too
 
 
 class OpsStack:
@@ -28,28 +26,9 @@ class OpsStack:
             }
         )
         self.env = env
-        argv = [
-            sys.executable,
-            "manage.py",
-            "demo",
-            "--nodes",
-            str(nodes),
-            "--spares",
-            str(spares),
-            "--no-traffic",
-            "--port",
-            str(free_port()),
-            "--gateway-port",
-            str(free_port()),
-            "--restart-delay",
-            "-1",
-            "--worker-concurrency",
-            str(worker_concurrency),
-            "--time-scale",
-            str(time_scale),
-            *extra,
-        ]
-        self.stack = DemoStack(self.var_dir, env, argv)
+        options = ["--nodes", str(nodes), "--spares", str(spares), "--restart-delay", "-1"]
+        options += ["--worker-concurrency", str(worker_concurrency), "--time-scale", str(time_scale), *extra]
+        self.stack = demo(self.var_dir, env, *options)
 
     def start(self, timeout_s: float = 600) -> "OpsStack":
         self.stack.start(timeout_s)

@@ -1,7 +1,7 @@
 """Real engines behind the gateway: the resume stall when a llama.cpp engine dies mid-stream, and how routing on
 the adapters' own load spreads requests over real engines, against round-robin.
 
-Three llama-servers (llama.cpp built from source, tests/real_engine.py) serve a Llama of random weights, each
+Three llama-servers (llama.cpp built from source, harness/real_engine.py) serve a Llama of random weights, each
 fronted by a node agent; the gateway runs as its own process. Every figure is measured on this 2-core machine.
 
 1. Resume: `--streams` greedy streams run through the gateway while the engine behind the busiest node is
@@ -31,7 +31,7 @@ import aiohttp
 
 from benchmarks.common import Node, percentile, save
 from benchmarks.harness import KEY, Harness
-from tests.real_engine import LlamaServer, tiny_model
+from harness.real_engine import LlamaServer, tiny_model
 
 MODEL = "Tiny-Llama"
 SERVED_AS = "lifeline/tiny-llama"

@@ -9,7 +9,7 @@ each window's two burn rates and their difference (measured: the two pipelines r
 
     python -m benchmarks.slo_accuracy [--minutes 180]
 
-It uses a SQLite file of its own and promtool from tests/promtool.py (Debian's package, downloaded once).
+It uses a SQLite file of its own and promtool from harness/promtool.py (Debian's package, downloaded once).
 """
 
 import argparse
@@ -85,7 +85,7 @@ def promtool_burn_rates(per_minute: list[dict[str, int]], target: float, workdir
     """The error ratios of prometheus/slo.yml at the end of the series, over the error budget, read from promtool."""
     import yaml
 
-    from tests import promtool
+    from harness import promtool
 
     series = []
     for status in CODES:

@@ -8,10 +8,10 @@ from pathlib import Path
 import hypothesis
 import pytest
 
-from console.stack import free_port
+from harness.processes import demo, stack_env
 from recovery.keys import Keys
 from tests.gateway_cluster import Cluster
-from tests.helpers import CHROMIUM_ARGS, EXAMPLES_CI, EXAMPLES_FULL, DemoStack, NodeProcess, chromium_path, pid_alive
+from tests.helpers import CHROMIUM_ARGS, EXAMPLES_CI, EXAMPLES_FULL, NodeProcess, chromium_path, pid_alive
 
 ROLE_PASSWORD = "correct-horse-{}"
 
@@ -186,18 +186,9 @@ def e2e_database_url(tmp_path_factory):
         yield url
 
 
-def demo_argv(*extra: str) -> list[str]:
-    return [sys.executable, "manage.py", "demo", *extra]
-
-
 def demo_env(var_dir, database_url: str, suffix: str) -> dict:
-    return {
-        **os.environ,
-        "DATABASE_URL": database_url,
-        "LIFELINE_VAR_DIR": str(var_dir),
-        "LIFELINE_NAMESPACE": f"{os.environ['LIFELINE_NAMESPACE']}-{suffix}",
-        "PYTHONUNBUFFERED": "1",
-    }
+    """A stack's environment, its Redis keys under the run's namespace and `suffix`."""
+    return stack_env(var_dir, database_url, f"{os.environ['LIFELINE_NAMESPACE']}-{suffix}")
 
 
 @pytest.fixture(scope="module")
@@ -207,25 +198,10 @@ def demo_stack(request, tmp_path_factory, e2e_database_url):
     One per module, stopped at its end: a stack left running would share this machine's two
     cores with every later test, and with the other stacks those start."""
     var_dir = tmp_path_factory.mktemp("stack")
-    argv = demo_argv(
-        "--nodes",
-        "3",
-        "--spares",
-        "0",
-        "--no-traffic",
-        "--port",
-        str(free_port()),
-        "--gateway-port",
-        str(free_port()),
-        "--restart-delay",
-        "6",
-        "--worker-concurrency",
-        "1",
-        "--time-scale",
-        "0.1",  # a restarted node reloads its model cold: 2.6 s instead of 26
-    )
     suffix = "e2e-" + request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_")  # its own Redis keys
-    stack = DemoStack(var_dir, demo_env(var_dir, e2e_database_url, suffix), argv).start()
+    options = ["--nodes", "3", "--spares", "0", "--restart-delay", "6", "--worker-concurrency", "1"]
+    options += ["--time-scale", "0.1"]  # a restarted node reloads its model cold: 2.6 s instead of 26
+    stack = demo(var_dir, demo_env(var_dir, e2e_database_url, suffix), *options).start()
     yield stack
     # SIGTERM, as a service manager sends it, stops every child as Ctrl-C does.
     pids = list(stack.refresh()["pids"].values())

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from console.runbooks import RUNBOOKS
+from harness import promtool
 from recovery import hot
 from recovery.actions import nodes
 from recovery.actions import slo as slo_actions
@@ -22,7 +23,6 @@ from recovery.choices import OPEN_DRAIN_STATES, CanaryKind, DrainState, NodeStat
 from recovery.gateway.app import GatewayMetrics
 from recovery.models import CanaryResult, Drain, SloObjective, XidEvent
 from recovery.policy import slo, slo_rules
-from tests import promtool
 from tests.helpers import BASE_DIR
 from workers import catalog
 from workers.protocol import Registration

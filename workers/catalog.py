@@ -212,7 +212,7 @@ MODELS: dict[str, Model] = {
         Model(
             "Llama-3.2-1B", "meta-llama/Llama-3.2-1B-Instruct", 1.2, 16, 8, 64, 32, is_draft=True, context_tokens=131072
         ),
-        # A Llama of random weights generated on the machine (tests/real_engine.py) and served by a real
+        # A Llama of random weights generated on the machine (harness/real_engine.py) and served by a real
         # llama.cpp server: the real engine of the test suite, where no trained weights can be downloaded.
         Model("Tiny-Llama", "lifeline/tiny-llama", 0.0037, 4, 2, 64, 4, context_tokens=4096),
     )

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from console.stack import BASE_DIR, free_port
-from tests import debian
+from harness import debian
 from tests.conftest import stack_database
 from tests.helpers import wait_for
 from tests.recovery.gateway.test_haproxy import haproxy_binary  # noqa: F401 - a fixture

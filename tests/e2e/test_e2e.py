@@ -1,18 +1,22 @@
 """The whole system as a user starts it: `manage.py demo` with real processes."""
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import sys
+import tempfile
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
-from tests.conftest import demo_argv, demo_env
+from harness.processes import demo
+from tests.conftest import demo_env
 from tests.helpers import (
     BASE_DIR,
-    DemoStack,
     http_json,
     pid_alive,
     processes_mentioning,
@@ -76,30 +80,27 @@ def test_a_port_in_use_is_named_with_the_option_that_changes_it(tmp_path):
         port = busy.getsockname()[1]
         env = demo_env(tmp_path, f"sqlite:///{tmp_path}/x.sqlite3", "busy")
         result = subprocess.run(
-            demo_argv("--port", str(port)), cwd=BASE_DIR, env=env, capture_output=True, text=True, timeout=60
+            [sys.executable, "manage.py", "demo", "--port", str(port)],
+            cwd=BASE_DIR,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
     assert result.returncode == 1
     assert f"port {port} on 127.0.0.1 is in use" in result.stderr and "--port" in result.stderr
 
 
-def test_traffic_flows_and_ctrl_c_leaves_no_process_behind(tmp_path):
-    from console.stack import free_port
-
-    env = demo_env(tmp_path, f"sqlite:///{tmp_path}/demo.sqlite3", "ctrlc")
-    env.pop("REDIS_URL")  # the embedded default: the demo starts a Redis of its own
-    argv = demo_argv(
-        "--nodes",
-        "2",
-        "--port",
-        str(free_port()),
-        "--gateway-port",
-        str(free_port()),
-        "--rate",
-        "8",
-        "--worker-concurrency",
-        "1",
-    )
-    stack = DemoStack(tmp_path, env, argv).start()
+def test_traffic_flows_and_ctrl_c_leaves_no_process_behind():
+    """The embedded default as `./lifeline run` starts it: no DATABASE_URL, no REDIS_URL; the demo starts its own
+    PostgreSQL and Redis, and Ctrl-C stops every process it started, those two included."""
+    var_dir = Path(tempfile.mkdtemp(prefix="lifeline-ctrlc-"))
+    var_dir.chmod(0o755)  # the embedded PostgreSQL may run as `nobody`: its data, in var/postgres, must be reachable
+    env = demo_env(var_dir, "", "ctrlc")
+    env.pop("DATABASE_URL")
+    env.pop("REDIS_URL")
+    options = ["--nodes", "2", "--rate", "8", "--worker-concurrency", "1"]
+    stack = demo(var_dir, env, *options, traffic=True).start()
     try:
         metrics_url = stack.info["urls"]["gateway"].removesuffix("/v1") + "/metrics"
 
@@ -114,6 +115,7 @@ def test_traffic_flows_and_ctrl_c_leaves_no_process_behind(tmp_path):
         wait_for(lambda: served() >= 3, 30, 0.5, "traffic through the gateway")
         # node-03 is the demo's default hot spare
         assert set(stack.info["pids"]) == {
+            "postgres",
             "redis",
             "web",
             "worker",
@@ -131,8 +133,9 @@ def test_traffic_flows_and_ctrl_c_leaves_no_process_behind(tmp_path):
     assert code == 0, stack.log()
     assert "Stopped: no process left running." in stack.log()
     assert [pid for pid in pids if pid_alive(pid)] == []
-    # Nor anything they forked (Celery's pool, say): nothing still runs with this var dir.
-    assert processes_mentioning(str(tmp_path)) == []
+    # Nor anything they forked (Celery's pool, PostgreSQL's backends, say): nothing still runs with this var dir.
+    assert processes_mentioning(str(var_dir)) == []
+    shutil.rmtree(var_dir)
 
 
 def test_demo_nodes_take_faults_with_the_token_in_demo_json(demo_stack):

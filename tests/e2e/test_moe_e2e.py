@@ -9,8 +9,9 @@ import threading
 
 import pytest
 
-from tests.conftest import demo_argv, demo_env, stack_database
-from tests.helpers import DemoStack, chat_stream, http_json, wait_for
+from harness.processes import demo
+from tests.conftest import demo_env, stack_database
+from tests.helpers import chat_stream, http_json, wait_for
 
 pytestmark = [pytest.mark.e2e]
 
@@ -20,15 +21,10 @@ PROMPT = "Which expert answers when the worker holding it has died " * 3
 
 @pytest.fixture(scope="module")
 def moe_stack(tmp_path_factory):
-    from console.stack import free_port
-
     with stack_database(tmp_path_factory) as database_url:
         var_dir = tmp_path_factory.mktemp("moe-stack")
-        argv = demo_argv(
-            *("--nodes", "1", "--spares", "0", "--moe", "--no-traffic", "--restart-delay", "2"),
-            *("--port", str(free_port()), "--gateway-port", str(free_port()), "--worker-concurrency", "1"),
-        )
-        stack = DemoStack(var_dir, demo_env(var_dir, database_url, "moe"), argv).start(timeout_s=180)
+        options = ["--nodes", "1", "--spares", "0", "--moe", "--restart-delay", "2", "--worker-concurrency", "1"]
+        stack = demo(var_dir, demo_env(var_dir, database_url, "moe"), *options).start(timeout_s=180)
         try:
             yield stack
         finally:

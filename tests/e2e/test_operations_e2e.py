@@ -19,9 +19,10 @@ import time
 import openai
 import pytest
 
+from harness.processes import demo
 from recovery.policy.capacity import level_for
-from tests.conftest import demo_argv, demo_env, stack_database
-from tests.helpers import DemoStack, follow_stream, http_json, log_in, wait_for
+from tests.conftest import demo_env, stack_database
+from tests.helpers import follow_stream, http_json, log_in, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
@@ -33,28 +34,11 @@ PROMPT = "Summarize the on-call runbook for a GPU that returns plausible but wro
 
 @pytest.fixture(scope="module")
 def ops_stack(tmp_path_factory):
-    from console.stack import free_port
-
     with stack_database(tmp_path_factory) as database_url:
         var_dir = tmp_path_factory.mktemp("ops-stack")
-        argv = demo_argv(
-            "--nodes",
-            "3",
-            "--spares",
-            "1",
-            "--no-traffic",
-            "--port",
-            str(free_port()),
-            "--gateway-port",
-            str(free_port()),
-            "--restart-delay",
-            "15",
-            "--worker-concurrency",
-            "2",
-            "--time-scale",
-            "0.3",  # a GPU reset reloads the model cold: about 8 s instead of 26
-        )
-        stack = DemoStack(var_dir, demo_env(var_dir, database_url, "ops"), argv).start()
+        options = ["--nodes", "3", "--spares", "1", "--restart-delay", "15", "--worker-concurrency", "2"]
+        options += ["--time-scale", "0.3"]  # a GPU reset reloads the model cold: about 8 s instead of 26
+        stack = demo(var_dir, demo_env(var_dir, database_url, "ops"), *options).start()
         try:
             yield stack
         finally:

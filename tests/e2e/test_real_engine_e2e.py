@@ -7,8 +7,8 @@ healthy engine."""
 import openai
 import pytest
 
+from harness.real_engine import LlamaServer, tiny_model
 from tests.helpers import NodeProcess, wait_for
-from tests.real_engine import LlamaServer, tiny_model
 
 pytestmark = pytest.mark.e2e
 

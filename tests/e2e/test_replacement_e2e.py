@@ -13,9 +13,10 @@ import threading
 import openai
 import pytest
 
-from tests.conftest import demo_argv, demo_env, stack_database
+from harness.processes import demo
+from tests.conftest import demo_env, stack_database
 from tests.e2e.test_operations_e2e import PROMPT, call, undisturbed
-from tests.helpers import DemoStack, follow_stream, log_in, wait_for
+from tests.helpers import follow_stream, log_in, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
@@ -27,32 +28,12 @@ STREAM_TOKENS = 20_000
 
 @pytest.fixture(scope="module")
 def two_models(tmp_path_factory):
-    from console.stack import free_port
-
     with stack_database(tmp_path_factory) as database_url:
         var_dir = tmp_path_factory.mktemp("replacement-stack")
-        argv = demo_argv(
-            "--model",
-            f"{SHORT},{GIVER}",
-            "--nodes",
-            "2",
-            "--spares",
-            "0",
-            "--gpus",
-            "H200-SXM",
-            "--no-traffic",
-            "--port",
-            str(free_port()),
-            "--gateway-port",
-            str(free_port()),
-            "--restart-delay",
-            "-1",  # the lost node stays lost: the re-placement is what brings the capacity back
-            "--worker-concurrency",
-            "2",
-            "--time-scale",
-            "0.3",
-        )
-        stack = DemoStack(var_dir, demo_env(var_dir, database_url, "replace"), argv).start()
+        options = ["--model", f"{SHORT},{GIVER}", "--nodes", "2", "--spares", "0", "--gpus", "H200-SXM"]
+        # The lost node stays lost: the re-placement is what brings the capacity back.
+        options += ["--restart-delay", "-1", "--worker-concurrency", "2", "--time-scale", "0.3"]
+        stack = demo(var_dir, demo_env(var_dir, database_url, "replace"), *options).start()
         try:
             yield stack
         finally:

@@ -12,8 +12,9 @@ import urllib.error
 
 import pytest
 
-from tests.conftest import demo_argv, demo_env, stack_database
-from tests.helpers import DemoStack, http_json, wait_for
+from harness.processes import demo
+from tests.conftest import demo_env, stack_database
+from tests.helpers import http_json, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -22,30 +23,11 @@ CHAT = {"model": "Qwen3-32B", "messages": [{"role": "user", "content": "are you 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    from console.stack import free_port
-
     with stack_database(tmp_path_factory) as database_url:
         var_dir = tmp_path_factory.mktemp("restart-stack")
-        gateway_port = free_port()
-        argv = demo_argv(
-            "--nodes",
-            "3",
-            "--spares",
-            "1",
-            "--no-traffic",
-            "--port",
-            str(free_port()),
-            "--gateway-port",
-            str(gateway_port),
-            "--restart-delay",
-            "-1",  # a killed node stays dead: the loss is what the test looks at
-            "--worker-concurrency",
-            "1",
-            "--time-scale",
-            "0.1",
-        )
-        stack = DemoStack(var_dir, demo_env(var_dir, database_url, "restart"), argv)
-        stack.gateway_url = f"http://127.0.0.1:{gateway_port}"
+        options = ["--nodes", "3", "--spares", "1", "--worker-concurrency", "1", "--time-scale", "0.1"]
+        options += ["--restart-delay", "-1"]  # a killed node stays dead: the loss is what the test looks at
+        stack = demo(var_dir, demo_env(var_dir, database_url, "restart"), *options)
         try:
             yield stack
         finally:

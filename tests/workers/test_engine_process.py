@@ -1,7 +1,7 @@
 """The real engine a node owns (--engine-command): started, started again when it dies, reloaded through its own
 graceful shutdown, its GPUs reset while it is stopped, and stopped with its node.
 
-The supervisor is tested on plain processes; the node on a real llama-server (tests/real_engine.py). This host has
+The supervisor is tested on plain processes; the node on a real llama-server (harness/real_engine.py). This host has
 no GPU, so the GPU reset runs a stand-in command that records what it was given and whether the engine was still
 listening when it ran: the order (stop, reset, start) is what the test holds, not nvidia-smi itself.
 """
@@ -17,8 +17,8 @@ import time
 
 import pytest
 
+from harness.real_engine import LlamaServer, tiny_model
 from tests.helpers import NodeProcess, http_json, wait_for
-from tests.real_engine import LlamaServer, tiny_model
 from workers import engine_process
 from workers.engine_process import EngineProcess
 

@@ -1,4 +1,4 @@
-"""The real engine the tests can run: llama-server on a tiny random model (tests/real_engine.py).
+"""The real engine the tests can run: llama-server on a tiny random model (harness/real_engine.py).
 
 What the node's adapter relies on is checked here against the real server: streamed token ids, and that a
 reply cut short can be finished elsewhere by sending the prompt plus the ids generated so far.
@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import gguf
 import pytest
 
-from tests.real_engine import LlamaServer, tiny_model
+from harness.real_engine import LlamaServer, tiny_model
 
 N = 200  # tokens per greedy reply (1-2 ms each at one thread)
 

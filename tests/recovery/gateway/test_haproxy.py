@@ -1,5 +1,5 @@
 """docker/haproxy.cfg, the reference load balancer in front of several gateways (issue 16), run for real: HAProxy
-from Debian's package (tests/debian.py) with the file as shipped, only its listen and server addresses pointed at
+from Debian's package (harness/debian.py) with the file as shipped, only its listen and server addresses pointed at
 this machine. A gateway is SIGKILLed under streams that came in through HAProxy: the reference resuming client,
 which knows only HAProxy's address, finishes every stream with text identical to an undisturbed run (HAProxy sends
 each reconnection, with Last-Event-ID, to the gateway that lives), and plain requests sent while HAProxy has not
@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 
 from clients.resuming import Resumes
-from tests import debian
+from harness import debian
 from tests.gateway_cluster import KEY
 from tests.helpers import BASE_DIR, http_json, wait_for
 from tests.recovery.gateway.test_gateway_takeover import (

