@@ -17,9 +17,10 @@ from console.models import ApiToken
 from recovery.actions import nodes
 from recovery.choices import IncidentSeverity, IncidentStatus
 from recovery.models import Incident
+from tests.helpers import examples
 from workers.protocol import Registration
 
-FUZZ_EXAMPLES = 40  # per operation and mode: about 40 s for the whole document on a shared 2-core machine
+FUZZ_EXAMPLES = examples(40)  # per operation and mode: about 40 s for the whole document in `full`
 NODE_TOKEN = "fuzz-node-token"
 NODE = "fz-a"
 

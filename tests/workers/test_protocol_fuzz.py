@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 
-from tests.helpers import NodeProcess, wait_for
+from tests.helpers import NodeProcess, examples, wait_for
 from workers import catalog
 from workers.catalog import BLOCK_TOKENS
 from workers.checkpoint import make_page
@@ -23,7 +23,7 @@ from workers.checkpoint import make_page
 AGENT_TOKEN = "fuzz-agent-token"
 MODEL = "Qwen3-32B"
 WIRE_SCALE = 1 / 4096  # the node's default --kv-wire-scale
-EXAMPLES = 100
+EXAMPLES = examples(100)
 DEADLINE_S = 10  # a call that takes longer is a hang
 FUZZ = settings(
     max_examples=EXAMPLES,
@@ -388,7 +388,7 @@ def test_every_protocol_message_malformed_is_parsed_or_refused_naming_its_field(
     valid = {"Registration": REGISTRATION, "Heartbeat": HEARTBEAT, "KvBatch": BATCH}[name]
     parse(valid)
 
-    @settings(FUZZ, max_examples=200)
+    @settings(FUZZ, max_examples=examples(200))
     @given(message=st.one_of(near_valid(valid), BODY))
     def run(message):
         try:
@@ -410,7 +410,7 @@ def test_draft_requests_are_drafted_or_refused_naming_the_field():
         optional={key: JUNK for key in ("temperature", "seed", "top_p", "top_k", "min_p", "min_tokens")},
     )
 
-    @settings(FUZZ, max_examples=200)
+    @settings(FUZZ, max_examples=examples(200))
     @given(items=st.one_of(st.lists(st.one_of(item, JUNK), max_size=3), BODY))
     def run(items):
         refusal = _draft_items_refusal(items)

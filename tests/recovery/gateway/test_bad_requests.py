@@ -24,7 +24,7 @@ from recovery.gateway.table import ClusterConfig, Route
 from recovery.policy import breaker
 from recovery.policy.load import Pending
 from tests.gateway_cluster import KEY, gw
-from tests.helpers import http_json
+from tests.helpers import examples, http_json
 from workers import catalog, tokens
 from workers.engine import SamplingParams
 from workers.openai_schema import ApiError, parse
@@ -277,7 +277,7 @@ FIELDS = sorted(
 )
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     kind=st.sampled_from(["chat", "completion"]),
     body=st.dictionaries(st.sampled_from(FIELDS), JSON, max_size=8),
@@ -358,7 +358,7 @@ class _View:
 PAGES = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-(10**9), 10**9))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     st.lists(
         st.tuples(st.sampled_from(["place", "expire"]), st.sampled_from(["a", "b", "c"]), PAGES, st.floats(0, 5)),
@@ -384,7 +384,7 @@ def test_fleet_bookkeeping_never_goes_negative_and_always_drains(ops):
     assert [fleet.l_hat(n) for n in sorted(fleet.view.routes)] == [0.0, 0.0, 0.0]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(st.integers(-(10**6), 10**6), max_size=30))
 def test_pending_work_never_goes_negative_and_confirms_to_zero(prompts):
     pending = Pending()
@@ -404,7 +404,7 @@ def test_a_request_that_failed_on_two_nodes_is_the_requests_fault():
     assert breaker.blame("b", {"a", "b"}, counted_here=False) == breaker.REQUEST
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(st.tuples(st.sampled_from("abcdef"), st.sampled_from("pqrs")), max_size=60))
 def test_one_request_never_counts_against_more_than_one_node(failures):
     """Replay failures (node, request) through blame as the control plane does: a request counts at most once, on one
@@ -660,7 +660,7 @@ async def test_a_slow_60_second_prefill_is_not_a_failure(cluster):
 
 # --- the official OpenAI OpenAPI document, fuzzed against the gateway and a node ---------------------
 OPERATIONS = {"/chat/completions": "post", "/completions": "post", "/models": "get"}
-FUZZ_EXAMPLES = 60  # per operation and mode; about a minute for both targets together
+FUZZ_EXAMPLES = examples(60)  # per operation and mode; about a minute for both targets together in `full`
 
 
 def _flatten(schemas: dict, name: str) -> dict:

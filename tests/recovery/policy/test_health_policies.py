@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from recovery.policy import breaker as breakers
 from recovery.policy import capacity, health
 from recovery.policy.health import CanaryAnswer, GoldenToken
+from tests.helpers import examples
 from workers.catalog import Deployment
 
 GOLDEN = [GoldenToken(11, -0.20), GoldenToken(42, -1.10)]
@@ -255,7 +256,7 @@ def test_levels_rise_at_once_and_fall_after_the_hold_with_a_margin():
     assert capacity.next_level(1, 0.80, now=42, better_since=30).better_since is None  # no longer better: forgotten
 
 
-@settings(max_examples=200)
+@settings(max_examples=examples(200))
 @given(st.lists(st.floats(0, 2), min_size=1, max_size=50), st.floats(0, 60))
 def test_a_level_never_falls_sooner_than_the_hold(ratios, hold):
     level, since, last_rise = 0, None, 0.0

@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from recovery.policy import moe
+from tests.helpers import examples
 from workers import catalog
 from workers.moe import (
     ExpertRoutingTable,
@@ -78,7 +79,7 @@ def test_a_table_that_is_not_for_this_model_or_loses_an_expert_is_refused_naming
 
 
 # --- planning ------------------------------------------------------------------------------------------------------
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     model=st.sampled_from([MIXTRAL, QWEN_MOE, DEEPSEEK]),
     count=st.integers(1, 12),
@@ -155,7 +156,7 @@ def test_a_loss_that_leaves_an_expert_nowhere_is_refused_naming_the_expert():
     assert f"expert {expert} of Mixtral-8x7B would have no live location" in str(refused.value)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(st.integers(2, 10), st.data())
 def test_after_any_loss_every_expert_resolves_to_a_live_ew_or_the_loss_is_refused(count, data):
     table = moe.plan(MIXTRAL, ews(count, 60))

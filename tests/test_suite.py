@@ -1,0 +1,64 @@
+"""The suite's own machinery: the property tests' profiles, the mark that sends a test to the serial phase, the
+template database every test process and stack is copied from."""
+
+import subprocess
+import sys
+
+import hypothesis
+
+from harness import databases
+from tests.helpers import BASE_DIR, EXAMPLES_CI, EXAMPLES_FULL, examples
+
+
+def test_property_tests_draw_a_quarter_of_their_examples_in_ci_and_all_of_them_in_full():
+    loaded = hypothesis.settings.get_current_profile_name()
+    try:
+        hypothesis.settings.load_profile("ci")
+        assert hypothesis.settings.default.max_examples == EXAMPLES_CI
+        assert (examples(400), examples(100), examples(8)) == (100, 25, 10)  # never fewer than 10
+        hypothesis.settings.load_profile("full")
+        assert hypothesis.settings.default.max_examples == EXAMPLES_FULL
+        assert (examples(400), examples(100)) == (400, 100)
+    finally:
+        hypothesis.settings.load_profile(loaded)
+
+
+def test_what_starts_a_process_is_marked_for_the_serial_phase():
+    """Marked from the fixtures a test uses and from its module's code: a node, a stack, a live server, a browser,
+    a process of its own; a policy test, a page rendered in-process are not."""
+    tests = {
+        "tests/workers/test_node_agent.py::test_health_status_and_metrics": True,  # a node
+        "tests/recovery/gateway/test_gateway.py::test_keys_unknown_models_and_no_nodes": True,  # a gateway cluster
+        "tests/e2e/test_e2e.py::test_gateway_serves_through_the_demo": True,  # the demo stack
+        "tests/browser/test_slo_detail_browser.py": True,  # Chromium
+        "tests/console/test_env.py::test_the_default_database_is_the_embedded_postgresql": True,  # a subprocess
+        "tests/recovery/policy/test_policies.py::test_pending_counts_dispatches_and_never_goes_below_zero": False,
+        "tests/console/test_slo_pages.py::test_every_role_reads_the_page_with_real_numbers": False,  # a page
+    }
+    argv = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m", "processes"]
+    listed = subprocess.run([*argv, *tests], cwd=BASE_DIR, capture_output=True, text=True, check=True).stdout
+    marked = {test: any(line.startswith(test) for line in listed.splitlines()) for test in tests}
+    assert marked == tests, listed
+
+
+def test_a_copy_of_the_template_has_every_table_and_no_row_written_since(django_db_blocker):
+    """Each test process's database and each stack's is a copy of the run's template, migrated once."""
+    import os
+
+    import psycopg
+
+    from console import env
+    from tests.conftest import template_database
+
+    template = template_database()
+    with django_db_blocker.unblock(), databases.scratch("lifeline_suite", template) as url:
+        params = env.database_from_url(url)
+        with psycopg.connect(
+            host=params["HOST"], port=params["PORT"], user=params["USER"] or None, dbname=params["NAME"]
+        ) as connection:
+            tables = {row[0] for row in connection.execute("SELECT tablename FROM pg_tables WHERE schemaname='public'")}
+            applied = connection.execute("SELECT count(*) FROM django_migrations").fetchone()[0]
+            nodes = connection.execute("SELECT count(*) FROM recovery_node").fetchone()[0]
+    assert {"recovery_node", "recovery_incident", "django_migrations", "auth_user"} <= tables
+    assert applied > 0 and nodes == 0
+    assert os.environ["DATABASE_URL"].startswith("postgres")  # PostgreSQL everywhere, embedded or not
