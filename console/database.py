@@ -104,7 +104,6 @@ def django_settings(data: Path, name: str = DATABASE) -> dict:
         "ENGINE": "django.db.backends.postgresql",
         "NAME": name,
         "USER": USER,
-        "PASSWORD": "",
         "HOST": str(data),  # a folder: libpq connects to the socket in it
         "PORT": str(SOCKET_PORT),
         "CONN_MAX_AGE": 60,
