@@ -8,7 +8,7 @@ from pathlib import Path
 import hypothesis
 import pytest
 
-from harness.processes import demo, stack_env
+from harness.processes import BASE_DIR, demo, stack_env
 from recovery.keys import Keys
 from tests.gateway_cluster import Cluster
 from tests.helpers import CHROMIUM_ARGS, EXAMPLES_CI, EXAMPLES_FULL, NodeProcess, chromium_path, pid_alive
@@ -23,21 +23,26 @@ hypothesis.settings.load_profile("ci")
 
 
 BROWSER_FIXTURES = {"browser", "chromium"}
-# What starts a process or serves on a socket: a node, a stack, a real engine, a live server, a browser. A test that
-# uses one is marked `processes` and runs in the serial phase of `./lifeline test`; the rest run in parallel.
+# What starts a process that stays up or serves on a socket: a node, a stack, a real engine, a live server, a
+# browser. A test that uses one is marked `processes` and runs in the serial phase of `./lifeline test`, with the
+# cores to itself; the rest (a command run to its end, such as a linter, included) run in parallel.
 PROCESS_FIXTURES = {"node_factory", "cluster", "demo_stack", "ops_stack", "e2e_database_url", "live_server"}
 PROCESS_WORDS = re.compile(
-    r"\b(subprocess|Popen|multiprocessing|ProcessPool\w*|NodeProcess|DemoStack|Supervisor|stack_database|LlamaServer|"
+    r"\b(Popen|multiprocessing|ProcessPool\w*|NodeProcess|DemoStack|Supervisor|stack_database|LlamaServer|"
     r"real_engine|vllm_engine|AppRunner|TestServer|aiohttp_server|promtool)\b"
 )
+PROCESS_FOLDERS = ("tests/e2e/", "tests/browser/")
 
 
 def _starts_processes(module) -> bool:
     """Whether a test module's own code starts a process or a server (read once per module)."""
     found = getattr(module, "__starts_processes__", None)
     if found is None:
-        source = Path(module.__file__).read_text()
-        found = module.__starts_processes__ = bool(PROCESS_WORDS.search(source))
+        path = Path(module.__file__)
+        found = path.relative_to(BASE_DIR).as_posix().startswith(PROCESS_FOLDERS) or bool(
+            PROCESS_WORDS.search(path.read_text())
+        )
+        module.__starts_processes__ = found
     return found
 
 

@@ -24,14 +24,16 @@ def test_property_tests_draw_a_quarter_of_their_examples_in_ci_and_all_of_them_i
 
 
 def test_what_starts_a_process_is_marked_for_the_serial_phase():
-    """Marked from the fixtures a test uses and from its module's code: a node, a stack, a live server, a browser,
-    a process of its own; a policy test, a page rendered in-process are not."""
+    """Marked from the fixtures a test uses, its folder and its module's code: a node, a stack, a live server, a
+    browser, a server of its own; a policy test, a page rendered in-process, a linter run to its end are not."""
     tests = {
         "tests/workers/test_node_agent.py::test_health_status_and_metrics": True,  # a node
         "tests/recovery/gateway/test_gateway.py::test_keys_unknown_models_and_no_nodes": True,  # a gateway cluster
         "tests/e2e/test_e2e.py::test_gateway_serves_through_the_demo": True,  # the demo stack
         "tests/browser/test_slo_detail_browser.py": True,  # Chromium
-        "tests/console/test_env.py::test_the_default_database_is_the_embedded_postgresql": True,  # a subprocess
+        "tests/console/test_web_processes.py": True,  # web processes of its own
+        "tests/e2e/test_chaos_e2e.py": True,  # a stack, through the chaos benchmark's command
+        "tests/test_code_checks.py": False,  # linters, run to their end
         "tests/recovery/policy/test_policies.py::test_pending_counts_dispatches_and_never_goes_below_zero": False,
         "tests/console/test_slo_pages.py::test_every_role_reads_the_page_with_real_numbers": False,  # a page
     }

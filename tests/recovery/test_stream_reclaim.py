@@ -19,7 +19,8 @@ from recovery.models import RequestOutcome
 from tests.helpers import BASE_DIR
 from tests.recovery.test_slo_rollups import report
 
-pytestmark = pytest.mark.django_db
+# A real worker process killed, then windows of 200 ms: in the serial phase, with the cores to itself.
+pytestmark = [pytest.mark.django_db, pytest.mark.processes]
 
 # A worker that reads three outcomes, as the consumer does, and is SIGKILLed before it acknowledges them.
 DIES_AFTER_READING = """
