@@ -131,19 +131,11 @@ def scratch_database(prefix: str, postgres_only: str = "") -> tuple[str, callabl
         if postgres_only:
             sys.exit(postgres_only)
         return f"sqlite:///{os.path.join(tempfile.mkdtemp(prefix=prefix), 'bench.sqlite3')}", lambda: None
-    import psycopg
-    from psycopg import sql
+    from harness import databases
 
-    base, name = url.rsplit("/", 1)[0], f"lifeline_bench_{prefix}_{secrets.token_hex(4)}"
-    admin = base + "/postgres"
-    with psycopg.connect(admin, autocommit=True) as connection:
-        connection.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-
-    def drop():
-        with psycopg.connect(admin, autocommit=True) as connection:
-            connection.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-
-    return f"{base}/{name}", drop
+    name = f"lifeline_bench_{prefix}_{secrets.token_hex(4)}"
+    created = databases.create(url, name)
+    return created, lambda: databases.drop(url, name)
 
 
 def issue_token(username: str, env: dict[str, str], label: str = "benchmark") -> str:

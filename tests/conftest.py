@@ -174,13 +174,17 @@ def django_db_setup(django_test_environment, django_db_blocker):
     from tests.services import worker_id
 
     name = f"test_lifeline_{os.environ['LIFELINE_TEST_RUN']}_{worker_id() or 'main'}"
-    with django_db_blocker.unblock():
+    # Plain synchronous code, even when the run's Chromium is up first (a browser test run alone): Playwright's
+    # event loop then runs in this thread, which Django would take for an async context.
+    with django_db_blocker.unblock(), pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
         databases.create(databases.server_url(), name, template_database())
         for alias in (settings.DATABASES["default"], connections["default"].settings_dict):
             alias["NAME"] = name
         connections["default"].close()
     yield
-    with django_db_blocker.unblock():
+    with django_db_blocker.unblock(), pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
         connections["default"].close()
         databases.drop(databases.server_url(), name)
 

@@ -11,6 +11,7 @@ import time
 import pytest
 from django.db import connection
 
+from harness import databases
 from recovery.models import ExperimentRun
 from tests.conftest import ROLE_PASSWORD
 from tests.helpers import BASE_DIR
@@ -31,10 +32,9 @@ def orm_beside_playwright():
 def celery_worker(live_server, tmp_path):
     """`celery worker`, as `manage.py serve worker` runs it, on the test's database and Redis namespace; stopped
     before the database is flushed."""
-    url = os.environ.get("DATABASE_URL", "")
-    if not url.startswith(("postgres://", "postgresql://")):
-        pytest.skip("a worker process shares the test database only on PostgreSQL (set DATABASE_URL)")
-    env = {**os.environ, "DATABASE_URL": url.rsplit("/", 1)[0] + "/" + connection.settings_dict["NAME"]}
+    # The test's own database on the run's PostgreSQL server (embedded or DATABASE_URL's), a socket folder's
+    # ?host= kept.
+    env = {**os.environ, "DATABASE_URL": databases.with_name(databases.server_url(), connection.settings_dict["NAME"])}
     argv = [sys.executable, "-m", "celery", "-A", "console", "worker", "-l", "INFO", "-c", "1", "-P", "solo"]
     argv += ["-n", f"experiments-{os.getpid()}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat"]
     log = tmp_path / "worker.log"
