@@ -2,8 +2,8 @@
 
     python -m benchmarks.chaos --minutes 30 --seed 7        # on demand; the suite runs a 1-minute form
 
-`manage.py demo` on its embedded default (its own Redis, which the soak kills and pauses; SQLite, or the
-PostgreSQL that DATABASE_URL names, in a database of its own that the soak cuts off and lets back) with two
+`manage.py demo` on its embedded default (its own Redis, which the soak kills and pauses; its own PostgreSQL, or
+the one DATABASE_URL names, in a database of its own; the soak cuts the database off and lets it back) with two
 gateways, 8 nodes in 4 racks and a hot spare. Clients stream greedy completions through both gateways with the
 resuming client (`clients/resuming.py`: a killed gateway's streams continue on the other from Last-Event-ID) and
 check every token against the pure token function. The faults come from a seeded schedule, printed before the
@@ -25,7 +25,6 @@ import random
 import re
 import secrets
 import signal
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -41,6 +40,7 @@ import redis
 from benchmarks.common import BASE_DIR, issue_token
 from benchmarks.harness import WORDS, expected_ids
 from clients.resuming import Resumes, StreamFailed, stream
+from console import database
 from harness.processes import demo, http_json
 from recovery.keys import Keys
 
@@ -141,7 +141,7 @@ class Soak:
         self.var_dir = Path(tempfile.mkdtemp(prefix="chaos-"))
         self.namespace = f"chaos-{secrets.token_hex(3)}"
         env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}  # its own Redis: the soak restarts it
-        self.pg_db = None
+        self.created_db = False
         database_url = os.environ.get("DATABASE_URL", "")
         if database_url.startswith("postgres"):
             # The server DATABASE_URL names (its database need not exist: the test runner makes test_<name>);
@@ -149,9 +149,13 @@ class Soak:
             self.pg_db = f"lifeline_chaos_{secrets.token_hex(3)}"
             self.pg_admin = with_database(database_url, "postgres")
             self._psql(f"CREATE DATABASE {self.pg_db}")
+            self.created_db = True
             env["DATABASE_URL"] = with_database(database_url, self.pg_db)
         else:
+            # The embedded default: the PostgreSQL the demo starts in its var folder, read and cut through its socket.
             env.pop("DATABASE_URL", None)
+            self.pg_db = database.DATABASE
+            self.pg_admin = database.url(database.data_dir(self.var_dir), "postgres")
         env.update(
             {
                 "LIFELINE_VAR_DIR": str(self.var_dir),
@@ -178,7 +182,9 @@ class Soak:
 
     # --- the stack ---------------------------------------------------------------------------
     def _psql(self, sql: str) -> None:
-        subprocess.run(["psql", self.pg_admin, "-v", "ON_ERROR_STOP=1", "-qc", sql], check=True, capture_output=True)
+        subprocess.run(
+            [psql_binary(), self.pg_admin, "-v", "ON_ERROR_STOP=1", "-qc", sql], check=True, capture_output=True
+        )
 
     def start(self) -> None:
         self.stack.start(timeout_s=300)
@@ -399,9 +405,6 @@ class Soak:
             self.later(10, self.kill_group, "redis", signal.SIGCONT)
             fault.note = "unreachable 10 s (SIGSTOP: connections hang)"
         elif kind == "db_restart":
-            if self.pg_db is None:
-                fault.note = "skipped: SQLite has no server to restart (set DATABASE_URL to a PostgreSQL)"
-                return
             fault.targets = [self.pg_db]
             self.later(0, self._db_outage, 5.0)
             fault.note = "every connection terminated and new ones refused for 5 s"
@@ -630,7 +633,7 @@ class Soak:
             "spares": 1,
             "gateways": 2,
             "clients": self.args.clients,
-            "database": "postgresql" if self.pg_db else "sqlite",
+            "database": "postgresql" if self.created_db else "postgresql (embedded)",
             "faults_by_kind": dict(Counter(f.kind for f in self.faults if not f.note.startswith(("skipped", "not")))),
             "faults_skipped": [asdict(f) for f in self.faults if f.note.startswith(("skipped", "not"))],
             "faults": [asdict(f) for f in self.faults],
@@ -672,32 +675,27 @@ class Soak:
         return rows
 
     def sql(self, query: str, *params) -> int:
-        """One number from the stack's database (PostgreSQL through psql, or the SQLite file)."""
+        """One number from the stack's database, through psql."""
         rows = self.sql_rows(query, *params)
         return int(rows[0][0] or 0) if rows else 0
 
     def sql_rows(self, query: str, *params) -> list[list[str]]:
-        """Rows of text from the stack's database, NULL as "" (as psql prints it). `to_timestamp(%s)` and
-        `epoch(column)` read as either dialect."""
-        if self.pg_db:
-            for value in params:
-                query = query.replace("%s", "'" + str(value).replace("'", "''") + "'", 1)
-            query = re.sub(r"epoch\(([\w.]+)\)", r"extract(epoch from \1)", query)
-            url = with_database(self.pg_admin, self.pg_db)
-            argv = ["psql", url, "-Atq", "-F", "\x1f", "-c", query]
-            out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
-            return [line.split("\x1f") for line in out.splitlines()]
-        query = query.replace("%s", "?").replace("to_timestamp(?)", "datetime(?, 'unixepoch')")
-        query = re.sub(r"epoch\(([\w.]+)\)", r"((julianday(\1) - 2440587.5) * 86400)", query)
-        with sqlite3.connect(self.var_dir / "lifeline.sqlite3") as db:
-            return [["" if v is None else str(v) for v in row] for row in db.execute(query, params).fetchall()]
+        """Rows of text from the stack's database, NULL as "" (as psql prints it); `epoch(column)` reads as
+        seconds."""
+        for value in params:
+            query = query.replace("%s", "'" + str(value).replace("'", "''") + "'", 1)
+        query = re.sub(r"epoch\(([\w.]+)\)", r"extract(epoch from \1)", query)
+        url = with_database(self.pg_admin, self.pg_db)
+        argv = [psql_binary(), url, "-Atq", "-F", "\x1f", "-c", query]
+        out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+        return [line.split("\x1f") for line in out.splitlines()]
 
     def undrained_corrupt(self) -> set[str]:
         """Nodes an sdc fault corrupted that have no drain raised since."""
         corrupt = [(f.targets[0], f.injected_wall) for f in self.faults if f.kind == "sdc" and f.targets]
         try:
             return {name for name, at in corrupt if not self.sql(DRAIN_STEPS_SINCE, name, at - 1)}
-        except (subprocess.CalledProcessError, OSError, sqlite3.Error):  # the database is away: assume the worst
+        except (subprocess.CalledProcessError, OSError):  # the database is away: assume the worst
             return {name for name, _ in corrupt}
 
     def died_before_its_drain(self, fault: Fault, target: str) -> bool:
@@ -813,7 +811,7 @@ class Soak:
 
     def stop(self) -> None:
         self.stack.stop(timeout_s=60)
-        if self.pg_db:
+        if self.created_db:
             try:
                 self._psql(f"DROP DATABASE IF EXISTS {self.pg_db} WITH (FORCE)")
             except subprocess.CalledProcessError:
@@ -835,6 +833,11 @@ def _epoch(value) -> float:
 def _clock(epoch: float) -> str:
     """Wall time of day, UTC, to the tenth of a second: as the stack's logs stamp their lines."""
     return time.strftime("%H:%M:%S", time.gmtime(epoch)) + f".{int(epoch * 10) % 10}"
+
+
+def psql_binary() -> str:
+    """psql: the one the embedded PostgreSQL's package ships (a machine need not have Debian's)."""
+    return str(database.install_dir() / "bin" / "psql")
 
 
 def with_database(url: str, name: str) -> str:
