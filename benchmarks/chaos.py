@@ -78,6 +78,7 @@ RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")  # the first line of a l
 # Libraries that log, with its traceback, an exception they handled and retry after: not a Lifeline failure.
 HANDLED = {
     "beat's schedule read while the database was away": "django_celery_beat.schedulers: Database gave error",
+    "beat's schedule written while the database was away": "django_celery_beat.schedulers: Database error while sync",
     "beat's send while Redis was away": "celery.beat: Message Error",
     "worker's broker connection lost": "consumer: Connection to broker lost",
     "worker's broker reconnect": "consumer: Cannot connect",
@@ -139,6 +140,7 @@ class Soak:
         self.args = args
         self.rng = random.Random(args.seed)
         self.var_dir = Path(tempfile.mkdtemp(prefix="chaos-"))
+        self.var_dir.chmod(0o755)  # the embedded PostgreSQL's data go in it, and its server may run as `nobody`
         self.namespace = f"chaos-{secrets.token_hex(3)}"
         env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}  # its own Redis: the soak restarts it
         self.created_db = False

@@ -66,8 +66,9 @@ def _account() -> pwd.struct_passwd | None:
 
 
 def _reachable(path: Path) -> bool:
-    """Whether any user may pass through every folder above `path` (what the server needs as `nobody`)."""
-    return all(parent.stat().st_mode & stat.S_IXOTH for parent in path.resolve().parents)
+    """Whether any user may pass through every folder above `path` (what the server needs as `nobody`); a folder
+    not made yet will be, with the usual mode."""
+    return all(parent.stat().st_mode & stat.S_IXOTH for parent in path.resolve().parents if parent.exists())
 
 
 def install_dir() -> Path:
@@ -92,7 +93,7 @@ def install_dir() -> Path:
 def data_dir(var_dir: Path) -> Path:
     """Where the server keeps its data and its socket: var/postgres, or, when we are root and var/ lies under a
     folder `nobody` cannot pass (a checkout in /root), a folder of its own named after var/."""
-    if _account() is None or _reachable(var_dir):
+    if _account() is None or _reachable(var_dir / "postgres"):
         return var_dir / "postgres"
     digest = hashlib.sha256(str(var_dir.resolve()).encode()).hexdigest()[:12]
     return Path(tempfile.gettempdir()) / f"lifeline-postgres-data-{digest}"

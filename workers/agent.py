@@ -595,9 +595,9 @@ async def events(request: web.Request) -> web.StreamResponse:
     """Server-sent events: one load status per load-changing event in the engine."""
     engine = request.app[RUNTIME_KEY].engine
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-    await response.prepare(request)
     queue = engine.subscribe()
     try:
+        await response.prepare(request)  # a reader gone before the headers (a gateway killed) is one gone later
         await response.write(f"event: status\ndata: {json.dumps(engine.status().to_json())}\n\n".encode())
         while True:
             try:

@@ -540,17 +540,17 @@ class Relay:
 
     # --- the client side --------------------------------------------------------------------------
     async def _write(self, data: bytes) -> None:
-        if self.response is None:
-            self.response = web.StreamResponse(
-                headers={
-                    "Content-Type": "text/event-stream",
-                    "Cache-Control": "no-cache",
-                    "X-Lifeline-Node": self.flight.node,
-                    "X-Request-Id": self.flight.request_id,
-                }
-            )
-            await self.response.prepare(self.request)
         try:
+            if self.response is None:
+                self.response = web.StreamResponse(
+                    headers={
+                        "Content-Type": "text/event-stream",
+                        "Cache-Control": "no-cache",
+                        "X-Lifeline-Node": self.flight.node,
+                        "X-Request-Id": self.flight.request_id,
+                    }
+                )
+                await self.response.prepare(self.request)  # a client gone before its headers is gone all the same
             await self.response.write(data)
         except (ConnectionResetError, RuntimeError) as exc:
             if not self._done_sent:

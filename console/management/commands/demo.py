@@ -149,7 +149,7 @@ class Command(BaseCommand):
         signal.signal(signal.SIGTERM, self._on_signal)
         try:
             self._run(opts, var_dir)
-        except StackError as exc:
+        except (StackError, database.DatabaseError) as exc:
             raise CommandError(str(exc)) from None
         except KeyboardInterrupt:
             pass
