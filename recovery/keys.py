@@ -82,6 +82,11 @@ class Keys:
         return self._k("stream", "over", request_id)
 
     @property
+    def streams_read(self) -> str:
+        """String (a time): a control-plane worker last read the gateways' streams (recovery.actions.streams)."""
+        return self._k("stream", "read")
+
+    @property
     def outcomes(self) -> str:
         """Stream: one entry per finished request, from the gateways."""
         return self._k("stream", "outcomes")

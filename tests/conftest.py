@@ -1,4 +1,5 @@
 import contextlib
+import functools
 import os
 import re
 import signal
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import hypothesis
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
 from harness.processes import BASE_DIR, demo, stack_env
 from recovery.keys import Keys
@@ -24,14 +26,19 @@ hypothesis.settings.load_profile("ci")
 
 BROWSER_FIXTURES = {"browser", "chromium"}
 # What starts a process that stays up or serves on a socket: a node, a stack, a real engine, a live server, a
-# browser. A test that uses one is marked `processes` and runs in the serial phase of `./lifeline test`, with the
-# cores to itself; the rest (a command run to its end, such as a linter, included) run in parallel.
+# browser. A test that uses one is marked `processes` and runs in the process phase of `./lifeline test`, on two
+# workers (see process_group); the rest (a command run to its end, such as a linter, included) on every core.
 PROCESS_FIXTURES = {"node_factory", "cluster", "demo_stack", "ops_stack", "e2e_database_url", "live_server"}
 PROCESS_WORDS = re.compile(
     r"\b(Popen|multiprocessing|ProcessPool\w*|NodeProcess|DemoStack|Supervisor|stack_database|LlamaServer|"
     r"real_engine|vllm_engine|AppRunner|TestServer|aiohttp_server|promtool)\b"
 )
 PROCESS_FOLDERS = ("tests/e2e/", "tests/browser/")
+# What holds this machine's cores for seconds at a time: a whole stack, a real engine, a browser. In the process phase
+# these run one after another on one xdist worker (the group "stacks"), while the lighter process tests (a few nodes,
+# a gateway, a server) run beside them, a module at a time, on the other. The modules that use the stack fixtures or
+# the browser are those of PROCESS_FOLDERS and tests/console/test_experiments_browser.py.
+STACK_WORDS = re.compile(r"\b(stack_database|LlamaServer|real_engine|vllm_engine)\b|[^\w.]demo\(")
 
 
 def _starts_processes(module) -> bool:
@@ -44,6 +51,15 @@ def _starts_processes(module) -> bool:
         )
         module.__starts_processes__ = found
     return found
+
+
+@functools.cache
+def process_group(path: str) -> str:
+    """The xdist group of a process-phase module (`path` relative to the checkout): "stacks" for one that starts a
+    whole stack, a real engine or a browser (its folder, its name, or its own code says so), else the module itself."""
+    if path.startswith(PROCESS_FOLDERS) or "_browser" in path:
+        return "stacks"
+    return "stacks" if STACK_WORDS.search((BASE_DIR / path).read_text()) else path
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -61,21 +77,42 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.processes)
 
 
-class BrowserModulesLast:
+class ByProcessGroup(LoadScopeScheduling):
+    """xdist's scheduling by scope, a scope being a test's process_group(): the largest, "stacks", goes to the first
+    worker at once; every other module to whichever worker is free."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return process_group(nodeid.split("::", 1)[0])
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadgroup`, as the process phase runs it, is ByProcessGroup. (xdist's own loadgroup reads
+    `xdist_group` marks into node ids, which pytest 9 no longer lets a plugin change: its groups came apart.)"""
+    return ByProcessGroup(config, log) if config.getvalue("dist") == "loadgroup" else None
+
+
+ENGINE_WORDS = re.compile(r"\b(LlamaServer|real_engine|vllm_engine)\b")
+
+
+class ModuleOrder:
     @pytest.hookimpl(trylast=True)  # after pytest-django's own ordering
     def pytest_collection_modifyitems(self, items):
-        """The modules that drive Chromium run last, one after the other. The run has one Chromium, started at the
-        first of them (launching one per module cost a start each), and Playwright's synchronous API holds an event
-        loop on the main thread from then on: an asyncio test after it could not run its own."""
-        driven = {getattr(item, "module", None) for item in items if BROWSER_FIXTURES & set(item.fixturenames)}
-        driven.discard(None)
-        items[:] = [i for i in items if getattr(i, "module", None) not in driven] + [
-            i for i in items if getattr(i, "module", None) in driven
-        ]
+        """The modules that drive Chromium run last, one after the other: the run launches it once (SharedChromium).
+        Just before them, those that need a real engine: on a machine's first run its build (harness.prepare, started
+        by `./lifeline test` in the background) then has the most time to finish before a test waits for it."""
+
+        ranks = {}
+        for item in items:
+            module = getattr(item, "module", None)
+            if module not in ranks:
+                ranks[module] = int(module is not None and bool(ENGINE_WORDS.search(Path(module.__file__).read_text())))
+            if BROWSER_FIXTURES & set(item.fixturenames):
+                ranks[module] = 2
+        items.sort(key=lambda item: ranks[getattr(item, "module", None)])  # stable: the order within a rank is kept
 
 
 def pytest_configure(config):
-    config.pluginmanager.register(BrowserModulesLast(), "lifeline-browser-modules-last")
+    config.pluginmanager.register(ModuleOrder(), "lifeline-module-order")
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -238,15 +275,51 @@ async def cluster(node_factory, redis_keys):
     await c.close()
 
 
+class SharedChromium:
+    """Headless Chromium (Debian's, never a downloaded one), launched at the first browser test and kept for every
+    browser test that follows. Playwright's synchronous API runs an event loop on the main thread while it is up, in
+    which no other test could run its own (nor Django its synchronous database calls): a test that drives no browser
+    closes it first. The browser modules run last and together, so a run launches it once."""
+
+    def __init__(self):
+        self.playwright = None
+        self.browser = None
+
+    def get(self):
+        if self.browser is None:
+            from playwright.sync_api import sync_playwright
+
+            self.playwright = sync_playwright().start()
+            self.browser = self.playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+        return self.browser
+
+    def close(self) -> None:
+        if self.browser is not None:
+            self.browser.close()
+            self.playwright.stop()
+            self.browser = self.playwright = None
+
+    def __getattr__(self, name):  # new_context(), new_page(), contexts: of the browser, launched if need be
+        return getattr(self.get(), name)
+
+
+_chromium = SharedChromium()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    if not BROWSER_FIXTURES & set(getattr(item, "fixturenames", ())):
+        _chromium.close()
+
+
+def pytest_sessionfinish(session):
+    _chromium.close()
+
+
 @pytest.fixture(scope="session")
 def chromium():
-    """Headless Chromium (Debian's, never a downloaded one): one for the whole run."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
+    """The run's Chromium (SharedChromium: launched when first used)."""
+    return _chromium
 
 
 @pytest.fixture(scope="module")
@@ -254,5 +327,5 @@ def browser(chromium):
     """The run's Chromium, for one module: each `new_page()` or `new_context()` is a fresh context (no cookie or
     storage from another test), and every context the module opened is closed at its end."""
     yield chromium
-    for context in list(chromium.contexts):
+    for context in list(chromium.browser.contexts if chromium.browser else ()):
         context.close()

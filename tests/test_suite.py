@@ -1,6 +1,7 @@
-"""The suite's own machinery: the property tests' profiles, the mark that sends a test to the serial phase, the
+"""The suite's own machinery: the property tests' profiles, the mark that sends a test to the process phase and the worker it runs on, the
 template database every test process and stack is copied from."""
 
+import os
 import subprocess
 import sys
 
@@ -23,7 +24,7 @@ def test_property_tests_draw_a_quarter_of_their_examples_in_ci_and_all_of_them_i
         hypothesis.settings.load_profile(loaded)
 
 
-def test_what_starts_a_process_is_marked_for_the_serial_phase():
+def test_what_starts_a_process_is_marked_for_the_process_phase():
     """Marked from the fixtures a test uses, its folder and its module's code: a node, a stack, a live server, a
     browser, a server of its own; a policy test, a page rendered in-process, a linter run to its end are not."""
     tests = {
@@ -64,3 +65,52 @@ def test_a_copy_of_the_template_has_every_table_and_no_row_written_since(django_
     assert {"recovery_node", "recovery_incident", "django_migrations", "auth_user"} <= tables
     assert applied > 0 and nodes == 0
     assert os.environ["DATABASE_URL"].startswith("postgres")  # PostgreSQL everywhere, embedded or not
+
+
+def test_stacks_engines_and_browsers_share_one_worker_and_every_other_module_keeps_to_one():
+    """The process phase runs on two xdist workers (`--dist loadgroup`, scheduled by tests/conftest.py): whatever
+    starts a whole stack, a real engine or a browser is in one scope, "stacks", run one after another on one worker;
+    any other module is a scope of its own."""
+    from tests.conftest import ByProcessGroup
+
+    expected = {
+        "tests/e2e/test_e2e.py::test_gateway_serves_through_the_demo": "stacks",  # the demo stack
+        "tests/browser/test_slo_detail_browser.py::test_the_manager_opens_an_objective": "stacks",  # Chromium
+        "tests/console/test_experiments_browser.py::test_x": "stacks",  # Chromium
+        "tests/console/test_web_processes.py::test_x": "stacks",  # a database and web processes of its own
+        "tests/recovery/gateway/test_vllm_engine.py::test_x": "stacks",  # a real vLLM
+        "tests/workers/test_real_engine.py::test_x[a]": "stacks",  # llama-server
+        "tests/workers/test_node_agent.py::test_health_status_and_metrics": "tests/workers/test_node_agent.py",
+        "tests/recovery/gateway/test_gateway.py::test_keys[x]": "tests/recovery/gateway/test_gateway.py",
+    }
+    assert {nodeid: ByProcessGroup._split_scope(None, nodeid) for nodeid in expected} == expected
+
+
+# Where each test of a run went, one line per test: "<worker> <node id>".
+WHERE = """
+import os
+
+def pytest_runtest_setup(item):
+    with open(os.environ["LIFELINE_WHERE_FILE"], "a") as out:
+        out.write(f"{os.environ.get('PYTEST_XDIST_WORKER')} {item.nodeid}\\n")
+"""
+
+
+def test_the_process_phase_sends_a_stacks_modules_to_one_worker(tmp_path):
+    """A real two-worker run (fixtures planned, not run): the two stack modules' tests all go to one worker, the other
+    module's to whichever is free."""
+    (tmp_path / "where_plugin.py").write_text(WHERE)
+    where = tmp_path / "where.txt"
+    tests = ["tests/e2e/test_e2e.py", "tests/e2e/test_bad_requests_e2e.py", "tests/workers/test_node_agent.py"]
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "LIFELINE_WHERE_FILE": str(where)}
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "where_plugin", "-p", "no:cacheprovider", "--setup-plan"]
+    run = subprocess.run(
+        [*argv, "-n", "2", "--dist", "loadgroup", *tests], cwd=BASE_DIR, env=env, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stdout[-3000:]
+    workers = {}
+    for line in where.read_text().splitlines():
+        worker, nodeid = line.split(" ", 1)
+        workers.setdefault(nodeid.split("::")[0], set()).add(worker)
+    assert set(workers) == set(tests), workers
+    assert len(workers[tests[0]] | workers[tests[1]]) == 1, workers  # the stacks' scope: one worker

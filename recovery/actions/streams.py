@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import socket
+import time
 
 from django.db import transaction
 from redis.exceptions import ResponseError
@@ -42,6 +43,12 @@ def _ensure_groups(r, streams: list[str]) -> None:
                 raise
 
 
+def read_since(at: float) -> bool:
+    """Whether a Celery worker has read the gateways' streams since `at` (a time.time()): beat schedules, the broker
+    delivers and a worker handles what the gateways report."""
+    return float(hot.client().get(hot.keys().streams_read) or 0) >= at
+
+
 def process(count: int = 2000) -> dict:
     """Handle what the gateways have reported since the last call."""
     r = hot.client()
@@ -50,6 +57,7 @@ def process(count: int = 2000) -> dict:
     handled = {"signals": 0, "outcomes": 0}
     answer = _reclaim(r, [keys.signals, keys.outcomes], count)
     answer += r.xreadgroup(GROUP, _consumer(), {keys.signals: ">", keys.outcomes: ">"}, count=count) or []
+    r.set(keys.streams_read, time.time())
     for stream, entries in answer:
         if stream == keys.signals:
             for entry_id, fields in entries:

@@ -70,8 +70,8 @@ def _control_plane_caught_up(stack) -> None:
     last = client.xrevrange(stream, count=1)[0][0]
 
     def caught_up():
-        group = next(g for g in client.xinfo_groups(stream) if g["name"] == GROUP)
-        return group["last-delivered-id"] == last and group["pending"] == 0
+        group = next((g for g in client.xinfo_groups(stream) if g["name"] == GROUP), None)  # None: no worker read yet
+        return group is not None and group["last-delivered-id"] == last and group["pending"] == 0
 
     wait_for(caught_up, 30, 0.2, "the control plane to handle every gateway signal")
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from harness.processes import demo
+from recovery.keys import Keys
 from tests.conftest import demo_env
 from tests.helpers import (
     BASE_DIR,
@@ -100,8 +101,14 @@ def test_traffic_flows_and_ctrl_c_leaves_no_process_behind():
     env.pop("DATABASE_URL")
     env.pop("REDIS_URL")
     options = ["--nodes", "2", "--rate", "8", "--worker-concurrency", "1"]
+    launched = time.time()
     stack = demo(var_dir, env, *options, traffic=True).start()
     try:
+        # Ready means the control plane acts too: a Celery worker has read the gateways' reports since the launch.
+        import redis
+
+        client = redis.Redis.from_url(stack.info["redis_url"], decode_responses=True)
+        assert float(client.get(Keys(env["LIFELINE_NAMESPACE"]).streams_read) or 0) >= launched
         metrics_url = stack.info["urls"]["gateway"].removesuffix("/v1") + "/metrics"
 
         def served():

@@ -19,7 +19,7 @@ from recovery.models import RequestOutcome
 from tests.helpers import BASE_DIR
 from tests.recovery.test_slo_rollups import report
 
-# A real worker process killed, then windows of 200 ms: in the serial phase, with the cores to itself.
+# A real worker process killed, then windows of 200 ms: in the process phase.
 pytestmark = [pytest.mark.django_db, pytest.mark.processes]
 
 # A worker that reads three outcomes, as the consumer does, and is SIGKILLed before it acknowledges them.
@@ -98,3 +98,16 @@ def test_one_malformed_outcome_is_dropped_alone(outcomes, caplog):
     assert stored() == sorted(ids)
     assert r.xpending(stream, streams.GROUP)["pending"] == 0
     assert f"dropping outcome {bad}" in caplog.text
+
+
+def test_the_control_plane_has_read_since_a_time_only_once_a_worker_has_read_the_signals(outcomes):
+    """What `manage.py demo` waits for before it says the stack is up (a stack announced before its Celery worker
+    had read anything left a first failure unhandled for seconds): no read, or a read older than the start, is not
+    enough; a worker's read after it is."""
+    hot.client().delete(hot.keys().streams_read)
+    before = time.time()
+    assert not streams.read_since(before)  # no worker has read the streams
+    streams.process()
+    assert streams.read_since(before)
+    time.sleep(0.05)
+    assert not streams.read_since(time.time())  # the last read is older than now

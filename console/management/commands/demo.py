@@ -29,7 +29,7 @@ from console.stack import (
     wait_http,
 )
 from recovery import roles, tasks
-from recovery.actions import capacity, cluster_settings, keys, moe, routing
+from recovery.actions import capacity, cluster_settings, keys, moe, routing, streams
 from recovery.choices import NodeState, Tier
 from recovery.models import ApiKey, Cluster, HistoryBackfill, ModelCapacity, Node, key_digest
 from recovery.policy import moe as moe_policy
@@ -207,7 +207,7 @@ class Command(BaseCommand):
     # ------------------------------------------------------------------------------------
     def _run(self, opts, var_dir: Path):
         host = opts["host"]
-        started = time.monotonic()
+        started, started_at = time.monotonic(), time.time()
         redis_url = settings.REDIS_URL
         if redis_url:
             self.stdout.write(f"Using the Redis at REDIS_URL ({_redact(redis_url)}).")
@@ -336,6 +336,7 @@ class Command(BaseCommand):
         if opts["moe"]:
             total += self._start_moe(host, web_url, env, var_dir, restart)
         self._wait_nodes_serving(total, 60 + 2 * total)  # a big fleet takes a while to start on a small machine
+        self._wait_control_plane(started_at, 60)
         self._set_objectives(opts)
         history = self._backfill_history(opts)
 
@@ -469,6 +470,23 @@ class Command(BaseCommand):
                 )
             )
         return aw_count
+
+    def _wait_control_plane(self, since: float, timeout_s: float):
+        """Ready means the control plane acts too: a Celery worker has read the gateways' reports since this start
+        (a stack announced before its worker was up left a first failure unhandled for seconds)."""
+        deadline = time.monotonic() + timeout_s
+        while not streams.read_since(since):
+            for name in ("worker", "beat"):
+                if self.supervisor.exited(name):
+                    raise StackError(
+                        f"the Celery {name} exited while starting: see {self.supervisor.children[name].log_path}"
+                    )
+            if time.monotonic() > deadline:
+                raise StackError(
+                    f"the Celery worker read nothing the gateways reported in {timeout_s:.0f} s: see the worker's and "
+                    f"beat's logs in {self.supervisor.log_dir}"
+                )
+            time.sleep(0.2)
 
     def _wait_nodes_serving(self, count: int, timeout_s: float):
         names = [n for n in self.supervisor.children if n.startswith("node-")]
