@@ -1,5 +1,5 @@
-"""The suite's own machinery: the property tests' profiles, the mark that sends a test to the process phase and the worker it runs on, the
-template database every test process and stack is copied from."""
+"""The suite's own machinery: the property tests' profiles, the mark that sends a test to the process phase and
+the worker it runs on there, the template database every test process and stack is copied from."""
 
 import os
 import subprocess
