@@ -35,6 +35,7 @@ from recovery.models import (
     Notification,
 )
 from recovery.policy import capacity as capacity_policy
+from recovery.stores import away
 
 log = logging.getLogger(__name__)
 
@@ -163,22 +164,28 @@ REACTIONS = (
 def process() -> int:
     """Run the reaction of every committed outbox row not yet handled; returns how many were handled.
 
-    Each row is claimed first, so two workers never react twice. A reaction that
-    fails is logged and not retried: every one of them is either retried by its
-    own task (a notification's delivery) or redone by the periodic work it feeds
-    (drains advance every second, canaries come due, capacity is re-evaluated).
+    Each row is claimed and reacted to in one transaction (SELECT … FOR UPDATE SKIP LOCKED): two workers never react
+    twice, and a reaction cut short by a store going away (the database restarting, Redis gone) is rolled back with
+    its claim, so the next call reacts to the row again; before, the claim was committed first and such a reaction
+    was lost for good (the chaos soak found a spare promotion lost so). A reaction that fails for any other reason
+    is logged and not retried: every one of them is either retried by its own task (a notification's delivery) or
+    redone by the periodic work it feeds (drains advance every second, canaries come due, capacity is re-evaluated).
     """
     handled = 0
     for model, react in REACTIONS:
         for row_id in model.objects.filter(reacted_at__isnull=True).order_by("pk").values_list("pk", flat=True)[:BATCH]:
-            if not model.objects.filter(pk=row_id, reacted_at__isnull=True).update(reacted_at=timezone.now()):
-                continue  # another worker took it
-            row = model.objects.get(pk=row_id)
             try:
                 with transaction.atomic():
-                    react(row)
-            except Exception:  # noqa: BLE001 - one reaction's failure must not stop the others
+                    row = model.objects.select_for_update(skip_locked=True).filter(pk=row_id, reacted_at=None).first()
+                    if row is None:
+                        continue  # another worker has it, or had it
+                    react(row)  # its follow-up tasks are queued once this commits (follow_up)
+                    model.objects.filter(pk=row_id).update(reacted_at=timezone.now())
+            except Exception as exc:  # noqa: BLE001 - one reaction's failure must not stop the others
+                if away(exc):
+                    raise  # the row stays unclaimed: reacted to once the store is back
                 log.exception("reaction to %s #%d failed", model.__name__, row_id)
+                model.objects.filter(pk=row_id, reacted_at=None).update(reacted_at=timezone.now())
             handled += 1
     return handled
 
