@@ -158,6 +158,9 @@ def register_node(reg: Registration) -> Node:
             Node.objects.filter(pk=node.pk).update(**details)
             transaction.on_commit(lambda: _published(node))
         else:
+            if node.state in lifecycle.ALIVE:
+                _ended_unseen(node, reg, now)
+                node.refresh_from_db()
             moved = f"; address {node.address} -> {reg.address}" if node.address != reg.address else ""
             cause = (
                 f"new session {reg.session[:8]} registered (pid {reg.pid} on {reg.host}), "
@@ -169,6 +172,26 @@ def register_node(reg: Registration) -> Node:
         _replace_gpus(node, reg)
     node.refresh_from_db()
     return node
+
+
+def _ended_unseen(node: Node, reg: Registration, now: dt.datetime) -> None:
+    """A new session from a node whose last one the control plane still takes for alive: its process ended without
+    being seen (it restarted faster than heartbeats could tell, or while the control plane could not hear them, the
+    database away, say), and what it was serving was lost. Its DOWN is written now, with its own cause, so that the
+    node's timeline, the incident and a spare see the failure a slower restart would have shown them. A session of
+    the run before the control plane started is judged as mark_silent_nodes_down judges it: gone, not failed."""
+    started = Cluster.default().control_plane_started_at
+    heard = node.last_seen_at.timestamp() if node.last_seen_at else None
+    if _of_a_previous_run(node, heard, started):
+        cause = f"session {node.session[:8]} ended before the control plane started at {started:%H:%M:%S} UTC"
+        actor = STARTUP
+    else:
+        cause = (
+            f"session {node.session[:8]} ended unseen: a new session {reg.session[:8]} registered "
+            f"(pid {reg.pid} on {reg.host}) while it was {node.state}"
+        )
+        actor = "system"
+    transition_node(node, NodeState.DOWN, cause, actor=actor, now=now)
 
 
 def _deployment(reg: Registration) -> catalog.Deployment:

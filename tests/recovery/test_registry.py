@@ -100,7 +100,8 @@ def test_registering_again_with_one_name_replaces_the_address_and_keeps_history(
     assert node.address == "http://10.0.0.2:8201" and node.session == second["session"]
     assert Node.objects.count() == 1
     transitions = list(node.transitions.order_by("at"))
-    assert [t.new_state for t in transitions] == ["join", "serving", "join"]
+    # The old session, still serving when the new one came, ended unseen: its DOWN first (see the test below).
+    assert [t.new_state for t in transitions] == ["join", "serving", "down", "join"]
     assert "address http://10.0.0.1:8201 -> http://10.0.0.2:8201" in transitions[-1].cause
     # The old session is closed: its heartbeats are refused, so a stale process cannot pose as the node.
     response = beat(node_api, "node-x", first["session"])
@@ -245,3 +246,50 @@ def test_state_change_is_published_to_the_browser_after_commit(node_api, django_
     assert message["type"] == "node.loads" and message["nodes"][0]["name"] == "node-x"
     assert message["nodes"][0]["running"] == 5
     async_to_sync(layer.group_discard)(CLUSTER_GROUP, channel)
+
+
+def test_a_node_back_with_a_new_session_before_its_death_was_seen_has_that_death_recorded(
+    node_api, django_capture_on_commit_callbacks
+):
+    """Killed and restarted faster than heartbeats tell (or while the control plane could not hear them): the new
+    session's registration writes the old one's DOWN first, so the timeline, the incident and a spare see the failure.
+    The chaos soak found a node killed beside its holder, back while the database restarted, with no DOWN at all."""
+    first = registration()
+    with django_capture_on_commit_callbacks(execute=True):
+        node_api("/api/nodes/register", first)
+    with django_capture_on_commit_callbacks(execute=True):
+        beat(node_api, "node-x", first["session"])
+    assert Node.objects.get(name="node-x").state == "serving"
+    second = registration(pid=4343)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert node_api("/api/nodes/register", second).status_code == 200
+    rows = list(NodeTransition.objects.filter(node__name="node-x").order_by("pk"))
+    assert [(r.old_state, r.new_state, r.actor) for r in rows] == [
+        ("", "join", "system"),
+        ("join", "serving", "system"),
+        ("serving", "down", "system"),
+        ("down", "join", "system"),
+    ]
+    assert rows[2].session == first["session"] and "ended unseen" in rows[2].cause and "pid 4343" in rows[2].cause
+    assert Node.objects.get(name="node-x").session == second["session"]
+
+
+def test_a_node_of_the_run_before_the_control_plane_started_is_recorded_gone_not_failed(
+    node_api, django_capture_on_commit_callbacks
+):
+    """A restart of the whole stack: the old session began, and was last heard, before the control plane started."""
+    from django.utils import timezone
+
+    from recovery.models import Cluster
+
+    first = registration()
+    with django_capture_on_commit_callbacks(execute=True):
+        node_api("/api/nodes/register", first)
+    with django_capture_on_commit_callbacks(execute=True):
+        beat(node_api, "node-x", first["session"])
+    Node.objects.filter(name="node-x").update(last_seen_at=timezone.now())
+    Cluster.objects.filter(pk=Cluster.default().pk).update(control_plane_started_at=timezone.now())
+    with django_capture_on_commit_callbacks(execute=True):
+        node_api("/api/nodes/register", registration())
+    down = NodeTransition.objects.get(node__name="node-x", new_state="down")
+    assert down.actor == nodes.STARTUP and "ended before the control plane started" in down.cause

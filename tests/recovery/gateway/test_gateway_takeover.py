@@ -91,6 +91,11 @@ def watching_all(base: str, count: int) -> bool:
         return False
 
 
+# Long enough that none can finish between "every stream running" and the SIGKILL landing, on a machine busy with
+# other tests (at 120 tokens, a run beside two other test workers saw all 24 finish first, and nothing to take over).
+TAKEOVER_TOKENS = 480
+
+
 async def test_a_sigkilled_gateways_streams_finish_through_the_other_with_identical_text(cluster, tmp_path):
     cluster.start_nodes("tk-a", "tk-b", "tk-c")
     first, first_url = gateway_process(cluster, "gw-doomed", tmp_path)
@@ -99,10 +104,13 @@ async def test_a_sigkilled_gateways_streams_finish_through_the_other_with_identi
         for url in (first_url, second_url):
             await asyncio.to_thread(wait_for, lambda u=url: watching_all(u, 3), 30, 0.1, f"{url} up")
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
-            reference = await asyncio.gather(*(collect(session, [second_url], body(i)) for i in range(24)))
+            reference = await asyncio.gather(
+                *(collect(session, [second_url], body(i, TAKEOVER_TOKENS)) for i in range(24))
+            )
             resumes = [Resumes() for _ in range(24)]
             runs = [
-                asyncio.create_task(collect(session, [first_url, second_url], body(i), resumes[i])) for i in range(24)
+                asyncio.create_task(collect(session, [first_url, second_url], body(i, TAKEOVER_TOKENS), resumes[i]))
+                for i in range(24)
             ]
             # Every stream under way through the first gateway: then it dies, as a SIGKILL leaves it.
             await kill_when_running(cluster, 24, first)
@@ -116,7 +124,7 @@ async def test_a_sigkilled_gateways_streams_finish_through_the_other_with_identi
     # Every stream was cut mid-way and taken over once, from a token it already had: none started over.
     assert [finish_reason(r) for r in reference] == ["length"] * 24
     assert [(r.count, r.restarts) for r in resumes] == [(1, 0)] * 24, [(r.from_ids, r.restarts) for r in resumes]
-    assert all(0 < int(r.from_ids[0].rsplit(".", 1)[1]) < 120 for r in resumes)
+    assert all(0 < int(r.from_ids[0].rsplit(".", 1)[1]) < TAKEOVER_TOKENS for r in resumes)
 
 
 async def test_a_client_that_comes_back_within_the_hold_gets_the_rest_and_after_it_a_410(cluster):
