@@ -35,11 +35,13 @@ PROCESS_WORDS = re.compile(
 )
 PROCESS_FOLDERS = ("tests/e2e/", "tests/browser/")
 # What holds this machine's cores for seconds at a time: a whole stack, a real engine, a browser. In the process phase
-# the modules that drive the browser run one after another on one xdist worker (the group "browser"), those that
-# start a stack or a real engine on another ("stacks"), and the lighter ones (a few nodes, a gateway, a server)
-# beside them on a third, a module at a time. The modules that use the stack fixtures are those of PROCESS_FOLDERS.
+# these run one after another on one xdist worker (the group "stacks"), and the lighter modules (a few nodes, a
+# gateway, a server) beside them on the other, a module at a time. Two stacks at once are more than this 2-core
+# machine holds: a run on three workers (the browser's stacks on one, the others on another) missed heartbeats for
+# 4.6 s and timed out pages and an engine's reload. The modules that use the stack fixtures are those of
+# PROCESS_FOLDERS; those that drive the browser take the `browser` fixture (BROWSER_ARGUMENT).
 STACK_WORDS = re.compile(r"\b(stack_database|LlamaServer|real_engine|vllm_engine)\b|[^\w.]demo\(")
-BROWSER_ARGUMENT = re.compile(r"[(,]\s*browser\b")  # a test or fixture taking the `browser` fixture
+BROWSER_ARGUMENT = re.compile(r"[(,]\s*browser\b")
 
 
 def _starts_processes(module) -> bool:
@@ -56,13 +58,11 @@ def _starts_processes(module) -> bool:
 
 @functools.cache
 def process_group(path: str) -> str:
-    """The xdist group of a process-phase module (`path` relative to the checkout): "browser" for one that drives
-    Chromium, "stacks" for one that starts a whole stack or a real engine (its folder or its own code says so), else
-    the module itself."""
+    """The xdist group of a process-phase module (`path` relative to the checkout): "stacks" for one that starts a
+    whole stack or a real engine or drives Chromium (its folder or its own code says so), else the module itself."""
     text = (BASE_DIR / path).read_text()
-    if BROWSER_ARGUMENT.search(text):
-        return "browser"
-    return "stacks" if path.startswith(PROCESS_FOLDERS) or STACK_WORDS.search(text) else path
+    heavy = path.startswith(PROCESS_FOLDERS) or STACK_WORDS.search(text) or BROWSER_ARGUMENT.search(text)
+    return "stacks" if heavy else path
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -81,8 +81,8 @@ def pytest_collection_modifyitems(config, items):
 
 
 class ByProcessGroup(LoadScopeScheduling):
-    """xdist's scheduling by scope, a scope being a test's process_group(): the largest scopes, "browser" and
-    "stacks", go first, each to a worker of its own; every other module to whichever worker is free."""
+    """xdist's scheduling by scope, a scope being a test's process_group(): the largest, "stacks", goes first to a
+    worker of its own; every other module to whichever worker is free."""
 
     def _split_scope(self, nodeid: str) -> str:
         return process_group(nodeid.split("::", 1)[0])

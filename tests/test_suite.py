@@ -67,17 +67,17 @@ def test_a_copy_of_the_template_has_every_table_and_no_row_written_since(django_
     assert os.environ["DATABASE_URL"].startswith("postgres")  # PostgreSQL everywhere, embedded or not
 
 
-def test_the_browser_modules_share_one_worker_the_stacks_another_and_every_other_module_keeps_to_one():
-    """The process phase runs on three xdist workers (`--dist loadgroup`, scheduled by tests/conftest.py): what drives
-    the browser is one scope, "browser", what starts a whole stack or a real engine another, "stacks", each run one
-    test after another on one worker; any other module is a scope of its own."""
+def test_stacks_engines_and_browsers_share_one_worker_and_every_other_module_keeps_to_one():
+    """The process phase runs on two xdist workers (`--dist loadgroup`, scheduled by tests/conftest.py): what starts
+    a whole stack or a real engine or drives the browser is one scope, "stacks", run one test after another on one
+    worker; any other module is a scope of its own."""
     from tests.conftest import ByProcessGroup
 
     expected = {
         "tests/e2e/test_e2e.py::test_gateway_serves_through_the_demo": "stacks",  # the demo stack
-        "tests/e2e/test_operations_e2e.py::test_x": "browser",  # a stack, driven in Chromium
-        "tests/browser/test_slo_detail_browser.py::test_the_manager_opens_an_objective": "browser",  # Chromium
-        "tests/console/test_experiments_browser.py::test_x": "browser",  # Chromium
+        "tests/e2e/test_operations_e2e.py::test_x": "stacks",  # a stack, driven in Chromium
+        "tests/browser/test_slo_detail_browser.py::test_the_manager_opens_an_objective": "stacks",  # Chromium
+        "tests/console/test_experiments_browser.py::test_x": "stacks",  # Chromium
         "tests/console/test_web_processes.py::test_x": "stacks",  # a database and web processes of its own
         "tests/recovery/gateway/test_vllm_engine.py::test_x": "stacks",  # a real vLLM
         "tests/workers/test_real_engine.py::test_x[a]": "stacks",  # llama-server
