@@ -510,11 +510,14 @@ def document() -> dict:
             "parameters": [
                 drain_id,
                 _path_param(
-                    "decision", description="approve or reject", enum=[DrainDecision.APPROVE, DrainDecision.REJECT]
+                    "decision",
+                    description="approve or reject (on-call), or cancel: withdraw it while it waits (its requester's "
+                    "side: operator, oncall or admin; one the health machine raised, oncall or admin)",
+                    enum=[DrainDecision.APPROVE, DrainDecision.REJECT, "cancel"],
                 ),
             ],
             "post": _operation(
-                "Approve or reject a drain (on-call), with a reason.",
+                "Approve, reject or withdraw a drain, with a reason.",
                 {
                     "200": _json(DRAIN, "Decided."),
                     "400": _error("The body is not JSON."),

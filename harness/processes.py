@@ -131,10 +131,88 @@ class DemoStack:
         base = self.info["urls"]["console"].rstrip("/")
         return http_json(base + path, headers={"Authorization": f"Bearer {self.info['api_token']}"})
 
+    def call(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
+        """The console's API as its admin (demo.json's API token)."""
+        base = self.info["urls"]["console"].rstrip("/")
+        headers = {"Authorization": f"Bearer {self.info['api_token']}"}
+        return http_json(base + path, data=body, method=method, headers=headers)
+
     def node(self, name: str) -> dict:
         status, body = self.api("/api/cluster")
         assert status == 200, body
         return next(n for n in body["nodes"] if n["name"] == name)
+
+    def baseline(self) -> dict:
+        """What put_back() returns the stack to: its settings and its nodes, as they are now."""
+        status, settings = self.call("GET", "/api/settings")
+        assert status == 200, settings
+        status, cluster = self.api("/api/cluster")
+        assert status == 200, cluster
+        return {"settings": settings, "nodes": sorted(n["name"] for n in cluster["nodes"])}
+
+    def put_back(self, baseline: dict, timeout_s: float = 120) -> None:
+        """The stack as it was at `baseline` (a stack shared by several users, between two of them): every waiting
+        drain withdrawn, every fault on its nodes cleared, each of them serving, healthy, at full weight with its
+        breaker closed, no other node alive, no drain open, the degradation level 0 at the console and the gateway,
+        the cluster breaker closed, and its settings as they were. While it waits, canaries run every 5 s and
+        breakers and levels wait 1 s, so an UNHEALTHY node returns through its half-open trial in seconds. Nodes
+        that came and went stay in the registry, as history. Fails, saying what is not back, if the fleet is not
+        whole within `timeout_s`."""
+        reason = {"reason": "put back between two users of a shared stack"}
+        quick = {"canary_interval_s": 5, "canary_retry_s": 0.5, "breaker_open_s": 1, "degradation_hold_s": 0}
+        quick["drain_propose_again_s"] = 86400  # a withdrawn drain is not proposed again while the fleet returns
+        status, answer = self.call("PATCH", "/api/settings", {**quick, **reason})
+        assert status == 200, answer
+        fault_token = {"Authorization": f"Bearer {self.info['fault_token']}"}
+        for card in self.api("/api/cluster")[1]["nodes"]:
+            if card["name"] in baseline["nodes"] and card["alive"]:
+                try:
+                    http_json(card["address"] + "/agent/faults", method="DELETE", headers=fault_token, timeout=5)
+                except OSError:  # a node restarting: a new process has no fault
+                    pass
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for drain in self.call("GET", "/api/drains")[1]["drains"]:  # those proposed while it waits too
+                if drain["waiting"]:
+                    self.call("POST", f"/api/drains/{drain['id']}/cancel", reason)
+            if not (problems := self._not_back(baseline)):
+                break
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the shared stack was not put back in {timeout_s} s: {'; '.join(problems)}")
+            time.sleep(0.5)
+        status, answer = self.call("PATCH", "/api/settings", {**baseline["settings"], **reason})
+        assert status == 200, answer
+        now = self.call("GET", "/api/settings")[1]
+        now["models"] = {model: now["models"].get(model) for model in baseline["settings"]["models"]}
+        assert {key: now[key] for key in baseline["settings"]} == baseline["settings"], answer
+
+    def _not_back(self, baseline: dict) -> list[str]:
+        """What keeps the fleet from being as it was at `baseline`, in words (empty when nothing does)."""
+        nodes = {card["name"]: card for card in self.api("/api/cluster")[1]["nodes"]}
+        problems = []
+        for name in baseline["nodes"]:
+            card = nodes.get(name) or {}
+            if (card.get("state"), card.get("tone"), card.get("weight")) != ("serving", "ok", 1.0):
+                got = {key: card.get(key) for key in ("state", "health", "breaker", "weight", "problems")}
+                problems.append(f"{name} is not back: {got}")
+        problems += [
+            f"{name} is {card['state']}"
+            for name, card in nodes.items()
+            if card["alive"] and name not in baseline["nodes"]
+        ]
+        problems += [
+            f"drain #{d['id']} of {d['node']} is {d['state']}"
+            for d in self.call("GET", "/api/drains")[1]["drains"]
+            if d["open"]
+        ]
+        degradation = self.call("GET", "/api/degradation")[1]
+        level = degradation["level"]
+        gateway = http_json(self.info["urls"]["gateway"].removesuffix("/v1") + "/healthz")[1]["degradation_level"]
+        if (level, gateway) != (0, 0):
+            problems.append(f"the degradation level is {level} (the gateway's {gateway})")
+        if degradation["cluster_breaker_open"]:  # an admin's reset, with a reason: not something to undo here
+            problems.append(f"the cluster breaker is open: {degradation['cluster_breaker_reason']}")
+        return problems
 
     def stop(self, timeout_s: float = 30, signum: int = signal.SIGINT) -> int:
         if self.proc.poll() is None:

@@ -10,7 +10,7 @@ import hypothesis
 import pytest
 from xdist.scheduler import LoadScopeScheduling
 
-from harness.processes import BASE_DIR, demo, stack_env
+from harness.processes import BASE_DIR, DemoStack, demo, stack_env
 from recovery.keys import Keys
 from tests.gateway_cluster import Cluster
 from tests.helpers import CHROMIUM_ARGS, EXAMPLES_CI, EXAMPLES_FULL, NodeProcess, chromium_path, pid_alive
@@ -101,9 +101,11 @@ ENGINE_WORDS = re.compile(r"\b(LlamaServer|real_engine|vllm_engine)\b")
 class ModuleOrder:
     @pytest.hookimpl(trylast=True)  # after pytest-django's own ordering
     def pytest_collection_modifyitems(self, items):
-        """The modules that drive Chromium run last, one after the other: the run launches it once (SharedChromium).
-        Just before them, those that need a real engine: on a machine's first run its build (harness.prepare, started
-        by `./lifeline test` in the background) then has the most time to finish before a test waits for it."""
+        """Last, one after the other, the tests of the shared stack (`demo_stack`, SharedStack: started once); those
+        that register nodes of their own on it (marked `adds_nodes`) after the rest, which count its nodes. Just
+        before them the modules that drive Chromium (launched once, SharedChromium), and before those, the modules
+        that need a real engine: on a machine's first run its build (harness.prepare, started by `./lifeline test`
+        in the background) then has the most time to finish before a test waits for it."""
 
         ranks = {}
         for item in items:
@@ -112,7 +114,13 @@ class ModuleOrder:
                 ranks[module] = int(module is not None and bool(ENGINE_WORDS.search(Path(module.__file__).read_text())))
             if BROWSER_FIXTURES & set(item.fixturenames):
                 ranks[module] = 2
-        items.sort(key=lambda item: ranks[getattr(item, "module", None)])  # stable: the order within a rank is kept
+
+        def rank(item) -> int:
+            if "demo_stack" in item.fixturenames:
+                return 4 if item.get_closest_marker("adds_nodes") else 3
+            return ranks[getattr(item, "module", None)]
+
+        items.sort(key=rank)  # stable: the order within a rank is kept
 
 
 def pytest_configure(config):
@@ -241,22 +249,66 @@ def demo_env(var_dir, database_url: str, suffix: str) -> dict:
     return stack_env(var_dir, database_url, f"{os.environ['LIFELINE_NAMESPACE']}-{suffix}")
 
 
-@pytest.fixture(scope="module")
-def demo_stack(request, tmp_path_factory, e2e_database_url):
-    """The whole system as `manage.py demo` starts it: web, Celery worker and beat, gateway, 3 nodes.
+class SharedStack:
+    """The whole system as `manage.py demo` starts it (web, Celery worker and beat, gateway, 3 nodes), shared by every
+    test that takes `demo_stack`: started for the first, put back (DemoStack.put_back: faults cleared, drains
+    withdrawn, every node serving and healthy, level 0, the settings as they were) before each later module, and
+    stopped after the last (pytest_runtest_teardown). ModuleOrder runs those tests one after another, so a run starts
+    it once and it never runs beside another stack on this machine's two cores."""
 
-    One per module, stopped at its end: a stack left running would share this machine's two
-    cores with every later test, and with the other stacks those start."""
-    var_dir = tmp_path_factory.mktemp("stack")
-    suffix = "e2e-" + request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_")  # its own Redis keys
-    options = ["--nodes", "3", "--spares", "0", "--restart-delay", "6", "--worker-concurrency", "1"]
-    options += ["--time-scale", "0.1"]  # a restarted node reloads its model cold: 2.6 s instead of 26
-    stack = demo(var_dir, demo_env(var_dir, e2e_database_url, suffix), *options).start()
-    yield stack
-    # SIGTERM, as a service manager sends it, stops every child as Ctrl-C does.
-    pids = list(stack.refresh()["pids"].values())
-    assert stack.stop(signum=signal.SIGTERM) == 0, stack.log()
-    assert [pid for pid in pids if pid_alive(pid)] == []
+    def __init__(self):
+        self.stack = None
+        self.baseline: dict = {}
+        self._database = contextlib.ExitStack()
+
+    def get(self, tmp_path_factory) -> DemoStack:
+        if self.stack is not None:
+            self.stack.put_back(self.baseline)
+            return self.stack
+        var_dir = tmp_path_factory.mktemp("stack")
+        url = self._database.enter_context(stack_database())
+        options = ["--nodes", "3", "--spares", "0", "--restart-delay", "6", "--worker-concurrency", "1"]
+        options += ["--time-scale", "0.1"]  # a restarted node reloads its model cold: 2.6 s instead of 26
+        try:
+            self.stack = demo(var_dir, demo_env(var_dir, url, "e2e-shared"), *options).start()
+        except BaseException:
+            self._database.close()
+            raise
+        # Its users break a node each within minutes of one another: the cluster breaker (its own tests are in
+        # tests/recovery) would stop the next one's automatic cordon. Any share of this fleet may be cordoned.
+        share = {"auto_cordon_max_share": 1, "reason": "a stack shared by tests that each break a node"}
+        status, answer = self.stack.call("PATCH", "/api/settings", share)
+        assert status == 200, answer
+        self.baseline = self.stack.baseline()
+        return self.stack
+
+    def close(self) -> None:
+        """SIGTERM, as a service manager sends it: every child stops as on Ctrl-C, and none is left behind."""
+        if self.stack is None:
+            return
+        stack, self.stack = self.stack, None
+        try:
+            pids = list(stack.refresh()["pids"].values())
+            assert stack.stop(signum=signal.SIGTERM) == 0, stack.log()
+            assert [pid for pid in pids if pid_alive(pid)] == []
+        finally:
+            self._database.close()
+
+
+_shared_stack = SharedStack()
+
+
+@pytest.fixture(scope="module")
+def demo_stack(tmp_path_factory) -> DemoStack:
+    """The run's shared stack (SharedStack), put back as it was started before each module that takes it."""
+    return _shared_stack.get(tmp_path_factory)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    """The shared stack stops after the last test that takes it: nothing runs beside it."""
+    if "demo_stack" in item.fixturenames and (nextitem is None or "demo_stack" not in nextitem.fixturenames):
+        _shared_stack.close()
 
 
 @pytest.fixture
@@ -318,6 +370,7 @@ def pytest_runtest_setup(item):
 
 def pytest_sessionfinish(session):
     _chromium.close()
+    _shared_stack.close()
 
 
 @pytest.fixture(scope="session")

@@ -115,3 +115,42 @@ def test_the_process_phase_sends_a_stacks_modules_to_one_worker(tmp_path):
         workers.setdefault(nodeid.split("::")[0], set()).add(worker)
     assert set(workers) == set(tests), workers
     assert len(workers[tests[0]] | workers[tests[1]]) == 1, workers  # the stacks' scope: one worker
+
+
+# The order a run will take, one line per test: "<node id> <takes demo_stack> <marked adds_nodes>".
+ORDER = """
+import os
+
+def pytest_collection_finish(session):
+    with open(os.environ["LIFELINE_ORDER_FILE"], "w") as out:
+        for item in session.items:
+            shared, adds = "demo_stack" in item.fixturenames, item.get_closest_marker("adds_nodes") is not None
+            out.write(f"{item.nodeid} {int(shared)} {int(adds)}\\n")
+"""
+
+
+def test_the_shared_stacks_tests_run_last_together_and_those_adding_nodes_after_the_rest(tmp_path):
+    """The shared stack (tests/conftest.py SharedStack) is started once and stopped after its last test only if its
+    tests run one after another: ModuleOrder puts them last, those that register nodes of their own after those that
+    count its nodes, and a module's tests that start a stack of their own before them."""
+    (tmp_path / "order_plugin.py").write_text(ORDER)
+    order = tmp_path / "order.txt"
+    tests = [
+        "tests/browser/test_fleet_browser.py",  # shared, adds nodes
+        "tests/browser/test_browser.py",  # shared, counts three tiles
+        "tests/e2e/test_e2e.py",  # shared, and two tests with stacks of their own
+        "tests/e2e/test_operations_e2e.py",  # a stack of its own, in Chromium
+        "tests/workers/test_node_agent.py",  # nodes only
+    ]
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "LIFELINE_ORDER_FILE": str(order)}
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "order_plugin", "-p", "no:cacheprovider", "--collect-only"]
+    run = subprocess.run([*argv, *tests], cwd=BASE_DIR, env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[-3000:]
+    rows = [line.split(" ") for line in order.read_text().splitlines()]
+    shared = [(int(uses), int(adds)) for _, uses, adds in rows]
+    first = next(i for i, (uses, _) in enumerate(shared) if uses)
+    assert all(uses for uses, _ in shared[first:]), rows  # one block, at the end
+    assert [adds for _, adds in shared[first:]] == sorted(adds for _, adds in shared[first:]), rows
+    assert {nodeid.split("::")[0] for nodeid, uses, _ in rows[first:]} == {tests[0], tests[1], tests[2]}
+    own = [nodeid for nodeid, uses, _ in rows[:first] if nodeid.startswith(tests[2])]
+    assert len(own) == 2, rows  # test_e2e's own stacks: before the shared one starts

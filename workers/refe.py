@@ -307,6 +307,7 @@ class ExpertPath:
             moe_mismatches=0,
             moe_waits=0,
             moe_failovers=0,
+            moe_failovers_silent=0,  # of them, EWs taken as down for missed probes only (a loaded host's live EW)
             moe_readmitted=0,
             moe_refusals=0,
             moe_ert_version=ert.version,
@@ -343,6 +344,7 @@ class ExpertPath:
             tokens = await self._layer(layer, tokens, counts)
             self.counters["moe_layers"] += 1
         self.counters["moe_failovers"] = len(self.refe.failovers)
+        self.counters["moe_failovers_silent"] = sum(bool(f.get("silent")) for f in self.refe.failovers)
         self.counters["moe_mismatches"] = sum(self.refe.mismatches.values())
         self.counters["moe_refusals"] = sum(self.refe.refusals.values())
         self.counters["moe_readmitted"] = self.refe.readmitted

@@ -124,9 +124,11 @@ def api_drain(request, drain_id: int):
 
 @api_view()
 def api_drain_decide(request, drain_id: int, decision: str):
-    if decision not in (DrainDecision.APPROVE, DrainDecision.REJECT):
+    if decision not in (DrainDecision.APPROVE, DrainDecision.REJECT, "cancel"):
         return json_error(
-            404, f"{decision!r}: a drain is approved or rejected (POST /api/drains/<id>/approve or /reject)."
+            404,
+            f"{decision!r}: a drain is approved or rejected (POST /api/drains/<id>/approve or /reject), or withdrawn "
+            "while it waits (/cancel).",
         )
     if request.method != "POST":
         return json_error(405, f'POST {{"reason": ...}} to {decision}.')
@@ -140,7 +142,10 @@ def api_drain_decide(request, drain_id: int, decision: str):
     if isinstance(body, JsonResponse):
         return body
     try:
-        drains.decide(drain, request.user, decision, str(body.get("reason", "")))
+        if decision == "cancel":
+            drains.cancel(drain, request.user, str(body.get("reason", "")))
+        else:
+            drains.decide(drain, request.user, decision, str(body.get("reason", "")))
     except drains.NotAllowed as exc:
         return json_error(403, str(exc))
     except drains.DrainRefused as exc:

@@ -9,7 +9,7 @@ import pytest
 from benchmarks.console_scale import FakeFleet
 from tests.helpers import http_json, log_in, wait_for
 
-pytestmark = [pytest.mark.e2e, pytest.mark.browser]
+pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.adds_nodes]
 
 GREEN = "rgb(63, 185, 80)"  # --green
 

@@ -10,7 +10,7 @@ import pytest
 from harness.real_engine import LlamaServer, tiny_model
 from tests.helpers import NodeProcess, wait_for
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.adds_nodes]
 
 MODEL = "Tiny-Llama"
 SERVED_AS = "lifeline/tiny-llama"

@@ -209,3 +209,35 @@ def test_a_critical_xid_opens_an_incident_linked_to_its_drain_both_ways(commit, 
     assert f'href="/incidents/{incident.pk}/"' in client.get(f"/drains/{drain.pk}/").content.decode()
     assert f'href="/drains/{drain.pk}/"' in client.get(f"/incidents/{incident.pk}/").content.decode()
     assert client.get(f"/api/drains/{drain.pk}").json()["incident"] == incident.pk
+
+
+def test_a_waiting_drain_is_withdrawn_through_the_api_by_the_roles_the_page_allows(commit, react, tokens, cast, client):
+    """POST /api/drains/<id>/cancel: what the drain page's cancel does, for a client with a token. One the health
+    machine raised is on-call's or an admin's to withdraw; a reason is needed; only a waiting drain is withdrawn."""
+    configure(auto_cordon_max_share=1.0)
+    node, _ = commit(register, "nb-api")
+    critical_xid(commit, "nb-api")
+    react()
+    drain = Drain.objects.get(node=node)
+    url = f"/api/drains/{drain.pk}/cancel"
+
+    def post(role: str, body: dict):
+        client.force_login(cast[role])
+        return client.post(url, json.dumps(body), content_type="application/json")
+
+    refused = post("operator", {"reason": "the fans were fine"})
+    assert (
+        refused.status_code == 403
+        and "only the oncall and admin roles may withdraw it" in refused.json()["error"]["message"]
+    )
+    assert post("oncall", {}).status_code == 409  # no reason given
+    drain.refresh_from_db()
+    assert drain.state == DrainState.PROPOSED
+    answer = post("oncall", {"reason": "I will look at it myself"})
+    assert answer.status_code == 200 and answer.json()["state"] == DrainState.CANCELLED, answer.content
+    again = post("admin", {"reason": "twice"})
+    assert (
+        again.status_code == 409
+        and "only a drain waiting for approval can be cancelled" in again.json()["error"]["message"]
+    )
+    assert client.post(f"/api/drains/{drain.pk}/withdraw", "{}", content_type="application/json").status_code == 404

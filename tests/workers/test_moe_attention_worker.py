@@ -104,7 +104,9 @@ def test_an_ew_killed_mid_stream_leaves_the_attention_workers_stream_whole_and_b
     gap = max(b - a for a, b in zip(times, times[1:]))
     assert gap < 0.5, f"longest token gap {gap:.3f} s (undisturbed {undisturbed_gap:.3f} s)"
     counters = http_json(node.address + "/agent/status")[1]["counters"]
-    assert counters["moe_failovers"] == 1 and counters["moe_mismatches"] == 0
+    # The killed EW found dead once; a live one that missed its probes on a loaded machine costs a replay, counted
+    # apart (moe_failovers_silent), not a failure.
+    assert counters["moe_failovers"] - counters["moe_failovers_silent"] == 1 and counters["moe_mismatches"] == 0
 
 
 def test_an_ew_restarted_at_its_address_with_what_it_held_is_used_again_without_a_new_table(moe_aw):
