@@ -153,11 +153,11 @@ class DemoStack:
     def put_back(self, baseline: dict, timeout_s: float = 120) -> None:
         """The stack as it was at `baseline` (a stack shared by several users, between two of them): every waiting
         drain withdrawn, every fault on its nodes cleared, each of them serving, healthy, at full weight with its
-        breaker closed, no other node alive, no drain open, the degradation level 0 at the console and the gateway,
-        the cluster breaker closed, and its settings as they were. While it waits, canaries run every 5 s and
-        breakers and levels wait 1 s, so an UNHEALTHY node returns through its half-open trial in seconds. Nodes
-        that came and went stay in the registry, as history. Fails, saying what is not back, if the fleet is not
-        whole within `timeout_s`."""
+        breaker closed, no other node alive, no drain open, no incident of its nodes active, the degradation level 0
+        at the console and the gateway, the cluster breaker closed, and its settings as they were. While it waits,
+        canaries run every 5 s and breakers and levels wait 1 s, so an UNHEALTHY node returns through its half-open
+        trial in seconds. Nodes and incidents that came and went stay, as history. Fails, saying what is not back,
+        if the fleet is not whole within `timeout_s`."""
         reason = {"reason": "put back between two users of a shared stack"}
         quick = {"canary_interval_s": 5, "canary_retry_s": 0.5, "breaker_open_s": 1, "degradation_hold_s": 0}
         quick["drain_propose_again_s"] = 86400  # a withdrawn drain is not proposed again while the fleet returns
@@ -205,6 +205,10 @@ class DemoStack:
             for d in self.call("GET", "/api/drains")[1]["drains"]
             if d["open"]
         ]
+        for incident in self.api("/api/incidents")[1]["incidents"]:  # a failure now would join it, not open its own
+            ours = not incident["nodes"] or set(incident["nodes"]) & set(baseline["nodes"])  # not a node gone for good
+            if incident["status"] == "active" and ours:
+                problems.append(f"incident #{incident['id']} ({incident['title']}) is active")
         degradation = self.call("GET", "/api/degradation")[1]
         level = degradation["level"]
         gateway = http_json(self.info["urls"]["gateway"].removesuffix("/v1") + "/healthz")[1]["degradation_level"]

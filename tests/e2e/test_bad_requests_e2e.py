@@ -50,7 +50,7 @@ def _inject(stack, node: str, fault: dict) -> None:
 
 
 def _clear(stack, node: str) -> None:
-    address = next(n["address"] for n in stack.info["nodes"] if n["name"] == node)
+    address = _fleet(stack)[node]["address"]  # where it serves now: a node restarted since the stack began moved
     request = urllib.request.Request(
         f"{address}/agent/faults", method="DELETE", headers={"Authorization": f"Bearer {stack.info['fault_token']}"}
     )
