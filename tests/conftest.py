@@ -26,9 +26,9 @@ hypothesis.settings.load_profile("ci")
 
 BROWSER_FIXTURES = {"browser", "chromium"}
 # What starts a process that stays up or serves on a socket: a node, a stack, a real engine, a live server, a
-# browser. A test that uses one is marked `processes` and runs in the process phase of `./lifeline test`, on two
-# workers (see process_group; one test at a time with LIFELINE_PROCESS_WORKERS=1); the rest (a command run to its
-# end, such as a linter, included) on every core.
+# browser. A test that uses one is marked `processes` and runs in the process phase of `./lifeline test`, one at a
+# time (on two workers with LIFELINE_PROCESS_WORKERS=2, see process_group); the rest (a command run to its end, such
+# as a linter, included) on every core.
 PROCESS_FIXTURES = {"node_factory", "cluster", "demo_stack", "ops_stack", "e2e_database_url", "live_server"}
 PROCESS_WORDS = re.compile(
     r"\b(Popen|multiprocessing|ProcessPool\w*|NodeProcess|DemoStack|Supervisor|stack_database|LlamaServer|"
