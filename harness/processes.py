@@ -128,8 +128,7 @@ class DemoStack:
         return (self.var_dir / "demo.out").read_text(errors="replace")[-4000:]
 
     def api(self, path: str) -> tuple[int, dict]:
-        base = self.info["urls"]["console"].rstrip("/")
-        return http_json(base + path, headers={"Authorization": f"Bearer {self.info['api_token']}"})
+        return self.call("GET", path)
 
     def call(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
         """The console's API as its admin (demo.json's API token)."""

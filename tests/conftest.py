@@ -29,7 +29,7 @@ BROWSER_FIXTURES = {"browser", "chromium"}
 # browser. A test that uses one is marked `processes` and runs in the process phase of `./lifeline test`, one at a
 # time (on two workers with LIFELINE_PROCESS_WORKERS=2, see process_group); the rest (a command run to its end, such
 # as a linter, included) on every core.
-PROCESS_FIXTURES = {"node_factory", "cluster", "demo_stack", "ops_stack", "e2e_database_url", "live_server"}
+PROCESS_FIXTURES = {"node_factory", "cluster", "demo_stack", "ops_stack", "live_server"}
 PROCESS_WORDS = re.compile(
     r"\b(Popen|multiprocessing|ProcessPool\w*|NodeProcess|DemoStack|Supervisor|stack_database|LlamaServer|"
     r"real_engine|vllm_engine|AppRunner|TestServer|aiohttp_server|promtool)\b"
@@ -236,12 +236,6 @@ def django_db_setup(django_test_environment, django_db_blocker):
         patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
         connections["default"].close()
         databases.drop(databases.server_url(), name)
-
-
-@pytest.fixture(scope="module")
-def e2e_database_url(tmp_path_factory):
-    with stack_database(tmp_path_factory) as url:
-        yield url
 
 
 def demo_env(var_dir, database_url: str, suffix: str) -> dict:
