@@ -50,13 +50,14 @@ app.autodiscover_tasks(related_name="reactions")  # recovery.reactions.react: th
 @beat_init.connect
 def _control_plane_started(sender=None, **kwargs) -> None:
     """Beat starts with the control plane (there is exactly one): nodes that have not served yet are joining,
-    and the level kept from before the start is evaluated afresh (recovery.actions.capacity)."""
+    and the level kept from before the start is evaluated afresh (recovery.actions.capacity). Beat restarted alone,
+    while the control plane kept hearing the fleet, is not a start (capacity.beat_started)."""
     # Imported here, not at the top: this module loads with the console package, before Django's apps are ready.
     from recovery.actions import capacity
 
     for attempt in itertools.count():
         try:
-            capacity.control_plane_started()
+            capacity.beat_started()
             return
         except STORE_ERRORS as exc:
             # A store away while beat starts (a restart during an outage): wait it out, as every task does; beat

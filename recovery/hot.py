@@ -216,6 +216,12 @@ def heartbeats_heard() -> None:
     client().delete(keys().heartbeats_deaf)
 
 
+def heartbeats_ingested_at() -> float | None:
+    """When the control plane last took in a heartbeat from any node; None if Redis holds none."""
+    raw = client().get(keys().heartbeats_ingested)
+    return float(raw) if raw else None
+
+
 def heartbeats_resumed_at() -> float:
     """When heartbeats came in again after the control plane took none for longer than a miss; 0 if never."""
     raw = client().get(keys().heartbeats_resumed)

@@ -25,6 +25,7 @@ import logging
 import time
 from dataclasses import asdict, dataclass, field
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -269,6 +270,21 @@ def control_plane_started() -> int:
     level = evaluate(fresh=True)
     routing.publish_cluster_config()  # gateways learn the grace: a request no node takes yet waits for one
     return level
+
+
+def beat_started(now: float | None = None) -> int | None:
+    """Beat started: the control plane's start (control_plane_started), unless beat alone restarted while the control
+    plane kept hearing the fleet (a heartbeat taken in within LIFELINE_HEARTBEAT_DEAF_MAX_S). Stamping that as a start
+    would judge every node that died while beat was away (no sweep ran) as a session of a previous run, gone rather
+    than failed, with no incident: the chaos soak caught a hung and a killed node left without one. A control plane
+    away for less than its deaf allowance was deaf, not stopped; its silent nodes are judged as failures, as the
+    heartbeat sweep judges them (nodes.mark_silent_nodes_down). Returns the fleet's level, None when not a start."""
+    now = time.time() if now is None else now
+    heard = hot.heartbeats_ingested_at()
+    if heard is not None and now - heard <= settings.LIFELINE_HEARTBEAT_DEAF_MAX_S:
+        log.info("beat started while the control plane heard the fleet %.1f s ago: beat alone restarted", now - heard)
+        return None
+    return control_plane_started()
 
 
 def evaluate(now: float | None = None, *, fresh: bool = False) -> int:

@@ -163,3 +163,27 @@ def test_the_demo_s_beat_gives_signs_of_life_its_supervisor_reads(demo_stack):
     first = wait_for(lambda: alive.exists() and alive.stat().st_mtime, 30, 0.2, "beat's sign of life")
     later = wait_for(lambda: alive.stat().st_mtime > first and alive.stat().st_mtime, 15, 0.2, "a later tick")
     assert time.time() - later < 10
+
+
+def test_a_node_that_dies_while_beat_alone_restarts_is_a_failure_with_its_incident(demo_stack):
+    """The chaos soak caught it: beat restarted while a node hung, no heartbeat sweep ran meanwhile, beat's start was
+    stamped as the control plane's, and the hung node, last heard before it, was judged a session of a previous run:
+    DOWN by `startup`, no incident. The web process heard the fleet all along: beat alone restarted, not a start."""
+    stack = demo_stack
+    incidents_before = {i["id"] for i in stack.api("/api/incidents")[1]["incidents"]}
+    beat = stack.refresh()["pids"]["beat"]
+    os.killpg(beat, signal.SIGTERM)
+    node = stack.node("node-02")
+    os.kill(node["pid"], signal.SIGSTOP)  # hung: heartbeats stop, its sockets stay open (no stream breaks)
+    try:
+        wait_for(lambda: stack.refresh()["pids"]["beat"] != beat, 30, 0.2, "beat started again by the supervisor")
+        down = wait_for(lambda: (n := stack.node("node-02"))["state"] == "down" and n, 30, 0.2, "node-02 DOWN")
+        assert down["state_cause"].startswith("no heartbeat for"), down["state_cause"]
+
+        def opened() -> list:
+            incidents = stack.api("/api/incidents")[1]["incidents"]
+            return [i for i in incidents if i["id"] not in incidents_before and "node-02" in str(i)]
+
+        wait_for(opened, 20, 0.2, "an incident for node-02")
+    finally:
+        os.kill(node["pid"], signal.SIGKILL)  # the supervisor starts it again; put_back waits for it

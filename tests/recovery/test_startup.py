@@ -164,10 +164,56 @@ def test_celery_beat_starting_is_the_control_plane_starting(commit, tokens):
 
     import console.celery  # noqa: F401 (connects the receiver, as the beat process does)
 
+    hot.client().delete(hot.keys().heartbeats_ingested)  # the control plane's first start: no heartbeat taken in yet
     before = timezone.now()
     commit(beat_init.send, sender=None)
     started = Cluster.default().control_plane_started_at
     assert started is not None and started >= before
+
+
+def test_beat_restarting_alone_while_the_fleet_is_heard_is_not_a_start_and_a_node_dead_meanwhile_is_a_failure(
+    commit, tokens, react, settings
+):
+    """The chaos soak's beat restart: while beat was away no sweep ran, a node died, and beat's start was stamped as
+    the control plane's; the dead node, last heard before it, was judged a session of a previous run (gone, actor
+    startup) and no incident opened. The web process heard the fleet all along: beat alone restarted, not a start."""
+    from celery.signals import beat_init
+
+    import console.celery  # noqa: F401
+
+    settings.LIFELINE_HEARTBEAT_MISS_S = 0.5
+    commit(capacity.control_plane_started)
+    Cluster.objects.filter(pk=Cluster.default().pk).update(
+        control_plane_started_at=timezone.now() - dt.timedelta(minutes=10)
+    )
+    started = Cluster.default().control_plane_started_at
+    node, _ = commit(register, "su-j-node")
+    spare, _ = commit(register, "su-j-spare", spare=True)
+    for name in ("su-j-node", "su-j-spare"):
+        hot.heartbeat(name, time.time(), "serving", {})
+    Node.objects.filter(pk__in=(node.pk, spare.pk)).update(session_started_at=started + dt.timedelta(minutes=1))
+    # su-j-node dies; beat restarts while the spare is still heard.
+    commit(beat_init.send, sender=None)
+    assert Cluster.default().control_plane_started_at == started  # not moved: beat alone restarted
+    for _ in range(3):
+        time.sleep(0.2)
+        hot.heartbeat("su-j-spare", time.time(), "serving", {})
+    assert commit(nodes.mark_silent_nodes_down) == ["su-j-node"]
+    react()
+    down = NodeTransition.objects.get(node=node, new_state=NodeState.DOWN)
+    assert down.actor == "system" and "no heartbeat" in down.cause
+    assert incidents.open_incident_for(node) is not None
+
+
+def test_beat_starting_after_the_fleet_went_unheard_longer_than_the_deaf_allowance_is_a_start(commit, tokens, settings):
+    settings.LIFELINE_HEARTBEAT_DEAF_MAX_S = 5
+    hot.heartbeat("su-k", time.time() - 6, "serving", {})  # the last beat taken in: 6 s ago, the web process away
+    before = timezone.now()
+    assert capacity.beat_started() is not None
+    assert Cluster.default().control_plane_started_at >= before
+    hot.heartbeat("su-k", time.time(), "serving", {})
+    later = Cluster.default().control_plane_started_at
+    assert capacity.beat_started() is None and Cluster.default().control_plane_started_at == later
 
 
 def test_beat_starting_while_redis_is_away_waits_for_it_instead_of_losing_the_start(commit, tokens, monkeypatch):
@@ -188,6 +234,7 @@ def test_beat_starting_while_redis_is_away_waits_for_it_instead_of_losing_the_st
 
     monkeypatch.setattr(capacity, "evaluate", evaluate_while_redis_is_paused)
     monkeypatch.setattr(console.celery, "sleep", waits.append)
+    hot.client().delete(hot.keys().heartbeats_ingested)
     before = timezone.now()
     results = commit(beat_init.send, sender=None)
     assert [error for _, error in results if isinstance(error, Exception)] == []  # nothing raised into Celery's log
