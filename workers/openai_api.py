@@ -71,33 +71,37 @@ def usage(finish: FinishEvent) -> dict:
     }
 
 
-def _spelling(token: int | str | None) -> str:
-    """A token as logprobs name it: its text from workers.tokens, or as a real engine spelled it."""
+def _spelling(token: int | str | None, previous: int | None) -> str:
+    """A token as logprobs name it: the text it adds after `previous` (workers.tokens spaces and capitalises prose),
+    so that a choice's tokens joined are its text, as the OpenAI API promises; or as a real engine spelled it."""
     if isinstance(token, str):
         return token
-    return "" if token is None else tokens.token_text(token)
+    return "" if token is None else tokens.piece(token, previous)
 
 
-def _completion_logprobs(event: TokenEvent, offset: int) -> dict:
+def _sampled(event: TokenEvent, previous: int | None) -> str:
+    return _spelling(event.token if event.token is not None else event.token_id, previous)
+
+
+def _completion_logprobs(event: TokenEvent, offset: int, previous: int | None) -> dict:
     return {
-        "tokens": [_spelling(event.token if event.token is not None else event.token_id)],
+        "tokens": [_sampled(event, previous)],
         "token_logprobs": [event.logprob],
-        "top_logprobs": [{_spelling(t): lp for t, lp in event.top}],
+        "top_logprobs": [{_spelling(t, previous): lp for t, lp in event.top}],
         "text_offset": [offset],
     }
 
 
-def _chat_logprobs(event: TokenEvent) -> dict[str, Any]:
-    word = _spelling(event.token if event.token is not None else event.token_id)
+def _chat_logprobs(event: TokenEvent, previous: int | None) -> dict[str, Any]:
+    word = _sampled(event, previous)
+    top = [(_spelling(t, previous), lp) for t, lp in event.top]
     return {
         "content": [
             {
                 "token": word,
                 "logprob": event.logprob,
                 "bytes": list(word.encode()),
-                "top_logprobs": [
-                    {"token": _spelling(t), "logprob": lp, "bytes": list(_spelling(t).encode())} for t, lp in event.top
-                ],
+                "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(t.encode())} for t, lp in top],
             }
         ],
         "refusal": None,  # OpenAI's schema requires both lists; this engine never refuses
@@ -120,6 +124,7 @@ class ChunkWriter:
         self._written = 0  # how much of it went out
         self._last: TokenEvent | None = None
         self._previous: int | None = None  # the token before the last: how workers.tokens spaces the last
+        self._before: int | None = None  # the token before the one being written: how its logprobs spell it
         # The common chunk (a token, no logprobs, no extension) is rendered from a template:
         # it is written once per token per stream, and a dict plus json.dumps costs several times more.
         head = (
@@ -142,6 +147,7 @@ class ChunkWriter:
             self._written = max(0, len(self._text) - self._hold)
             self._last = None
             self._previous = generated[-1] if generated else None
+        self._before = generated[-1] if generated else None
 
     def _take(self, event: TokenEvent) -> str:
         """The text to write with this token's chunk."""
@@ -193,11 +199,12 @@ class ChunkWriter:
     def token_chunk(self, event: TokenEvent, first: bool, extension: dict | None = None) -> dict:
         want_logprobs = self.req.params.logprobs is not None
         text = self._take(event)
+        before, self._before = self._before, event.token_id
         if self.req.kind == "completion":
             choice = {
                 "index": 0,
                 "text": text,
-                "logprobs": _completion_logprobs(event, self.offset) if want_logprobs else None,
+                "logprobs": _completion_logprobs(event, self.offset, before) if want_logprobs else None,
                 "finish_reason": None,
             }
             self.offset += len(event.text)
@@ -207,7 +214,7 @@ class ChunkWriter:
             choice = {
                 "index": 0,
                 "delta": delta,
-                "logprobs": _chat_logprobs(event) if want_logprobs else None,
+                "logprobs": _chat_logprobs(event, before) if want_logprobs else None,
                 "finish_reason": None,
             }
             obj = "chat.completion.chunk"
@@ -248,17 +255,24 @@ class ChunkWriter:
             logprobs: dict[str, Any] | None = None
             if want_logprobs:
                 logprobs = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-                offset = 0
+                offset, before = 0, None
                 for e in events:
-                    part = _completion_logprobs(e, offset)
-                    offset += len(e.text)
+                    part = _completion_logprobs(e, offset, before)
+                    offset, before = offset + len(e.text), e.token_id
                     for key in logprobs:
                         logprobs[key].extend(part[key])
             choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish.reason}
             body = self._envelope(choice, "text_completion")
         else:
             logprobs = (
-                {"content": [c for e in events for c in _chat_logprobs(e)["content"]], "refusal": None}
+                {
+                    "content": [
+                        c
+                        for e, before in zip(events, [None] + [e.token_id for e in events[:-1]])
+                        for c in _chat_logprobs(e, before)["content"]
+                    ],
+                    "refusal": None,
+                }
                 if want_logprobs
                 else None
             )

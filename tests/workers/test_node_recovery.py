@@ -326,6 +326,9 @@ def test_the_official_openai_client_streams_from_a_node(fleet):
         extra_body={"lifeline": {"request_id": "oa-1"}},
     )
     assert completion.id == "oa-1" and len(completion.choices[0].logprobs.token_logprobs) == 8
+    logprobs, text = completion.choices[0].logprobs, completion.choices[0].text
+    assert "".join(logprobs.tokens) == text  # each token's string is the text it adds, spaces and capitals kept
+    assert logprobs.text_offset == [len("".join(logprobs.tokens[:i])) for i in range(8)]
     with pytest.raises(openai.BadRequestError) as excinfo:
         client.completions.create(model="Qwen3-32B", prompt="x", max_tokens=-1)
     assert "max_tokens" in str(excinfo.value)

@@ -129,6 +129,8 @@ async def test_stop_lists_logprobs_seed_n_and_user_are_served_as_vllm_serves_the
             assert len(token.top_logprobs) == 3 and token.logprob <= 0, target
             assert (token.top_logprobs[0].token, token.top_logprobs[0].logprob) == (token.token, token.logprob)
             assert token.bytes == list(token.token.encode())
+        # Each token's string is the text it adds: joined, they are the answer ("Evening." not "evening" ".").
+        assert "".join(t.token for t in content) == answer.choices[0].message.content, target
         chunks = await _streamed(client, logprobs=True, top_logprobs=3, temperature=0, max_tokens=5)
         streamed = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
         assert [t.model_dump() for t in streamed] == [t.model_dump() for t in content], target
