@@ -224,13 +224,19 @@ def note_failure(node: Node, at, source: str, reason: str) -> Incident:
         add_event(
             incident,
             EventKind.SYMPTOM,
-            f"{node.name}: {reason}",
+            _about(node, reason),
             at=at,
             source=source,
             node=node,
             details={"reason": reason},
         )
     return incident
+
+
+def _about(node: Node, reason: str) -> str:
+    """A timeline line about `node`: its name, then what was said, once ("node-05: stream broke", never
+    "node-05: node-05: stream broke" when the gateway's reason names the node already)."""
+    return reason if reason.startswith(node.name) else f"{node.name}: {reason}"
 
 
 def confirm_failure(node_name: str, at, source: str, reason: str) -> str:

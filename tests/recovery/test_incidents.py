@@ -81,9 +81,19 @@ def test_a_gateways_symptom_opens_an_incident_and_a_dead_node_leaves_routing(com
     assert Node.objects.get(name="dead-1").state == "down"
     assert "dead-1" not in hot.routing_table()
     symptom, detected, _ = incident.events.all()
-    assert symptom.source == "gateway gw-1" and "ClientPayloadError" in symptom.description
+    assert symptom.source == "gateway gw-1" and symptom.description == "dead-1: status stream broke: ClientPayloadError"
     assert "/health does not answer" in detected.description  # nothing listens at its address
     assert incident.detected_at is None or incident.detected_at >= incident.opened_at
+
+
+def test_a_symptom_whose_reason_names_its_node_names_it_once(commit):
+    """The relay words a broken stream with its node ("dead-2: stream broke (…)"): the timeline said
+    "dead-2: dead-2: stream broke"."""
+    commit(register, "dead-2")
+    signal("symptom", node="dead-2", reason="dead-2: stream broke (ClientPayloadError)", in_flight=1)
+    commit(streams.process)
+    symptom = Incident.objects.get().events.get(kind=EventKind.SYMPTOM)
+    assert symptom.description == "dead-2: stream broke (ClientPayloadError)"
 
 
 def test_a_symptom_on_a_node_that_answers_is_not_confirmed(commit, node_factory):
