@@ -27,7 +27,7 @@ from django.utils import timezone
 
 from recovery import events, hot, nodeclient, roles
 from recovery.actions import audit, health, nodes
-from recovery.choices import EventKind, Health, IncidentStatus, NodeState
+from recovery.choices import OPEN_DRAIN_STATES, EventKind, Health, IncidentStatus, NodeState
 from recovery.models import Cluster, Drain, Incident, IncidentEvent, Node, RequestOutcome
 from recovery.policy import capacity as capacity_policy
 from recovery.policy import load, progressive
@@ -116,8 +116,9 @@ class Coverage:
     the same, never from a second read that could contradict it."""
 
     nodes: list[Node]  # by name
-    in_routing: dict[str, bool]  # node -> back in routing
+    in_routing: dict[str, bool]  # node -> back: in routing, healthy, no drain open on it
     spares: dict[str, IncidentEvent]  # node -> the promotion of the spare in service in its place
+    draining: frozenset[str] = frozenset()  # nodes with a drain open: the incident's work is not done
 
     @property
     def missing(self) -> list[str]:
@@ -125,13 +126,24 @@ class Coverage:
         return [n.name for n in self.nodes if not self.in_routing[n.name] and n.name not in self.spares]
 
 
+def _back(node: Node, draining: frozenset[str]) -> bool:
+    """An incident's node is back when it serves in routing, healthy, with no drain open on it: under suspicion
+    (SUSPICIOUS) or waiting for a drain, what the incident lost is not back (an SDC incident said "capacity restored
+    … in routing" at +0 ms, its node corrupt and its drain waiting)."""
+    return _in_service(node) and node.health == Health.HEALTHY and node.name not in draining
+
+
 def coverage(incident: Incident) -> Coverage:
     nodes = list(incident.nodes.order_by("name"))
     promoted = incident.events.filter(kind=EventKind.SPARE_PROMOTED).select_related("node")
+    draining = frozenset(
+        Drain.objects.filter(node__in=nodes, state__in=OPEN_DRAIN_STATES).values_list("node__name", flat=True)
+    )
     return Coverage(
         nodes,
-        {node.name: _in_service(node) for node in nodes},
+        {node.name: _back(node, draining) for node in nodes},
         {e.details.get("in_place_of"): e for e in promoted if e.node is not None and _in_service(e.node)},
+        draining,
     )
 
 
@@ -671,8 +683,11 @@ def note_capacity(incident: Incident, at: dt.datetime) -> None:
     if not reading.nodes or reading.missing:
         return  # some node neither back nor replaced: judged again as the next one returns, or by the periodic check
     # Dated by the nodes themselves, not by when this runs (a reaction can run late, or for an earlier step): the
-    # last node to return, each by the time it entered its current state, or its spare by its promotion.
-    returned = [n.state_changed_at if reading.in_routing[n.name] else reading.spares[n.name].at for n in reading.nodes]
+    # last node to return, each by the time it entered its current state and health, or its spare by its promotion.
+    returned = [
+        max(n.state_changed_at, n.health_changed_at) if reading.in_routing[n.name] else reading.spares[n.name].at
+        for n in reading.nodes
+    ]
     at = min(max([*returned, incident.opened_at]), at)
     claimed = Incident.objects.filter(
         pk=incident.pk, status=IncidentStatus.ACTIVE, capacity_restored_at__isnull=True
@@ -700,8 +715,11 @@ def note_capacity(incident: Incident, at: dt.datetime) -> None:
 
 
 def _stabilize(incident: Incident, now: dt.datetime) -> bool:
-    """Active → Stable once latency recovered and capacity restored both hold."""
+    """Active → Stable once latency recovered and capacity restored both hold, and no drain is open on its nodes
+    (a spare may serve in a node's place while on-call has yet to decide what becomes of it)."""
     if incident.recovered_at is None or incident.capacity_restored_at is None:
+        return False
+    if Drain.objects.filter(node__in=incident.nodes.all(), state__in=OPEN_DRAIN_STATES).exists():
         return False
     claimed = Incident.objects.filter(
         pk=incident.pk,

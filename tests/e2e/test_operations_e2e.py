@@ -160,6 +160,12 @@ def test_silent_corruption_is_drained_with_on_calls_approval_and_no_token_lost(b
     assert call(stack, "GET", f"/api/drains/{drain['id']}")[1]["waiting"]
     suspects = call(stack, "GET", f"/api/incidents/{drain['incident']}")[1]["details"]["suspect_requests"][sick]
     assert {results[i]["request_id"] for i in on_sick} <= set(suspects["in_flight"] + suspects["finished"])
+    # Not over while its node is corrupt and its drain waits (issue 43: "capacity restored … in routing" and
+    # "Active → Stable" were written at +0 ms): the spare may serve in its place, the node itself is not back.
+    incident = call(stack, "GET", f"/api/incidents/{drain['incident']}")[1]
+    assert incident["status"] == "active", [e["description"] for e in incident["events"]]
+    claims = [e["description"] for e in incident["events"] if e["kind"] == "capacity_restored"]
+    assert not [c for c in claims if f"{sick} in routing" in c], claims
 
     # The operator and the manager see why, but may not decide: refused, and logged.
     for role in ("operator", "manager"):
@@ -222,6 +228,15 @@ def test_silent_corruption_is_drained_with_on_calls_approval_and_no_token_lost(b
     assert any(c["trial"] and c["passed"] for c in node["canaries"])  # the half-open trial that returned it
     wait_for(lambda: gateway_health(stack)["weights"].get(sick) == 1.0, 5, 0.05, "back in routing")
     assert detected_s < 15
+    # Over once its node is back and the drain has returned it: Stable, dated after the drain began.
+    incident = wait_for(
+        lambda: (i := call(stack, "GET", f"/api/incidents/{drain['incident']}")[1])["status"] != "active" and i,
+        30,
+        0.5,
+        "the SDC incident stable once its node is back",
+    )
+    stable = next(e for e in incident["events"] if e["kind"] == "status" and "Stable" in e["description"])
+    assert stable["at"] > call(stack, "GET", f"/api/drains/{drain['id']}")[1]["created_at"], incident["events"]
 
 
 def test_a_critical_xid_makes_a_node_unhealthy_at_once(ops_stack):

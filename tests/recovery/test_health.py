@@ -152,6 +152,47 @@ def test_silent_corruption_makes_a_node_suspicious_then_unhealthy_and_proposes_a
     assert "hc-a" in notification.title and notification.url == f"/drains/{drain.pk}/"
 
 
+def test_an_sdc_incident_is_not_over_while_its_node_is_suspect_or_its_drain_waits(pair, commit, react, cast):
+    """Issue 43: "Capacity restored 0.0 s … in routing" and "Active → Stable" were written at +0 ms, the node under
+    suspicion, then corrupt and out of routing with its drain waiting. What the incident lost is back only when the
+    node serves healthy with no drain open (or a spare serves in its place); it is Stable only with no drain open."""
+    from recovery.actions import incidents
+    from recovery.choices import EventKind, IncidentStatus
+    from recovery.models import Incident
+
+    a, _ = pair
+    node = Node.objects.get(name="hc-a")
+    commit(health.run_canary, node)
+    inject(a, "sdc", rate=0.0, logprob_drift=-1.5)
+
+    def judged() -> Incident | None:
+        react()
+        commit(incidents.check_recovery)
+        return Incident.objects.first()
+
+    for _ in range(3):  # SUSPICIOUS (weight 0.5), then UNHEALTHY: an incident, a drain proposed
+        commit(health.run_canary, node)
+        incident = judged()
+        if incident is not None:
+            assert incident.status == IncidentStatus.ACTIVE and incident.capacity_restored_at is None
+    drain = Drain.objects.get(node=node, state=DrainState.PROPOSED)
+    assert not incident.events.filter(kind=EventKind.CAPACITY_RESTORED).exists()
+
+    # The fault cleared and the node healthy again, but its drain still waits for on-call: not back, not over.
+    cleared = http_json(a.address + "/agent/faults", method="DELETE", headers={"Authorization": f"Bearer {FAULT}"})
+    assert cleared[0] == 200
+    Node.objects.filter(pk=node.pk).update(health=Health.HEALTHY, health_changed_at=timezone.now(), breaker="closed")
+    incident = judged()
+    assert incident.status == IncidentStatus.ACTIVE and incident.capacity_restored_at is None
+    assert incidents.coverage(incident).draining == {"hc-a"}
+
+    commit(drains.cancel, drain, cast["oncall"], "a rehearsal")
+    incident = judged()
+    restored = incident.events.get(kind=EventKind.CAPACITY_RESTORED)
+    assert "hc-a in routing" in restored.description and restored.at >= drain.created_at
+    assert incident.status == IncidentStatus.STABLE
+
+
 def test_a_wrong_token_fails_the_canary_at_once(pair, commit):
     a, _ = pair
     node = Node.objects.get(name="hc-a")
