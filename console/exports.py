@@ -328,7 +328,20 @@ def report_pdf(data: dict) -> bytes:
     story.append(Paragraph("Incidents", styles["h3"]))
     story.append(
         _table(
-            ["#", "Opened (UTC)", "Severity", "Cause", "Detect", "Recover", "Longest stall", "Budget used"],
+            [
+                "#",
+                "Opened (UTC)",
+                "Severity",
+                "Cause",
+                "Detect",
+                "Latency back",
+                "Capacity back",
+                "Failed",
+                "Shed",
+                "Moved",
+                "Longest stall",
+                "Budget used",
+            ],
             [
                 [
                     str(i["id"]),
@@ -336,14 +349,31 @@ def report_pdf(data: dict) -> bytes:
                     i["severity_label"],
                     Paragraph(escape(i["cause"]) + (" (simulated)" if i["simulated"] else ""), small),
                     _seconds(i["detect_s"]),
-                    _seconds(i["recover_s"]),
+                    _seconds(i["latency_s"]),
+                    _seconds(i["capacity_s"]),
+                    f"{i['failed']:,}",
+                    f"{i['shed']:,}",
+                    f"{i['moved']:,}",
                     "n/a" if i["longest_stall_ms"] is None else f"{i['longest_stall_ms']:,.0f} ms",
                     i["budget_consumed_text"],
                 ]
                 for i in data["incidents"]
             ]
-            or [["", "No incident in this period.", "", "", "", "", "", ""]],
-            [10 * mm, 28 * mm, 14 * mm, width - 132 * mm, 18 * mm, 18 * mm, 20 * mm, 24 * mm],
+            or [["", "No incident in this period.", "", "", "", "", "", "", "", "", "", ""]],
+            [
+                8 * mm,
+                26 * mm,
+                12 * mm,
+                width - 164 * mm,
+                13 * mm,
+                15 * mm,
+                16 * mm,
+                13 * mm,
+                13 * mm,
+                13 * mm,
+                19 * mm,
+                16 * mm,
+            ],
             figures_from=4,
         )
     )
