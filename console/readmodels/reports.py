@@ -11,6 +11,7 @@ Cost: a month of a busy cluster (150 scopes, 6.5 M minute rows) is 4,500 day row
 """
 
 import datetime as dt
+import math
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -526,7 +527,10 @@ def _incidents(start: dt.datetime, end: dt.datetime, budget: float) -> list[dict
                 "failed": during["failed"] or 0,
                 "shed": during["shed"] or 0,
                 "moved": during["moved"] or 0,
-                "longest_stall_ms": incident.longest_stall_ms,
+                # Rounded once, here: the page and the PDF printed 912.5 ms as 913 and 912 (half up, half even).
+                "longest_stall_ms": None
+                if incident.longest_stall_ms is None
+                else math.floor(incident.longest_stall_ms + 0.5),
                 "bad_requests": bad,
                 "budget_consumed": consumed,
                 "budget_consumed_text": pct(consumed, 2) if consumed is not None else "n/a (no budget: no requests)",
