@@ -262,6 +262,12 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": 2.0,
         "options": {"expires": 10.0},
     },
+    # A promoted hot spare back to the pool once the node it stood in for serves again (recovery.actions.health).
+    "return-spares": {
+        "task": "recovery.tasks.return_spares",
+        "schedule": 2.0,
+        "options": {"expires": 4.0},
+    },
     # Each node's canary comes due at the cluster's interval (settings page); this only looks for due ones.
     "schedule-canaries": {
         "task": "recovery.tasks.schedule_canaries",

@@ -53,6 +53,11 @@ def check_incident_recovery() -> list[int]:
 
 
 @shared_task(ignore_result=True)
+def return_spares() -> list[str]:
+    return health.return_spares()
+
+
+@shared_task(ignore_result=True)
 def start_assist(node_id: int) -> str:
     return incidents.start_assist(node_id)
 

@@ -602,6 +602,79 @@ def spare_for(node: Node) -> Node | None:
     return min(spares, key=lambda s: (s.rack_id != node.rack_id, s.name), default=None)
 
 
+def _serves_again(node: Node) -> bool:
+    """In routing as before its failure: serving, healthy, not cordoned, not a spare, no drain open on it."""
+    return (
+        node.state == NodeState.SERVING
+        and node.health == Health.HEALTHY
+        and not node.cordoned
+        and not node.spare
+        and not node.drains.filter(state__in=OPEN_DRAIN_STATES).exists()
+    )
+
+
+def standing_in() -> dict[Node, str]:
+    """The hot spares the system put in service in another node's place, and still there: {spare: that node's
+    name}, by each one's last spare change (a person's change is theirs: never undone here)."""
+    rows = HealthTransition.objects.filter(
+        kind=HealthChange.SPARE, node__spare=False, details__has_key="in_place_of"
+    ).select_related("node")
+    out = {}
+    for row in rows:  # newest first
+        if row.node in out:
+            continue
+        last = HealthTransition.objects.filter(node=row.node, kind=HealthChange.SPARE).first()
+        if last is not None and last.pk == row.pk and row.actor == "system" and row.new == "False":
+            out[row.node] = row.details["in_place_of"]
+    return out
+
+
+def return_spares() -> list[str]:
+    """The fleet back to its configured shape: a promoted hot spare goes back to the pool once the node it stood in
+    for serves again (a kill, then a restart, left the demo with one spare fewer for good). Where another node of its
+    model is still out with no spare in its place, the spare stands in for that one instead. Returns the spares
+    returned to the pool."""
+    returned = []
+    spares = standing_in()
+    covered = set(spares.values())
+    for spare, name in sorted(spares.items(), key=lambda item: item[0].name):
+        node = Node.objects.filter(name=name).first()
+        if node is not None and not _serves_again(node):
+            continue
+        why = f"{name} serves again" if node is not None else f"{name} is no longer in the fleet"
+        uncovered = (
+            Node.objects.filter(model_key=spare.model_key, spare=False)
+            .exclude(state__in=(NodeState.LEFT,))
+            .exclude(pk=spare.pk)
+            .exclude(name__in=covered)
+            .order_by("name")
+        )
+        out = next(
+            (
+                n
+                for n in uncovered
+                if not n.cordoned and (n.state != NodeState.SERVING or n.health in (Health.UNHEALTHY, Health.DRAINING))
+            ),
+            None,
+        )
+        if out is not None:
+            HealthTransition.objects.create(
+                node=spare,
+                kind=HealthChange.SPARE,
+                old="False",
+                new="False",
+                cause=f"stands in for {out.name} now: {why}",
+                actor="system",
+                details={"in_place_of": out.name, "was_in_place_of": name},
+            )
+            covered.add(out.name)
+            log.info("hot spare %s stands in for %s now (%s)", spare.name, out.name, why)
+            continue
+        if set_spare(spare, True, "system", f"back to the pool: {why}", details={"returned_for": name}):
+            returned.append(spare.name)
+    return returned
+
+
 def promote_spare_for(node: Node, cause: str) -> Node | None:
     """A node of this model left service: put a hot spare of the same model in its place at once."""
     spare = spare_for(node)

@@ -122,6 +122,42 @@ def test_a_hot_spare_in_service_restores_capacity(commit, react):
     assert incident.recovered_at is None and incident.status == IncidentStatus.ACTIVE  # latency: not judged yet
 
 
+def test_a_promoted_spare_goes_back_to_the_pool_once_the_node_it_stood_in_for_serves_again(commit, react):
+    """Issue 43: a kill promoted the demo's spare, and every later start kept it in service: one spare fewer for
+    good, while the banner still said one. Back to the pool once the node it replaced serves again; where another
+    node of its model is out with no spare, it stands in for that one instead; a person's choice is never undone."""
+    from recovery.actions import health, nodes
+
+    for name in ("rs-1", "rs-2"):
+        commit(register, name)
+    spare, _ = commit(register, "rs-spare")
+    Node.objects.filter(pk=spare.pk).update(spare=True)
+    signal("symptom", node="rs-1", at=time.time() - 20)
+    commit(streams.process)
+    react()
+    assert not Node.objects.get(name="rs-spare").spare and health.standing_in() == {spare: "rs-1"}
+    assert commit(health.return_spares) == []  # rs-1 is down: it stays in service
+
+    # rs-2 fails too, with no spare left for it; then rs-1 is back: the spare stands in for rs-2 instead.
+    commit(nodes.transition_node, Node.objects.get(name="rs-2"), NodeState.DOWN, "killed")
+    commit(register, "rs-1")  # a new session, serving
+    assert commit(health.return_spares) == []
+    assert health.standing_in() == {spare: "rs-2"} and not Node.objects.get(name="rs-spare").spare
+
+    commit(register, "rs-2")  # back as well: the spare goes back to the pool
+    assert commit(health.return_spares) == ["rs-spare"]
+    returned = Node.objects.get(name="rs-spare")
+    assert returned.spare and health.standing_in() == {}
+    last = returned.health_transitions.filter(kind="spare").first()
+    assert last.actor == "system" and last.cause == "back to the pool: rs-2 serves again"
+
+    # Put in service by a person: theirs, whatever returns.
+    commit(health.set_spare, returned, False, "oncall", "more capacity for the launch")
+    commit(nodes.transition_node, Node.objects.get(name="rs-1"), NodeState.DOWN, "killed")
+    commit(register, "rs-1")
+    assert commit(health.return_spares) == [] and not Node.objects.get(name="rs-spare").spare
+
+
 def test_capacity_is_judged_and_told_from_one_reading_of_the_nodes(commit, react, monkeypatch):
     """A node that leaves routing while capacity is being judged (a fault takes it again as its drain returns it)
     is told as it was judged: the chaos soak found the two reads disagree, and the check died on a KeyError."""
