@@ -33,6 +33,20 @@ def pct(value: float | None, digits: int = 2) -> str:
     return "no data" if value is None else f"{100 * value:.{digits}f}%"
 
 
+def share_text(part: int, whole: int, digits: int = 1) -> str:
+    """`part` of `whole` as a percentage that is 100 % or 0 % only when it is: 99,999 of 100,000 is "> 99.9%", not
+    "100.0%" (the objectives page said all of a window was generated history while it held live requests)."""
+    if not whole:
+        return "no data"
+    text = pct(part / whole, digits)
+    step = 10.0**-digits
+    if part < whole and text == pct(1.0, digits):
+        return f"> {100 - step:.{digits}f}%"
+    if part > 0 and text == pct(0.0, digits):
+        return f"< {step:.{digits}f}%"
+    return text
+
+
 def rate(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}×"
 
@@ -183,6 +197,10 @@ def objective_status(objective: SloObjective, now: dt.datetime | None = None, de
         "minutes_with_data": sums["w_minutes"],
         "last_minute": sums["w_last"].isoformat() if sums["w_last"] else None,
         "counts": window,
+        "simulated_text": (
+            f"{share_text(window['simulated'], window['valid'])} of the window's requests are generated history"
+            + (f" ({window['valid'] - window['simulated']:,} served)" if window["valid"] > window["simulated"] else "")
+        ),
         "indicators": indicators,
         "joint_attainment": joint,
         "joint_text": pct(joint, 3),
@@ -481,7 +499,8 @@ def simulated_share(days: list[dict]) -> dict:
     share = simulated / requests if requests else None
     if simulated:
         text = (
-            f"{simulated:,} of the window's {requests:,} requests ({pct(share, 1)}) are generated history, not served "
+            f"{simulated:,} of the window's {requests:,} requests ({share_text(simulated, requests)}) are generated "
+            "history, not served "
             f"requests: on {len(generated)} of its {len(days)} days with data, {generated[0]} to {generated[-1]}"
         )
     else:

@@ -62,5 +62,13 @@ def test_the_degradation_history_badges_generated_changes(client, cast, eight_da
 def test_slo_shows_the_share_of_the_window_that_is_generated(client, cast, eight_days):
     client.force_login(cast["manager"])
     page = client.get("/slo/").content.decode()
-    shares = re.findall(r"data-simulated-share>.*?(\d+)% of the window's requests are generated history", page)
-    assert shares and all(share == "100" for share in shares)  # nothing live yet: all of it is generated
+    shares = re.findall(r"data-simulated-share>.*?</span> (.*?) of the window&#x27;s requests are generated", page)
+    assert shares and all(share == "100.0%" for share in shares)  # nothing live yet: all of it is generated
+
+
+def test_a_share_of_generated_history_is_never_rounded_to_all_or_none():
+    """The objectives page said "100 % … generated history" with live requests in the window."""
+    from console.readmodels.slo import share_text
+
+    assert share_text(99_999, 100_000) == "> 99.9%" and share_text(1, 100_000) == "< 0.1%"
+    assert share_text(100_000, 100_000) == "100.0%" and share_text(0, 5) == "0.0%" and share_text(1, 4) == "25.0%"
