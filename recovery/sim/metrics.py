@@ -36,6 +36,7 @@ from recovery.sim.fleet import SERIES_S, Flight, Simulation
 
 TOLERANCE = 0.10  # document 000: "within 10 % of its no-failure baseline"
 WINDOW_S = 5.0
+SMOOTH = 3  # windows a recovery is judged over: a single window's noise does not decide it
 
 
 @dataclass(frozen=True)
@@ -175,19 +176,25 @@ def recovered_at(
     faulted: Simulation, baseline: Simulation, start_s: float, end_s: float, window_s: float = WINDOW_S
 ) -> float | None:
     """The start of the first window from `start_s` after which every window before `end_s` is within 10 % of the
-    baseline; None when the last one is not."""
+    baseline; None when the last one is not. Each window is judged by the mean of the SMOOTH windows around it (those
+    from it on, the last SMOOTH at the end): one noisy window, at the end above all, crossed the 10 % line alone and
+    said "not back" of a run whose chart showed it back (issue 43)."""
     faulted_ttft, faulted_gaps = windows(faulted.ttft_series, window_s), windows(faulted.gap_series, window_s)
     base_ttft, base_gaps = windows(baseline.ttft_series, window_s), windows(baseline.gap_series, window_s)
 
+    first, last = int(start_s // window_s), max(int(math.ceil(end_s / window_s)) - 1, int(start_s // window_s))
+
     def within(w: int) -> bool:
+        begin = max(first, min(w, last - SMOOTH + 1))
+        span = range(begin, min(begin + SMOOTH, last + 1))
         for mine, base in ((faulted_ttft, base_ttft), (faulted_gaps, base_gaps)):
-            if w in mine and w in base and mine[w] > (1 + TOLERANCE) * base[w]:
-                return False
-            if w in mine and w not in base:
+            if any(i in mine and i not in base for i in span):
                 return False  # the fault's doing: latency the baseline had none of by then
+            ours, theirs = [mine[i] for i in span if i in mine], [base[i] for i in span if i in mine]
+            if ours and sum(ours) > (1 + TOLERANCE) * sum(theirs):
+                return False
         return True
 
-    first, last = int(start_s // window_s), max(int(math.ceil(end_s / window_s)) - 1, int(start_s // window_s))
     recovered = None
     for w in range(last, first - 1, -1):
         if not within(w):

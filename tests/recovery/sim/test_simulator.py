@@ -424,6 +424,26 @@ def test_a_small_four_node_minute_runs_with_its_baseline_and_finds_the_recovery_
     assert before and all(base[r.request_id] == r for r in before)
 
 
+def test_recovery_is_judged_over_several_windows_so_one_noisy_window_does_not_undo_it():
+    """Issue 43: the experiments preset said "Recovery: n/a (not back in 1 of 1 runs)" while its chart showed the
+    run back: its last 5-second window crossed the 10 % line by noise, alone."""
+    from types import SimpleNamespace
+
+    from recovery.sim.metrics import recovered_at
+
+    def run(per_window: dict[int, float]) -> SimpleNamespace:  # ten 0.5-second buckets a window, one sample each
+        series = {w * 10 + b: (value, 1) for w, value in per_window.items() for b in range(10)}
+        return SimpleNamespace(ttft_series=series, gap_series=series)
+
+    baseline = run({w: 1.0 for w in range(12)})
+    slow = {w: 1.0 for w in range(12)} | {4: 3.0, 5: 2.5, 6: 1.8}
+    assert recovered_at(run(slow), baseline, 20.0, 60.0) == 35.0  # window 7 on
+    assert recovered_at(run(slow | {11: 1.15}), baseline, 20.0, 60.0) == 35.0  # not None: the last window is noise
+    assert recovered_at(run(slow | {9: 1.2}), baseline, 20.0, 60.0) == 35.0
+    # Latency that stays up is not noise: not back.
+    assert recovered_at(run(slow | {10: 1.4, 11: 1.4}), baseline, 20.0, 60.0) is None
+
+
 def test_without_faults_nothing_is_interrupted_and_recovery_is_not_measured():
     scenario = make(duration_s=20, rate_rps=4)
     sim = Simulation(scenario, "lifeline", 1).run()
