@@ -3,7 +3,7 @@ routing table as a heatmap (logical expert × EW, primary or shadow), tokens per
 its attention workers with the table version each took."""
 
 from recovery.actions import moe
-from recovery.choices import ExpertWorkerState
+from recovery.choices import ExpertWorkerState, Health, NodeState
 from recovery.models import MoeDeployment, Node
 from workers import catalog
 from workers.moe import expert_bytes
@@ -54,7 +54,7 @@ def snapshot(name: str) -> dict | None:
     ]
     pushed = deployment.details.get("pushed", {})
     aws = [
-        {"name": n.name, "state": n.state, "version": pushed.get(n.name)}
+        {"name": n.name, "state": n.state, "health": n.health, "shown": _aw_state(n), "version": pushed.get(n.name)}
         for n in Node.objects.filter(name__in=deployment.attention_workers).order_by("name")
     ]
     series = deployment.details.get("series", [])
@@ -81,3 +81,11 @@ def snapshot(name: str) -> dict | None:
         "canary_goldens": len(deployment.details.get("canary_golden", {})),
         "canary_failed": deployment.details.get("canary_failed", []),
     }
+
+
+def _aw_state(node: Node) -> str:
+    """An attention worker's state as its operator needs it: "serving" only when it serves in routing (an unhealthy
+    one was listed as serving, issue 43)."""
+    if node.state != NodeState.SERVING or node.health in (Health.HEALTHY, Health.SUSPICIOUS):
+        return node.state if node.health == Health.HEALTHY else f"{node.state}, {node.health}"
+    return f"{node.state}, {node.health}: out of routing"
