@@ -235,20 +235,24 @@ def test_the_control_plane_rewrites_the_hot_state_in_one_transaction(namespace):
     serving_node("node-a")
     key_actions.create_api_key("acme", "standard", "outage test")
     wipe(namespace)
-    blocks, block = [], None
+    # MONITOR shows every client of this Redis, the other test processes' too (a CI run read another's block): the
+    # blocks are kept per connection, and only those that write this test's keys are looked at.
+    blocks, open_blocks = [], {}
     with hot.client().monitor() as monitor:
         routing.sync_hot_state()
         for command in monitor.listen():
-            word = command["command"].split()[0].upper()
+            client, text = (command.get("client_address"), command.get("client_port")), command["command"]
+            word = text.split()[0].upper()
             if word == "MULTI":
-                block = []
-            elif word == "EXEC" and block is not None:
-                blocks.append(block)
-                if "PUBLISH" in block:
-                    break
-                block = None
-            elif block is not None:
-                block.append(word)
+                open_blocks[client] = []
+            elif word == "EXEC" and client in open_blocks:
+                block = open_blocks.pop(client)
+                if any(namespace in written for _, written in block):
+                    blocks.append([w for w, _ in block])
+                    if "PUBLISH" in blocks[-1]:
+                        break
+            elif client in open_blocks:
+                open_blocks[client].append((word, text))
     block = blocks[-1]  # the first block with a PUBLISH: the one that tells the gateways
     for written in ("HSET", "SET", "PUBLISH"):
         assert written in block, block
