@@ -76,7 +76,10 @@ async def test_a_node_fronts_a_real_vllm_reads_its_load_and_resumes_on_it_by_re_
     assert [i for c in streamed for i in c.get("token_ids", [])] == direct["choices"][0]["token_ids"]
 
     # Its load, while a long stream runs: vLLM's running count and the adapter's own decode batch.
-    long = asyncio.create_task(sse_choices(node.address, "/v1/completions", {**body, "max_tokens": 1500}))
+    # Read in a thread of its own: on this loop, a stream whose chunks are already buffered is read without ever
+    # yielding, and the load was polled only after it ended (a CI run on two busy workers).
+    stream = sse_choices(node.address, "/v1/completions", {**body, "max_tokens": 1500})
+    long = asyncio.create_task(asyncio.to_thread(asyncio.run, stream))
     load = await _load_while(node.address, long, lambda s: s["decode_batch"] == 1 and s["step_ms"])
     assert load["source"] == "engine_metrics" and load["running"] == 1 and load["decode_context_tokens"] > 3
     assert len((await long)[0]) >= 1500
