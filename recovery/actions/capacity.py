@@ -104,6 +104,14 @@ def _stalled_attention_workers(now: float | None = None) -> set[str]:
     return {name for details, workers in stalled if details["stalled"].get("degrade_at", 0) <= now for name in workers}
 
 
+def slowdown_of(deployment: catalog.Deployment, live: hot.NodeEntry) -> float:
+    """How much slower than the model a node steps now (policy.slowdown), measured on its last decode-only step:
+    a step carrying a prefill chunk is long by design. The level and the placement page both count it."""
+    return policy.slowdown(
+        deployment, live.decode_step_ms or 0.0, live.decode_step_batch or 0, live.decode_step_context_tokens or 0
+    )
+
+
 def served_models(cluster: Cluster | None = None) -> list[str]:
     """The models with an objective or a node that has not left: each has a level of its own."""
     cluster = cluster or Cluster.default()
@@ -147,10 +155,7 @@ def report(
         if not _in_service(node, data, promoted):
             continue
         deployment = catalog.Deployment.of(node.model_key, node.gpu_key, node.tp)
-        # Measured on the last decode-only step: a step carrying a prefill chunk is long by design.
-        slow = policy.slowdown(
-            deployment, data.decode_step_ms or 0.0, data.decode_step_batch or 0, data.decode_step_context_tokens or 0
-        )
+        slow = slowdown_of(deployment, data)
         figure = policy.node_capacity(deployment, slos.get(node.model_key, policy.Slo()), MAX_NUM_SEQS, slow)
         figures[node.name] = {
             "rps": round(figure.rps, 3),

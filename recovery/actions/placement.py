@@ -2,11 +2,13 @@
 would replace: what the Placement page and its API answer. Asking for a plan changes nothing.
 
 The fleet comes from the registry: nodes that share a `server` are one server (its GPUs are theirs together);
-a node with none is a server of its own GPUs. A model's workload is what the gateways reported over the last
-WINDOW_S (its arrival rate and mean prompt and output lengths, from RequestOutcome), or its throughput objective
-(ModelCapacity.required_rps) where that is higher, so that a plan covers both what is asked now and what was
-promised; its latency objectives are its ModelCapacity's. "What if" questions are answered on the same inputs:
-servers added (`add`), racks lost (`lose_racks`).
+a node with none is a server of its own GPUs. A model's workload is its throughput objective
+(ModelCapacity.required_rps), or the arrival rate the gateways reported over the last WINDOW_S where that is
+higher, so that a plan covers both what is asked now and what was promised. Capacity is counted as the degradation
+level counts it (one function, recovery.policy.capacity.node_capacity): at the objective's prompt and output lengths
+and latency, each server at its measured speed, so "after a rack's loss" here is what the level would see. The
+measured lengths are shown beside (and where traffic runs longer than the objective, the page says so). "What if"
+questions are answered on the same inputs: servers added (`add`), racks lost (`lose_racks`).
 """
 
 import dataclasses
@@ -16,6 +18,8 @@ from datetime import timedelta
 from django.db.models import Avg, Count
 from django.utils import timezone
 
+from recovery import hot
+from recovery.actions import capacity
 from recovery.choices import Health, NodeState
 from recovery.models import ApiKey, Cluster, ModelCapacity, Node, RequestOutcome
 from recovery.policy import planner
@@ -77,12 +81,11 @@ def live_fleet(nodes: list[Node] | None = None) -> tuple[list[Server], dict[str,
     return servers, {name: tuple(sorted(replicas)) for name, replicas in current.items()}
 
 
-def live_demands(
-    models: set[str], measured: dict[str, dict] | None = None, objective_lengths: bool = False
-) -> list[Demand]:
-    """Each model's workload: measured over the last WINDOW_S, or its objective where that asks more. With
-    `objective_lengths`, the prompt and output lengths are the objective's whatever was measured: those the
-    degradation level counts capacity at (a re-placement answers a level's rise)."""
+def live_demands(models: set[str], measured: dict[str, dict] | None = None) -> list[Demand]:
+    """Each model's workload: its throughput objective, or the rate measured over the last WINDOW_S where that is
+    higher; its prompt and output lengths and latency objectives are the objective's, those its degradation level
+    counts capacity at, so that this page's capacities (and after a rack's loss) are the level's own. Measured
+    lengths are shown beside them (sources), and where traffic runs longer than the objective, said plainly."""
     measured = _measured() if measured is None else measured
     objectives = {row.model_key: row for row in ModelCapacity.objects.filter(cluster=Cluster.default())}
     restricted = restrictions()
@@ -93,16 +96,12 @@ def live_demands(
         objective = objectives.get(model) or ModelCapacity(model_key=model)
         seen = measured.get(model)
         rate = max(objective.required_rps, (seen["count"] / WINDOW_S) if seen else 0.0)
-        if seen and seen["count"] >= MIN_MEASURED and not objective_lengths:
-            prompt, output = max(1, round(seen["prompt"] or 1)), max(1, round(seen["output"] or 1))
-        else:
-            prompt, output = objective.avg_prompt_tokens, objective.avg_output_tokens
         demands.append(
             Demand(
                 model,
                 round(rate, 3),
-                prompt,
-                output,
+                objective.avg_prompt_tokens,
+                objective.avg_output_tokens,
                 objective.ttft_ms,
                 objective.tpot_ms,
                 restricted.get(model, ()),
@@ -148,18 +147,25 @@ def _measured() -> dict[str, dict]:
     }
 
 
-def _sources(demands: list[Demand], measured: dict[str, dict], objective_lengths: bool = False) -> dict[str, str]:
-    """Where each model's lengths come from, in words for the page."""
-    if objective_lengths:
-        return {d.model: "lengths from the model's objective, as its degradation level counts them" for d in demands}
-    return {
-        d.model: (
-            f"lengths measured over the last {WINDOW_S // 60} min ({measured[d.model]['count']} requests)"
-            if d.model in measured and measured[d.model]["count"] >= MIN_MEASURED
-            else "lengths from the model's objective (too few requests measured)"
+def _sources(demands: list[Demand], measured: dict[str, dict]) -> dict[str, str]:
+    """Where each model's lengths come from, and what was measured beside them, in words for the page."""
+    sources = {}
+    for d in demands:
+        said = (
+            f"lengths from the model's objective ({d.prompt_tokens} → {d.output_tokens} tokens),"
+            " as its degradation level counts them"
         )
-        for d in demands
-    }
+        seen = measured.get(d.model)
+        if seen and seen["count"] >= MIN_MEASURED:
+            prompt, output = round(seen["prompt"] or 0), round(seen["output"] or 0)
+            said += f"; measured over the last {WINDOW_S // 60} min: {prompt} → {output} ({seen['count']} requests)"
+            if prompt > d.prompt_tokens or output > d.output_tokens:
+                said += (
+                    ", longer than the objective: this plan and the level both count more capacity than the traffic"
+                    " gets; raise the objective's lengths on the Capacity page"
+                )
+        sources[d.model] = said
+    return sources
 
 
 def what_if(servers: list[Server], add: dict | None, lose_racks: list[str]) -> list[Server]:
@@ -190,7 +196,8 @@ def what_if(servers: list[Server], add: dict | None, lose_racks: list[str]) -> l
 
 def overview() -> dict | None:
     """The current placement and the workload, without a plan (None when no node serves)."""
-    servers, current = live_fleet()
+    nodes = list(plannable_nodes())
+    servers, current = live_fleet(nodes)
     if not servers:
         return None
     measured = _measured()
@@ -198,7 +205,7 @@ def overview() -> dict | None:
     return {
         "demands": [_demand_json(d) for d in demands],
         "sources": _sources(demands, measured),
-        "current": _side(servers, current, demands),
+        "current": _side(servers, current, demands, measured_slowdown(nodes)),
     }
 
 
@@ -206,16 +213,17 @@ def propose(
     add: dict | None = None,
     lose_racks: list[str] | None = None,
     evaluate: bool = True,
-    objective_lengths: bool = False,
     nodes: list[Node] | None = None,
 ) -> dict:
     """The planner's placement for the live fleet (or the what-if one) against the current one, as JSON."""
+    nodes = list(plannable_nodes()) if nodes is None else nodes
     servers, current = live_fleet(nodes)
     if not servers:
         raise PlacementError("fleet", "the registry has no serving node yet: start some nodes, then ask again")
+    slowdown = measured_slowdown(nodes)
     models = {r.model for rs in current.values() for r in rs}
     measured = _measured()
-    demands = live_demands(models, measured, objective_lengths)
+    demands = live_demands(models, measured)
     fleet = what_if(servers, add, lose_racks or [])
     names = {s.name for s in fleet}
     kept = {name: replicas for name, replicas in current.items() if name in names}
@@ -224,9 +232,9 @@ def propose(
         "generated_at": timezone.now().isoformat(),
         "what_if": {"add": add or None, "lose_racks": lose_racks or []},
         "demands": [_demand_json(d) for d in demands],
-        "sources": _sources(demands, measured, objective_lengths),
-        "current": _side(servers, current, demands),
-        "proposed": _side(fleet, plan.assignment, demands),
+        "sources": _sources(demands, measured),
+        "current": _side(servers, current, demands, slowdown),
+        "proposed": _side(fleet, plan.assignment, demands, slowdown),
         "moves": [
             {
                 "server": m.server,
@@ -255,10 +263,27 @@ def propose(
     return result
 
 
-def _side(servers, assignment, demands) -> dict:
-    """One placement as the page shows it: the matrix (model × GPU type and TP: replicas, GPUs) and capacities."""
+def measured_slowdown(nodes: list[Node]) -> dict[str, float]:
+    """Per server, how much slower than the model its GPUs step now (the slowest of its nodes), as the degradation
+    level measures it (capacity.slowdown_of); servers at full speed are left out."""
+    live = hot.nodes([n.name for n in nodes])
+    slowest: dict[str, float] = {}
+    for node in nodes:
+        entry = live.get(node.name)
+        if entry is None:
+            continue
+        slow = capacity.slowdown_of(catalog.Deployment.of(node.model_key, node.gpu_key, node.tp), entry)
+        server = node.server or node.name
+        if slow > slowest.get(server, 1.0):
+            slowest[server] = slow
+    return slowest
+
+
+def _side(servers, assignment, demands, slowdown: dict[str, float] | None = None) -> dict:
+    """One placement as the page shows it: the matrix (model × GPU type and TP: replicas, GPUs) and capacities,
+    counted by the degradation level's function, a server measured slow at its measured speed."""
     table = planner.allocation_of(assignment, servers)
-    measures = planner.measure(servers, demands, assignment)
+    measures = planner.measure(servers, demands, assignment, slowdown=slowdown)
     return {
         "servers": len(servers),
         "gpus": sum(s.gpus for s in servers),

@@ -111,7 +111,7 @@ def propose(model: str = "", *, source: str = SOURCE, reason: str = "", requeste
     # fleet, so a node that changes while the planner runs is a change the approval sees. At the lengths the
     # degradation level counts capacity at: the proposal answers a level's rise, and its capacities are the level's.
     nodes = list(placement.plannable_nodes())
-    result = placement.propose(objective_lengths=True, nodes=nodes)
+    result = placement.propose(nodes=nodes)
     switches, manual = switches_for(result, nodes)
     if not switches:
         raise ProposalRefused(

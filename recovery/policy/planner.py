@@ -127,16 +127,18 @@ class Demand:
 Capacity = Callable[[Demand, str, int], float]  # (demand, GPU type, TP) -> requests/s one replica sustains
 
 
-def roofline_capacity(demand: Demand, gpu: str, tp: int) -> float:
+def roofline_capacity(demand: Demand, gpu: str, tp: int, slowdown: float = 1.0) -> float:
     """Document 003's capacity model: the requests per second one replica completes within the objectives (0
-    where the model does not fit that many GPUs of that type, or misses the objectives even alone)."""
+    where the model does not fit that many GPUs of that type, or misses the objectives even alone). It is the
+    degradation level's own function (recovery.policy.capacity.node_capacity), `slowdown` included: a replica on
+    a GPU measured slower than the model counts what the level counts for it."""
     try:
         deployment = catalog.Deployment.of(demand.model, gpu, tp)
     except catalog.CatalogError:
         return 0.0
     if deployment.max_context_tokens < demand.prompt_tokens + demand.output_tokens:
         return 0.0
-    return node_capacity(deployment, demand.slo).rps
+    return node_capacity(deployment, demand.slo, slowdown=slowdown).rps
 
 
 @dataclass(frozen=True)
@@ -563,27 +565,49 @@ def measure(
     demands: Sequence[Demand],
     assignment: Mapping[str, Iterable[Replica]],
     capacity: Capacity = roofline_capacity,
+    slowdown: Mapping[str, float] | None = None,
 ) -> Measures:
-    """The capacities of any placement (the current one, a heuristic's), counted as a plan's are."""
+    """The capacities of any placement (the current one, a heuristic's), counted as a plan's are. `slowdown` (by
+    server, ≥ 1) counts a server measured slower than the model at what it runs now, through roofline_capacity."""
+    slowdown = slowdown or {}
     rps = {}
     gpu_of = {s.name: s.gpu for s in servers}
     for d in demands:
         for name, replicas in assignment.items():
+            slow = slowdown.get(name, 1.0)
             for r in replicas:
-                if r.model == d.model and (d.model, gpu_of[name], r.tp) not in rps:
-                    rps[(d.model, gpu_of[name], r.tp)] = capacity(d, gpu_of[name], r.tp)
-    return _measures(servers, demands, assignment, rps)
+                key = _key(d.model, gpu_of[name], r.tp, slow)
+                if r.model == d.model and key not in rps:
+                    rps[key] = (
+                        capacity(d, gpu_of[name], r.tp)
+                        if slow == 1.0
+                        else roofline_capacity(d, gpu_of[name], r.tp, slowdown=slow)
+                    )
+    return _measures(servers, demands, assignment, rps, slowdown)
+
+
+def _key(model: str, gpu: str, tp: int, slow: float) -> tuple:
+    return (model, gpu, tp) if slow == 1.0 else (model, gpu, tp, slow)
 
 
 def _measures(
-    servers: Sequence[Server], demands: Sequence[Demand], assignment: Mapping[str, Iterable[Replica]], rps: Mapping
+    servers: Sequence[Server],
+    demands: Sequence[Demand],
+    assignment: Mapping[str, Iterable[Replica]],
+    rps: Mapping,
+    slowdown: Mapping[str, float] | None = None,
 ) -> Measures:
+    slowdown = slowdown or {}
     by_name = {s.name: s for s in servers}
     replicas = [(by_name[name], r) for name, rs in assignment.items() for r in rs]
     racks = sorted({s.rack for s in servers})
     result = Measures({}, {}, {})
     for d in demands:
-        mine = [(s, rps.get((d.model, s.gpu, r.tp), 0.0)) for s, r in replicas if r.model == d.model]
+        mine = [
+            (s, rps.get(_key(d.model, s.gpu, r.tp, slowdown.get(s.name, 1.0)), 0.0))
+            for s, r in replicas
+            if r.model == d.model
+        ]
         total = sum(c for _, c in mine)
         result.capacity_rps[d.model] = total
         lost = max((sum(c for s, c in mine if s.rack == rack) for rack in racks), default=0.0)

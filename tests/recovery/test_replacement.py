@@ -102,35 +102,73 @@ def test_a_model_short_of_capacity_gets_a_switch_from_a_model_with_room(commit, 
         commit(replacement.decide, proposal, cast["admin"], "reject", "too late")
 
 
-def test_a_proposal_counts_capacity_at_the_lengths_the_level_does_not_at_the_measured_ones(commit, tokens):
-    """Traffic far shorter than the objective's lengths: the page's plan reads the measured lengths, a proposal (the
-    answer to a level's rise) the objective's, so that its capacities before and after are the level's."""
+def _traffic(model: str, prompt: int, output: int, prefix: str) -> None:
     from recovery.actions import placement
     from recovery.models import RequestOutcome
 
-    fleet(commit)
     now = timezone.now()
     RequestOutcome.objects.bulk_create(
         RequestOutcome(
-            request_id=f"short-{i}",
+            request_id=f"{prefix}-{i}",
             gateway="g",
             tenant="t",
             tier="standard",
-            model_key=SHORT,
+            model_key=model,
             status="ok",
-            prompt_tokens=100,
-            completion_tokens=50,
+            prompt_tokens=prompt,
+            completion_tokens=output,
             started_at=now,
             finished_at=now,
         )
         for i in range(placement.MIN_MEASURED)
     )
-    page = {d["model"]: d for d in placement.propose(evaluate=False)["demands"]}
-    assert (page[SHORT]["prompt_tokens"], page[SHORT]["output_tokens"]) == (100, 50)
+
+
+def test_the_placement_page_and_the_degradation_level_count_a_racks_loss_with_one_function(commit, tokens):
+    """Issue 43.4: the page once said 147.1 req/s after a rack's loss where the level gave the surviving rack 50.6:
+    the page counted capacity at the measured (short) lengths and at the model's speed, the level at the objective's
+    lengths and each node's measured speed. Now both are one function on one set of inputs: a rack's loss on the page
+    is what the level would count with that rack gone, a slow GPU included."""
+    import time
+
+    from recovery import hot
+    from recovery.actions import placement
+    from workers import catalog
+
+    fleet(commit)  # GIVER: rp-l1 on rack-a, rp-l2 on rack-b; SHORT: rp-q1 on rack-a
+    _traffic(GIVER, 100, 50, "short")  # traffic far shorter than the objective's 512 → 256
+    # rp-l2's GPU steps at 2× the model (a throttled GPU), as its heartbeat says.
+    deployment = catalog.Deployment.of(GIVER, "H200-SXM", 1)
+    model_ms = deployment.step_s(0, 0, 8, 8 * 640) * 1000
+    hot.heartbeat(
+        "rp-l2",
+        time.time(),
+        "serving",
+        {"decode_step_ms": 2 * model_ms, "decode_step_batch": 8, "decode_step_context_tokens": 8 * 640},
+    )
+    for answer in (placement.propose(evaluate=False), placement.overview()):
+        current = answer["current"]
+        whole, without_rack_a = capacity.report(model=GIVER), capacity.report(model=GIVER, exclude=("rp-l1", "rp-q1"))
+        assert without_rack_a.nodes["rp-l2"]["slowdown"] == pytest.approx(2.0, abs=0.01)
+        assert current["capacity_rps"][GIVER] == pytest.approx(whole.capacity_rps, abs=0.002)
+        # The worst rack for GIVER is rack-a (its full-speed node): what is left is the slow node, as the level sees it.
+        assert current["after_rack_loss_rps"][GIVER] == pytest.approx(without_rack_a.capacity_rps, abs=0.002)
+        demand = {d["model"]: d for d in answer["demands"]}[GIVER]
+        assert (demand["prompt_tokens"], demand["output_tokens"]) == (512, 256)
+        # The measured lengths are shown beside, and they are shorter: no warning.
+        assert answer["sources"][GIVER] == (
+            "lengths from the model's objective (512 → 256 tokens), as its degradation level counts them; "
+            "measured over the last 15 min: 100 → 50 (20 requests)"
+        )
+    # A proposal (the answer to a level's rise) reads the same figures.
     proposal = commit(replacement.propose_for_level, SHORT, 2)
-    demand = {d["model"]: d for d in proposal.plan["demands"]}[SHORT]
-    assert (demand["prompt_tokens"], demand["output_tokens"]) == (512, 256)
-    assert proposal.plan["sources"][SHORT] == "lengths from the model's objective, as its degradation level counts them"
+    assert proposal.plan["current"]["capacity_rps"][GIVER] == pytest.approx(whole.capacity_rps, abs=0.002)
+    # Traffic longer than the objective: the page says that the level and the plan both overstate capacity.
+    _traffic(SHORT, 3000, 50, "long")
+    assert (
+        "longer than the objective: this plan and the level both count more capacity"
+        in (placement.overview()["sources"][SHORT])
+    )
 
 
 def test_a_level_rise_of_a_model_with_no_other_model_beside_it_runs_no_planner(commit, tokens):
