@@ -228,6 +228,22 @@ def heartbeats_resumed_at() -> float:
     return float(raw) if raw else 0.0
 
 
+# --- canaries -------------------------------------------------------------------
+def canary_latency(name: str, ratio: float, at: float) -> None:
+    """A node's latest canary answered in `ratio` × its baseline, at `at` (epoch seconds)."""
+    client().hset(keys().canary_latency, name, f"{ratio:.4f} {at:.3f}")
+
+
+def canary_latencies(since: float) -> dict[str, float]:
+    """Each node's latest canary latency ratio (canary_latency) taken since `since`, by node name."""
+    ratios = {}
+    for name, raw in client().hgetall(keys().canary_latency).items():
+        ratio, at = (float(x) for x in raw.split())
+        if at >= since:
+            ratios[name] = ratio
+    return ratios
+
+
 def telemetry(name: str, count: int = TELEMETRY_KEPT) -> list[dict]:
     """A node's latest GPU readings, newest first: {"at", "gpus": [...]}."""
     return [json.loads(raw) for raw in client().lrange(keys().telemetry(name), 0, count - 1)]

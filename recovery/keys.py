@@ -37,6 +37,12 @@ class Keys:
         return self._k("heartbeats", "resumed")
 
     @property
+    def canary_latency(self) -> str:
+        """Hash: node name -> "ratio at": its latest canary's latency over its baseline, and when (epoch seconds).
+        The fleet's canaries' slowness now, which one node's latency is judged against."""
+        return self._k("canary", "latency")
+
+    @property
     def routing(self) -> str:
         return self._k("routing")
 

@@ -315,6 +315,12 @@ class Node(models.Model):
     canary_baseline_ms = models.FloatField(
         null=True, blank=True, help_text="Moving average of passing canaries' latency."
     )
+    canary_baselines = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="Per canary prompt, the moving average of its passing answers' latency (ms): what a canary with "
+        "that prompt is judged against, since prompts of different lengths take different times.",
+    )
     canary_last_at = models.DateTimeField(null=True, blank=True)
     breaker = models.CharField(max_length=16, choices=BreakerState.choices, default=BreakerState.CLOSED)
     breaker_failures = models.PositiveIntegerField(default=0)

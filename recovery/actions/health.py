@@ -301,7 +301,7 @@ def run_canary(node: Node, *, trial: bool = False) -> CanaryResult:
     """One canary on `node`, judged against its deployment's golden run, then recorded."""
     cluster = Cluster.default()
     golden = golden_for(node) or _auto_golden(node)
-    prompt = random.choice(golden.prompts if golden else canary.PROMPTS)
+    prompt = pick_prompt(node, golden.prompts if golden else canary.PROMPTS)
     answer, failure = None, None
     try:
         reply = canary.ask(node.address, node.model_key, prompt, cluster.canary_timeout_s)
@@ -309,17 +309,57 @@ def run_canary(node: Node, *, trial: bool = False) -> CanaryResult:
     except canary.CanaryFailed as exc:
         failure = f"{exc.kind}: {exc.detail}"
     expected = [policy.GoldenToken(t["id"], t["top_logprob"]) for t in prompt["tokens"]] if golden else None
+    fleet = fleet_slowdown(node)
     verdict = policy.judge_canary(
         expected,
         answer,
-        node.canary_baseline_ms,
+        prompt_baseline(node, prompt) if latency_judged(node, cluster) else None,
         logprob_tolerance=cluster.canary_logprob_tolerance,
         latency_factor=cluster.canary_latency_factor,
         failure=failure,
+        fleet_factor=fleet,
     )
     return record_canary(
-        node, verdict, answer.latency_ms if answer else None, golden=golden, prompt=prompt, trial=trial, cluster=cluster
+        node,
+        verdict,
+        answer.latency_ms if answer else None,
+        golden=golden,
+        prompt=prompt,
+        trial=trial,
+        cluster=cluster,
+        fleet_factor=fleet,
     )
+
+
+def pick_prompt(node: Node, prompts: list[dict]) -> dict:
+    """The canary's prompt: one this node has no baseline for yet (so that each is learnt in its first canaries),
+    else any, at random (a node cannot learn which prompt comes next)."""
+    unlearnt = [p for p in prompts if p.get("key") not in (node.canary_baselines or {})]
+    return unlearnt[0] if unlearnt else random.choice(prompts)
+
+
+def fleet_slowdown(node: Node) -> float:
+    """How much slower than their baselines the other serving nodes' canaries answered lately
+    (policy.fleet_slowdown)."""
+    ratios = hot.canary_latencies(time.time() - policy.PEERS_WITHIN_S)
+    peers = Node.objects.filter(state=NodeState.SERVING, name__in=list(ratios)).exclude(pk=node.pk)
+    return policy.fleet_slowdown([ratios[name] for name in peers.values_list("name", flat=True)])
+
+
+def prompt_baseline(node: Node, prompt: dict | None) -> float | None:
+    """The baseline a canary with `prompt` is judged against: that prompt's own moving average on this node (a
+    one-token answer and an eight-token one take different times), None until the node has answered it well."""
+    return (node.canary_baselines or {}).get((prompt or {}).get("key", "")) or None
+
+
+def latency_judged(node: Node, cluster: Cluster) -> bool:
+    """Whether a canary's latency is judged at all: not during the control plane's start-up grace (a host starting
+    its whole fleet is slow for every node), and not before the node's baseline is learnt from BASELINE_SAMPLES
+    passing answers (its first canaries, on a cold engine, teach the baseline; so does each prompt's first)."""
+    if not node.canary_baseline_ms or cluster.starting_until() is not None:
+        return False
+    learnt = CanaryResult.objects.filter(node=node, passed=True, latency_ms__isnull=False)[: policy.BASELINE_SAMPLES]
+    return learnt.count() >= policy.BASELINE_SAMPLES
 
 
 @transaction.atomic
@@ -332,8 +372,11 @@ def record_canary(
     prompt: dict | None = None,
     trial: bool = False,
     cluster: Cluster | None = None,
+    fleet_factor: float = 1.0,
 ) -> CanaryResult:
-    """Store a canary result and move the node's health and breaker by it, all or nothing."""
+    """Store a canary result and move the node's health and breaker by it, all or nothing. A passing answer teaches
+    the baselines at the fleet's usual pace: its latency over `fleet_factor`, the fleet's slowness it was judged
+    with, so that a host's busy minute does not become what its nodes are expected to take."""
     cluster = cluster or Cluster.default()
     node.refresh_from_db()
     tokens = len(prompt.get("tokens") or []) if prompt else 0
@@ -345,7 +388,7 @@ def record_canary(
         kind=verdict.kind,
         detail=verdict.detail,
         latency_ms=latency_ms,
-        baseline_ms=node.canary_baseline_ms,
+        baseline_ms=prompt_baseline(node, prompt) or node.canary_baseline_ms,
         trial=trial,
         gpu_ms=canary_gpu_ms(node, prompt, tokens or prompt.get("max_tokens", 1)) if prompt else None,
     )
@@ -360,13 +403,22 @@ def record_canary(
         breaker=node.breaker,
         held=held,
     )
-    baseline = (
-        policy.next_baseline(node.canary_baseline_ms, latency_ms)
-        if verdict.passed and latency_ms and step.state == Health.HEALTHY
-        else node.canary_baseline_ms
+    baselines = dict(node.canary_baselines or {})
+    baseline, judged_by = node.canary_baseline_ms, result.baseline_ms
+    if verdict.passed and latency_ms and step.state == Health.HEALTHY:
+        usual = latency_ms / max(1.0, fleet_factor)
+        baseline = policy.next_baseline(node.canary_baseline_ms, usual)
+        if prompt and prompt.get("key"):
+            baselines[prompt["key"]] = round(policy.next_baseline(baselines.get(prompt["key"]), usual), 3)
+    if latency_ms and judged_by:
+        # What this node's canaries take now against its own baseline: the others' canaries are judged by it.
+        transaction.on_commit(
+            lambda ratio=latency_ms / judged_by, name=node.name: hot.canary_latency(name, ratio, time.time())
+        )
+    Node.objects.filter(pk=node.pk).update(
+        canary_failures=step.failures, canary_baseline_ms=baseline, canary_baselines=baselines
     )
-    Node.objects.filter(pk=node.pk).update(canary_failures=step.failures, canary_baseline_ms=baseline)
-    node.canary_failures, node.canary_baseline_ms = step.failures, baseline
+    node.canary_failures, node.canary_baseline_ms, node.canary_baselines = step.failures, baseline, baselines
     evidence = {"canary": result.pk, "kind": verdict.kind, "detail": verdict.detail, "failures": step.failures}
     # The breaker counts the node's failures; a pass closes it only as the half-open trial, or resets its count.
     now = time.time()

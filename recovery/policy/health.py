@@ -3,7 +3,9 @@
 A canary is a known prompt at temperature 0 whose tokens and top log
 probabilities were recorded on a node known to be good (the golden run). A
 check fails on no response, a timeout, a token that differs, a top logprob
-outside its recorded range, or a latency over 3× the node's moving baseline.
+outside its recorded range, or a latency over 3× the node's moving baseline, scaled by how much slower
+than their own baselines the fleet's other canaries answer now (a host or control plane under load slows every
+canary alike; a sick GPU slows its own).
 One failure makes a node SUSPICIOUS (routing weight 0.5), three in a row
 UNHEALTHY (weight 0, a drain is proposed); a pass makes a SUSPICIOUS node
 HEALTHY again, while an UNHEALTHY one comes back only through its circuit
@@ -13,6 +15,7 @@ once; WARN Xids are shown for triage only.
 """
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,6 +32,13 @@ STATUS_CODE = {HEALTHY: 0, SUSPICIOUS: 1, UNHEALTHY: 2, DRAINING: 3}
 DEAD_CODE = 4
 
 EMA_ALPHA = 0.1  # document 003's moving-average weight for the latency baseline
+# The latency check needs a baseline learnt from this many passing canaries: a node's first answers (a cold
+# engine, a host still starting its fleet) teach the baseline and are not judged against one.
+BASELINE_SAMPLES = 3
+# Other nodes' canaries answered within this long count as "now" for the fleet's slowness; at least MIN_PEERS of
+# them, or the node is judged against its own baseline alone.
+PEERS_WITHIN_S = 60.0
+MIN_PEERS = 2
 
 
 # --- canary verdicts --------------------------------------------------------------------------
@@ -63,6 +73,7 @@ def judge_canary(
     latency_factor: float = 3.0,
     min_spike_ms: float = 50.0,
     failure: str | None = None,
+    fleet_factor: float = 1.0,
 ) -> Verdict:
     """Document 003's four checks, in its order: a response, the tokens, the logprob range, the latency.
 
@@ -71,8 +82,11 @@ def judge_canary(
     ± `logprob_tolerance` at each position; the latency check needs a
     baseline (the node's moving average of passing checks) and a spike of
     at least `min_spike_ms` over it: a few milliseconds over a 10 ms baseline
-    is the host's scheduling noise, not a sick GPU. Without a golden run
-    (None) only the response and the latency are checked.
+    is the host's scheduling noise, not a sick GPU. `fleet_factor` (fleet_slowdown:
+    how much slower than their own baselines the other nodes' canaries answer now)
+    scales the limit, so a canary is slow only against what the fleet's hosts can
+    do at the moment. Without a golden run (None) only the response and the latency
+    are checked.
     """
     if answer is None:
         kind = "timeout" if failure and failure.startswith("timeout") else "no_response"
@@ -100,20 +114,34 @@ def judge_canary(
             return Verdict(
                 False, "logprob_out_of_range", f"{len(answer.top_logprobs)} top logprobs for {len(golden)} tokens"
             )
+    fleet_factor = max(1.0, fleet_factor)
     if (
         baseline_ms
-        and answer.latency_ms > latency_factor * baseline_ms
-        and answer.latency_ms - baseline_ms >= min_spike_ms
+        and answer.latency_ms > latency_factor * fleet_factor * baseline_ms
+        and answer.latency_ms - baseline_ms * fleet_factor >= min_spike_ms
     ):
+        limit = f"limit {latency_factor:g}×"
+        if fleet_factor > 1.0:
+            limit += f" of the baseline × {fleet_factor:.2f}, the other nodes' canaries' slowness now"
         return Verdict(
             False,
             "latency_spike",
-            f"{answer.latency_ms:.1f} ms against a baseline of {baseline_ms:.1f} ms (limit {latency_factor:g}×)",
+            f"{answer.latency_ms:.1f} ms against a baseline of {baseline_ms:.1f} ms ({limit})",
         )
     if golden is None:
         return Verdict(True, "ok", f"answered in {answer.latency_ms:.1f} ms (no golden run yet to compare tokens with)")
     matched = "1 token matches" if len(got) == 1 else f"{len(got)} tokens match"
     return Verdict(True, "ok", f"{matched}, {answer.latency_ms:.1f} ms")
+
+
+def fleet_slowdown(ratios: Sequence[float]) -> float:
+    """How much slower than their own baselines the other nodes' canaries answer now: the lower median of their
+    latest latency ÷ baseline ratios (so one sick peer, or half of two, never excuses a node), at least 1; 1 when
+    fewer than MIN_PEERS answered lately."""
+    ratios = [r for r in ratios if math.isfinite(r) and r > 0]
+    if len(ratios) < MIN_PEERS:
+        return 1.0
+    return max(1.0, statistics.median_low(ratios))
 
 
 def next_baseline(baseline_ms: float | None, latency_ms: float, alpha: float = EMA_ALPHA) -> float:

@@ -57,6 +57,24 @@ def test_a_latency_spike_needs_three_times_the_baseline_and_a_real_gap():
     assert health.judge_canary(GOLDEN, answer(ms=500.0), None).passed  # no baseline yet
 
 
+def test_the_latency_limit_scales_with_how_slow_the_fleets_canaries_answer_now():
+    # 4× the baseline fails alone, and passes while the other nodes' canaries run 2× theirs (a busy host).
+    assert not health.judge_canary(GOLDEN, answer(ms=80.0), 20.0, min_spike_ms=0).passed
+    verdict = health.judge_canary(GOLDEN, answer(ms=80.0), 20.0, min_spike_ms=0, fleet_factor=2.0)
+    assert verdict.passed
+    slow = health.judge_canary(GOLDEN, answer(ms=130.0), 20.0, min_spike_ms=0, fleet_factor=2.0)
+    assert not slow.passed and "× 2.00, the other nodes' canaries' slowness now" in slow.detail
+    assert health.judge_canary(GOLDEN, answer(ms=80.0), 20.0, min_spike_ms=0, fleet_factor=0.5).passed is False
+
+
+def test_the_fleets_slowness_is_the_lower_median_of_at_least_two_peers():
+    assert health.fleet_slowdown([]) == 1.0 and health.fleet_slowdown([6.0]) == 1.0  # too few to say
+    assert health.fleet_slowdown([6.0, 1.0]) == 1.0  # one slow peer of two never excuses a node
+    assert health.fleet_slowdown([6.0, 5.0, 1.0]) == 5.0
+    assert health.fleet_slowdown([0.8, 0.9, 0.7]) == 1.0  # faster than usual: the node's own limit
+    assert health.fleet_slowdown([float("nan"), 3.0, 4.0]) == 3.0
+
+
 def test_without_a_golden_run_only_the_answer_and_latency_count():
     assert health.judge_canary(None, answer(ids=(7,), tops=(-3.0,)), 20.0).passed
     assert not health.judge_canary(None, None, 20.0, failure="timeout: 3 s").passed
