@@ -312,6 +312,13 @@ def _missed(
         _set_state(row, State.SUSPECT, now)
         row.save()
         return
+    if _awaited(row):
+        # Not heard since the control plane (re)started: still starting (the stack's restart brings every EW back,
+        # and registers the deployment again with their addresses), not lost; the grace's end says if it is.
+        _set_state(row, State.SUSPECT, now)
+        row.save()
+        actions.append(f"{row.name} not heard since the control plane started: awaited until the start-up grace ends")
+        return
     symptom_at = row.state_changed_at if row.state == State.SUSPECT else now  # its first unanswered poll
     _set_state(row, State.DOWN, now)
     if row.name not in table(deployment).ews():  # a standby, or a replacement still loading: the table never named it
@@ -332,6 +339,15 @@ def _missed(
         return
     row.save()
     _lose(deployment, rows, row, now, actions, symptom_at)
+
+
+def _awaited(row: ExpertWorkerNode) -> bool:
+    """Whether an EW that misses its polls is awaited rather than lost: within the control plane's start-up grace,
+    not heard since the start (as a node that has not served since then is joining, recovery.actions.capacity)."""
+    cluster = Cluster.default()
+    if cluster.starting_until() is None:
+        return False
+    return row.last_seen is None or row.last_seen < cluster.control_plane_started_at
 
 
 def _lose(

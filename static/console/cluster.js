@@ -307,10 +307,12 @@
   const palette = ["#58a6ff", "#3fb950", "#d29922", "#bc8cff", "#2dd4bf", "#f778ba", "#f85149", "#8b949e"];
   const layout = (title, extra) => ({
     paper_bgcolor: "#161b22", plot_bgcolor: "#161b22", font: { color: "#e6edf3", size: 11 },
-    margin: { l: 55, r: 15, t: 30, b: 45 }, height: 260, showlegend: true,
-    legend: { orientation: "h", y: -0.45, yanchor: "top" },  // below the axis title, not over it
+    // The legend below the axis title, one entry per model and tier (its dotted or dashed twin shares the entry):
+    // at 1,000 px it takes two rows, which the height leaves room for, never over the axis title.
+    margin: { l: 55, r: 15, t: 30, b: 45 }, height: 300, showlegend: true,
+    legend: { orientation: "h", y: -0.3, yanchor: "top" },
     title: { text: title, font: { size: 12 }, x: 0.01 },
-    xaxis: time.axis({ gridcolor: "#2a323d" }),
+    xaxis: time.axis({ gridcolor: "#2a323d", title: { text: "time (UTC)", standoff: 2 } }),
     yaxis: { gridcolor: "#2a323d", rangemode: "tozero", ...extra },
   });
 
@@ -323,17 +325,18 @@
       // Markers too: a bucket between two empty ones is a point, which a line alone would not draw.
       const line = (y, name, dash, extra) => ({ x, y, name, mode: "lines+markers", connectgaps: false,
         line: { color, dash: dash || "solid", width: 1.5 }, marker: { size: 4 }, legendgroup: s.label, ...extra });
-      traces.ttft.push(line(s.ttft_p50, s.label + " p50"), line(s.ttft_p99, s.label + " p99", "dot"));
-      traces.tpot.push(line(s.tpot_p50, s.label + " p50"), line(s.tpot_p99, s.label + " p99", "dot"));
+      const twin = { showlegend: false };  // in its solid line's legend entry: one click toggles both
+      traces.ttft.push(line(s.ttft_p50, s.label + " p50"), line(s.ttft_p99, s.label + " p99", "dot", twin));
+      traces.tpot.push(line(s.tpot_p50, s.label + " p50"), line(s.tpot_p99, s.label + " p99", "dot", twin));
       traces.tokens.push(line(s.tokens_per_s, s.label));
-      traces.errors.push(line(s.error_pct, s.label + " errors"), line(s.shed_pct, s.label + " shed", "dash"));
+      traces.errors.push(line(s.error_pct, s.label + " errors"), line(s.shed_pct, s.label + " shed", "dash", twin));
     });
     const options = { displayModeBar: false, responsive: true };
-    Plotly.react("chart-ttft", traces.ttft, layout("TTFT (ms), p50 and p99", { title: { text: "ms" } }), options);
-    Plotly.react("chart-tpot", traces.tpot, layout("TPOT (ms), p50 and p99", { title: { text: "ms" } }), options);
+    Plotly.react("chart-ttft", traces.ttft, layout("TTFT (ms), p50 solid, p99 dotted", { title: { text: "ms" } }), options);
+    Plotly.react("chart-tpot", traces.tpot, layout("TPOT (ms), p50 solid, p99 dotted", { title: { text: "ms" } }), options);
     Plotly.react("chart-tokens", traces.tokens, layout("tokens per second", { title: { text: "tokens/s" } }), options);
     Plotly.react("chart-errors", traces.errors,
-      layout("errors and shed, % of requests", { title: { text: "%" }, range: [0, 100] }), options);
+      layout("errors solid, shed dashed, % of requests", { title: { text: "%" }, range: [0, 100] }), options);
     const note = document.getElementById("traffic-note");
     note.textContent = data.requests
       ? data.requests + " requests in the last " + data.minutes + " min, in " + data.bucket_s + " s buckets (UTC" +

@@ -44,6 +44,33 @@ def test_the_traffic_charts_draw_per_model_and_tier_on_a_utc_axis(browser, demo_
     context.close()
 
 
+BELOW_TITLE = """(id) => {
+    const chart = document.getElementById(id);
+    return chart.querySelector('.legend').getBoundingClientRect().top
+        - chart.querySelector('.xtitle').getBoundingClientRect().bottom; }"""
+
+
+def test_at_1000_px_the_bar_is_one_row_and_no_legend_covers_an_axis_title(browser, demo_stack):
+    """Issue 43.7: at 1,000 px the navigation wrapped onto a second row, and the charts' legends sat over their
+    axis titles on the cluster and node pages."""
+    page = browser.new_page(viewport={"width": 1000, "height": 900})
+    log_in(page, demo_stack, "admin")
+    tops = page.evaluate("[...document.querySelectorAll('.nav > a, .nav > details')].map((e) => e.offsetTop)")
+    assert len(set(tops)) == 1, tops
+    page.click(".nav-menu summary")  # the admin's pages under one menu
+    page.click(".nav-menu-items a:has-text('Settings')")
+    page.wait_for_url("**/settings/")
+    page.goto(demo_stack.info["urls"]["cluster"])
+    page.wait_for_selector("#chart-ttft .legend", timeout=20_000)
+    for chart in ("chart-ttft", "chart-tpot", "chart-tokens", "chart-errors"):
+        assert page.evaluate(BELOW_TITLE, chart) >= 0, chart
+    page.goto(demo_stack.info["urls"]["console"] + "nodes/node-01/")
+    page.wait_for_selector("#canary-chart .legend", timeout=20_000)
+    for chart in ("canary-chart", "telemetry-chart"):
+        assert page.evaluate(BELOW_TITLE, chart) >= 0, chart
+    page.close()
+
+
 def visible_rows(page) -> list[tuple[str, str]]:
     return page.evaluate(
         """() => Array.from(document.querySelectorAll('#node-table tbody tr[data-node]')).filter((r) => !r.hidden)

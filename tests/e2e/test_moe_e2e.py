@@ -74,6 +74,20 @@ def test_the_moe_page_shows_the_table_heal_live_while_an_expert_worker_is_killed
     victim = next(ew for ew in before["ews"] if ew["in_table"] and ew["primaries"])
     standby = next(ew["name"] for ew in before["ews"] if ew["state"] == "standby")
     column = before["ew_names"].index(victim["name"])
+    # Narrow (three tiles a row at 850 px): each EW's figures wrap inside its tile, none clipped (issue 43.7).
+    narrow = browser.new_page(viewport={"width": 850, "height": 900})
+    log_in(narrow, moe_stack, "oncall")
+    narrow.goto(moe_stack.info["urls"]["console"] + "moe/")
+    narrow.wait_for_selector("#moe-ews .tile .load")
+    outside = narrow.evaluate(
+        """() => [...document.querySelectorAll('#moe-ews .tile')].flatMap((tile) => {
+            const edge = tile.getBoundingClientRect().right;
+            return [...tile.querySelectorAll('.load dt, .load dd')]
+                .filter((e) => e.getBoundingClientRect().right > edge)
+                .map((e) => tile.dataset.ew + ': ' + e.textContent); })"""
+    )
+    assert outside == [], outside
+    narrow.close()
     page = browser.new_page(viewport={"width": 1500, "height": 1100})
     errors = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))

@@ -5,6 +5,7 @@ lost one's experts and joins the table, the incident's timeline says each step, 
 the next standby. A table that would leave an expert nowhere is refused with the expert named; a drain moves an
 EW's experts onto their shadows first."""
 
+import datetime as dt
 import json
 import threading
 import time
@@ -19,6 +20,7 @@ from recovery.models import (
     DegradationChange,
     ExpertWorkerNode,
     Incident,
+    IncidentEvent,
     ModelCapacity,
     MoeDeployment,
     Node,
@@ -163,6 +165,37 @@ def test_a_lost_ew_is_confirmed_healed_replaced_and_comes_back_as_the_standby(aw
     details = MoeDeployment.objects.get().details
     assert sum(details["tokens_per_expert"].values()) > 0
     assert details["series"] and all(0 < p["balancedness"] <= 1 for p in details["series"])
+
+
+def test_an_ew_not_heard_since_the_control_plane_started_is_awaited_through_the_grace_not_lost(aw, standby):
+    """Found by `./lifeline run --moe` stopped and run again: the new control plane polled the EWs at the addresses of
+    the run before, before the demo registered the deployment anew, and opened 'Expert worker ew-1 of mixtral-moe
+    lost' for all four, an incident that stayed active for good. An EW not heard since the start is awaited through
+    the start-up grace; one heard since then and gone is lost at once; the grace over, an unheard one is lost."""
+    _, _, workers = aw
+    registered(aw, standby)
+    moe.watch()  # every EW heard, before the start
+    capacity.control_plane_started()
+    workers["ew-0"].kill()
+    for _ in range(3):
+        done = moe.watch()["mixtral"]
+    assert "ew-0 not heard since the control plane started: awaited until the start-up grace ends" in done
+    assert ExpertWorkerNode.objects.get(name="ew-0").state == ExpertWorkerState.SUSPECT
+    assert not Incident.objects.exists()
+    # ew-1 answered since the start: gone now, it is a failure, grace or not.
+    workers["ew-1"].kill()
+    moe.watch()
+    done = moe.watch()["mixtral"]
+    assert any(a.startswith("ew-1 lost") for a in done), done
+    assert ExpertWorkerNode.objects.get(name="ew-1").state == ExpertWorkerState.DOWN
+    # The grace over, ew-0, still unheard, is lost too.
+    cluster = Cluster.default()
+    Cluster.objects.filter(pk=cluster.pk).update(
+        control_plane_started_at=cluster.control_plane_started_at - dt.timedelta(seconds=cluster.startup_grace_s + 1)
+    )
+    moe.watch()
+    assert ExpertWorkerNode.objects.get(name="ew-0").state == ExpertWorkerState.DOWN
+    assert IncidentEvent.objects.filter(kind=EventKind.DETECTED, details__ew="ew-0").exists()  # on ew-1's incident
 
 
 def test_a_loss_that_leaves_an_expert_nowhere_is_refused_naming_it_and_the_lost_ew_reloads_its_place(aw, monkeypatch):
