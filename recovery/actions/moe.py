@@ -85,6 +85,11 @@ def register(
     if unknown:
         raise MoeRefused(f"the table names EWs with no address: {', '.join(unknown)}")
     standby = standby or {}
+    # Registering again replaces the deployment (a restart of its stack): an incident still open for one of its EWs
+    # would be left with nothing to close it. Its EWs are new processes serving the new table: capacity is back.
+    now = timezone.now()
+    for incident in Incident.objects.filter(details__moe=name, status=IncidentStatus.ACTIVE):
+        _capacity_restored(incident, f"{name} registered again, every expert worker of its table a new process", now)
     MoeDeployment.objects.filter(name=name).delete()
     deployment = MoeDeployment.objects.create(
         cluster=Cluster.default(), name=name, model=model, ert=ert.to_json(), attention_workers=list(attention_workers)

@@ -196,6 +196,14 @@ def test_an_ew_not_heard_since_the_control_plane_started_is_awaited_through_the_
     moe.watch()
     assert ExpertWorkerNode.objects.get(name="ew-0").state == ExpertWorkerState.DOWN
     assert IncidentEvent.objects.filter(kind=EventKind.DETECTED, details__ew="ew-0").exists()  # on ew-1's incident
+    # The stack restarted registers the deployment anew: the incident its old rows held is not left open for good.
+    incident = Incident.objects.get(details__moe="mixtral")
+    assert incident.capacity_restored_at is None
+    _, table, _ = aw
+    moe.register("mixtral", "Mixtral-8x7B", {ew: w.address for ew, w in workers.items()}, ["aw-1"], table)
+    incident.refresh_from_db()
+    assert incident.capacity_restored_at is not None
+    assert "mixtral registered again" in incident.events.get(kind=EventKind.CAPACITY_RESTORED).description
 
 
 def test_a_loss_that_leaves_an_expert_nowhere_is_refused_naming_it_and_the_lost_ew_reloads_its_place(aw, monkeypatch):
