@@ -13,8 +13,11 @@ from pathlib import Path
 
 import aiohttp
 
+from harness import provenance
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 RESULTS = BASE_DIR / "benchmarks" / "results"
+STARTED = time.monotonic()  # this process's start, near enough: the wall time a results file records
 AGENT_TOKEN = "benchmark-agent-token"
 HEAD = {"Authorization": f"Bearer {AGENT_TOKEN}"}
 
@@ -111,9 +114,17 @@ def percentile(values: list[float], q: float) -> float | None:
     return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
 
 
-def save(name: str, result: dict) -> Path:
+def save(name: str, result: dict, kinds: dict[str, str] | None = None) -> Path:
+    """Write benchmarks/results/<name>.json with its provenance (harness.provenance): the commit, date, host,
+    command and wall time of this process, and `kinds` (figure → measured, simulated, modelled or input)."""
     RESULTS.mkdir(parents=True, exist_ok=True)
-    result = {"benchmark": name, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine(), **result}
+    result = {
+        "benchmark": name,
+        "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": machine(),
+        "provenance": provenance.record(kinds, STARTED),
+        **result,
+    }
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
