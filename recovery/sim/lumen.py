@@ -21,7 +21,7 @@ Experiments
 - ``sensitivity``: the 4-worker setup with the checkpoint link at NVLink, rack-leaf InfiniBand (the default) and
   spine InfiniBand bandwidth; an 8-worker fleet with faults drawn from the rate, at ×0.5, ×1 and ×2 of it.
 - ``scale``: faults drawn from the rate on a large fleet. ``--day`` gives days of 256 and 1,000 nodes at 4 faults
-  per 1,000 node-days (``--fleets`` picks the sizes, one day per seed), each composed from measured windows: one
+  per 1,000 node-days (``--fleets`` picks the sizes, one day per seed), each composed from simulated windows: one
   per drawn fault, with the nodes the day already had out, and one per count of nodes out (``day_at_scale``); a
   whole day is 600 million requests at 1,000 nodes, days of this machine's core per policy. Without it, 256 nodes
   over a short window whose rate is raised so the window holds a day's expected faults.
@@ -32,8 +32,8 @@ Experiments
 
 What a figure is
 ----------------
-Every figure written carries ``kind``: ``measured`` (a simulator run produced it), ``modelled`` (arithmetic on
-measured figures and drawn fault timelines, no run behind it as such) or ``input`` (the paper's figures, and
+Every figure written carries ``kind``: ``simulated`` (a simulator run produced it), ``modelled`` (arithmetic on
+simulated figures and drawn fault timelines, no run behind it as such) or ``input`` (the paper's figures, and
 the setups we chose). Every JSON records the command that made it, the seeds, and what was scaled down.
 
 Definitions, per run (document 000's where it gives one)
@@ -371,10 +371,10 @@ def _announce(result: dict) -> dict:
 
 
 def aggregate(runs: list[dict], label: str) -> dict:
-    """Mean and 95 % CI over seeds of each figure of `label`'s runs, measured but for draft assist's (modelled)."""
+    """Mean and 95 % CI over seeds of each figure of `label`'s runs, simulated but for draft assist's (modelled)."""
     mine = [r for r in runs if r["label"] == label]
     return {
-        name: {**mean_ci([r[name] for r in mine]), "kind": MODELLED_FIGURES.get(name, "measured")} for name in FIGURES
+        name: {**mean_ci([r[name] for r in mine]), "kind": MODELLED_FIGURES.get(name, "simulated")} for name in FIGURES
     }
 
 
@@ -455,7 +455,7 @@ def policy_table(setup: Setup, ctx: Context) -> dict:
                 "ours": ratio(rows[a], rows[b], name),
                 "ours_paired": paired(runs, a, b, name),
                 "paper": None if printed is None else printed[i],
-                "kind": "measured (ours: ratio of the means; ours_paired: per seed); paper's as printed (input)",
+                "kind": "simulated (ours: ratio of the means; ours_paired: per seed); paper's as printed (input)",
             }
             for i, name in enumerate(("ttft_mean_s", "tpot_mean_s", "recovery_s"))
         }
@@ -529,7 +529,7 @@ def paired(runs: list[dict], a: str, b: str, name: str) -> dict:
     seeds' spread in absolute level, which widens each policy's own interval, cancels out of a paired ratio."""
     by_seed = {(r["label"], r["seed"]): r[name] for r in runs}
     seeds = sorted({r["seed"] for r in runs})
-    return {**mean_ci([_seed_ratio(by_seed.get((a, s)), by_seed.get((b, s))) for s in seeds]), "kind": "measured"}
+    return {**mean_ci([_seed_ratio(by_seed.get((a, s)), by_seed.get((b, s))) for s in seeds]), "kind": "simulated"}
 
 
 def _seed_ratio(x: float | None, y: float | None) -> float | None:
@@ -816,7 +816,7 @@ SCALE_POLICIES = ("none", "load_aware", "lifeline")
 
 
 def scale(ctx: Context) -> dict:
-    """Faults drawn from the rate on a large fleet: with --day, days of 256 and 1,000 nodes composed from measured
+    """Faults drawn from the rate on a large fleet: with --day, days of 256 and 1,000 nodes composed from simulated
     windows (`day_at_scale`); else a short window holding a day's expected faults (modelled, clearly labelled)."""
     if ctx.day:
         return day_at_scale(ctx)
@@ -827,7 +827,7 @@ def scale(ctx: Context) -> dict:
     kind = (
         f"modelled: {window:g} s window, the rate raised ×{compress:g} so it holds a day's expected "
         f"faults ({FAULTS_PER_1000_NODE_DAYS * n / 1000:g}); --day composes whole days of 256 and 1,000 nodes "
-        "from measured windows instead"
+        "from simulated windows instead"
     )
     scenario = fleet.scenario(fault_rate=rate)
     jobs = [Job(p, scenario, p, seed, (0.0, fleet.duration_s)) for seed in ctx.seeds for p in SCALE_POLICIES]
@@ -861,7 +861,7 @@ def scale(ctx: Context) -> dict:
     }
 
 
-# --- a day at scale, composed from measured windows -----------------------------------------------------
+# --- a day at scale, composed from simulated windows -----------------------------------------------------
 DAY_FLEETS = (256, 1000)
 WARM_S = 5.0  # a window's arrivals before its fault: the batches fill (figures are over arrivals from here on)
 # A window's arrivals after its fault: past the fault's detection (a crash 9 ms, a hang the 3 s heartbeat miss, a
@@ -952,10 +952,10 @@ def _sums(faulted: Simulation, baseline: Simulation, window: tuple[float, float]
 def compose_day(
     nodes: int, faults: Sequence[DayFault], steady: dict[int, dict], windows: Sequence[dict], rate_per_s: float
 ) -> dict:
-    """One day's figures from its measured windows (modelled: arithmetic on measured runs, nothing ran a day).
+    """One day's figures from its simulated windows (modelled: arithmetic on simulated runs, nothing ran a day).
 
-    Each stretch between changes carries rate × seconds requests at the steady figures measured with as many nodes
-    out (`steady[out]`: ttft_mean_s and attainment of a no-fault window); each fault adds what its window measured
+    Each stretch between changes carries rate × seconds requests at the steady figures simulated with as many nodes
+    out (`steady[out]`: ttft_mean_s and attainment of a no-fault window); each fault adds what its window simulated
     beyond that window's own no-fault baseline on the same requests (TTFT samples, the interrupted requests'
     replays among them, and SLO misses). Per-fault figures (interruptions, replay TTFT, recovery time, how each
     request was recovered) are the windows' own, summed or averaged over the day's faults."""
@@ -1019,7 +1019,7 @@ def day_at_scale(ctx: Context) -> dict:
     (the fleet with the nodes already out that the day had out then, carrying the whole fleet's load, the fault
     WARM_S in, arrivals until its detection and moves are long past), each count of nodes out that the days reach
     as a no-fault window, and every policy on the same windows and requests; `compose_day` adds them up. The
-    windows are measured; the day is modelled from them, and is labelled so."""
+    windows are simulated; the day is modelled from them, and is labelled so."""
     fleets = ctx.fleets or ((32,) if ctx.quick else DAY_FLEETS)
     out: dict = {}
     for nodes in fleets:
@@ -1077,7 +1077,8 @@ def day_at_scale(ctx: Context) -> dict:
             "setup": replace(WORKERS4, name=f"day-{nodes}", workers=nodes).describe(),
             "per_1000_node_days": FAULTS_PER_1000_NODE_DAYS,
             "kind": (
-                "modelled: each day composed from measured windows (compose_day); the windows' own figures are measured"
+                "modelled: each day composed from simulated windows (compose_day); "
+                "the windows' own figures are simulated"
             ),
             "window": {"warm_s": WARM_S, "after_s": AFTER_S, "steady_s": STEADY_S},
             "days": {seed: [asdict(f) for f in faults] for seed, faults in days.items()},
@@ -1167,12 +1168,12 @@ SLO_TARGET = 0.99  # share of requests within their objectives: the objectives a
 def spares(ctx: Context) -> dict:
     """Hot spares against a day's SLO attainment and GPU-hours, per fleet and per nominal load.
 
-    A day of a 1,000-node fleet cannot be simulated here, so the curve is modelled from measured pieces:
+    A day of a 1,000-node fleet cannot be simulated here, so the curve is modelled from simulated pieces:
     - A(x): attainment of a PROBE_WORKERS-worker fleet with no faults at x × the setup's per-worker rate
-      (measured), linear between the measured loads: a fleet of N at nominal load m with f nodes out and no spare
+      (simulated), linear between the simulated loads: a fleet of N at nominal load m with f nodes out and no spare
       in their place runs at m × N / (N − f) per worker, and is taken to attain what the probe does at that load;
     - the transient of one crash at load x: requests missing their objective in the probe's faulted run and not in
-      its baseline (measured with Lifeline), linear between the measured loads, once per fault, spare or not. On
+      its baseline (simulated with Lifeline), linear between the simulated loads, once per fault, spare or not. On
       the probe a crash loses an eighth of the fleet, more than one node of a larger fleet: an upper bound there;
     - the faults of a day: drawn DAYS times from recovery.sim.faults.FaultRates (4 per 1,000 node-days, StepFun
       outages); each spare takes the place of a node that is out until that node is back (spares taken not to
@@ -1204,7 +1205,7 @@ def spares(ctx: Context) -> dict:
     curves = {}
     print(
         f"\nspares: {probe.model} on {probe.tp}× {probe.gpu}, {probe.rate_per_worker:g} req/s per worker at ×1; "
-        f"A(load) measured on {PROBE_WORKERS} workers: " + ", ".join(f"×{x:g} {a * 100:.2f} %" for x, a in steady)
+        f"A(load) simulated on {PROBE_WORKERS} workers: " + ", ".join(f"×{x:g} {a * 100:.2f} %" for x, a in steady)
     )
     print("  one crash costs, beyond the baseline's misses: " + ", ".join(f"×{x:g} {m:.0f}" for x, m in transient))
     for n in fleets:
@@ -1223,7 +1224,7 @@ def spares(ctx: Context) -> dict:
                         "attainment_p5_day": daily[len(daily) // 20],
                         "gpu_hours_per_day": (n + s) * d.tp * 24,
                         "spare_gpu_hours_per_day": s * d.tp * 24,
-                        "kind": "modelled (from measured A(load) and transients, and drawn fault days)",
+                        "kind": "modelled (from simulated A(load) and transients, and drawn fault days)",
                     }
                 )
             enough = next((c["spares"] for c in curve if c["attainment_p5_day"] >= SLO_TARGET), None)
@@ -1253,7 +1254,7 @@ def spares(ctx: Context) -> dict:
         "objective": {**asdict(objective), "kind": "input (recovery.policy.slo.default_for, standard tier)"},
         "attainment_by_load": {f"{x:g}": attain[x]["baseline_attainment"] for x in loads},
         "missed_requests_per_fault_by_load": {
-            f"{x:g}": {"value": m, "kind": "measured (probe fleet, Lifeline)"} for x, m in transient
+            f"{x:g}": {"value": m, "kind": "simulated (probe fleet, Lifeline)"} for x, m in transient
         },
         "nominal_loads": {"values": NOMINAL_LOADS, "kind": "input (× the setup's per-worker rate)"},
         "fleets": curves,
@@ -1329,8 +1330,8 @@ def write(name: str, ctx: Context, body: dict, wall_s: float, out_dir: Path = RE
         "quick": ctx.quick,
         "wall_s": round(wall_s, 1),
         "kinds": {
-            "measured": "produced by the simulator runs of this command",
-            "modelled": "arithmetic on measured figures and drawn fault timelines",
+            "simulated": "produced by the simulator runs of this command",
+            "modelled": "arithmetic on simulated figures and drawn fault timelines",
             "input": "document 000's figures, and the setups we chose where it is silent",
         },
         "differences_from_paper": DIFFERENCES,
@@ -1353,7 +1354,7 @@ def main(argv: list[str] | None = None, out_dir: Path = RESULTS) -> int:
     parser.add_argument("--quick", action="store_true", help="short runs and fewer sizes: a smoke test")
     parser.add_argument("--jobs", type=int, default=1, help="processes to run seeds in (default 1)")
     parser.add_argument(
-        "--day", action="store_true", help="scale: days of 256 and 1,000 nodes composed from measured windows (slow)"
+        "--day", action="store_true", help="scale: days of 256 and 1,000 nodes composed from simulated windows (slow)"
     )
     parser.add_argument("--fleets", help="scale --day: fleet sizes, comma-separated (default 256,1000)")
     parser.add_argument(

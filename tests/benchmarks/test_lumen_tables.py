@@ -52,3 +52,28 @@ def test_a_policy_tables_rows_are_the_results_figures(tmp_path):
     )
     assert lines[-3].startswith("| lifeline vs load_aware | -12.5 %; paired -10.0 ± 5.0 % (paper -30.0 %) |")
     assert lines[-1] == "- workers4: Lifeline ties LUMEN"
+
+
+def _kinds(node):
+    """The kind of every figure (a dict with a mean or a value) and of every section that states one; a fault's
+    `kind` (crash, sdc…) is not a figure's."""
+    if isinstance(node, dict):
+        kind = node.get("kind")
+        if isinstance(kind, str) and ({"mean", "value"} & node.keys() or " " in kind):
+            yield kind
+        for value in node.values():
+            yield from _kinds(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _kinds(value)
+
+
+@pytest.mark.parametrize("path", sorted(lt.RESULTS.glob("lumen_*.json")), ids=lambda p: p.stem)
+def test_the_simulators_figures_are_labelled_simulated_never_measured(path):
+    """Issue 42: every figure of these files was produced by the simulator (or is arithmetic on its figures, or an
+    input); none was measured on the real processes, so none says so."""
+    data = json.loads(path.read_text())
+    kinds = set(_kinds(data))
+    assert kinds and not any("measured" in kind for kind in kinds), kinds
+    assert all(kind.split(" ")[0].rstrip(":") in ("simulated", "modelled", "input") for kind in kinds), kinds
+    assert "measured" not in data.get("kinds", {})

@@ -61,9 +61,9 @@ def tiny_results(tmp_path_factory):
 def test_results_put_ours_beside_the_papers_with_kinds_and_command(tiny_results):
     data = tiny_results
     assert data["command"] == "python -m recovery.sim.lumen test" and data["seeds"] == [1, 2]
-    assert data["differences_from_paper"] and "measured" in data["kinds"]
+    assert data["differences_from_paper"] and "simulated" in data["kinds"] and "measured" not in data["kinds"]
     lumen_row = data["policies"]["load_aware"]
-    assert lumen_row["ours"]["ttft_mean_s"]["kind"] == "measured"
+    assert lumen_row["ours"]["ttft_mean_s"]["kind"] == "simulated"
     assert lumen_row["ours"]["ttft_mean_s"]["n"] == 2
     assert lumen_row["paper"] == {
         "ttft_mean_s": 2.61,
