@@ -5,7 +5,8 @@ theirs: each new connection goes to whichever process accepts it first, so a pro
 connections it held, and the others go on accepting while it is started again. Everything a web process keeps is in
 the database and Redis (sessions, the log-in counters' cache, the channel layer that carries live pages' events), so
 any of them answers any request, and a live page's WebSocket gets the events of every process. One web process keeps
-about 256 nodes beating every second (README); a larger fleet needs more of them, or more hosts behind a balancer.
+about 256 nodes beating every second (docs/several-machines.md); a larger fleet needs more of them, or more hosts
+behind a balancer.
 
 This process only supervises: a child that exits is started again (after a pause that grows while children keep
 dying young, so a web process that cannot start does not spin); SIGTERM or SIGINT is passed on to every child, and

@@ -6,7 +6,7 @@ this model: harness/vllm_engine.py).
 
 The mixed fleet resumes completions. A chat's prompt is rendered by the engine that takes it, and the two engines
 render this model's template differently (llama-server adds the BOS the template leaves out, vLLM does not), so a
-chat moved from one kind to the other continues consistently but not with identical text; the README says so.
+chat moved from one kind to the other continues consistently but not with identical text; docs/real-engines.md says so.
 
 The server takes 30-70 s to start here, so one serves the whole module; the last test kills it.
 """
