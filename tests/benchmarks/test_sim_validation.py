@@ -2,10 +2,14 @@
 come from the same metrics code, and the pipeline runs end to end on a tiny real cluster."""
 
 import asyncio
+import copy
+import json
 
 import pytest
 
 from benchmarks import sim_validation as sv
+from benchmarks.common import RESULTS
+from harness import provenance
 from recovery.sim.experiment import run_one
 from recovery.sim.faults import DETECTION
 from recovery.sim.fleet import MOVE_HOP_S
@@ -149,19 +153,21 @@ def test_a_tiny_real_run_goes_through_the_whole_pipeline(tmp_path):
     )
     result = asyncio.run(sv.validate(setup, "lifeline", tmp_path))
 
-    real, simulated = result["measured-real"], result["measured-simulated"]
+    real, simulated = result["emulated"], result["simulated"]
     assert real["requests"] == simulated["requests"] == len(sv.schedule(setup))
     assert result["tokens"] == {"lost": 0, "repeated_or_wrong": 0, "request_errors": 0, "errors": []}
     for side in (real, simulated):
         assert side["ttft_mean_ms"] > 0 and side["tpot_mean_ms"] > 0
     assert set(result["error_pct"]) == {key for key, _ in sv.COMPARED}
     assert result["error_pct"]["ttft_mean_ms"] is not None and result["error_pct"]["tpot_mean_ms"] is not None
+    assert result["scoring"] == sv.scores(real, simulated)
+    assert result["within_goal"] == {key: score == sv.WITHIN for key, score in result["scoring"].items()}
     assert result["kill"]["sim_node"] in {"rack-0-1", "rack-1-1"}
     # Where the stalls went: each real move off the killed node timed by the gateway, each simulated one by the model.
     kill = result["kill"]
     breakdown = kill["stall_breakdown_ms_mean"]
     assert kill["moved_real"] >= 1, "the busiest node had requests in flight when it was killed"
-    real_parts, sim_parts = breakdown["measured-real"], breakdown["measured-simulated"]
+    real_parts, sim_parts = breakdown["emulated"], breakdown["simulated"]
     assert real_parts["moves"] == kill["moved_real"]
     assert sim_parts["moves"] == kill["interrupted_simulated"]
     assert set(sim_parts) == {"noticed_ms", "answered_ms", "restore_ms", "first_token_ms", "moves"}
@@ -205,3 +211,97 @@ def test_the_stalls_phase_spread_moves_the_kill_and_says_where_the_real_stall_fa
     assert spread["real_rank"] == pytest.approx(below / len(sv.PHASE_OFFSETS_MS), abs=0.01)
     assert spread["real_within_range"] == (spread["min_ms"] <= 100.0 <= spread["max_ms"])
     assert spread["error_pct_of_mean"] == sv.error_pct(100.0, spread["mean_ms"])
+
+
+# --- scoring: every pair counted --------------------------------------------------------------------------------
+def test_every_pair_is_scored_and_none_is_hidden():
+    # A nonzero real figure: within the goal at |error| <= 10 %, else a miss (a simulated 0 included).
+    assert sv.score(200.0, 220.0) == sv.score(200.0, 180.0) == sv.score(200.0, 200.0) == sv.WITHIN
+    assert sv.score(200.0, 220.5) == sv.score(200.0, 179.0) == sv.score(200.0, 0.0) == sv.MISS
+    # A real 0 against a simulated figure that is not 0: no relative error, and a miss, counted apart.
+    assert sv.score(0.0, 10.0) == sv.ZERO_VS_NONZERO
+    # 0 against 0: reported apart, never within the goal.
+    assert sv.score(0.0, 0.0) == sv.BOTH_ZERO
+    # A figure missing on either side: a miss, counted apart.
+    assert sv.score(None, 10.0) == sv.score(10.0, None) == sv.score(None, None) == sv.MISSING
+    assert set(sv.MISSES) == {sv.MISS, sv.ZERO_VS_NONZERO, sv.MISSING}
+
+
+def test_the_summary_counts_every_pair():
+    real = {"ttft_mean_ms": 100.0, "tpot_mean_ms": 40.0, "stall_mean_ms": 50.0, "recovery_s": 0.0}
+    results = [
+        {"emulated": real, "simulated": {**real, "ttft_mean_ms": 105.0, "stall_mean_ms": 80.0, "recovery_s": 0.0}},
+        {"emulated": real, "simulated": {**real, "tpot_mean_ms": None, "recovery_s": 40.0}},
+    ]
+    summary = sv.summarise(results)
+    assert summary["pairs"] == 8  # 2 results x 4 metrics: none dropped
+    assert (summary["within"], summary["miss"], summary["zero_vs_nonzero"], summary["both_zero"]) == (4, 1, 1, 1)
+    assert summary["missing"] == 1 and summary["misses"] == 3
+    assert summary["text"] == (
+        "4 of 8 pairs within 10 % of a nonzero emulated figure; 1 off by more than 10 % (misses); "
+        "1 zero vs nonzero (misses); 1 both zero; 1 missing (misses)"
+    )
+
+
+def test_a_missing_figure_is_said_to_be_missing():
+    result = copy.deepcopy(committed()["results"][0])
+    result["simulated"]["stall_mean_ms"] = None
+    assert sv.explain(result)["stall_mean_ms"] == "interrupted stall: no figure on the simulated side"
+
+
+def committed() -> dict:
+    return json.loads((RESULTS / "sim_validation.json").read_text())
+
+
+def labelled_as_before(node):
+    """A rescored file's contents with the old side labels and no scores: what the benchmark wrote before."""
+    if isinstance(node, dict):
+        old = {"emulated": "measured-real", "simulated": "measured-simulated"}
+        return {old.get(k, k): labelled_as_before(v) for k, v in node.items() if k != "scoring"}
+    if isinstance(node, list):
+        return [labelled_as_before(v) for v in node]
+    return node
+
+
+def test_the_committed_results_count_every_pair_and_say_what_the_real_side_is():
+    data = committed()
+    results = data["results"]
+    summary = data["scoring"]
+    assert summary["pairs"] == len(results) * len(sv.COMPARED)  # M counts every pair in the results
+    assert data["within_goal"].startswith(f"{summary['within']} of {summary['pairs']} pairs within 10 %")
+    assert {**summary, "text": data["within_goal"]} == sv.summarise(results)
+    for r in results:
+        assert r["scoring"] == sv.scores(r["emulated"], r["simulated"])
+        assert r["within_goal"] == {key: score == sv.WITHIN for key, score in r["scoring"].items()}
+    text = json.dumps({k: v for k, v in data.items() if k != "provenance"})  # the provenance names the old labels
+    assert "measured-real" not in text and "measured-simulated" not in text and "modelled-simulated" not in text
+    assert "emulated cluster" in data["real_side"] and "not GPU timings" in data["real_side"]
+    assert provenance.check_kinds(data["provenance"]["kinds"])["results[].emulated"] == "measured"
+    assert data["provenance"]["kinds"]["results[].simulated"] == "simulated"
+    rescored = data["provenance"]["rescored"]
+    assert rescored["within_goal_before"] == "22 of 28 figures" and rescored["commit"] and rescored["date"]
+    assert data["table"] == sv.table(results).splitlines()
+
+
+def test_rescoring_keeps_every_figure_and_relabels_the_sides():
+    data = committed()
+    before = labelled_as_before(data)
+    before.pop("provenance")
+    for key in ("real_side", "scoring_rules", "derived"):
+        before.pop(key)
+    before["within_goal"] = "22 of 28 figures"
+    for r in before["results"]:  # the old scoring: 0 against 0 within the goal
+        r["within_goal"] = {
+            k: v or r["measured-real"][k] == r["measured-simulated"][k] == 0 for k, v in r["within_goal"].items()
+        }
+
+    again = sv.rescore(before, "python -m benchmarks.sim_validation --rescore x")
+
+    assert again["results"] == data["results"]
+    assert {k: v for k, v in again.items() if k != "provenance"} == {k: v for k, v in data.items() if k != "provenance"}
+    assert again["provenance"]["rescored"]["within_goal_before"] == "22 of 28 figures"
+    assert again["provenance"]["kinds"] == sv.KINDS
+    # Rescoring a rescored file changes nothing but the date of the rescoring.
+    twice = sv.rescore(again, "python -m benchmarks.sim_validation --rescore x")
+    assert twice["results"] == again["results"] and twice["within_goal"] == again["within_goal"]
+    assert twice["provenance"]["rescored"]["within_goal_before"] == "22 of 28 figures"
