@@ -1,0 +1,43 @@
+"""benchmarks.render: the docs' figures are the results files' (issue 42): a block that differs from what its results
+file renders fails here, and the blocks render what the file says."""
+
+import json
+
+import pytest
+
+from benchmarks import render
+
+
+def test_every_results_block_in_the_docs_is_what_its_results_file_renders():
+    assert render.stale() == [], "run: python -m benchmarks.render"
+    names = {m["name"] for path in render.documents() for m in render.BLOCK.finditer(path.read_text())}
+    assert names == set(render.BLOCKS), "every renderer is used somewhere, every block has a renderer"
+
+
+def test_a_hand_edited_figure_inside_a_block_is_caught(tmp_path, monkeypatch):
+    page = tmp_path / "page.md"
+    text = render.render("Placement: <!-- results:placement-summary --><!-- /results:placement-summary -->.")
+    assert "LLMFabric 74.9 %" in text  # benchmarks/results/placement.json's figure at 90 % of the fleet's capacity
+    page.write_text(text.replace("LLMFabric 74.9 %", "LLMFabric 70.0 %"))
+    monkeypatch.setattr(render, "documents", lambda: [page])
+    assert render.stale() == [f"{page}: placement-summary"]
+    assert render.main(["--check"]) == 1
+    render.main([])
+    assert render.stale() == [] and "LLMFabric 74.9 %" in page.read_text()
+
+
+def test_the_blocks_render_the_results_figures_with_their_kind(monkeypatch, tmp_path):
+    data = json.loads((render.RESULTS / "sim_validation.json").read_text())
+    data["within_goal"] = "1 of 32 pairs within 10 % (a test's figure)"
+    data["results"][0]["emulated"]["ttft_mean_ms"] = 999.5
+    (tmp_path / "sim_validation.json").write_text(json.dumps(data))
+    monkeypatch.setattr(render, "RESULTS", tmp_path)
+    table = render.sim_validation_table()
+    assert "999.5 / 162.2" in table and "1 of 32 pairs" in table
+    summary = render.sim_validation_summary()
+    assert "measured" in summary and "simulated" in summary and "sim_validation.json" in summary
+
+
+def test_an_unknown_block_name_is_an_error_that_names_the_known_ones():
+    with pytest.raises(KeyError, match="placement-summary"):
+        render.render("<!-- results:no-such-table --><!-- /results:no-such-table -->")
