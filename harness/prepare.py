@@ -11,22 +11,27 @@ the engine builds it again itself and fails with the reason.
 
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
+
+
+def make(name: str, maker) -> bool:
+    started = time.monotonic()
+    try:
+        path = maker()
+    except Exception as exc:  # noqa: BLE001 - said; the tests that need it build it again and say why
+        print(f"prepare: {name} could not be made ({exc}); the tests that need it will try again", flush=True)
+        return False
+    print(f"prepare: {name} ready in {time.monotonic() - started:.0f} s: {path}", flush=True)
+    return True
 
 
 def main() -> int:
+    """Both at once: the build is the cores' work, vLLM's install mostly the disk's and the network's."""
     from harness import real_engine, vllm_engine
 
-    failed = 0
-    for name, make in (("llama-server", real_engine.llama_server_binary), ("vLLM", vllm_engine.vllm_python)):
-        started = time.monotonic()
-        try:
-            path = make()
-        except Exception as exc:  # noqa: BLE001 - said; the tests that need it build it again and say why
-            print(f"prepare: {name} could not be made ({exc}); the tests that need it will try again", flush=True)
-            failed += 1
-        else:
-            print(f"prepare: {name} ready in {time.monotonic() - started:.0f} s: {path}", flush=True)
-    return 1 if failed else 0
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        made = pool.map(make, ("llama-server", "vLLM"), (real_engine.llama_server_binary, vllm_engine.vllm_python))
+        return 0 if all(made) else 1
 
 
 if __name__ == "__main__":

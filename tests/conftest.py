@@ -101,23 +101,26 @@ ENGINE_WORDS = re.compile(r"\b(LlamaServer|real_engine|vllm_engine)\b")
 class ModuleOrder:
     @pytest.hookimpl(trylast=True)  # after pytest-django's own ordering
     def pytest_collection_modifyitems(self, items):
-        """Last, one after the other, the tests of the shared stack (`demo_stack`, SharedStack: started once); those
-        that register nodes of their own on it (marked `adds_nodes`) after the rest, which count its nodes. Just
-        before them the modules that drive Chromium (launched once, SharedChromium), and before those, the modules
-        that need a real engine: on a machine's first run its build (harness.prepare, started by `./lifeline test`
-        in the background) then has the most time to finish before a test waits for it."""
+        """One after the other, the tests of the shared stack (`demo_stack`, SharedStack: started once, stopped after
+        its last test); those that register nodes of their own on it (marked `adds_nodes`) after the rest, which
+        count its nodes. Just before them the modules that drive Chromium (launched once, SharedChromium). After
+        them, last, the modules that need a real engine: on a machine's first run its build (harness.prepare,
+        started by `./lifeline test` in the background, 10 to 17 minutes of a busy 2-core machine) has the whole
+        run to finish before a test waits for it, and the other tests go on meanwhile."""
 
         ranks = {}
         for item in items:
             module = getattr(item, "module", None)
             if module not in ranks:
-                ranks[module] = int(module is not None and bool(ENGINE_WORDS.search(Path(module.__file__).read_text())))
-            if BROWSER_FIXTURES & set(item.fixturenames):
+                engine = module is not None and ENGINE_WORDS.search(Path(module.__file__).read_text())
+                ranks[module] = 5 if engine else 0
+            if BROWSER_FIXTURES & set(item.fixturenames) and ranks[module] != 5:
                 ranks[module] = 2
 
-        def rank(item) -> int:
-            if "demo_stack" in item.fixturenames:
-                return 4 if item.get_closest_marker("adds_nodes") else 3
+        def rank(item) -> float:
+            if "demo_stack" in item.fixturenames:  # a real engine on the shared stack: the last of its block
+                engine = ranks[getattr(item, "module", None)] == 5
+                return (4 if item.get_closest_marker("adds_nodes") else 3) + 0.5 * engine
             return ranks[getattr(item, "module", None)]
 
         items.sort(key=rank)  # stable: the order within a rank is kept

@@ -132,7 +132,8 @@ def pytest_collection_finish(session):
 def test_the_shared_stacks_tests_run_last_together_and_those_adding_nodes_after_the_rest(tmp_path):
     """The shared stack (tests/conftest.py SharedStack) is started once and stopped after its last test only if its
     tests run one after another: ModuleOrder puts them last, those that register nodes of their own after those that
-    count its nodes, and a module's tests that start a stack of their own before them."""
+    count its nodes, and a module's tests that start a stack of their own before them; the real engines' modules
+    after them all."""
     (tmp_path / "order_plugin.py").write_text(ORDER)
     order = tmp_path / "order.txt"
     tests = [
@@ -141,16 +142,23 @@ def test_the_shared_stacks_tests_run_last_together_and_those_adding_nodes_after_
         "tests/e2e/test_e2e.py",  # shared, and two tests with stacks of their own
         "tests/e2e/test_operations_e2e.py",  # a stack of its own, in Chromium
         "tests/workers/test_node_agent.py",  # nodes only
+        "tests/e2e/test_real_engine_e2e.py",  # shared, adds a real engine
+        "tests/workers/test_real_engine.py",  # a real engine, no stack
     ]
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "LIFELINE_ORDER_FILE": str(order)}
     argv = [sys.executable, "-m", "pytest", "-q", "-p", "order_plugin", "-p", "no:cacheprovider", "--collect-only"]
     run = subprocess.run([*argv, *tests], cwd=BASE_DIR, env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout[-3000:]
     rows = [line.split(" ") for line in order.read_text().splitlines()]
+    # Last, the real engines' tests that need no stack: on a first run their build has the whole run to finish.
+    engines = [row for row in rows if row[0].startswith(tests[-1])]
+    assert engines and rows[-len(engines) :] == engines, rows
+    rows = rows[: -len(engines)]
     shared = [(int(uses), int(adds)) for _, uses, adds in rows]
     first = next(i for i, (uses, _) in enumerate(shared) if uses)
     assert all(uses for uses, _ in shared[first:]), rows  # one block, at the end
     assert [adds for _, adds in shared[first:]] == sorted(adds for _, adds in shared[first:]), rows
-    assert {nodeid.split("::")[0] for nodeid, uses, _ in rows[first:]} == {tests[0], tests[1], tests[2]}
+    assert {nodeid.split("::")[0] for nodeid, uses, _ in rows[first:]} == {*tests[:3], tests[5]}
+    assert rows[-1][0].startswith(tests[5]), rows  # the real engine on the shared stack: the last of its block
     own = [nodeid for nodeid, uses, _ in rows[:first] if nodeid.startswith(tests[2])]
     assert len(own) == 2, rows  # test_e2e's own stacks: before the shared one starts
