@@ -160,7 +160,114 @@ def sim_validation_table() -> str:
     return "\n".join(lines)
 
 
+# --- Lifeline against LUMEN: every comparison -----------------------------------------------------------------
+
+
+def _signed_pct(x: float) -> str:
+    return f"{100 * x:+.2f} %".replace("-", "−")
+
+
+def _paired(c: dict) -> str:
+    """A comparison's paired mean ± its 95 % interval (one seed: the mean alone; none: n/a)."""
+    if c["mean"] is None:
+        return "n/a"
+    text = _signed_pct(c["mean"])
+    return text if c["ci95"] is None else f"{text} ± {100 * c['ci95']:.2f} %"
+
+
+def _p(p: float | None) -> str:
+    if p is None:
+        return "–"
+    return "< 0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def _seed_span(seeds: list[int]) -> str:
+    """1, 2, 3, 5 → 1–3, 5."""
+    spans: list[list[int]] = []
+    for s in sorted(seeds):
+        if spans and s == spans[-1][1] + 1:
+            spans[-1][1] = s
+        else:
+            spans.append([s, s])
+    return ", ".join(str(a) if a == b else f"{a}–{b}" for a, b in spans) or "none"
+
+
+def _short(c: dict) -> str:
+    return f"{c['setup']}'s {c['figure_name']} {_paired(c)} (p {_p(c['p'])}, Holm {_p(c['p_holm'])}, {c['n']} seeds)"
+
+
+def lumen_comparisons_summary() -> str:
+    data = results("lumen_comparisons")
+    s, by_id = data["summary"], {c["id"]: c for c in data["comparisons"]}
+    held = s["held_out"]
+    nominal = [by_id[x["id"]] for x in s["smallest_p"] if x["p"] <= data["alpha"]]
+    before = (
+        f"before the correction, {s['nominal_at_alpha']} had p below {data['alpha']:g} ({s['nominal_better']} with "
+        f"Lifeline better, {s['nominal_worse']} worse)"
+        + (": " + "; ".join(_short(c) for c in nominal) if nominal else "")
+    )
+    return (
+        f"{s['K']} of {s['N']} comparisons survive Holm's correction at 5 % (Lifeline better in {s['better']}, worse "
+        f"in {s['worse']}): every Lifeline-against-LUMEN comparison the lumen results hold, each setup × mean TTFT, "
+        f"replay TTFT, recovery time and mean TPOT, {s['testable']} of them testable and "
+        f"{s['N'] - s['distinct']['N']} repeating another's runs; {before}. Every file's seeds start at 1 and hold "
+        f"the tuning seeds 1–3; on the seeds above them alone {held['K']} of {held['testable']} testable comparisons "
+        f"survive (paired per-seed ratios simulated; p-values and the correction modelled). "
+        f"Source: {source('lumen_comparisons')}"
+    )
+
+
+def lumen_comparisons_table() -> str:
+    data = results("lumen_comparisons")
+    s = data["summary"]
+    lines = [
+        "",
+        "| setup | figure | Lifeline / LUMEN − 1, paired: mean ± 95 % CI | n | seeds | p | "
+        "Holm p | survives | seeds above 3 only: mean ± CI (n), p, Holm p |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in data["comparisons"]:
+        setup = c["setup"] + (f" (the runs of {c['same_runs_as'].split('/')[0]})" if c["same_runs_as"] else "")
+        seeds = _seed_span(c["used_seeds"])
+        if c["missing"]:
+            seeds += f" ({c['missing']} n/a)"
+        if c["overlaps_tuning_seeds"]:
+            seeds += ", tuning seeds in"
+        h = c["held_out"]
+        held = f"{_paired(h)} ({h['n']}), {_p(h['p'])}, {_p(h['p_holm'])}"
+        survives = "yes" if c["survives"] else "no" if c["p"] is not None else f"no test: {c['untestable']}"
+        lines.append(
+            f"| {setup} | {c['figure_name']} | {_paired(c)} | {c['n']} | {seeds} | {_p(c['p'])} | "
+            f"{_p(c['p_holm'])} | {survives} | {held} |"
+        )
+    lines += [
+        "",
+        f"{s['K']} of {s['N']} survive (Lifeline better in {s['better']}, worse in {s['worse']}); of the "
+        f"{s['distinct']['N']} distinct tests, {s['distinct']['K']}; of the {s['own_sections']['N']} the files' own "
+        f"ratios, verdicts and resume comparisons make, {s['own_sections']['K']}. Holm's first step needs p ≤ "
+        f"{data['alpha']:g} / {s['N']} = {data['alpha'] / s['N']:.5f}. Negative is Lifeline lower (better) "
+        f"on every figure. Paired ratios simulated; p (two-sided one-sample t-test against 0) and Holm's adjusted p "
+        f"modelled; {source('lumen_comparisons')}.",
+        "",
+        "The reruns on seeds that played no part in tuning (each file's recorded command with `--first-seed 101`; "
+        "each replaces its file; the time is that command's last run, on the host it ran on):",
+        "",
+    ]
+    for r in data["rerun"]:
+        lines.append(f"- `{r['command']}`: seeds {r['seeds']}, about {r['estimated_s']:,.0f} s")
+    total = sum(r["estimated_s"] for r in data["rerun"])
+    lines += [
+        "",
+        f"About {total:,.0f} s ({total / 3600:.1f} h) in all, one after another (modelled from the recorded times; a "
+        "day's time follows the faults its seed draws).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
 BLOCKS: dict[str, Callable[[], str]] = {
+    "lumen-comparisons-summary": lumen_comparisons_summary,
+    "lumen-comparisons-table": lumen_comparisons_table,
     "placement-summary": placement_summary,
     "placement-table1": placement_table1,
     "placement-sweep": placement_sweep,
