@@ -102,8 +102,13 @@ def test_an_ew_killed_mid_stream_leaves_the_attention_workers_stream_whole_and_b
     text, times = stream(node.address, kill_at_8)
     assert text == expected
     gap = max(b - a for a, b in zip(times, times[1:]))
-    assert gap < 0.5, f"longest token gap {gap:.3f} s (undisturbed {undisturbed_gap:.3f} s)"
+    # The pause the failover adds: the longest gap over the longest of the undisturbed stream just before, on the
+    # same host at the same load (a step on a loaded 2-core host takes up to a quarter second by itself: an
+    # absolute bound on the gap failed there at 0.571 s with 0.233 s undisturbed). Without a shadow the standby
+    # loads the lost experts first: seconds (benchmarks/moe_fleet).
+    assert gap - undisturbed_gap < 0.5, f"longest token gap {gap:.3f} s (undisturbed {undisturbed_gap:.3f} s)"
     counters = http_json(node.address + "/agent/status")[1]["counters"]
+    assert counters["moe_waits"] == 0, counters  # every expert had a live location at once: its shadow
     # The killed EW found dead once; a live one that missed its probes on a loaded machine costs a replay, counted
     # apart (moe_failovers_silent), not a failure.
     assert counters["moe_failovers"] - counters["moe_failovers_silent"] == 1 and counters["moe_mismatches"] == 0
