@@ -17,7 +17,7 @@ from console.stack import BASE_DIR
 def test_every_fault_kind_at_once_breaks_no_invariant(tmp_path):
     results = tmp_path / "chaos.json"
     argv = [sys.executable, "-m", "benchmarks.chaos", "--minutes", "1", "--gap", "4", "--clients", "6"]
-    argv += ["--warmup", "10", "--settle", "15", "--seed", "11", "--results", str(results)]
+    argv += ["--warmup", "6", "--settle", "10", "--seed", "11", "--results", str(results)]
     run = subprocess.run(argv, cwd=BASE_DIR, capture_output=True, text=True, timeout=900, env=dict(os.environ))
     assert results.exists(), run.stdout[-3000:] + run.stderr[-3000:]
     report = json.loads(results.read_text())
