@@ -169,32 +169,51 @@ def test_bad_number_in_settings_names_the_variable():
     assert "LIFELINE_HEARTBEAT_MISS_S='soon' is not a number" in result.stderr
 
 
-def test_switching_between_run_and_test_installs_once_each(tmp_path):
-    """`./lifeline run` then `./lifeline test` then `run` again: the test extras serve both, nothing is reinstalled."""
+def _fake_checkout(tmp_path, with_uv: bool) -> dict:
+    """The lifeline script beside a .venv whose python (and uv) only record what they were asked to do."""
     import shutil
 
     shutil.copy(BASE_DIR / "lifeline", tmp_path / "lifeline")
     shutil.copy(BASE_DIR / "pyproject.toml", tmp_path / "pyproject.toml")
-    fake = tmp_path / ".venv" / "bin" / "python"
-    fake.parent.mkdir(parents=True)
-    fake.write_text('#!/bin/sh\necho "$*" >> "$(dirname "$0")/../../calls"\n')  # records what it was asked to do
-    fake.chmod(0o755)
-    environ = {**os.environ, "LIFELINE_CHROMIUM": "/bin/true"}  # never install a browser from a test
+    bin_dir = tmp_path / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    for name in ("python", "uv") if with_uv else ("python",):
+        fake = bin_dir / name
+        fake.write_text(f'#!/bin/sh\necho "{name} $*" >> "$(dirname "$0")/../../calls"\n')
+        fake.chmod(0o755)
+    return {**os.environ, "LIFELINE_CHROMIUM": "/bin/true"}  # never install a browser from a test
 
-    def lifeline(command):
-        result = subprocess.run(
-            ["./lifeline", command], cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=60
-        )
-        assert result.returncode == 0, result.stderr
-        return result.stdout
 
+def _lifeline(tmp_path, environ, command) -> str:
+    result = subprocess.run(
+        ["./lifeline", command], cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_switching_between_run_and_test_installs_once_each(tmp_path):
+    """`./lifeline run` then `./lifeline test` then `run` again: the test extras serve both, nothing is reinstalled;
+    uv installs (in seconds where pip takes a minute and a half)."""
+    environ = _fake_checkout(tmp_path, with_uv=True)
     for command in ("run", "test", "run", "test", "run"):
-        lifeline(command)
-    installs = [line for line in (tmp_path / "calls").read_text().splitlines() if "pip install" in line]
+        _lifeline(tmp_path, environ, command)
+    installs = [line for line in (tmp_path / "calls").read_text().splitlines() if " install " in line]
     assert installs == [
-        "-m pip install --quiet --disable-pip-version-check -e .",
-        "-m pip install --quiet --disable-pip-version-check -e .[test]",
+        "uv pip install --quiet --python .venv/bin/python -e .",
+        "uv pip install --quiet --python .venv/bin/python -e .[test]",
     ]
     (tmp_path / "pyproject.toml").write_text((BASE_DIR / "pyproject.toml").read_text() + "\n# changed\n")
-    assert "installing dependencies" in lifeline("run")  # a changed project is installed again, with the extras kept
-    assert (tmp_path / "calls").read_text().splitlines()[-2].endswith("-e .[test]")
+    assert "installing dependencies" in _lifeline(tmp_path, environ, "run")  # a changed project: installed again,
+    assert (tmp_path / "calls").read_text().splitlines()[-2].endswith("-e .[test]")  # with the extras kept
+
+
+def test_where_uv_cannot_be_had_pip_installs(tmp_path):
+    """No uv in the virtualenv and none installed by pip (this fake pip installs nothing): pip installs the project."""
+    environ = _fake_checkout(tmp_path, with_uv=False)
+    _lifeline(tmp_path, environ, "run")
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert calls[:2] == [
+        "python -m pip install --quiet --disable-pip-version-check uv==0.13.9",
+        "python -m pip install --quiet --disable-pip-version-check -e .",
+    ]
