@@ -303,6 +303,19 @@ class Soak:
         if status >= 300:
             raise RuntimeError(f"{name} refused the {kind} fault: {status} {body}")
 
+    def agent_fault_on_one(self, candidates: list[str], kind: str, **params) -> str:
+        """`kind` on the first of `candidates` (in a seeded order) that takes it. The console's view lags a kill by a
+        few seconds: a node another fault just killed can still be listed serving, and refuses the connection."""
+        refused = []
+        for name in self.rng.sample(candidates, len(candidates)):
+            try:
+                self.agent_fault(name, kind, **params)
+            except OSError as exc:  # down already (connection refused, reset, timed out): the next one
+                refused.append(f"{name}: {exc}")
+                continue
+            return name
+        raise RuntimeError(f"no node took the {kind} fault: {'; '.join(refused)}")
+
     def clear_faults(self, name: str) -> None:
         try:
             http_json(
@@ -363,26 +376,21 @@ class Soak:
             fault.targets = [rng.choice(serving)]
             self.kill_group(fault.targets[0])
         elif kind == "node_hang":
-            fault.targets = [rng.choice(serving)]
-            self.agent_fault(fault.targets[0], "hang", seconds=12.0)
+            fault.targets = [self.agent_fault_on_one(serving, "hang", seconds=12.0)]
             fault.note = "hung 12 s: heartbeats stop, sockets stay open"
         elif kind == "slow_gpu":
-            fault.targets = [rng.choice(serving)]
-            self.agent_fault(fault.targets[0], "slow", factor=4.0)
+            fault.targets = [self.agent_fault_on_one(serving, "slow", factor=4.0)]
             self.later(20, self.clear_faults, fault.targets[0])
             fault.note = "4x slower for 20 s"
         elif kind == "sdc":
-            fault.targets = [rng.choice(serving)]
-            self.agent_fault(fault.targets[0], "sdc", rate=0.0, logprob_drift=-1.5)
+            fault.targets = [self.agent_fault_on_one(serving, "sdc", rate=0.0, logprob_drift=-1.5)]
             fault.note = "log-probability drift until the drain's remediation resets the GPUs"
         elif kind == "nvlink_down":
-            fault.targets = [rng.choice(serving)]
-            self.agent_fault(fault.targets[0], "nvlink_down")
+            fault.targets = [self.agent_fault_on_one(serving, "nvlink_down")]
             self.later(20, self.clear_faults, fault.targets[0])
             fault.note = "NVLink down 20 s"
         elif kind == "partition":
-            fault.targets = [rng.choice(serving)]
-            self.agent_fault(fault.targets[0], "partition", seconds=15.0)
+            fault.targets = [self.agent_fault_on_one(serving, "partition", seconds=15.0)]
             fault.note = "no heartbeat reaches the control plane for 15 s; the node keeps serving"
         elif kind == "node_and_holder":
             fault.targets = await asyncio.to_thread(self.holder_pair, undrained)

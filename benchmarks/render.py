@@ -265,7 +265,56 @@ def lumen_comparisons_table() -> str:
     return "\n".join(lines)
 
 
+# --- the suite's time -------------------------------------------------------------------------------------------
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f}"
+
+
+def suite_time() -> str:
+    """The latest clean runs' commit: every run made of it (clean, loaded), and the latest run with no caches."""
+    runs = results("suite_time")["runs"]
+    clean = [r for r in runs if r["label"] == "clean"]
+    commit = clean[-1]["commit"]
+    at = [r for r in runs if r["commit"] == commit]
+    first = at[0]["phases"]
+    tests = {name: sum(v for k, v in p.items() if k != "seconds") for name, p in first.items()}
+    shown = []
+    for label, what in (("clean", "nothing else running"), ("loaded", "a process spinning on one core throughout")):
+        these = [r for r in at if r["label"] == label]
+        if not these:
+            continue
+        times = ", ".join(_minutes(r["total_s"]) for r in these)
+        parallel = ", ".join(_minutes(r["phases"]["parallel"]["seconds"]) for r in these)
+        process = ", ".join(_minutes(r["phases"]["process"]["seconds"]) for r in these)
+        green = sum(r["green"] for r in these)
+        shown.append(
+            f"{what}: **{times} minutes** (parallel phase {parallel}, process phase {process}), "
+            f"{green} of {len(these)} green"
+        )
+    cold = [r for r in runs if r["label"] == "cold"]
+    if cold:
+        c = cold[-1]
+        shown.append(
+            f"a first run on a machine with no engine caches (llama.cpp's server built and vLLM installed in the "
+            f"background), at `{c['commit'][:7]}`: {_minutes(c['total_s'])} minutes, "
+            f"{'green' if c['green'] else 'not green'}"
+        )
+    best = min(r["total_s"] for r in at if r["label"] == "clean")
+    goal = "met" if max(r["total_s"] for r in at if r["label"] == "clean") < 15 * 60 else "not met"
+    return (
+        f"The suite has {sum(tests.values()):,} tests ({tests['parallel']:,} in the parallel phase, "
+        f"{tests['process']:,} in the process phase). Measured on {at[0]['began'][:10]} on this "
+        f"{at[0]['host']['cores']}-core machine, `.ci/run` from a fresh clone of `{commit[:7]}` (its first install "
+        f"included) on PostgreSQL and Redis, the engine caches warm: " + "; ".join(shown) + f". Under 15 minutes: "
+        f"{goal} (the fastest clean run {_minutes(best)}). Source: `benchmarks/results/suite_time.json` "
+        f"(`python -m benchmarks.suite_time`)."
+    )
+
+
 BLOCKS: dict[str, Callable[[], str]] = {
+    "suite-time": suite_time,
     "lumen-comparisons-summary": lumen_comparisons_summary,
     "lumen-comparisons-table": lumen_comparisons_table,
     "placement-summary": placement_summary,

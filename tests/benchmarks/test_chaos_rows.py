@@ -112,3 +112,27 @@ def test_a_corrupt_node_is_spared_by_later_faults_until_its_drain_is_raised(scra
     insert(soak, "recovery_drain", 3)
     insert(soak, "recovery_drainstep", 1, at(T + 10))
     assert soak.undrained_corrupt() == set()
+
+
+def test_a_node_fault_goes_to_a_listed_node_that_takes_it_when_the_first_choice_is_already_down():
+    """The console lists a node another fault killed seconds ago as serving until it notices: a node fault (here
+    nvlink_down, as a run on 2026-12-06 drew) is injected on a node that takes it, and only when none does is the
+    fault reported not injected, naming each refusal."""
+    import random
+
+    soak = Soak.__new__(Soak)  # only the fault injection: no stack
+    soak.rng = random.Random(11)
+    asked = []
+
+    def agent_fault(name, kind, **params):
+        asked.append(name)
+        if name in down:
+            raise ConnectionRefusedError(111, "Connection refused")
+
+    soak.agent_fault = agent_fault
+    down = {"node-04", "node-05"}
+    chosen = soak.agent_fault_on_one(["node-04", "node-05", "node-06"], "nvlink_down")
+    assert chosen == "node-06" and asked[-1] == "node-06" and set(asked) <= {"node-04", "node-05", "node-06"}
+    down = {"node-04", "node-05", "node-06"}
+    with pytest.raises(RuntimeError, match="no node took the nvlink_down fault: .*node-04.*Connection refused"):
+        soak.agent_fault_on_one(["node-04", "node-05", "node-06"], "nvlink_down")

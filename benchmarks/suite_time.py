@@ -1,0 +1,116 @@
+"""How long the whole suite takes (issue 41): `.ci/run` from a fresh clone of the committed code, timed, its two
+phases' counts and times and its slowest tests kept in benchmarks/results/suite_time.json, one entry per run.
+
+    python -m benchmarks.suite_time --label clean          a fresh clone of HEAD, nothing else running
+    python -m benchmarks.suite_time --label loaded --hog   the same with a process spinning on one core throughout
+    python -m benchmarks.suite_time --label clean --from-log LOG --commit SHA   a run made by hand, from its log
+
+A run is a run of the real suite here: every figure is measured. The README's suite-time block is rendered from
+the latest runs (benchmarks/render.py).
+"""
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from harness import provenance
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results" / "suite_time.json"
+SUMMARY = re.compile(r"^=+ (?P<counts>.*?) in (?P<seconds>[\d.]+)s(?: \([\d:]+\))? =+$")
+DURATION = re.compile(r"^(?P<seconds>[\d.]+)s (?P<when>setup|call|teardown) +(?P<test>\S+)$")
+REAL = re.compile(r"^real\s+(?P<m>\d+)m(?P<s>[\d.]+)s$")
+KINDS = {"runs[]": "measured"}
+
+
+def phase(counts: str, seconds: str) -> dict:
+    found = {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)", counts)}
+    return {"seconds": float(seconds), **found}
+
+
+def parse(log: str) -> dict:
+    """A `.ci/run` log (with --durations, under `time`): each phase's counts and seconds, in order (parallel, then
+    process), the slowest tests of each phase, and the whole run's wall time."""
+    phases, slowest, current = [], [], []
+    total_s = None
+    for line in log.splitlines():
+        if match := DURATION.match(line):
+            current.append({"test": match["test"], "when": match["when"], "seconds": float(match["seconds"])})
+        elif match := SUMMARY.match(line):
+            phases.append(phase(match["counts"], match["seconds"]))
+            slowest.append(current)
+            current = []
+        elif match := REAL.match(line):
+            total_s = int(match["m"]) * 60 + float(match["s"])
+    if len(phases) != 2 or total_s is None:
+        raise ValueError(f"not a whole `time .ci/run` log: {len(phases)} phase summaries, total {total_s}")
+    names = ("parallel", "process")
+    return {
+        "total_s": round(total_s, 1),
+        "phases": dict(zip(names, phases)),
+        "slowest": {name: tests[:30] for name, tests in zip(names, slowest)},
+        "green": all(not p.get("failed") and not p.get("errors") and not p.get("error") for p in phases),
+    }
+
+
+def run_suite(commit: str, hog: bool) -> tuple[str, float]:
+    """`.ci/run` from a fresh clone of `commit` under `time`; its log. With `hog`, a process spins on one core."""
+    with tempfile.TemporaryDirectory(prefix="lifeline-suite-") as work:
+        clone = Path(work) / "lifeline"
+        subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+        subprocess.run(["git", "checkout", "-q", commit], cwd=clone, check=True)
+        spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if hog else None
+        started = time.monotonic()
+        try:
+            env = {**os.environ, "CI": "true", "PYTEST_ADDOPTS": "--durations=30"}
+            done = subprocess.run(
+                ["bash", "-c", "time bash .ci/run"], cwd=clone, env=env, capture_output=True, text=True
+            )
+        finally:
+            if spinner is not None:
+                spinner.kill()
+        return done.stdout + done.stderr, time.monotonic() - started
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--label", required=True, help="clean, loaded or cold: what else the machine was doing")
+    parser.add_argument("--hog", action="store_true", help="a process spinning on one core throughout")
+    parser.add_argument("--from-log", type=Path, help="a run already made, from its log")
+    parser.add_argument("--commit", help="the commit a --from-log run ran (default: HEAD)")
+    parser.add_argument("--started", help="when a --from-log run began (ISO 8601, UTC)")
+    parser.add_argument("--note", default="", help="anything else about the run")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    commit = subprocess.run(
+        ["git", "rev-parse", args.commit or "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    began = args.started or datetime.now(UTC).isoformat(timespec="seconds")
+    if args.from_log:
+        log = args.from_log.read_text()
+    else:
+        log, _ = run_suite(commit, args.hog)
+    entry = {"label": args.label, "commit": commit, "began": began, "hog": args.hog, "host": provenance.host()}
+    if args.note:
+        entry["note"] = args.note
+    entry.update(parse(log))
+    if not args.from_log:
+        entry["command"] = provenance.command_line(sys.argv)
+    data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"runs": []}
+    data["runs"].append(entry)
+    data["provenance"] = provenance.record(KINDS, started)
+    RESULTS.write_text(json.dumps(data, indent=1) + "\n")
+    total = entry["total_s"]
+    print(f"{args.label}: {'green' if entry['green'] else 'RED'}, {total / 60:.1f} min at {commit[:7]}")
+    return 0 if entry["green"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
