@@ -97,6 +97,10 @@ def main(argv=None) -> int:
         log = args.from_log.read_text()
     else:
         log, _ = run_suite(commit, args.hog)
+        kept = ROOT / "var" / f"suite-time-{args.label}-{began.replace(':', '')}.log"
+        kept.parent.mkdir(exist_ok=True)
+        kept.write_text(log)
+        print(f"the run's log: {kept}")
     entry = {"label": args.label, "commit": commit, "began": began, "hog": args.hog, "host": provenance.host()}
     if args.note:
         entry["note"] = args.note
