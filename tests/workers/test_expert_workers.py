@@ -72,7 +72,14 @@ async def decode(refe: Refe, tokens: dict[str, bytes], steps: int, on_layer=None
     longest, last, done = 0.0, time.monotonic(), 0
     for _ in range(steps):
         for layer in range(LAYERS):
-            tokens = await refe.layer(layer, tokens)
+            try:
+                tokens = await refe.layer(layer, tokens)
+            except NoLocation as exc:
+                # As the attention worker does (workers/refe.py, _layer): an EW taken as down for its silence alone
+                # (a live one on a loaded host that missed its probes) is asked again before the expert is lost.
+                if not await refe.recheck(exc.expert):
+                    raise
+                tokens = await refe.layer(layer, tokens)
             now = time.monotonic()
             longest, last, done = max(longest, now - last), now, done + 1
             if on_layer:
@@ -99,7 +106,11 @@ async def test_an_ew_killed_mid_decode_is_replayed_on_shadows_with_identical_out
         refe = Refe(MIXTRAL, table, addresses, session)
         outputs, longest = await decode(refe, dict(start), 4, kill_at)
     assert outputs == expected  # no layer lost, none computed differently
-    assert refe.down == {victim} and [f["ew"] for f in refe.failovers] == [victim]
+    # The victim taken down, and only it; a live EW that missed its probes on a loaded host costs a replay, counted
+    # apart (silent) and used again (a run on 2026-12-06 took ew-0 down so, and lost the expert without a recheck).
+    others = [f for f in refe.failovers if f["ew"] != victim]
+    assert refe.down == {victim} and [f["ew"] for f in refe.failovers].count(victim) == 1, refe.failovers
+    assert all(f.get("silent") for f in others), refe.failovers
     assert longest < 0.5, f"stall {longest:.3f} s"
     # The shadows of the victim's experts served them, and no other shadow was woken.
     served_by_shadow = set()
