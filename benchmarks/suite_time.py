@@ -102,6 +102,7 @@ def main(argv=None) -> int:
         kept.write_text(log)
         print(f"the run's log: {kept}")
     entry = {"label": args.label, "commit": commit, "began": began, "hog": args.hog, "host": provenance.host()}
+    entry["host_read"] = "when its log was recorded, not during the run" if args.from_log else "at the run's end"
     if args.note:
         entry["note"] = args.note
     entry.update(parse(log))
