@@ -81,7 +81,7 @@ def run_suite(commit: str, hog: bool) -> tuple[str, float]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--label", required=True, help="clean, loaded or cold: what else the machine was doing")
+    parser.add_argument("--label", required=True, help="clean, loaded, cold or busy (other work beside it)")
     parser.add_argument("--hog", action="store_true", help="a process spinning on one core throughout")
     parser.add_argument("--from-log", type=Path, help="a run already made, from its log")
     parser.add_argument("--commit", help="the commit a --from-log run ran (default: HEAD)")
