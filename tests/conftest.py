@@ -343,7 +343,12 @@ class SharedChromium:
             from playwright.sync_api import sync_playwright
 
             self.playwright = sync_playwright().start()
-            self.browser = self.playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+            try:
+                self.browser = self.playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+            except BaseException:
+                self.playwright.stop()  # its event loop on the main thread would stop every asyncio test after
+                self.playwright = None
+                raise
         return self.browser
 
     def close(self) -> None:
@@ -353,6 +358,10 @@ class SharedChromium:
             self.browser = self.playwright = None
 
     def __getattr__(self, name):  # new_context(), new_page(), contexts: of the browser, launched if need be
+        if name.startswith("_"):
+            # Not the browser's: pytest's collection looks for `_mock_name`, `__wrapped__` and the like on every
+            # object of a conftest, and each such look launched Chromium in every pytest process.
+            raise AttributeError(name)
         return getattr(self.get(), name)
 
 

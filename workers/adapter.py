@@ -68,6 +68,7 @@ log = logging.getLogger(__name__)
 
 _SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\s+(?P<value>[-+0-9.eEInfa]+)")
 _UNREACHABLE = (aiohttp.ClientError, TimeoutError, OSError)
+PROBE_AGAIN_S = 2.0  # a restarted engine that answers /health but fails the probe is probed again after this
 GIVE_UP_AFTER_EXITS = 3  # an engine this node starts that exits this often without answering is given up on
 STEP_EWMA = 0.2  # weight of the newest inter-token gap in the measured step time
 
@@ -120,7 +121,11 @@ class Dialect:
 
     async def served_models(self, session: aiohttp.ClientSession, url: str) -> list[str]:
         async with session.get(url + "/v1/models", timeout=aiohttp.ClientTimeout(total=5)) as response:
+            if response.status != 200:  # loading still (503), or no such route: no listing to read
+                raise ValueError(f"HTTP {response.status}")
             data = await response.json(content_type=None)
+        if not isinstance(data, dict):
+            raise ValueError(f"not a model list: {str(data)[:80]!r}")
         return [str(m.get("id")) for m in data.get("data") or () if isinstance(m, dict)]
 
     async def prompt_ids(
@@ -556,7 +561,13 @@ class AdapterEngine:
         if self._restarting is not None and not self._restarting.done():
             return failed  # one under way already: it ends in a fresh, verified engine
         self._restarting = asyncio.get_running_loop().create_task(self._restart_process(reset), name="engine-restart")
+        self._restarting.add_done_callback(self._said_if_failed)
         return failed
+
+    def _said_if_failed(self, task: asyncio.Task) -> None:
+        """A restart that raised leaves the node out of service: said, not kept in a task nobody awaits."""
+        if not task.cancelled() and task.exception() is not None:
+            log.error("%s: the engine's restart failed", self.name, exc_info=task.exception())
 
     async def _restart_process(self, reset: bool) -> None:
         assert self.process is not None
@@ -565,6 +576,9 @@ class AdapterEngine:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        # A poll may have read the old engine's /health between the restart's request and the cancellation above:
+        # its answer says nothing of the engine started next, which is to be waited for from here.
+        self.engine_ready = self.verified = False
         try:
             await self.process.restart(reset=reset)
         finally:
@@ -593,15 +607,28 @@ class AdapterEngine:
         self._out_of_service(f"the engine of node {self.name} exited ({code})")
 
     async def _reverify(self) -> None:
-        """A restarted engine serves again once it answers /health and as its dialect needs (`probe`)."""
-        if not await self.wait_ready(self.ready_wait_s):
-            log.error("%s: the restarted engine did not answer /health within %.0f s", self.name, self.ready_wait_s)
-            return
-        problems = await self.probe()
-        if problems:
-            log.error("%s: the restarted engine is refused: %s", self.name, "; ".join(problems))
-        else:
-            log.info("%s: the restarted engine answers as %s needs; serving again", self.name, self.dialect.title)
+        """A restarted engine serves again once it answers /health and as its dialect needs (`probe`). An engine
+        that has just begun to answer may still fail a probe (its model listing or metrics not up yet, a loaded
+        host's timeout): it is probed again every PROBE_AGAIN_S until `ready_wait_s` has passed since the start."""
+        deadline = time.monotonic() + self.ready_wait_s
+        while True:
+            if not await self.wait_ready(deadline - time.monotonic()):
+                log.error("%s: the restarted engine did not answer /health within %.0f s", self.name, self.ready_wait_s)
+                return
+            problems = await self.probe()
+            if not problems:
+                log.info("%s: the restarted engine answers as %s needs; serving again", self.name, self.dialect.title)
+                return
+            if time.monotonic() + PROBE_AGAIN_S > deadline:
+                log.error("%s: the restarted engine is refused: %s", self.name, "; ".join(problems))
+                return
+            log.warning(
+                "%s: the restarted engine is not serving yet: %s; probing again in %g s",
+                self.name,
+                "; ".join(problems),
+                PROBE_AGAIN_S,
+            )
+            await asyncio.sleep(PROBE_AGAIN_S)
 
     def begin_load(self, cold: bool = True) -> None:
         pass  # the engine loads its own model; /health tells when it is ready
@@ -648,7 +675,7 @@ class AdapterEngine:
             models = await self.dialect.served_models(self.session, url)
         except (*_UNREACHABLE, ValueError) as exc:
             models = []
-            problems.append(f"{title} at {url} did not list its models at /v1/models ({exc.__class__.__name__})")
+            problems.append(f"{title} at {url} did not list its models at /v1/models ({exc.__class__.__name__}: {exc})")
         if models and not self.engine_model_given and self.engine_model not in models and self.model.key in models:
             self.engine_model = self.model.key  # served under the catalog's short name (--served-model-name)
         if models and self.engine_model not in models:

@@ -475,6 +475,118 @@ async def test_an_engine_failing_mid_stream_ends_the_request_with_an_error(engin
     assert engine.counters["engine_errors"] == 1 and engine.forwarded == {}
 
 
+# --- an engine the node restarts (reload, GPU reset) ----------------------------------------------
+
+
+class RestartedInProcess:
+    """Where the node's EngineProcess would be: a restart takes the fake engine down and brings a fresh one up on
+    the same port `delay_s` later (a real engine listens a while after it starts). The fresh engine's /v1/models
+    answers 503 to its first `unlisted` requests (its listing not up yet, though /health answers)."""
+
+    can_reset = False
+    exits_unanswered = 0
+
+    def __init__(self, delay_s: float, unlisted: int = 0):
+        self.delay_s, self.unlisted = delay_s, unlisted
+        self.port = 0
+        self.runner: web.AppRunner | None = None
+        self.listings: list[int] = []  # each /v1/models request to the engine started last: the status it got
+        self._coming: asyncio.Task | None = None
+
+    def app(self, unlisted: int) -> web.Application:
+        app = fake_vllm([completion_chunk("Hi", [11], "length"), "[DONE]"], [])
+        listing = next(r for r in app.router.routes() if r.method == "GET" and r.resource.canonical == "/v1/models")
+        answer = listing.handler
+        self.listings = []
+
+        async def flaky(request: web.Request) -> web.Response:
+            status = 503 if len(self.listings) < unlisted else 200
+            self.listings.append(status)
+            return web.Response(status=503) if status == 503 else await answer(request)
+
+        replaced = web.Application()
+        for route in app.router.routes():
+            replaced.router.add_route(
+                route.method, route.resource.canonical, flaky if route is listing else route.handler
+            )
+        return replaced
+
+    async def up(self, unlisted: int = 0) -> None:
+        self.runner = web.AppRunner(self.app(unlisted))
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", self.port)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]
+
+    async def restart(self, reset: bool = False) -> bool:
+        await self.stop()
+
+        async def later() -> None:
+            await asyncio.sleep(self.delay_s)
+            await self.up(self.unlisted)
+
+        self._coming = asyncio.get_running_loop().create_task(later())
+        return True
+
+    def answered(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+            self.runner = None
+
+    def describe(self) -> dict:
+        return {}
+
+
+async def _reloaded(
+    delay_s: float, unlisted: int = 0, stale_poll: bool = False
+) -> tuple[AdapterEngine, RestartedInProcess]:
+    """An adapter over a RestartedInProcess engine, serving, then reloaded; returned once it serves again."""
+    fake = RestartedInProcess(delay_s, unlisted)
+    await fake.up()
+    deployment = catalog.Deployment.of("Qwen3-32B", "H100-SXM", 1)
+    engine = AdapterEngine(f"http://127.0.0.1:{fake.port}", deployment, "adapter-unit", "vllm", process=fake)
+    engine.start()
+    try:
+        assert await engine.wait_ready(5) and await engine.probe() == []
+        async with asyncio.timeout(5):
+            while engine.model_state != "serving":
+                await asyncio.sleep(0.02)
+        engine.reload()
+        if stale_poll:
+            engine.engine_ready = True  # a poll of the old engine answered between the reload's request and the stop
+        async with asyncio.timeout(10 + delay_s):
+            while engine.model_state != "serving":
+                await asyncio.sleep(0.02)
+    except BaseException:
+        await engine.stop()
+        raise
+    return engine, fake
+
+
+async def test_a_reloaded_engine_is_probed_once_it_answers_not_on_a_poll_of_the_one_before(caplog):
+    """CI caught it: a node's llama-server reloaded and never served again. A /health poll of the old engine that
+    landed between the reload's request and the stop left `engine_ready` set, so the new engine was probed before
+    it listened, refused, and never probed again."""
+    engine, fake = await _reloaded(delay_s=0.5, stale_poll=True)
+    try:
+        assert fake.listings == [200]  # probed once, after the fresh engine answered /health
+        assert "not serving yet" not in caplog.text  # and never before it listened
+        assert engine.verified
+    finally:
+        await engine.stop()
+
+
+async def test_a_restarted_engine_that_fails_its_first_probes_is_probed_again_until_it_serves():
+    engine, fake = await _reloaded(delay_s=0.2, unlisted=2)
+    try:
+        assert fake.listings == [503, 503, 200]  # refused twice, then serving: never given up on for a moment's 503
+    finally:
+        await engine.stop()
+
+
 async def test_relaying_an_engines_burst_gives_the_agents_loop_a_turn_every_few_events():
     """An engine faster than its relay (vLLM's CPU build on the tiny model: ~350 tokens/s) leaves a whole reply in
     the agent's buffer. Read without a turn of the loop, the agent answered no status, health probe or heartbeat
