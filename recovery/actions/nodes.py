@@ -291,15 +291,18 @@ def mark_silent_nodes_down() -> list[str]:
     now = time.time()
     downed = []
     started = Cluster.default().control_plane_started_at
-    # Silence while the control plane itself took no heartbeat at all (its web process restarting, Redis away)
-    # is its own deafness: each node gets a whole allowance from the moment heartbeats came in again.
-    resumed = hot.heartbeats_resumed_at()
     silent = hot.silent_nodes(now - miss)
     if _deaf(silent, now, started):
         return []
     for name, _ in silent:
         entry = hot.node(name)  # the session whose silence this is
         seen = hot.last_seen(name)  # re-read: a beat may have landed since the scan
+        # Silence while the control plane itself took no heartbeat at all (its web process restarting, Redis away)
+        # is its own deafness: each node gets a whole allowance from the moment heartbeats came in again. Read here,
+        # after _deaf: the beat that ends a deafness may land between the scan and this line, and _deaf, seeing it,
+        # no longer holds the judgement back (a chaos run on 2026-12-06 marked five healthy nodes DOWN so, with the
+        # mark read before the scan).
+        resumed = hot.heartbeats_resumed_at()
         if seen is None or not lifecycle.is_silent(max(seen, resumed), now, miss):
             continue
         node = Node.objects.filter(name=name).first()

@@ -114,6 +114,34 @@ def test_a_node_silent_only_while_the_control_plane_was_deaf_gets_a_whole_allowa
 
 
 @pytest.mark.django_db
+def test_the_beat_that_ends_a_deafness_landing_during_the_judgement_gives_every_node_its_allowance(
+    namespace, settings, monkeypatch
+):
+    """The race a chaos run hit (2026-12-06): the control plane was deaf for 5 s (a web restart, then Redis
+    restarted); the judgement scanned the silent nodes, and before it asked whether the control plane was deaf the
+    first beat after the gap landed. Seeing that beat it was no longer deaf, and with the resumption read before the
+    beat, it marked every node not yet heard again DOWN."""
+    settings.LIFELINE_HEARTBEAT_MISS_S = 3.0
+    settings.LIFELINE_HEARTBEAT_INTERVAL_S = 1.0
+    serving_node("node-a")
+    serving_node("node-b")
+    forget_heartbeat_history()
+    now = time.time()
+    beat("node-a", now - 5.1)
+    beat("node-b", now - 5.1)
+    scan = hot.silent_nodes
+
+    def scan_then_a_beat_lands(since):
+        found = scan(since)
+        beat("node-a", time.time())  # the first beat after the gap: it ends the deafness
+        return found
+
+    monkeypatch.setattr(hot, "silent_nodes", scan_then_a_beat_lands)
+    assert nodes.mark_silent_nodes_down() == []
+    assert Node.objects.get(name="node-b").state == NodeState.SERVING  # its allowance runs from the resumption
+
+
+@pytest.mark.django_db
 def test_a_fleet_turning_silent_one_node_at_a_time_while_the_control_plane_is_deaf_is_not_marked_down(
     namespace, settings
 ):
