@@ -6,7 +6,9 @@ be rebuilt from the database (`sync_hot_state`) except the latest loads,
 which the next heartbeats bring back.
 """
 
+import contextlib
 import json
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -16,6 +18,8 @@ from django.conf import settings
 
 from recovery.keys import Keys
 from workers.protocol import HEARTBEAT_LOAD_FIELDS
+
+log = logging.getLogger(__name__)
 
 
 class RedisNotConfigured(RuntimeError):
@@ -296,6 +300,28 @@ def _routing(pipe, entries: dict[str, dict], deployed_models: list[str] | None) 
         pipe.hset(keys().routing, mapping={name: json.dumps(entry) for name, entry in entries.items()})
     if deployed_models is not None:
         pipe.set(keys().deployed_models, json.dumps(sorted(deployed_models)))
+
+
+ROUTING_LOCK_S = 10.0  # the longest a routing publish holds its lock, and waits for it
+
+
+@contextlib.contextmanager
+def routing_publish():
+    """One control-plane process at a time reads the database for the routing table and writes it (see
+    recovery.actions.routing.publish_routing). A lock not had within ROUTING_LOCK_S is gone past (said): a table
+    published late is worse than one published beside another."""
+    lock = client().lock(keys().routing_lock, timeout=ROUTING_LOCK_S, blocking_timeout=ROUTING_LOCK_S)
+    held = lock.acquire()
+    if not held:
+        log.warning("publishing the routing table without its lock: not had within %.0f s", ROUTING_LOCK_S)
+    try:
+        yield
+    finally:
+        if held:
+            try:
+                lock.release()
+            except redis.exceptions.LockError:  # held past its timeout and taken by the next: nothing to release
+                pass
 
 
 def publish_routing(entries: dict[str, dict], deployed_models: list[str] | None = None) -> None:

@@ -52,6 +52,11 @@ class Keys:
         return self._k("routing", "changed")
 
     @property
+    def routing_lock(self) -> str:
+        """Lock: held by the control-plane process reading the database for the routing table and writing it."""
+        return self._k("routing", "lock")
+
+    @property
     def deployed_models(self) -> str:
         """JSON list: every model a registered node serves or is loading, in routing or not.
 

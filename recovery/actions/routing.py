@@ -43,7 +43,13 @@ def deployed_models() -> list[str]:
 
 
 def publish_routing() -> None:
-    hot.publish_routing(routing_entries(), deployed_models())
+    """The routing table from the database, for every gateway, read and written under one lock. Each change
+    publishes after its commit, from whichever process made it; two at once (a spare put back by the worker, a
+    node's transition in the web process) could write last a table read before the other's commit, and the gateways
+    routed by it until the next change or the 30 s sync (a spare kept taking traffic so). Under the lock, the last
+    publish reads after every commit whose publish came before it."""
+    with hot.routing_publish():
+        hot.publish_routing(routing_entries(), deployed_models())
 
 
 def publish_cluster_config() -> None:
@@ -68,9 +74,10 @@ def sync_hot_state() -> None:
     """Rebuild what Redis holds from the database."""
     for node in Node.objects.all():
         hot.record_node(node.name, node.session, node.state, node.address, watch=node.state in lifecycle.ALIVE)
-    hot.publish_hot_state(
-        routing_entries(), deployed_models(), gateway_key_entries(), Cluster.default().gateway_config()
-    )
+    with hot.routing_publish():
+        hot.publish_hot_state(
+            routing_entries(), deployed_models(), gateway_key_entries(), Cluster.default().gateway_config()
+        )
 
 
 def restore_hot_state_if_lost() -> bool:
