@@ -32,14 +32,34 @@ def results(name: str) -> dict:
 
 def source(name: str) -> str:
     """Where a block's figures come from: the file, and the commit and date of its run (or of its rescoring)."""
-    record = results(name).get("provenance") or {}
+    data = results(name)
+    record = data.get("provenance") or {}
     commit = record["commit"][:7] if record.get("commit") else "an unrecorded commit"
     if record.get("dirty"):
         commit += ", with uncommitted changes"
-    date = (record.get("date") or "undated")[:10]
-    redone = record.get("rescored") or record.get("relabelled")
-    extra = f"; rescored {redone['date'][:10]} at {redone['commit'][:7]}" if redone else ""
+    date = _run_date(data)
+    date = "on an unrecorded date" if date == "undated" else date
+    how = "rescored" if record.get("rescored") else "relabelled"
+    redone = record.get(how)
+    extra = f"; {how} {redone['date'][:10]} at {redone['commit'][:7]}" if redone else ""
     return f"`benchmarks/results/{name}.json`, run {date} at {commit}{extra}"
+
+
+def _run_date(data: dict) -> str:
+    """The day a results file was run: its provenance record's, or (a file written before harness.provenance) the
+    date the benchmark wrote beside its figures."""
+    record = data.get("provenance") or {}
+    return (record.get("date") or data.get("measured_at") or data.get("generated_at") or "undated")[:10]
+
+
+def cite(name: str) -> str:
+    """A short form of source() for a table's cell: the file, the day of its run and its commit."""
+    data = results(name)
+    record = data.get("provenance") or {}
+    commit = record["commit"][:7] if record.get("commit") else "commit not recorded"
+    if record.get("dirty"):
+        commit += ", uncommitted changes"
+    return f"`{name}.json` ({_run_date(data)}, {commit})"
 
 
 def pct(x: float) -> str:
@@ -313,6 +333,619 @@ def suite_time() -> str:
     )
 
 
+# --- the measured table (docs/measured.md) ---------------------------------------------------------------------
+
+
+def _span(values, fmt: str = "{:g}", unit: str = "") -> str:
+    """The range of `values` as 'low–high' (one value when they round alike)."""
+    low, high = fmt.format(min(values)), fmt.format(max(values))
+    return (low if low == high else f"{low}–{high}") + unit
+
+
+def _signed(x: float, digits: int = 1) -> str:
+    """A signed figure with a true minus sign: +3.8, −33.2."""
+    return f"{x:+.{digits}f}".replace("-", "−")
+
+
+def _nested(name: str) -> str:
+    """Another block, markers and all, inside this one's text (render leaves it to this block's renderer)."""
+    return f"<!-- results:{name} -->{BLOCKS[name]()}<!-- /results:{name} -->"
+
+
+def _measured_node_streams() -> tuple:
+    data = results("node_streams")
+    run = max(data["runs"], key=lambda r: r["concurrent_streams"])
+    return (
+        f"one node, {run['concurrent_streams']} concurrent streams: event-loop lag p99 (`node_streams`)",
+        f"{run['node_event_loop_lag_p99_ms']:.1f} ms (idle probe beside it: "
+        f"{run['idle_probe_lag_p99_ms_same_window']:.1f} ms), {run['tokens_per_s_emitted']:,.0f} tokens/s",
+        "measured",
+        f"{data['goal']['event_loop_lag_p99_ms']} ms",
+        ["node_streams"],
+    )
+
+
+def _measured_checkpoint_overhead() -> tuple:
+    data = results("checkpoint_overhead")
+    f = data["figures"]
+    cpu = f["node_cpu_us_per_token_with"] / f["node_cpu_us_per_token_without"] - 1
+    return (
+        f"KV checkpoint streaming, {data['config']['streams']} streams: decode throughput cost (`checkpoint_overhead`)",
+        f"{f['throughput_cost_pct']:.1f} % (node CPU per token {100 * cpu:+.0f} %)",
+        "measured",
+        f"{data['goal']['throughput_cost_pct']} %",
+        ["checkpoint_overhead"],
+    )
+
+
+def _measured_fleet() -> tuple:
+    f = results("fleet")["figures"]
+    return (
+        f"{f['nodes']} emulated nodes: step wall time over the model (`fleet`)",
+        f"{f['step_wall_over_modeled_mean']:.4f} mean, {f['step_wall_over_modeled_max']:.4f} worst, "
+        f"{f['nodes_within_10pct']} of {f['nodes']} within 10 %",
+        "measured",
+        "within 10 % on every node",
+        ["fleet"],
+    )
+
+
+def _measured_restore() -> tuple:
+    data = results("restore")
+    f, c = data["figures"], data["config"]
+    return (
+        f"{c['prompt_tokens']:,}-token prompt, {c['deployment']}: restore from host memory vs re-prefill, to the "
+        "first resumed token (`restore`)",
+        f"{f['restore_from_local_store_ttft_s']:.2f} s vs {f['reprefill_ttft_s']:.2f} s "
+        f"({f['ratio_reprefill_over_restore']:.1f}×; the model alone: {1000 * f['model_restore_s']:.0f} vs "
+        f"{1000 * f['model_reprefill_s']:.0f} ms)",
+        "measured; the model alone modelled (the roofline)",
+        "report",
+        ["restore"],
+    )
+
+
+def _measured_assist() -> tuple:
+    data = results("assist")
+    kinds = data["provenance"]["kinds"]
+    runs = data["runs"]
+    shown = "; ".join(
+        f"{'the catalog' if r['agreement_from'] == 'catalog' else 'set'} {r['draft_agreement_modelled']:g}: "
+        f"acceptance {r['acceptance_drawn']:.2f}, {r['speedup']:.2f}×"
+        for r in runs
+    )
+    return (
+        f"speculative assist, k = {runs[0]['k']}, on emulated nodes: the draft's acceptance and the survivor's "
+        "speed-up, by the draft agreement (`assist`)",
+        shown,
+        f"draft agreement {kinds['runs[].draft_agreement_modelled']}; acceptance "
+        f"{kinds['runs[].acceptance_drawn']} (drawn back); speed-up {kinds['runs[].speedup']} (the roofline's step "
+        "times at it)",
+        "report",
+        ["assist"],
+    )
+
+
+_RECOVERY_PATHS = {
+    "local_restore": "local restore",
+    "fetch": "fetch from a holder",
+    "kv_transfer": "KV transfer",
+    "reprefill": "re-prefill",
+    "node_and_holder": "node and holder together",
+    "cold_restart": "cold restart",
+}
+
+
+def _measured_recovery_kill() -> tuple:
+    data = results("recovery_kill")
+    m, c, goal = data["measured"], data["config"], data["goal"]
+    paths = []
+    for key, label in _RECOVERY_PATHS.items():
+        p = m["paths"][key]
+        early = p["moved_before_first_token"]
+        paths.append(
+            f"{label} {p['stall_ms']['p50']:.0f} / {p['stall_ms']['p99']:.0f} ({p['moves']} moves"
+            + (f", {early} of them before a first token" if early else "")
+            + ")"
+        )
+    return (
+        f"{c['nodes']} nodes ({c['deployment']}), {c['streams']} streams, every recovery path provoked under load "
+        "and each moved stream classified by what the gateway did (`recovery_kill`): tokens lost or repeated and "
+        "client-visible stall, per path",
+        f"{m['tokens_lost']} lost, {m['tokens_repeated_or_wrong']} repeated or wrong ({m['requests']:,} requests, "
+        f"{m['interrupted_requests']} interrupted); stall p50 / p99 ms: " + ", ".join(paths),
+        "measured",
+        f"lost and repeated: {goal['tokens_lost']}; stall p99 {goal['stall_ms_p99']} ms",
+        ["recovery_kill"],
+    )
+
+
+def _measured_policies_routing() -> tuple:
+    data = results("policies")
+    base = data["routing_and_placement"][0]
+    gateway = data["gateway_path"]
+    alone = [r for r in data["routing_and_placement"] if not r["inputs_rebuilt_per_call"]]
+    goal = gateway[0]["goal_p99_us"]
+    events = " or ".join(str(r["status_events_per_decision"]) for r in gateway)
+    through = "; ".join(
+        f"{r['status_events_per_decision']} status event{'s' if r['status_events_per_decision'] > 1 else ''} per "
+        f"decision: p50 {r['decision_p50_us']:.1f} µs, **p99 {r['decision_p99_us']:.1f} µs**, p99.9 "
+        f"{r['decision_p999_us']:.1f} µs"
+        for r in gateway
+    )
+    met = "met" if all(r["decision_p99_us"] < goal for r in gateway) else "not met"
+    return (
+        f"routing + checkpoint placement per request through the gateway's own path, {base['nodes']} nodes, "
+        f"{base['in_flight']:,} in flight, {events} status events per decision (`policies`)",
+        f"{through}. The upkeep a decision leaves (re-ranking the holders whose L̂ it moved, the routing bounds its "
+        "search sharpened) runs once the request is on its way (`FleetState.tidy`): p50 "
+        f"{_span([r['upkeep_after_p50_us'] for r in gateway], '{:.1f}', ' µs')}, p99 "
+        f"{_span([r['upkeep_after_p99_us'] for r in gateway], '{:.1f}', ' µs')}. The policy functions called alone, "
+        "absorbing the status events inside the timed call: "
+        + ", ".join(
+            f"p99 {r['decision_p99_us']:.1f} µs with {r['status_events_per_decision']} status "
+            f"event{'s' if r['status_events_per_decision'] > 1 else ''} per decision"
+            for r in alone
+        )
+        + f". This host's reference loop (`noise.loop2560`): p50 {data['noise']['loop2560_p50_us']:.1f} µs; the p99 "
+        "depends on the host (earlier runs on other hosts are in `benchmarks/README.md`, not in the results)",
+        "measured",
+        f"< {goal} µs p99 ({met} through the gateway's path in this run)",
+        ["policies"],
+    )
+
+
+def policies_gateway_path() -> str:
+    """The routing + placement decision through the gateway's path: the inline summary docs/not-done.md uses."""
+    data = results("policies")
+    base, gateway = data["routing_and_placement"][0], data["gateway_path"]
+    goal = gateway[0]["goal_p99_us"]
+    met = "met" if all(r["decision_p99_us"] < goal for r in gateway) else "not met"
+    events = " or ".join(str(r["status_events_per_decision"]) for r in gateway)
+    return (
+        f"p99 {_span([r['decision_p99_us'] for r in gateway], '{:.1f}', ' µs')} at {base['nodes']} nodes and "
+        f"{base['in_flight']:,} in flight, {events} status events per decision (goal < {goal} µs: {met} in this run; "
+        f"the decision's own upkeep runs after the request is sent; measured, {source('policies')})"
+    )
+
+
+def _measured_policies_recovery() -> tuple:
+    r = results("policies")["recovery_dispatch"]
+    return (
+        f"recovery plan for {r['interrupted']:,} interrupted requests over {r['survivors']} survivors (`policies`)",
+        f"{r['plan_median_ms']:.2f} ms median, {r['plan_max_ms']:.2f} ms at most ({r['methods']['restore']} to "
+        f"restore, {r['methods']['reprefill']} to re-prefill)",
+        "measured",
+        f"< {r['goal_ms']} ms",
+        ["policies"],
+    )
+
+
+def _measured_herd() -> tuple:
+    data = results("herd")
+    c = data["config"]
+    on, off = data["with_dispatch_accounting"], data["without_dispatch_accounting"]
+    several = data["with_dispatch_accounting_4_gateways"]
+    return (
+        f"bursts of {c['burst_size']} requests at once over {c['nodes']} nodes, with and without counting "
+        f"dispatched-but-unconfirmed requests, and through {several['gateways']} gateway processes in turn (`herd`)",
+        f"busiest node got {on['burst_max_over_mean_requests_per_node']:.1f}× vs "
+        f"{off['burst_max_over_mean_requests_per_node']:.1f}× the mean; TTFT mean {on['ttft_ms_mean']:.0f} vs "
+        f"{off['ttft_ms_mean']:.0f} ms ({data['ttft_mean_ratio_without_over_with']:.1f}×); through "
+        f"{several['gateways']} gateways {several['burst_max_over_mean_requests_per_node']:.2f}× (TTFT "
+        f"{several['ttft_ms_mean']:.0f} ms)",
+        "measured",
+        "report",
+        ["herd"],
+    )
+
+
+def _added(path: dict, key: str) -> list[float]:
+    return [r[key] for r in path["added"]]
+
+
+def _cpu(path: dict) -> list[float]:
+    return [r["cpu_ms_per_1000_tokens"] for r in path["rates"]]
+
+
+def gateway_peers_summary() -> str:
+    """The gateway against the routers people deploy, over direct: the inline summary docs/not-done.md uses."""
+    data = results("gateway_peers")
+    p, ratios = data["paths"], data["ratios_lifeline_over_peer"]
+    rust = [p["vllm-router"], p["sglang-router"]]
+    return (
+        f"it adds {_span(_added(p['lifeline'], 'added_ttft_p99_ms'), '{:.1f}', ' ms')} to TTFT p99 and "
+        f"{_span(_added(p['lifeline'], 'added_itl_p99_ms'), '{:.2f}', ' ms')} to ITL p99 over direct where "
+        f"vllm-router adds ≤ {max(_added(p['vllm-router'], 'added_ttft_p99_ms')):.1f} ms to TTFT p99 and the Rust "
+        f"routers ≤ {max(max(_added(r, 'added_itl_p99_ms')) for r in rust):.2f} ms to ITL p99, and spends "
+        f"{1 / ratios['vllm-router']['tokens_per_s_per_core']:.1f}× vllm-router's CPU per relayed token "
+        f"({ratios['litellm']['tokens_per_s_per_core']:.1f}× LiteLLM's tokens per core); measured at "
+        f"{_span(data['setup']['rates'], '{:g}')} req/s on {data['setup']['nodes']} emulated nodes, "
+        f"{source('gateway_peers')}"
+    )
+
+
+def _measured_gateway_peers() -> tuple:
+    data = results("gateway_peers")
+    p, s, ratios = data["paths"], data["setup"], data["ratios_lifeline_over_peer"]
+    rust = {"vllm-router": p["vllm-router"], "sglang-router": p["sglang-router"]}
+    life, lite = p["lifeline"], p["litellm"]
+    low, high = lite["added"][0], lite["added"][-1]
+
+    def ttft(path: dict) -> str:
+        return (
+            f"{_span(_added(path, 'added_ttft_p50_ms'), '{:.1f}')} / "
+            f"{_span(_added(path, 'added_ttft_p99_ms'), '{:.1f}')} ms"
+        )
+
+    result = (
+        "added over direct, p50 / p99: TTFT Lifeline "
+        + ttft(life)
+        + f", two Lifeline processes on one port (`--reuse-port`) {ttft(p['lifeline-x2'])}, "
+        f"vllm-router {_span(_added(rust['vllm-router'], 'added_ttft_p50_ms'), '{:.1f}')} / "
+        f"≤ {max(_added(rust['vllm-router'], 'added_ttft_p99_ms')):.1f} ms, sglang-router "
+        f"{ttft(rust['sglang-router'])}, LiteLLM {low['added_ttft_p50_ms']:.0f} / {low['added_ttft_p99_ms']:.0f} ms "
+        f"at {low['rate']:g} req/s and {high['added_ttft_p50_ms'] / 1000:.1f} / {high['added_ttft_p99_ms'] / 1000:.1f} "
+        f"s at {high['rate']:g} (it sustains {lite['sustained_rate']:g} req/s); ITL p99 Lifeline "
+        f"{_span(_added(life, 'added_itl_p99_ms'), '{:.2f}', ' ms')}, the Rust routers "
+        f"≤ {max(max(_added(r, 'added_itl_p99_ms')) for r in rust.values()):.2f} ms; router CPU per 1,000 relayed "
+        f"tokens Lifeline {_span(_cpu(life), '{:.0f}', ' ms')}, "
+        f"vllm-router {_span(_cpu(rust['vllm-router']), '{:.0f}')}, "
+        f"sglang-router {_span(_cpu(rust['sglang-router']), '{:.0f}')}, LiteLLM {_span(_cpu(lite), '{:,.0f}')}: "
+        f"Lifeline relays {ratios['litellm']['tokens_per_s_per_core']:.1f}× LiteLLM's tokens per core, "
+        f"{ratios['vllm-router']['tokens_per_s_per_core']:.2f}× vllm-router's"
+    )
+    best_rust = [min(r["added"][i]["added_ttft_p99_ms"] for r in rust.values()) for i in range(len(life["added"]))]
+    close = all(a["added_ttft_p99_ms"] <= 1.5 * b for a, b in zip(life["added"], best_rust, strict=True))
+    per_core = ratios["litellm"]["tokens_per_s_per_core"]
+    return (
+        f"the gateway beside the routers people deploy: {s['nodes']} emulated nodes (time scale {s['time_scale']:g}), "
+        f"open-loop streaming chat at {_span(s['rates'], '{:g}')} req/s, {s['max_tokens']} tokens, each path in "
+        "turn (`gateway_peers`)",
+        result,
+        "measured",
+        f"TTFT/ITL p99 ≤ 1.5× the better Rust router ({'met' if close else 'not met'}: they add next to nothing over "
+        f"direct here); ≥ 3× LiteLLM's tokens per core ({'met' if per_core >= 3 else 'not met'})",
+        ["gateway_peers"],
+    )
+
+
+def _measured_canary_round() -> tuple:
+    data = results("canary_round")
+    checks = data["passed"] + data["failed"]
+    other = data["document_003"]
+    return (
+        f"canary round over {data['nodes']} emulated nodes, interval {data['interval_s']} s, the demo's Celery "
+        "worker (`canary_round`)",
+        f"{data['round_span_max_s']:.1f} s per round at most ({100 * data['round_share_of_interval']:.0f} % of the "
+        f"interval), {data['passed']} of {checks} checks passed; GPU time per canary "
+        f"{data['gpu_ms_per_canary_mean']:.1f} ms by the roofline, "
+        f"{float(data['gpu_share_at_interval'].rstrip('%')):.3f} % of the GPU at {data['interval_s']} s (the "
+        "Dynamo-style fault-tolerance design's estimate: "
+        f"{other['gpu_ms_per_canary']:g} ms, {other['gpu_share'].replace('%', ' %')}, for {other['model']})",
+        "measured; GPU time modelled (the roofline); the design's estimate an input",
+        f"within one interval ({'met' if data['within_one_interval'] else 'not met'})",
+        ["canary_round"],
+    )
+
+
+def _measured_sdc_detection() -> tuple:
+    d = results("sdc_detection")
+    return (
+        f"silent corruption (logits drifting, tokens right) injected → weight 0 at the gateway, interval "
+        f"{d['interval_s']} s, {d['trials']} trials (`sdc_detection`)",
+        f"median {d['out_of_routing_s_median']:.1f} s, p99 {d['out_of_routing_s_p99']:.1f} s "
+        f"({d['out_of_routing_in_intervals_median']:g} and {d['out_of_routing_in_intervals_p99']:g} intervals); "
+        f"weight halved after a median {d['weight_halved_s_median']:.1f} s",
+        "measured",
+        "report",
+        ["sdc_detection"],
+    )
+
+
+def _measured_drain_migration() -> tuple:
+    d = results("drain_migration")
+    return (
+        f"drain approval → zero requests on the node, {d['streams']} greedy streams migrated live to the promoted "
+        "spare (`drain_migration`)",
+        f"{d['approval_to_zero_requests_s']:.2f} s; {d['moved_streams']} moved, {d['tokens_lost']} tokens lost, "
+        f"{d['tokens_repeated_or_wrong']} repeated; stall p50 {d['stall_ms_p50']:.0f} ms, p99 "
+        f"{d['stall_ms_p99']:.0f} ms",
+        "measured",
+        "0 lost",
+        ["drain_migration"],
+    )
+
+
+def _measured_sim_validation() -> tuple:
+    return (
+        "the simulator against the emulated cluster (real processes, the emulated engine), the busiest node killed "
+        "under each policy, 4 and 8 nodes (`sim_validation`; every pair scored, the history in "
+        "`benchmarks/README.md`)",
+        _nested("sim-validation-summary"),
+        "emulated measured, simulator simulated",
+        "within 10 %",
+        ["sim_validation"],
+    )
+
+
+def _workers4_ttft() -> str:
+    """LUMEN against stop-and-restart at 4 workers, on mean TTFT: of the means, paired, and the paper's."""
+    data = results("lumen_workers4")
+    r = data["ratios"]["load_aware_vs_none"]["ttft_mean_s"]
+    paired = r["ours_paired"]
+    return (
+        f"LUMEN {_signed(100 * r['ours'])} % against stop-and-restart (of the means; paired "
+        f"{_signed(100 * paired['mean'])} % ± {100 * paired['ci95']:.1f} % over {paired['n']} seeds; paper "
+        f"{_signed(100 * r['paper'])} %)"
+    )
+
+
+def _measured_lumen() -> tuple:
+    data = results("lumen_workers4")
+    s = results("lumen_comparisons")["summary"]
+    verdict = (
+        "Lifeline is not shown to beat LUMEN on the simulator, nor to lose to it"
+        if s["better"] == 0 and s["worse"] == 0
+        else f"Lifeline is better in {s['better']} and worse in {s['worse']} of the comparisons that survive"
+    )
+    return (
+        f"document 000's 4-worker table on the simulator, {len(data['seeds'])} seeds (`recovery.sim.lumen workers4`, "
+        f"rerun {_run_date(data)} with draft assist, the gateway's move and the deferred checkpoint re-placement "
+        "modelled)",
+        f"mean TTFT after a crash: {_workers4_ttft()}. Lifeline against LUMEN, on this table, the 8-worker ones, a "
+        "rack lost, 256 nodes, days of 256 and 1,000 nodes, 64 nodes losing a TP group and the sensitivity rows: "
+        + _nested("lumen-comparisons-summary")
+        + f". {verdict}: every comparison is in [the simulator's page](simulator.md#lifeline-against-lumen-every-"
+        "comparison), the setups in `benchmarks/README.md`",
+        f"{data['ratios']['load_aware_vs_none']['ttft_mean_s']['ours_paired']['kind']} (the paper's figures "
+        f"{data['paper_baseline']['kind']}); p-values modelled",
+        f"beat LUMEN ({'met' if s['better'] > 0 and s['worse'] == 0 else 'not met'})",
+        ["lumen_workers4", "lumen_comparisons"],
+    )
+
+
+def _measured_console_scale() -> tuple:
+    data = results("console_scale")
+    runs = sorted(data["runs"], key=lambda r: r["heartbeat_interval_s"])
+    first, slow = runs[0], runs[-1]
+    live = {p["view"]: p["live_s"] for p in first["page_load"]}
+    return (
+        f"event to browser at {data['nodes']} nodes, one web process, a heartbeat every "
+        f"{first['heartbeat_interval_s']:g} s (the nodes' default; `console_scale`)",
+        f"state change to the table row p50 {first['state_change_to_dom']['p50_ms']:.0f} ms, p99 "
+        f"{first['state_change_to_dom']['p99_ms']:.0f} ms; a heartbeat's figure p50 "
+        f"{first['load_to_dom']['p50_ms']:.0f} ms, p99 {first['load_to_dom']['p99_ms']:.0f} ms; "
+        f"{first['heartbeats_per_s_served']:g} of {first['heartbeats_per_s_offered']:g} heartbeats/s served, round "
+        f"trip {first['heartbeat_round_trip_mean_ms']:.0f} ms; page with {data['nodes']} nodes live in "
+        + ", ".join(f"{s:.1f} s ({view})" for view, s in live.items())
+        + f", in headless Chromium; at one beat every {slow['heartbeat_interval_s']:g} s: state change p50 "
+        f"{slow['state_change_to_dom']['p50_ms']:.0f} ms, p99 {slow['state_change_to_dom']['p99_ms']:.0f} ms",
+        "measured",
+        "< 1 s",
+        ["console_scale"],
+    )
+
+
+_DATABASES = {"postgresql": "PostgreSQL", "sqlite": "SQLite"}
+
+
+def _measured_slo_rollup() -> tuple:
+    d = results("slo_rollup")
+    return (
+        f"gateway outcomes stored and counted into SLO rollups, one worker process, "
+        f"{_DATABASES.get(d['database'], d['database'])} (`slo_rollup`)",
+        f"{d['stream_store_and_count_per_s']:,}/s",
+        "measured",
+        f"{d['goal_per_s']:,}/s",
+        ["slo_rollup"],
+    )
+
+
+def _measured_slo_report() -> tuple:
+    d = results("slo_report")
+    return (
+        f"{d['report_days']}-day SLA report, {d['scopes']} scopes (models × tiers × tenants), "
+        f"{_DATABASES.get(d['database'], d['database'])} (`slo_report`)",
+        f"page {d['page_median_s']:.2f} s, PDF {d['pdf_median_s']:.2f} s (medians of {d['runs']} runs, the first "
+        f"cold; {d['requests_in_report']:,} requests in the report)",
+        "measured",
+        f"page < {d['goal_page_s']:g} s, PDF < {d['goal_pdf_s']:g} s",
+        ["slo_report"],
+    )
+
+
+def _measured_slo_accuracy() -> tuple:
+    d = results("slo_accuracy")
+    return (
+        f"console burn rates against promtool on the same {d['requests']:,} requests, "
+        f"{', '.join(d['windows'])} (`slo_accuracy`)",
+        f"equal to {d['largest_difference']:.0e}",
+        "measured",
+        "equal",
+        ["slo_accuracy"],
+    )
+
+
+def _measured_placement_table1() -> tuple:
+    return (
+        "document 004's Table 1 setting (3 models, 32 GH200 + 24 A100), each placement run through the simulator on "
+        "the same offered load (`placement`)",
+        _nested("placement-summary"),
+        "simulated; the offered load modelled",
+        "beat memP and LLMFabric",
+        ["placement"],
+    )
+
+
+def _measured_moe() -> tuple:
+    fleet, alone = results("moe_fleet"), results("moe_fleet_no_shadows")
+    failover, steady = results("moe_failover"), results("moe_fleet_steady")
+    ew, aw = fleet["ew_failures"]["summary"], fleet["aw_failures"]["summary"]
+    bare = alone["ew_failures_without_shadows"]["summary"]
+    every = fleet["expert_side_restart"]["summary"]
+    static = steady["steady"]["table_and_checkpoints_over_static_run"]
+    table = fleet["steady"]["table_over_static_binding"]
+
+    def wrong(s: dict) -> str:
+        return f"{s['tokens_lost']} tokens lost, {s['tokens_repeated']} repeated, {s['tokens_different']} different"
+
+    return (
+        f"decoupled MoE, the whole system: {fleet['aws']} attention workers, {fleet['ews']} expert workers (+1 "
+        f"standby) of {fleet['model']} at time scale {fleet['time_scale']}, "
+        f"{ew['streams_across_failures'] // ew['failures']} greedy streams, {ew['failures']} "
+        "SIGKILLs of each kind (`moe_fleet`)",
+        f"stall (longest token gap a client saw) median / max: EW {ew['stall_s']['median']:.2f} / "
+        f"{ew['stall_s']['max']:.2f} s, AW {aw['stall_s']['median']:.2f} / {aw['stall_s']['max']:.2f} s; "
+        f"{ew['streams_across_failures'] + aw['streams_across_failures']} streams across failures: "
+        f"{ew['tokens_lost'] + aw['tokens_lost']} tokens lost, {ew['tokens_repeated'] + aw['tokens_repeated']} "
+        f"repeated, {ew['tokens_different'] + aw['tokens_different']} different; EW loss confirmed and table pushed "
+        f"in {ew['table_healed_s_median']:.1f} s, standby joined in {ew['replacement_joined_s_median']:.1f} s "
+        f"(medians); {bare['failures']} EW failures without shadows (`moe_fleet_no_shadows`): stall median "
+        f"{bare['stall_s']['median']:.1f} s, max {bare['stall_s']['max']:.1f} s (the standby loads the lost "
+        f"experts), {bare['streams_across_failures']} streams, {wrong(bare)}; every EW killed at once "
+        f"{every['stall_s']['median']:.1f} s; restart everything {fleet['restart_everything_s_modelled']:.1f} s; a "
+        f"hung EW found by the data-path probes in {failover['runs']['hung']['median_longest_stall_ms']:.1f} ms "
+        f"(median longest stall, `moe_failover`); steady state with the table and checkpoints against a "
+        f"static-binding stack run beside it (`moe_fleet_steady`; positive: slower): throughput "
+        f"{_signed(static['throughput_pct'])} %, ITL p50 {_signed(static['itl_p50_pct'])} %, p99 "
+        f"{_signed(static['itl_p99_pct'])} %; "
+        f"the table over a static binding {table['extra_share_of_layer_time_pct']:.2f} % of a layer in-process",
+        "measured; restart everything modelled",
+        "TARRAGON: 0.3 s (EW), 0.4 s (AW) (input); 0 lost",
+        ["moe_fleet", "moe_fleet_no_shadows", "moe_failover", "moe_fleet_steady"],
+    )
+
+
+def _measured_placement_scale() -> tuple:
+    data = results("placement")
+    scale = data["scale"]
+    kinds = data["provenance"]["kinds"]
+    return (
+        f"placement plan at {' / '.join(format(r['servers'], ',') for r in scale)} servers, "
+        f"{scale[0]['models']} models, "
+        f"{scale[0]['gpu_types']} GPU types (`placement`)",
+        ("proven optimal" if all(r["status"] == "OPTIMAL" and r["gap"] == 0 for r in scale) else "solved")
+        + f" in {' / '.join(format(r['solve_s'], '.1f') for r in scale)} s",
+        kinds["scale[].solve_s"],
+        f"< 5 s at {scale[-1]['servers']:,}",
+        ["placement"],
+    )
+
+
+MEASURED_ROWS: list[Callable[[], tuple]] = [
+    _measured_node_streams,
+    _measured_checkpoint_overhead,
+    _measured_fleet,
+    _measured_restore,
+    _measured_assist,
+    _measured_recovery_kill,
+    _measured_policies_routing,
+    _measured_policies_recovery,
+    _measured_herd,
+    _measured_gateway_peers,
+    _measured_canary_round,
+    _measured_sdc_detection,
+    _measured_drain_migration,
+    _measured_sim_validation,
+    _measured_lumen,
+    _measured_console_scale,
+    _measured_slo_rollup,
+    _measured_slo_report,
+    _measured_slo_accuracy,
+    _measured_placement_table1,
+    _measured_moe,
+    _measured_placement_scale,
+]
+
+
+def measured_table() -> str:
+    """docs/measured.md's table: one row per benchmark, every figure read from its results file."""
+    lines = ["", "| figure | result | kind | goal | source |", "| --- | --- | --- | --- | --- |"]
+    for row in MEASURED_ROWS:
+        figure, result, kind, goal, names = row()
+        lines.append(f"| {figure} | {result} | {kind} | {goal} | {', '.join(cite(n) for n in names)} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+# --- chaos -----------------------------------------------------------------------------------------------------
+
+
+def chaos_faults() -> str:
+    data = results("chaos")
+    counts = data["faults_by_kind"]
+    return (
+        f"{len(data['faults'])} faults of {len(counts)} kinds ({_span(counts.values(), '{:d}')} of each) in "
+        f"{data['minutes']:g} minutes (measured; {source('chaos')})"
+    )
+
+
+_CHAOS_KINDS = {
+    "rack": "rack",
+    "node_and_holder": "node + its holder",
+    "node_kill": "kill",
+    "web_restart": "web killed",
+    "sdc": "sdc (drain approved and run)",
+    "partition": "partition",
+    "node_hang": "hang",
+    "redis_pause": "Redis paused",
+    "gateway_kill": "gateway killed",
+    "db_restart": "database cut off",
+    "nvlink_down": "NVLink down",
+    "redis_restart": "Redis killed",
+    "slow_gpu": "slow GPU",
+    "beat_restart": "beat restarted",
+    "worker_kill": "worker killed",
+}
+
+
+def chaos_convergence() -> str:
+    data = results("chaos")
+    slowest, counts = data["slowest_convergence_s_by_kind"], data["faults_by_kind"]
+    unseen = data["faults_without_visible_effect"]
+    lines = [
+        "",
+        "| kind | faults | of them with no visible effect | slowest return to whole, s |",
+        "| --- | --- | --- | --- |",
+    ]
+    for kind in sorted(slowest, key=lambda k: -slowest[k]):
+        lines.append(
+            f"| {_CHAOS_KINDS.get(kind, kind)} | {counts[kind]} | {unseen.count(kind)} | {slowest[kind]:.1f} |"
+        )
+    lines += ["", f"Measured; {source('chaos')}.", ""]
+    return "\n".join(lines)
+
+
+# --- 4 workers on the simulator (benchmarks/README.md's reading of the tables) -----------------------------------
+
+
+def lumen_workers4_reading() -> str:
+    data = results("lumen_workers4")
+    ratios = data["ratios"]
+    lumen = data["policies"]["load_aware"]["ours"]
+
+    def ratio(pair: str, figure: str) -> str:
+        r = ratios[pair][figure]
+        paired = r["ours_paired"]
+        missing = f", {paired['missing']} n/a" if paired["missing"] else ""
+        return (
+            f"{_signed(100 * r['ours'])} % of the means, {_signed(100 * paired['mean'])} % ± "
+            f"{100 * paired['ci95']:.1f} % paired over {paired['n']} seeds{missing}; paper "
+            f"{_signed(100 * r['paper'])} %"
+        )
+
+    return (
+        "With LUMEN's placement and dispatch alone, mean TTFT after a failure falls against stop-and-restart at "
+        f"{data['setup']['workers']} workers ({ratio('load_aware_vs_none', 'ttft_mean_s')}) and the checkpoint saves "
+        f"most interrupted requests a re-prefill ({lumen['restored']['mean']:.0f} of "
+        f"{lumen['interrupted']['mean']:.0f} restored, the means over {lumen['interrupted']['n']} seeds). Against "
+        f"fixed neighbour the gain is small ({ratio('load_aware_vs_fixed', 'ttft_mean_s')}). Recovery time moves "
+        f"less than the paper's and less surely ({ratio('load_aware_vs_none', 'recovery_s')}). Simulated (the "
+        f"paper's figures {data['paper_baseline']['kind']}); {source('lumen_workers4')}"
+    )
+
+
 BLOCKS: dict[str, Callable[[], str]] = {
     "suite-time": suite_time,
     "lumen-comparisons-summary": lumen_comparisons_summary,
@@ -322,6 +955,12 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "placement-sweep": placement_sweep,
     "sim-validation-summary": sim_validation_summary,
     "sim-validation-table": sim_validation_table,
+    "measured-table": measured_table,
+    "gateway-peers-summary": gateway_peers_summary,
+    "policies-gateway-path": policies_gateway_path,
+    "chaos-faults": chaos_faults,
+    "chaos-convergence": chaos_convergence,
+    "lumen-workers4-reading": lumen_workers4_reading,
 }
 
 
@@ -338,6 +977,14 @@ def render(text: str) -> str:
         return f"<!-- results:{name} -->{body}<!-- /results:{name} -->"
 
     return BLOCK.sub(one, text)
+
+
+def block_names(text: str) -> set[str]:
+    """The names of every block in `text`, a block inside another's text (docs/measured.md's table) included."""
+    names = set()
+    for match in BLOCK.finditer(text):
+        names |= {match["name"]} | block_names(match["body"])
+    return names
 
 
 def _shown(path: Path) -> str:

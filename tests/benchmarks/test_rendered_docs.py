@@ -10,7 +10,7 @@ from benchmarks import render
 
 def test_every_results_block_in_the_docs_is_what_its_results_file_renders():
     assert render.stale() == [], "run: python -m benchmarks.render"
-    names = {m["name"] for path in render.documents() for m in render.BLOCK.finditer(path.read_text())}
+    names = set().union(*(render.block_names(path.read_text()) for path in render.documents()))
     assert names == set(render.BLOCKS), "every renderer is used somewhere, every block has a renderer"
 
 
@@ -41,3 +41,24 @@ def test_the_blocks_render_the_results_figures_with_their_kind(monkeypatch, tmp_
 def test_an_unknown_block_name_is_an_error_that_names_the_known_ones():
     with pytest.raises(KeyError, match="placement-summary"):
         render.render("<!-- results:no-such-table --><!-- /results:no-such-table -->")
+
+
+def test_the_measured_table_renders_each_row_from_its_results_file(monkeypatch, tmp_path):
+    for path in render.RESULTS.glob("*.json"):
+        (tmp_path / path.name).write_text(path.read_text())
+    data = json.loads((tmp_path / "policies.json").read_text())
+    data["recovery_dispatch"]["plan_median_ms"] = 4.75
+    (tmp_path / "policies.json").write_text(json.dumps(data))
+    monkeypatch.setattr(render, "RESULTS", tmp_path)
+    table = render.measured_table()
+    assert "4.75 ms median" in table and "`policies.json` (2026-11-30, commit not recorded)" in table
+    assert "<!-- results:placement-summary -->" in table  # a block inside the table, rendered with it
+    assert "3,196" not in table and "55.8 s" not in table  # figures no results file holds
+    rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith(("| figure", "| ---"))]
+    assert len(rows) == len(render.MEASURED_ROWS) and all(line.count(" | ") == 4 for line in rows)
+
+
+def test_the_chaos_and_lumen_blocks_read_their_files():
+    chaos = json.loads((render.RESULTS / "chaos.json").read_text())
+    assert render.chaos_faults().startswith(f"{len(chaos['faults'])} faults of {len(chaos['faults_by_kind'])} kinds")
+    assert "48 of 67 restored" in render.lumen_workers4_reading()  # lumen_workers4.json's means over 10 seeds
