@@ -67,7 +67,10 @@ def record_node(name: str, session: str, state: str, address: str, watch: bool, 
     if watch:
         # A node just registered counts as seen now, so it has the full miss window to send its first beat; a
         # mirror of a node already watched (a resync) keeps its last beat, so a silence is not hidden.
-        pipe.zadd(keys().heartbeats, {name: time.time()}, nx=not seen_now)
+        now = time.time()
+        pipe.zadd(keys().heartbeats, {name: now}, nx=not seen_now)
+        if seen_now:  # a registration came in through the web process: the control plane hears nodes
+            pipe.set(keys().heartbeats_ingested, now)
     else:
         pipe.zrem(keys().heartbeats, name)
     pipe.execute()

@@ -255,10 +255,24 @@ def record_heartbeat(name: str, beat: Heartbeat) -> str:
     state = entry.state
     if state == NodeState.JOIN and beat.model_state == "serving":
         node = Node.objects.get(name=name)
-        if node.session == beat.session and transition_node(
-            node, NodeState.SERVING, "model loaded: heartbeat reports serving", last_seen_at=_epoch(now)
-        ):
-            state = NodeState.SERVING
+        if node.session != beat.session:
+            pass
+        elif node.state == NodeState.JOIN:
+            if transition_node(
+                node, NodeState.SERVING, "model loaded: heartbeat reports serving", last_seen_at=_epoch(now)
+            ):
+                state = NodeState.SERVING
+        else:
+            # Redis's mirror fell behind the database: the step's own publish was lost while Redis was away (a
+            # chaos run's Redis pause), or another beat of this session took the step first. The database is the
+            # record; the mirror is written again from it. (Before, the beat asked for SERVING -> SERVING and got a
+            # 500, every beat until the 30 s resync.)
+            hot.record_node(node.name, node.session, node.state, node.address, watch=node.state in lifecycle.ALIVE)
+            if node.state not in lifecycle.ALIVE:
+                raise ClosedSession(
+                    f"{name} was marked {node.state}; its session is closed: register again with a new session"
+                )
+            state = node.state
     events.node_load(
         name,
         {
@@ -338,7 +352,11 @@ def _deaf(silent: list[tuple[str, float]], now: float, started: dt.datetime | No
     ones DOWN (five of eight healthy nodes, in the chaos soak's web restart). Not a fleet none of which was heard
     since the control plane started: those sessions are judged by when it started."""
     watched = hot.watched_count()
-    newest = hot.newest_heartbeat() if silent else None
+    # The newest beat the control plane took in, not the newest score under watch: a node put back under watch
+    # after Redis lost it (the hot state's restore) counts as seen at the restore, which is no sign of hearing, and
+    # it hid a deafness that followed (a loaded chaos run marked the three nodes that had beaten DOWN so). The
+    # newest score stands in only while no beat has come since Redis lost its record of them.
+    newest = (hot.heartbeats_ingested_at() or hot.newest_heartbeat()) if silent else None
     heard_since_start = newest is not None and (started is None or newest >= started.timestamp())
     unheard = newest is not None and now - newest > hot.deaf_after_s()
     if not (watched >= 2 and unheard and heard_since_start):

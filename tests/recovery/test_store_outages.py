@@ -171,6 +171,51 @@ def test_a_fleet_turning_silent_one_node_at_a_time_while_the_control_plane_is_de
 
 
 @pytest.mark.django_db
+def test_nodes_put_back_under_watch_after_redis_lost_them_do_not_hide_a_deafness_that_follows(namespace, settings):
+    """The loaded suite run's chaos test (2026-12-07): Redis restarted empty, three nodes' beats reached it, then the
+    web process (restarted too, on a host with a CPU hog) took no heartbeat for 4.3 s. The hot state's restore had put
+    the other nodes back under watch as seen at the restore; the newest of those scores read as a beat, the control
+    plane was judged to hear the fleet, and the three nodes that had beaten were marked DOWN."""
+    settings.LIFELINE_HEARTBEAT_MISS_S = 3.0
+    settings.LIFELINE_HEARTBEAT_INTERVAL_S = 1.0
+    names = [f"node-{i}" for i in range(4)]
+    for name in names:
+        serving_node(name)
+    wipe(namespace)  # Redis restarted empty
+    now = time.time()
+    for node in Node.objects.filter(name__in=names[:2]):  # two beats reach it (record_heartbeat's rebuild), 4.3 s ago
+        hot.record_node(node.name, node.session, node.state, node.address, watch=True)
+        beat(node.name, now - 4.3)
+    routing.sync_hot_state()  # the restore: the other two under watch again, as seen now
+    assert {name for name, _ in hot.silent_nodes(time.time() - 3.0)} == set(names[:2])
+    assert nodes.mark_silent_nodes_down() == []  # no beat taken in for 4.3 s: the control plane is deaf
+    assert set(Node.objects.filter(name__in=names).values_list("state", flat=True)) == {NodeState.SERVING}
+
+    # Once it hears a node again, a node it does not hear within a miss is down as usual.
+    beat("node-2", time.time())
+    hot.client().set(hot.keys().heartbeats_resumed, time.time() - 4.0)
+    assert set(nodes.mark_silent_nodes_down()) == set(names[:2])
+
+
+@pytest.mark.django_db
+def test_a_beat_finding_redis_behind_the_database_writes_the_mirror_again_instead_of_failing(namespace):
+    """The same run: a node's JOIN -> SERVING committed while Redis was paused, so the step's publish never reached
+    Redis; every later beat read JOIN there, asked the database for SERVING -> SERVING and got a 500."""
+    node = serving_node("node-a")
+    hot.client().hset(hot.keys().node("node-a"), "state", NodeState.JOIN)  # the publish that was lost
+    state = nodes.record_heartbeat("node-a", Heartbeat(session=node.session, load=Load(running=1, waiting=0)))
+    assert state == NodeState.SERVING and hot.node("node-a").state == NodeState.SERVING
+    assert NodeTransition.objects.filter(node=node, new_state=NodeState.SERVING).count() == 1
+
+    # Marked DOWN meanwhile (the database says so, Redis still says JOIN): its session is closed, as ever.
+    Node.objects.filter(pk=node.pk).update(state=NodeState.DOWN)
+    hot.client().hset(hot.keys().node("node-a"), "state", NodeState.JOIN)
+    with pytest.raises(nodes.ClosedSession, match="register again"):
+        nodes.record_heartbeat("node-a", Heartbeat(session=node.session, load=Load(running=1, waiting=0)))
+    assert hot.node("node-a").state == NodeState.DOWN
+
+
+@pytest.mark.django_db
 def test_one_node_silent_while_the_rest_of_the_fleet_beats_is_down_at_once(namespace, settings):
     settings.LIFELINE_HEARTBEAT_MISS_S = 3.0
     serving_node("node-a")
