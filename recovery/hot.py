@@ -70,7 +70,9 @@ def record_node(name: str, session: str, state: str, address: str, watch: bool, 
         now = time.time()
         pipe.zadd(keys().heartbeats, {name: now}, nx=not seen_now)
         if seen_now:  # a registration came in through the web process: the control plane hears nodes
-            pipe.set(keys().heartbeats_ingested, now)
+            pipe.getset(keys().heartbeats_ingested, now)
+            _heard_after(pipe.execute()[-1], now)
+            return
     else:
         pipe.zrem(keys().heartbeats, name)
     pipe.execute()
@@ -187,10 +189,14 @@ def heartbeat(
     pipe.lpush(keys().checkpoint_history(name), json.dumps({"at": now, "checkpoints": checkpoints or {}}))
     pipe.ltrim(keys().checkpoint_history(name), 0, CHECKPOINTS_KEPT - 1)
     pipe.getset(keys().heartbeats_ingested, now)
-    previous = pipe.execute()[-1]
-    # (None: the first beat Redis holds; every silence it can measure starts after it anyway.)
+    _heard_after(pipe.execute()[-1], now)
+
+
+def _heard_after(previous: str | None, now: float) -> None:
+    """A node was heard at `now` (a beat, a registration), the one before at `previous`: after a gap no listening
+    control plane has, its deafness ended now, and each node's allowance runs from here (heartbeats_resumed_at).
+    (None: the first Redis holds; every silence it can measure starts after it anyway.)"""
     if previous is not None and now - float(previous) > deaf_after_s():
-        # No node's beat came in for that long: the control plane was deaf, not the fleet silent.
         client().set(keys().heartbeats_resumed, now, ex=RESUMED_KEPT_S)
 
 

@@ -288,10 +288,16 @@ def test_an_ew_lost_without_shadows_stalls_its_experts_until_the_standby_serves_
     lost_experts = table.primaries_of(victim)
     moe.watch()
 
-    result = {}
-    waiting = threading.Thread(target=lambda: result.update(zip(("text", "times"), stream(node.address))))
+    result, decoding = {}, threading.Event()
+    waiting = threading.Thread(
+        target=lambda: result.update(
+            zip(("text", "times"), stream(node.address, on_token=lambda n: n >= 2 and decoding.set()))
+        )
+    )
     waiting.start()
-    time.sleep(0.3)  # the stream is decoding
+    # Killed once the stream decodes (two tokens in), not after a fixed 0.3 s: on a loaded host the first token came
+    # later than that, the stall fell into the prefill, and no gap between tokens showed it (a loaded run was red so).
+    assert decoding.wait(30), "the stream decoding"
     workers[victim].kill()
     watch_until(
         lambda: (

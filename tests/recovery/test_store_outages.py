@@ -198,6 +198,23 @@ def test_nodes_put_back_under_watch_after_redis_lost_them_do_not_hide_a_deafness
 
 
 @pytest.mark.django_db
+def test_a_registration_that_ends_a_deafness_starts_every_nodes_allowance_as_a_beat_does(namespace, settings):
+    """A registration is the control plane hearing a node too: it counts as the last beat taken in (the deafness
+    check reads that), and when it is the first thing heard after a gap, the gap's silence is forgiven from it."""
+    settings.LIFELINE_HEARTBEAT_MISS_S = 3.0
+    settings.LIFELINE_HEARTBEAT_INTERVAL_S = 1.0
+    serving_node("node-a")
+    serving_node("node-b")
+    forget_heartbeat_history()
+    now = time.time()
+    beat("node-a", now - 5.1)
+    beat("node-b", now - 5.1)
+    serving_node("node-c")  # its registration is the first the control plane hears for 5 s
+    assert hot.heartbeats_resumed_at() >= now
+    assert nodes.mark_silent_nodes_down() == []  # node-a and node-b: their allowance runs from the registration
+
+
+@pytest.mark.django_db
 def test_a_beat_finding_redis_behind_the_database_writes_the_mirror_again_instead_of_failing(namespace):
     """The same run: a node's JOIN -> SERVING committed while Redis was paused, so the step's publish never reached
     Redis; every later beat read JOIN there, asked the database for SERVING -> SERVING and got a 500."""
