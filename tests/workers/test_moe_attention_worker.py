@@ -108,7 +108,9 @@ def test_an_ew_killed_mid_stream_leaves_the_attention_workers_stream_whole_and_b
     # loads the lost experts first: seconds (benchmarks/moe_fleet).
     assert gap - undisturbed_gap < 0.5, f"longest token gap {gap:.3f} s (undisturbed {undisturbed_gap:.3f} s)"
     counters = http_json(node.address + "/agent/status")[1]["counters"]
-    assert counters["moe_waits"] == 0, counters  # every expert had a live location at once: its shadow
+    # Every expert had a live location at once, its shadow: no wait, unless a live EW was also taken as down for
+    # missed probes (a loaded host; a run under a CPU hog left one expert with neither for a moment so).
+    assert counters["moe_waits"] == 0 or counters["moe_failovers_silent"] >= 1, counters
     # The killed EW found dead once; a live one that missed its probes on a loaded machine costs a replay, counted
     # apart (moe_failovers_silent), not a failure.
     assert counters["moe_failovers"] - counters["moe_failovers_silent"] == 1 and counters["moe_mismatches"] == 0
