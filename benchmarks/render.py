@@ -313,6 +313,15 @@ def suite_time() -> str:
             f"{what}: **{times} minutes** (parallel phase {parallel}, process phase {process}), "
             f"{green} of {len(these)} green"
         )
+    loaded = [r for r in runs if r["label"] == "loaded"]
+    if loaded and not any(r["label"] == "loaded" for r in at):
+        last = loaded[-1]
+        shown.append(
+            f"the latest run with a process spinning on one core throughout, at `{last['commit'][:7]}`: "
+            f"{_minutes(last['total_s'])} minutes, {'green' if last['green'] else 'red'}"
+        )
+    warm = [r for r in runs if r["label"] != "cold"]
+    shown.append(f"of every warm run recorded, {sum(r['green'] for r in warm)} of {len(warm)} green")
     cold = [r for r in runs if r["label"] == "cold"]
     if cold:
         c = cold[-1]
