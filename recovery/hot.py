@@ -61,21 +61,21 @@ LOAD_FIELDS = (
 def record_node(name: str, session: str, state: str, address: str, watch: bool, seen_now: bool = False) -> None:
     """Mirror a node's identity and state; `watch` puts it under heartbeat watch. `seen_now`: a new session has
     just registered, so its clock starts now (not at its predecessor's last beat)."""
-    r = client()
-    pipe = r.pipeline()
+    now = time.time()
+    pipe = client().pipeline()
     pipe.hset(keys().node(name), mapping={"session": session, "state": state, "address": address})
     if watch:
         # A node just registered counts as seen now, so it has the full miss window to send its first beat; a
         # mirror of a node already watched (a resync) keeps its last beat, so a silence is not hidden.
-        now = time.time()
         pipe.zadd(keys().heartbeats, {name: now}, nx=not seen_now)
-        if seen_now:  # a registration came in through the web process: the control plane hears nodes
-            pipe.getset(keys().heartbeats_ingested, now)
-            _heard_after(pipe.execute()[-1], now)
-            return
     else:
         pipe.zrem(keys().heartbeats, name)
-    pipe.execute()
+    heard = watch and seen_now  # a registration came in through the web process: the control plane hears nodes
+    if heard:
+        pipe.getset(keys().heartbeats_ingested, now)
+    results = pipe.execute()
+    if heard:
+        _heard_after(results[-1], now)
 
 
 def unwatch(name: str) -> None:

@@ -86,6 +86,11 @@ def transition_node(
     return True
 
 
+def _mirror(node: Node) -> None:
+    """Redis's copy of the node's session and state written again from the database, the record."""
+    hot.record_node(node.name, node.session, node.state, node.address, watch=node.state in lifecycle.ALIVE)
+
+
 def _published(node: Node) -> None:
     """After a lifecycle step commits: Redis, every gateway's routing table, the browser."""
     hot.record_node(
@@ -231,7 +236,7 @@ def record_heartbeat(name: str, beat: Heartbeat) -> str:
         node = Node.objects.filter(name=name).first()
         if node is None:
             raise UnknownNode(name)
-        hot.record_node(node.name, node.session, node.state, node.address, watch=node.state in lifecycle.ALIVE)
+        _mirror(node)
         entry = hot.NodeEntry(session=node.session, state=node.state)
     if entry.session != beat.session:
         raise ClosedSession(
@@ -255,19 +260,16 @@ def record_heartbeat(name: str, beat: Heartbeat) -> str:
     state = entry.state
     if state == NodeState.JOIN and beat.model_state == "serving":
         node = Node.objects.get(name=name)
-        if node.session != beat.session:
-            pass
-        elif node.state == NodeState.JOIN:
+        if node.session == beat.session and node.state == NodeState.JOIN:
             if transition_node(
                 node, NodeState.SERVING, "model loaded: heartbeat reports serving", last_seen_at=_epoch(now)
             ):
                 state = NodeState.SERVING
-        else:
+        elif node.session == beat.session:
             # Redis's mirror fell behind the database: the step's own publish was lost while Redis was away (a
-            # chaos run's Redis pause), or another beat of this session took the step first. The database is the
-            # record; the mirror is written again from it. (Before, the beat asked for SERVING -> SERVING and got a
-            # 500, every beat until the 30 s resync.)
-            hot.record_node(node.name, node.session, node.state, node.address, watch=node.state in lifecycle.ALIVE)
+            # chaos run's Redis pause), or another beat of this session took the step first. Before, the beat asked
+            # for SERVING -> SERVING and got a 500, every beat until the 30 s resync.
+            _mirror(node)
             if node.state not in lifecycle.ALIVE:
                 raise ClosedSession(
                     f"{name} was marked {node.state}; its session is closed: register again with a new session"

@@ -82,16 +82,22 @@ def forget_heartbeat_history() -> None:
     hot.client().delete(hot.keys().heartbeats_ingested, hot.keys().heartbeats_resumed)
 
 
+def last_heard(ago: float, names=("node-a", "node-b")) -> float:
+    """`names` SERVING, each last heard `ago` seconds before now, and nothing heard since; returns now."""
+    for name in names:
+        serving_node(name)
+    forget_heartbeat_history()
+    now = time.time()
+    for name in names:
+        beat(name, now - ago)
+    return now
+
+
 # --- 2. Silence of the control plane's own making -----------------------------------------------------------------
 @pytest.mark.django_db
 def test_a_node_silent_only_while_the_control_plane_was_deaf_gets_a_whole_allowance(namespace, settings):
     settings.LIFELINE_HEARTBEAT_MISS_S = 3.0
-    serving_node("node-a")
-    serving_node("node-b")
-    forget_heartbeat_history()
-    now = time.time()
-    beat("node-a", now - 10)
-    beat("node-b", now - 10)
+    now = last_heard(10)
     # Then nothing came in for 10 s (the web process restarted, Redis was away); node-a is heard first.
     beat("node-a", now)
     assert hot.heartbeats_resumed_at() == now
@@ -123,12 +129,7 @@ def test_the_beat_that_ends_a_deafness_landing_during_the_judgement_gives_every_
     beat, it marked every node not yet heard again DOWN."""
     settings.LIFELINE_HEARTBEAT_MISS_S = 3.0
     settings.LIFELINE_HEARTBEAT_INTERVAL_S = 1.0
-    serving_node("node-a")
-    serving_node("node-b")
-    forget_heartbeat_history()
-    now = time.time()
-    beat("node-a", now - 5.1)
-    beat("node-b", now - 5.1)
+    last_heard(5.1)
     scan = hot.silent_nodes
 
     def scan_then_a_beat_lands(since):
@@ -203,12 +204,7 @@ def test_a_registration_that_ends_a_deafness_starts_every_nodes_allowance_as_a_b
     check reads that), and when it is the first thing heard after a gap, the gap's silence is forgiven from it."""
     settings.LIFELINE_HEARTBEAT_MISS_S = 3.0
     settings.LIFELINE_HEARTBEAT_INTERVAL_S = 1.0
-    serving_node("node-a")
-    serving_node("node-b")
-    forget_heartbeat_history()
-    now = time.time()
-    beat("node-a", now - 5.1)
-    beat("node-b", now - 5.1)
+    now = last_heard(5.1)
     serving_node("node-c")  # its registration is the first the control plane hears for 5 s
     assert hot.heartbeats_resumed_at() >= now
     assert nodes.mark_silent_nodes_down() == []  # node-a and node-b: their allowance runs from the registration
@@ -235,12 +231,7 @@ def test_a_beat_finding_redis_behind_the_database_writes_the_mirror_again_instea
 @pytest.mark.django_db
 def test_one_node_silent_while_the_rest_of_the_fleet_beats_is_down_at_once(namespace, settings):
     settings.LIFELINE_HEARTBEAT_MISS_S = 3.0
-    serving_node("node-a")
-    serving_node("node-b")
-    forget_heartbeat_history()
-    now = time.time()
-    beat("node-a", now - 10)
-    beat("node-b", now - 10)
+    now = last_heard(10)
     for ago in range(9, -1, -1):  # node-a every second, node-b never again: the control plane was listening
         beat("node-a", now - ago)
     assert hot.heartbeats_resumed_at() == 0.0  # the first beat Redis holds resumes nothing; no gap after it
