@@ -57,6 +57,7 @@ class Refe:
     down: set[str] = field(default_factory=set)
     silent: set[str] = field(default_factory=set)  # down only for unanswered probes: used again once one answers
     readmitted: int = 0
+    back: asyncio.Event = field(default_factory=asyncio.Event)  # set when an EW taken as down is used again
     failovers: list[dict] = field(default_factory=list)  # one per EW found down: when, which, what was replayed
     sent: dict[str, int] = field(default_factory=dict)  # tokens per EW
     link_bytes: int = 0  # activations out and expert outputs back, accounted in full (DESIGN.md contract 3)
@@ -206,6 +207,7 @@ class Refe:
                 self.silent.discard(ew)
                 self.down.discard(ew)
                 self.readmitted += 1
+                self.back.set()
                 log.info("%s answers its probes again: used again", ew)
 
     async def recheck(self, expert: int) -> bool:
@@ -228,6 +230,7 @@ class Refe:
                 self.down.discard(ew)
                 self.silent.discard(ew)
                 self.readmitted += 1
+                self.back.set()
                 log.info("%s serves expert %d again: used again", ew, expert)
                 back = True
         return back
@@ -301,6 +304,7 @@ class ExpertPath:
         self.refe: Refe | None = None
         self.session: aiohttp.ClientSession | None = None
         self.changed = asyncio.Event()
+        self.recheck_every_s = 0.5  # while an expert has no live location: how often its holders are asked again
         self.counters = counters if counters is not None else {}  # the engine's, so the node's status shows them
         self.counters.update(
             moe_layers=0,
@@ -359,10 +363,15 @@ class ExpertPath:
                 if time.monotonic() > deadline:
                     raise
                 self.counters["moe_waits"] += 1
+                # Cleared before the recheck, so that an EW used again meanwhile is not missed: a new table, or an
+                # EW taken as down for its silence answering again (a loaded host's live EW: tenths of a second),
+                # ends the wait at once rather than at the next recheck.
+                self.changed.clear()
+                self.refe.back.clear()
                 if await self.refe.recheck(exc.expert):
                     continue
-                self.changed.clear()
-                try:
-                    await asyncio.wait_for(self.changed.wait(), timeout=0.5)
-                except TimeoutError:
-                    pass
+                waits = {asyncio.ensure_future(self.changed.wait()), asyncio.ensure_future(self.refe.back.wait())}
+                first = asyncio.FIRST_COMPLETED
+                _, waiting = await asyncio.wait(waits, timeout=self.recheck_every_s, return_when=first)
+                for wait in waiting:
+                    wait.cancel()

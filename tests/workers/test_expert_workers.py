@@ -17,7 +17,7 @@ from recovery.policy import moe as moe_policy
 from tests.helpers import BASE_DIR, http_json
 from workers import catalog
 from workers.moe import ExpertRoutingTable, combine, expert_bytes, expert_output, gate
-from workers.refe import NoLocation, Refe
+from workers.refe import ExpertPath, NoLocation, Refe
 
 MIXTRAL = catalog.MODELS["Mixtral-8x7B"]
 LAYERS = MIXTRAL.layers
@@ -210,6 +210,33 @@ async def test_an_expert_with_no_live_location_is_named_and_a_replacement_table_
             replacement.proc.wait(10)
     picks = gate(MIXTRAL, 0, context)
     assert out == {"t": combine(MIXTRAL, 0, {e: expert_output(MIXTRAL, 0, e, context) for e, _ in picks}, picks)}
+
+
+async def test_a_step_waiting_for_an_expert_resumes_as_soon_as_a_silent_holder_answers_again(deployment):
+    """On a loaded host live EWs miss their 10 ms probes and are taken as down for their silence; where every holder
+    of an expert is so, the step waits for a location. One of them answering its probes again ends the wait at
+    once: the step does not sleep out its recheck (a loaded run's stream paused a second so, issue 41). Here the
+    holders' recheck fails (as its ask times out on such a host) and the recheck is a minute away: only the
+    re-admission can end the wait."""
+    table, workers = deployment
+    expert = 0
+    context = next(f"ctx-{i}".encode() for i in range(1000) if expert in dict(gate(MIXTRAL, 0, f"ctx-{i}".encode())))
+    path = ExpertPath(MIXTRAL, table, {ew: w.address for ew, w in workers.items()})
+    path.recheck_every_s = 60
+    await path.start()
+    try:
+
+        async def unanswered(expert: int) -> bool:
+            return False
+
+        path.refe.recheck = unanswered
+        for ew in table.experts[expert].ews():  # alive, but silent for a moment
+            path.refe._take_down(ew, 0, 1, silent=True)
+        await asyncio.wait_for(path.step({"t": (context, 1)}), 10)
+    finally:
+        await path.aclose()
+    assert path.counters["moe_waits"] >= 1 and path.counters["moe_readmitted"] >= 1, path.counters
+    assert path.counters["moe_layers"] == LAYERS and path.counters["moe_mismatches"] == 0, path.counters
 
 
 def test_an_ew_refuses_tokens_for_experts_it_does_not_hold_and_bad_layers(deployment):
