@@ -66,6 +66,11 @@ DRAIN_STEPS_SINCE = (
 )
 # Faults whose node(s) must get their rows: a DOWN transition and an incident event (sdc: health, drain steps).
 ROW_FAULTS = {"node_kill", "node_hang", "node_and_holder", "rack", "sdc"}
+HANG_S = 12.0  # how long node_hang hangs a node
+# The control plane's own faults: while one lasts (and up to LIFELINE_HEARTBEAT_DEAF_MAX_S after a deafness) no node
+# is judged by its heartbeats, by design (DESIGN.md: its deafness is not the fleet's death).
+BLINDING = set(INFRA_FAULTS) - {"gateway_kill"}
+BLIND_BEFORE_S = 10.0  # a control-plane fault this long before a hang may still blind its judgement
 ON_CALL = "chaos soak on-call"
 LONG_LIVED = ("web", "worker", "beat", "gateway", "gateway-2", "redis")
 CONVERGE_S = 180.0
@@ -376,8 +381,8 @@ class Soak:
             fault.targets = [rng.choice(serving)]
             self.kill_group(fault.targets[0])
         elif kind == "node_hang":
-            fault.targets = [self.agent_fault_on_one(serving, "hang", seconds=12.0)]
-            fault.note = "hung 12 s: heartbeats stop, sockets stay open"
+            fault.targets = [self.agent_fault_on_one(serving, "hang", seconds=HANG_S)]
+            fault.note = f"hung {HANG_S:g} s: heartbeats stop, sockets stay open"
         elif kind == "slow_gpu":
             fault.targets = [self.agent_fault_on_one(serving, "slow", factor=4.0)]
             self.later(20, self.clear_faults, fault.targets[0])
@@ -722,6 +727,11 @@ class Soak:
         )
         return down > 0 and not self.sql(DRAIN_STEPS_SINCE, target, fault.injected_wall - 1)
 
+    def blinded(self, hang: Fault) -> bool:
+        """Whether a control-plane fault was injected from BLIND_BEFORE_S before `hang` to its end."""
+        begin, end = hang.injected_wall - BLIND_BEFORE_S, hang.injected_wall + HANG_S
+        return any(f.kind in BLINDING and f.injected_wall and begin <= f.injected_wall <= end for f in self.faults)
+
     def check_rows(self) -> dict:
         """The rows every fault must have produced are there: a node that died or went silent has its DOWN
         transition, an incident event names it; silent corruption has its health transition, its drain with
@@ -748,6 +758,14 @@ class Soak:
                     # that fault. Counted, so a run where this hides every sdc shows it.
                     counted["sdc targets killed by a later fault before their drain"] += 1
                     continue
+                if fault.kind == "node_hang" and self.blinded(fault):
+                    # A hang the control plane's own fault overlapped: heartbeats are not judged while it cannot hear
+                    # them, and the node beats again when its hang ends, so it may never be marked DOWN (a run on
+                    # 2026-12-07: a Redis pause, a worker restart and a database restart covered a 12 s hang). Its
+                    # incident event (the gateways saw its streams stall) is still required; counted, so a run
+                    # where this excuses every hang shows it.
+                    counted["hangs a control-plane fault overlapped (judged by their incident event)"] += 1
+                    checks = {"incident events": checks["incident events"]}
                 if fault.kind == "sdc":
                     checks = {
                         "health transitions": (

@@ -105,6 +105,34 @@ def test_an_sdc_drained_before_a_later_kill_is_judged_by_its_drain(scratch):
     assert rows["drain steps"] == 1 and "sdc targets killed by a later fault before their drain" not in rows
 
 
+def test_a_hang_a_control_plane_fault_overlapped_is_judged_by_its_incident_event_and_counted(scratch):
+    """Heartbeats are not judged while the control plane cannot hear them, so a hang covered by a Redis pause and a
+    database restart (a run on 2026-12-07) may end before any DOWN: its incident event is still required."""
+    pause = Fault("redis_pause", 44, injected_wall=T - 4, targets=["redis"])
+    hang = Fault("node_hang", 48, ["node-04"], injected_wall=T, note="hung 12 s")
+    restart = Fault("db_restart", 56, injected_wall=T + 6, targets=["postgres"])
+    soak = soak_on(scratch, [pause, hang, restart])
+    insert(soak, "recovery_incidentevent", 4, at(T + 5))
+    rows = soak.check_rows()
+    assert soak.violations == []
+    assert rows["hangs a control-plane fault overlapped (judged by their incident event)"] == 1
+    soak.violations = []
+    with _connect(scratch) as db:
+        db.execute("DELETE FROM recovery_incidentevent")
+    soak.check_rows()
+    assert soak.violations == ["no incident event row for node-04 after node_hang"]
+
+
+def test_a_hang_with_no_control_plane_fault_near_it_must_be_marked_down(scratch):
+    gateway = Fault("gateway_kill", 44, injected_wall=T - 4, targets=["gateway-2"])  # blinds no heartbeat
+    hang = Fault("node_hang", 48, ["node-04"], injected_wall=T, note="hung 12 s")
+    later = Fault("db_restart", 70, injected_wall=T + 14, targets=["postgres"])  # after its hang ended
+    soak = soak_on(scratch, [gateway, hang, later])
+    insert(soak, "recovery_incidentevent", 4, at(T + 5))
+    soak.check_rows()
+    assert soak.violations == ["no node transition row for node-04 after node_hang"]
+
+
 def test_a_corrupt_node_is_spared_by_later_faults_until_its_drain_is_raised(scratch):
     sdc = Fault("sdc", 60, ["node-03"], injected_wall=T, note="drift")
     soak = soak_on(scratch, [sdc])
