@@ -44,8 +44,14 @@ def finish_reason(chunks: list[dict]) -> str | None:
     return next((c["choices"][0]["finish_reason"] for c in reversed(chunks) if c.get("choices")), None)
 
 
-async def collect(session, gateways, request_body, resumes=None, key=KEY) -> list[dict]:
-    return [chunk async for chunk in stream(session, gateways, key, request_body, resumes=resumes)]
+async def collect(session, gateways, request_body, resumes=None, key=KEY, seen=None, index=0) -> list[dict]:
+    """The stream's chunks; with `seen`, seen[index] counts them as they are read (kill_when_under_way)."""
+    chunks = []
+    async for chunk in stream(session, gateways, key, request_body, resumes=resumes):
+        chunks.append(chunk)
+        if seen is not None:
+            seen[index] += 1
+    return chunks
 
 
 def gateway_process(cluster, name: str, tmp_path) -> tuple[subprocess.Popen, str]:
@@ -68,20 +74,26 @@ def gateway_process(cluster, name: str, tmp_path) -> tuple[subprocess.Popen, str
     return proc, f"http://127.0.0.1:{port}"
 
 
-async def kill_when_running(cluster, streams: int, gateway: subprocess.Popen) -> None:
-    """SIGKILL `gateway` once the nodes run all `streams` and a few tokens of each have gone out."""
-    await asyncio.to_thread(
-        wait_for,
-        lambda: (
-            sum(http_json(n.address + "/agent/status")[1]["load"]["running"] for n in cluster.nodes.values()) == streams
-        ),
-        30,
-        0.02,
-        "every stream running",
-    )
-    await asyncio.sleep(0.3)
+UNDER_WAY = 3  # chunks every stream has read before its gateway is killed
+
+
+async def kill_when_under_way(seen: list[int], gateway: subprocess.Popen) -> list[int]:
+    """SIGKILL `gateway` as soon as every stream has read its first UNDER_WAY chunks (`seen`, counted by collect
+    here, on the client's side); what each had read then. (The nodes' running count, polled over HTTP, once read
+    "all running" so late on a loaded host that every stream had ended before the kill: nothing to take over.)"""
+
+    async def under_way():
+        while min(seen) < UNDER_WAY:
+            await asyncio.sleep(0.005)
+
+    try:
+        await asyncio.wait_for(under_way(), 30)
+    except TimeoutError:
+        raise AssertionError(f"not every stream under way in 30 s (chunks read: {seen})") from None
+    at_kill = list(seen)
     gateway.send_signal(signal.SIGKILL)
     await asyncio.to_thread(gateway.wait)
+    return at_kill
 
 
 def watching_all(base: str, count: int) -> bool:
@@ -107,13 +119,15 @@ async def test_a_sigkilled_gateways_streams_finish_through_the_other_with_identi
             reference = await asyncio.gather(
                 *(collect(session, [second_url], body(i, TAKEOVER_TOKENS)) for i in range(24))
             )
-            resumes = [Resumes() for _ in range(24)]
+            resumes, seen = [Resumes() for _ in range(24)], [0] * 24
             runs = [
-                asyncio.create_task(collect(session, [first_url, second_url], body(i, TAKEOVER_TOKENS), resumes[i]))
+                asyncio.create_task(
+                    collect(session, [first_url, second_url], body(i, TAKEOVER_TOKENS), resumes[i], seen=seen, index=i)
+                )
                 for i in range(24)
             ]
             # Every stream under way through the first gateway: then it dies, as a SIGKILL leaves it.
-            await kill_when_running(cluster, 24, first)
+            at_kill = await kill_when_under_way(seen, first)
             answers = await asyncio.gather(*runs)
     finally:
         for proc in (first, second):
@@ -123,6 +137,7 @@ async def test_a_sigkilled_gateways_streams_finish_through_the_other_with_identi
     assert all(text_of(r) for r in reference)
     # Every stream was cut mid-way and taken over once, from a token it already had: none started over.
     assert [finish_reason(r) for r in reference] == ["length"] * 24
+    assert max(at_kill) < TAKEOVER_TOKENS, at_kill  # none had ended when its gateway died
     assert [(r.count, r.restarts) for r in resumes] == [(1, 0)] * 24, [(r.from_ids, r.restarts) for r in resumes]
     assert all(0 < int(r.from_ids[0].rsplit(".", 1)[1]) < TAKEOVER_TOKENS for r in resumes)
 

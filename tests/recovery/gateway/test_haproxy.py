@@ -21,7 +21,7 @@ from tests.recovery.gateway.test_gateway_takeover import (
     collect,
     finish_reason,
     gateway_process,
-    kill_when_running,
+    kill_when_under_way,
     text_of,
     watching_all,
 )
@@ -92,9 +92,12 @@ async def test_streams_through_haproxy_survive_a_gateways_sigkill(cluster, tmp_p
         await asyncio.to_thread(wait_for, lambda: forwarding(front), 30, 0.1, "HAProxy forwarding to both gateways")
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
             reference = await asyncio.gather(*(collect(session, [survivor_url], body(i)) for i in range(16)))
-            resumes = [Resumes() for _ in range(16)]
-            runs = [asyncio.create_task(collect(session, [front], body(i), resumes[i])) for i in range(16)]
-            await kill_when_running(cluster, 16, doomed)
+            resumes, seen = [Resumes() for _ in range(16)], [0] * 16
+            runs = [
+                asyncio.create_task(collect(session, [front], body(i), resumes[i], seen=seen, index=i))
+                for i in range(16)
+            ]
+            at_kill = await kill_when_under_way(seen, doomed)
             # At once, before HAProxy's checks mark it down (inter 1s, fall 2): plain requests, each on a new
             # connection, half of which HAProxy first tries on the dead gateway.
             plain = [
@@ -115,6 +118,7 @@ async def test_streams_through_haproxy_survive_a_gateways_sigkill(cluster, tmp_p
     assert [status for status, _ in plain] == [200] * 8, plain
     assert [text_of(a) for a in answers] == [text_of(r) for r in reference]
     assert [finish_reason(r) for r in reference] == ["length"] * 16
+    assert max(at_kill) < 120, at_kill  # none had ended when the gateway died
     # leastconn spread the streams over both gateways: the dead one's were taken over mid-way, once each, from a
     # token they had; none started over, and the survivor's were never cut.
     taken_over = [r for r in resumes if r.count]
