@@ -25,6 +25,7 @@ from recovery.http import json_error as error
 ACT_ON_NODES = (roles.OPERATOR, roles.ONCALL)  # cordon, migrate, acknowledge and annotate incidents
 INJECT_FAULTS = (roles.OPERATOR,)  # on a staging cluster
 CLOSE_INCIDENTS = (roles.ONCALL,)
+RECEIVE_ALERTS = (roles.OPERATOR, roles.ONCALL)  # Alertmanager's webhook, with the API token of such a user
 REQUEST_DRAINS = drains.REQUEST
 DECIDE_DRAINS = drains.DECIDE
 MANAGE_SPARES = (roles.ONCALL,)

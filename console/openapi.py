@@ -404,6 +404,63 @@ def document() -> dict:
                 {"200": _json(INCIDENT_DETAIL, "The incident."), "404": _error("No such incident."), **NOT_ALLOWED},
             ),
         },
+        "/api/alerts/alertmanager": {
+            "post": _operation(
+                "Alertmanager's webhook receiver (operator, on-call token): a group's alerts open or join an incident, "
+                "add to its timeline, attach to the node they name, and resolve it when they resolve.",
+                {
+                    "200": _json(
+                        _obj(
+                            {
+                                "incident": _nullable({"type": "integer"}),
+                                "opened": {"type": "boolean"},
+                                "status": {"type": "string"},
+                                "alerts": _array(
+                                    _obj(
+                                        {
+                                            "name": {"type": "string"},
+                                            "status": {"type": "string", "enum": ["firing", "resolved"]},
+                                            "node": _nullable({"type": "string"}),
+                                            "links": {"type": "object", "additionalProperties": {"type": "string"}},
+                                        },
+                                        ["name", "status", "node", "links"],
+                                    )
+                                ),
+                            },
+                            ["incident", "opened", "alerts"],
+                        ),
+                        "Taken: the incident and each alert with the pages that explain it (incident null: only "
+                        "resolutions of alerts never seen firing).",
+                    ),
+                    "400": _error("Not Alertmanager's webhook notification (version 4): `field` names what is wrong."),
+                    **NOT_ALLOWED,
+                },
+                body=_obj(
+                    {
+                        "version": {"type": "string", "enum": ["4"]},
+                        "groupKey": {"type": "string"},
+                        "status": {"type": "string"},
+                        "receiver": {"type": "string"},
+                        "externalURL": {"type": "string"},
+                        "alerts": _array(
+                            _obj(
+                                {
+                                    "status": {"type": "string", "enum": ["firing", "resolved"]},
+                                    "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                                    "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+                                    "startsAt": {"type": "string", "format": "date-time"},
+                                    "endsAt": {"type": "string", "format": "date-time"},
+                                    "generatorURL": {"type": "string"},
+                                    "fingerprint": {"type": "string"},
+                                },
+                                ["status", "labels", "startsAt"],
+                            )
+                        ),
+                    },
+                    ["version", "groupKey", "alerts"],
+                ),
+            ),
+        },
         "/api/checkpoints": {
             "get": _operation(
                 "The checkpoint distribution: which node holds whose KV pages, within which budget.",

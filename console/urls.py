@@ -76,6 +76,7 @@ urlpatterns = [
     path("api/cluster/series", cluster.api_cluster_series, name="api-cluster-series"),
     path("api/incidents", incidents.api_incidents, name="api-incidents"),
     path("api/incidents/<int:incident_id>", incidents.api_incident, name="api-incident"),
+    path("api/alerts/alertmanager", incidents.api_alertmanager, name="api-alertmanager"),
     path("api/checkpoints", checkpoints.api_checkpoints, name="api-checkpoints"),
     path("api/nodes/<str:name>/faults", nodes.api_node_fault, name="api-node-fault"),
     path("api/nodes/<str:name>/migrate", nodes.api_node_migrate, name="api-node-migrate"),

@@ -104,6 +104,12 @@ class EventKind(models.TextChoices):
     PLACEMENT = "placement", "Re-placement"
     ERT = "ert", "Expert routing table changed"
     PROVISIONING = "provisioning", "Replacement provisioning"
+    ALERT = "alert", "Alert"  # from Alertmanager (recovery.actions.alerts), firing or resolved
+
+
+class AlertStatus(models.TextChoices):
+    FIRING = "firing", "Firing"
+    RESOLVED = "resolved", "Resolved"
 
 
 # Events a person may want to hide to read the people's side of an incident.

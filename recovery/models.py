@@ -19,6 +19,7 @@ from recovery.choices import (
     NODE_STATE_BADGE,
     OPEN_DRAIN_STATES,
     PLACEMENT_BADGE,
+    AlertStatus,
     BreakerState,
     CanaryKind,
     DrainMode,
@@ -528,6 +529,35 @@ class IncidentEvent(models.Model):
 
     def __str__(self):
         return f"{self.at:%H:%M:%S.%f} {self.kind}: {self.description}"
+
+
+class Alert(models.Model):
+    """An alert Alertmanager sent to Lifeline's receiver (recovery.actions.alerts), one row per firing: its
+    fingerprint and start. Its incident is the one its group (Alertmanager's group key) opened or joined."""
+
+    incident = models.ForeignKey(Incident, on_delete=models.CASCADE, related_name="alerts")
+    group_key = models.TextField(help_text="Alertmanager's groupKey: the alerts of one group share an incident.")
+    fingerprint = models.CharField(max_length=64)
+    name = models.CharField(max_length=200, help_text="Its alertname label.")
+    status = models.CharField(max_length=16, choices=AlertStatus.choices)
+    severity = models.CharField(max_length=32, blank=True, help_text="Its severity label, as the rule set it.")
+    labels = models.JSONField(default=dict)
+    annotations = models.JSONField(default=dict, blank=True)
+    starts_at = models.DateTimeField()
+    ends_at = models.DateTimeField(null=True, blank=True)
+    generator_url = models.TextField(blank=True)
+    node = models.ForeignKey(
+        Node, null=True, blank=True, on_delete=models.SET_NULL, related_name="alerts", help_text="The node it names."
+    )
+    received_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["starts_at", "id"]
+        constraints = [models.UniqueConstraint(fields=["fingerprint", "starts_at"], name="alert_one_row_per_firing")]
+
+    def __str__(self):
+        return f"{self.name} ({self.status})"
 
 
 class RequestOutcome(models.Model):

@@ -68,6 +68,7 @@ def everyone(status: int) -> dict:
 
 
 ACT_ON_NODES = (roles.OPERATOR, roles.ONCALL)
+RECEIVE_ALERTS = (roles.OPERATOR, roles.ONCALL)  # Alertmanager's webhook, with such a user's token
 
 # route name -> method -> caller -> status. GET and POST are asked of every route; other methods where listed.
 MATRIX: dict[str, dict[str, dict]] = {
@@ -124,6 +125,8 @@ MATRIX: dict[str, dict[str, dict]] = {
     "api-incidents": {"GET": api(), "POST": api(405)},
     "api-incident": {"GET": api(404), "POST": api(405)},
     "api-checkpoints": {"GET": api(), "POST": api(405)},
+    # An empty body is not Alertmanager's notification: 400, naming what is missing.
+    "api-alertmanager": {"GET": api(405, RECEIVE_ALERTS), "POST": api(400, RECEIVE_ALERTS)},
     # Past the door, fault injection is refused while it is off (LIFELINE_FAULTS_ENABLED): 403 with that reason.
     "api-node-fault": {"GET": api(405, (roles.OPERATOR,)), "POST": api(403, (roles.OPERATOR,))},
     # An empty body is a planned migration with the default reason.

@@ -10,13 +10,13 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
-from console.auth import ACT_ON_NODES, CLOSE_INCIDENTS, api_view, page_view
+from console.auth import ACT_ON_NODES, CLOSE_INCIDENTS, RECEIVE_ALERTS, api_view, page_view
 from console.forms import IncidentFilterForm
 from console.readmodels import incidents as incident_model
 from console.views import allow
 from recovery import roles
-from recovery.actions import incidents
-from recovery.http import json_error
+from recovery.actions import alerts, incidents
+from recovery.http import json_error, json_object
 from recovery.models import Incident
 
 MAX_LIMIT = 1000  # incidents in one answer
@@ -153,3 +153,18 @@ def api_incident(request, incident_id: int):
     if incident is None:
         return json_error(404, f"There is no incident {incident_id}: list them at /api/incidents.")
     return JsonResponse(incident_model.incident_detail(incident))
+
+
+@api_view(*RECEIVE_ALERTS)
+@allow("POST")
+def api_alertmanager(request):
+    """Alertmanager's webhook receiver (recovery.actions.alerts): its alerts become incidents and their events. A
+    notification Lifeline cannot take is a 400 naming the field (Alertmanager logs it and does not retry)."""
+    body = json_object(request, "Alertmanager's webhook notification (version 4)")
+    if isinstance(body, JsonResponse):
+        return body
+    try:
+        done = alerts.receive(body)
+    except alerts.BadNotification as exc:
+        return json_error(400, f"{exc}.", field=exc.field)
+    return JsonResponse(done)

@@ -27,7 +27,7 @@ from django.utils import timezone
 
 from recovery import events, hot, nodeclient, roles
 from recovery.actions import audit, health, nodes
-from recovery.choices import OPEN_DRAIN_STATES, EventKind, Health, IncidentStatus, NodeState
+from recovery.choices import OPEN_DRAIN_STATES, AlertStatus, EventKind, Health, IncidentStatus, NodeState
 from recovery.models import Cluster, Drain, Incident, IncidentEvent, Node, RequestOutcome
 from recovery.policy import capacity as capacity_policy
 from recovery.policy import load, progressive
@@ -196,6 +196,16 @@ def _open(
         details=details,
     )
     transaction.on_commit(lambda: events.incident_changed(incident.pk))
+    return incident
+
+
+def open_incident(
+    title: str, at: dt.datetime, *, kind: str, detected_at: dt.datetime | None = None, **details
+) -> Incident:
+    """A new incident of its own, joined to no failure (an alert's: recovery.actions.alerts), with `details`."""
+    incident = _open(Cluster.default(), title, at, detected_at=detected_at, kind=kind)
+    if details:
+        _merge_details(incident, **details)
     return incident
 
 
@@ -718,6 +728,8 @@ def _stabilize(incident: Incident, now: dt.datetime) -> bool:
     """Active → Stable once latency recovered and capacity restored both hold, and no drain is open on its nodes
     (a spare may serve in a node's place while on-call has yet to decide what becomes of it)."""
     if incident.recovered_at is None or incident.capacity_restored_at is None:
+        return False
+    if incident.alerts.filter(status=AlertStatus.FIRING).exists():  # recovery.actions.alerts: an alert still fires
         return False
     if Drain.objects.filter(node__in=incident.nodes.all(), state__in=OPEN_DRAIN_STATES).exists():
         return False

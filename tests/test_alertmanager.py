@@ -1,0 +1,201 @@
+"""The Alertmanager configuration Lifeline ships (prometheus/alertmanager.yml), checked by amtool and run for real
+(issue 48): Debian's Alertmanager, with that configuration (only its addresses and secret files made local), takes
+a page and a ticket as Prometheus posts them; the page reaches Lifeline's receiver (an incident on the node it
+names, on-call told) and PagerDuty's Events API v2, the ticket Lifeline and Slack; and when the page resolves, the
+incident is Stable and PagerDuty's incident resolved. PagerDuty and Slack are stand-ins here that record what they
+receive, in their documented shapes."""
+
+import datetime as dt
+import json
+import signal
+import subprocess
+import threading
+import urllib.request
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import yaml
+
+from console.models import ApiToken
+from console.stack import BASE_DIR, free_port
+from harness import alertmanager as am
+from harness.processes import http_json, wait_for
+from recovery.actions import nodes
+from recovery.choices import IncidentSeverity, IncidentStatus
+from recovery.models import Alert, Notification
+from workers.protocol import Registration
+
+CONFIG = BASE_DIR / "prometheus" / "alertmanager.yml"
+
+
+def routes(*labels: str) -> str:
+    """The receiver amtool says the configuration routes an alert with `labels` to."""
+    argv = [str(am.amtool()), "config", "routes", "test", f"--config.file={CONFIG}", *labels]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+
+
+def test_the_shipped_configuration_is_valid_and_routes_pages_tickets_and_moe_models():
+    checked = am.check_config(CONFIG)
+    assert checked.returncode == 0 and "SUCCESS" in checked.stdout, checked.stdout + checked.stderr
+    assert routes("alertname=LifelineCanaryMismatch", "severity=page", "model=Qwen3-32B") == "pager"
+    assert routes("alertname=LifelineExpertWorkerDown", "severity=page", "model=Mixtral-8x7B") == "pager-moe"
+    assert routes("alertname=LifelineDegraded", "severity=ticket", "model=Qwen3-32B") == "chat"
+    assert routes("alertname=DCGMXidErrors", "Hostname=dgx-07") == "lifeline"
+
+
+class Recorder(BaseHTTPRequestHandler):
+    """PagerDuty's and Slack's side: what each was sent, by path."""
+
+    received: dict[str, list] = {}
+
+    def do_POST(self):  # noqa: N802 - http.server's name
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.received.setdefault(self.path, []).append(body)
+        answer = b'{"status": "success", "dedup_key": "x"}' if self.path.startswith("/v2") else b"ok"
+        self.send_response(202 if self.path.startswith("/v2") else 200)
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def outside():
+    """The stand-ins for PagerDuty and Slack, on one local server."""
+    Recorder.received = {}
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}", Recorder.received
+    server.shutdown()
+
+
+def local_config(tmp_path, console: str, outside: str, token: str) -> dict:
+    """The shipped configuration with its addresses and secret files made local, and its waits made short."""
+    config = yaml.safe_load(CONFIG.read_text())
+    secrets = {"lifeline-token": token, "pagerduty-serving": "routing-serving", "pagerduty-moe": "routing-moe"}
+    secrets["slack-serving"] = f"{outside}/slack/serving"
+    for name, value in secrets.items():
+        (tmp_path / name).write_text(value)
+    config["route"].update(group_wait="1s", group_interval="1s")
+    for receiver in config["receivers"]:
+        for hook in receiver.get("webhook_configs", []):
+            hook["url"] = console + "/api/alerts/alertmanager"
+            auth = hook["http_config"]["authorization"]
+            auth["credentials_file"] = str(tmp_path / "lifeline-token")
+        for pager in receiver.get("pagerduty_configs", []):
+            pager["routing_key_file"] = str(tmp_path / pager["routing_key_file"].rsplit("/", 1)[1])
+            pager["url"] = outside + "/v2/enqueue"
+        for chat in receiver.get("slack_configs", []):
+            chat["api_url_file"] = str(tmp_path / chat["api_url_file"].rsplit("/", 1)[1])
+    return config
+
+
+@pytest.fixture
+def alertmanager(tmp_path):
+    """Debian's Alertmanager on a free port with the given configuration, alone (no cluster peers)."""
+    started = []
+
+    def start(config: dict) -> str:
+        path = tmp_path / "alertmanager.yml"
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        port = free_port()
+        argv = am.server_argv(
+            f"--config.file={path}",
+            f"--storage.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--cluster.listen-address=",  # alone: no gossip with peers
+        )
+        log = open(tmp_path / "alertmanager.log", "wb")
+        started.append((subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT), log))
+        url = f"http://127.0.0.1:{port}"
+
+        def ready():
+            try:
+                with urllib.request.urlopen(url + "/-/ready", timeout=5) as answer:
+                    return answer.status == 200
+            except OSError:
+                return started[0][0].poll() is not None and pytest.fail((tmp_path / "alertmanager.log").read_text())
+
+        wait_for(ready, 30, 0.2, "Alertmanager ready")
+        return url
+
+    yield start
+    for proc, log in started:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(10)
+        log.close()
+
+
+def register(name: str) -> None:
+    registration = {
+        "name": name,
+        "session": uuid.uuid4().hex,
+        "address": "http://127.0.0.1:9",
+        "rack": "rack-a",
+        "model": "Qwen3-32B",
+        "gpu": "H100-SXM",
+        "tp": 1,
+        "pid": 1,
+        "host": "gpu-host-9",
+        "gpus": [{"index": 0, "uuid": f"GPU-{name}", "name": "H100", "memory_bytes": 80 * 10**9}],
+    }
+    nodes.transition_node(nodes.register_node(Registration.parse(registration)), "serving", "test")
+
+
+def posted(name: str, severity: str, model: str, ends: dt.datetime | None = None, **labels) -> dict:
+    """An alert as Prometheus posts it to Alertmanager's API (v2)."""
+    alert = {
+        "labels": {"alertname": name, "severity": severity, "model": model, **labels},
+        "annotations": {"summary": f"{name} on {model}", "runbook_url": f"http://console.test/runbooks/{name}/"},
+        "startsAt": "2026-12-07T03:00:00Z",
+        "generatorURL": "http://prometheus.test/graph",
+    }
+    if ends is not None:
+        alert["endsAt"] = ends.isoformat().replace("+00:00", "Z")
+    return alert
+
+
+def test_a_page_reaches_lifeline_on_call_and_pagerduty_a_ticket_slack_and_the_resolution_all_of_them(
+    live_server, cast, outside, alertmanager, tmp_path
+):
+    stand_in, received = outside
+    _, token = ApiToken.issue(cast["operator"], "alertmanager")
+    register("am-node-1")
+    url = alertmanager(local_config(tmp_path, live_server.url, stand_in, token))
+    page = posted("LifelineCanaryMismatch", "page", "Qwen3-32B", node="am-node-1", check="logprob")
+    ticket = posted("LifelineDegraded", "ticket", "Llama-3.1-8B")
+    assert http_json(url + "/api/v2/alerts", data=[page, ticket])[0] == 200
+
+    def taken():
+        return Alert.objects.count() == 2 and received.get("/v2/enqueue") and received.get("/slack/serving")
+
+    wait_for(taken, 30, 0.2, "both alerts at Lifeline, the page at PagerDuty, the ticket at Slack")
+    paged = Alert.objects.select_related("incident", "node").get(name="LifelineCanaryMismatch")
+    assert paged.node.name == "am-node-1" and paged.incident.severity == IncidentSeverity.SEV2
+    assert paged.incident.status == IncidentStatus.ACTIVE and paged.group_key.endswith('model="Qwen3-32B"}')
+    assert Notification.objects.filter(kind="alert", url=f"/incidents/{paged.incident_id}/").exists()
+    ticketed = Alert.objects.get(name="LifelineDegraded")
+    assert ticketed.incident_id != paged.incident_id and ticketed.node is None  # another group, no node
+    [trigger] = received["/v2/enqueue"]
+    assert trigger["routing_key"] == "routing-serving" and trigger["event_action"] == "trigger"
+    assert trigger["payload"]["summary"] == "LifelineCanaryMismatch on Qwen3-32B"
+    assert trigger["links"][0]["href"] == "http://console.test/runbooks/LifelineCanaryMismatch/"
+    [chat] = received["/slack/serving"]
+    assert chat["channel"] == "#serving-alerts" and chat["attachments"][0]["title"] == "LifelineDegraded (firing)"
+
+    # The page resolves in Prometheus: Alertmanager tells Lifeline and PagerDuty.
+    ended = dt.datetime.now(dt.UTC).replace(microsecond=0)
+    resolved = posted("LifelineCanaryMismatch", "page", "Qwen3-32B", ended, node="am-node-1", check="logprob")
+    assert http_json(url + "/api/v2/alerts", data=[resolved])[0] == 200
+
+    def stable():
+        paged.incident.refresh_from_db()
+        return paged.incident.status == IncidentStatus.STABLE and len(received["/v2/enqueue"]) == 2
+
+    wait_for(stable, 30, 0.2, "the page's incident Stable and PagerDuty's resolved")
+    assert received["/v2/enqueue"][1]["event_action"] == "resolve"
+    assert Alert.objects.get(pk=paged.pk).status == "resolved"
+    assert Alert.objects.get(pk=ticketed.pk).incident.status == IncidentStatus.ACTIVE  # the ticket still fires
