@@ -332,12 +332,19 @@ def suite_time() -> str:
         )
     best = min(r["total_s"] for r in at if r["label"] == "clean")
     goal = "met" if max(r["total_s"] for r in at if r["label"] == "clean") < 15 * 60 else "not met"
+    fastest = min((r for r in runs if r["label"] == "clean"), key=lambda r: r["total_s"])
+    if fastest["commit"] != commit:
+        best_said = (
+            f"{_minutes(best)} here; the fastest recorded, {_minutes(fastest['total_s'])} at `{fastest['commit'][:7]}`"
+        )
+    else:
+        best_said = _minutes(best)
     return (
         f"The suite has {sum(tests.values()):,} tests ({tests['parallel']:,} in the parallel phase, "
         f"{tests['process']:,} in the process phase). Measured on {at[0]['began'][:10]} on this "
         f"{at[0]['host']['cores']}-core machine, `.ci/run` from a fresh clone of `{commit[:7]}` (its first install "
         f"included) on PostgreSQL and Redis, the engine caches warm: " + "; ".join(shown) + f". Under 15 minutes: "
-        f"{goal} (the fastest clean run {_minutes(best)}). Source: `benchmarks/results/suite_time.json` "
+        f"{goal} (the fastest clean run {best_said}). Source: `benchmarks/results/suite_time.json` "
         f"(`python -m benchmarks.suite_time`)."
     )
 

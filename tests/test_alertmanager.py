@@ -1,9 +1,9 @@
-"""The Alertmanager configuration Lifeline ships (prometheus/alertmanager.yml), checked by amtool and run for real
-(issue 48): Debian's Alertmanager, with that configuration (only its addresses and secret files made local), takes
-a page and a ticket as Prometheus posts them; the page reaches Lifeline's receiver (an incident on the node it
-names, on-call told) and PagerDuty's Events API v2, the ticket Lifeline and Slack; and when the page resolves, the
-incident is Stable and PagerDuty's incident resolved. PagerDuty and Slack are stand-ins here that record what they
-receive, in their documented shapes."""
+"""The Alertmanager configuration Lifeline ships (prometheus/alertmanager/alertmanager.yml), checked by amtool and
+run for real (issue 48): Debian's Alertmanager, with that configuration (only its addresses and secret files made
+local), takes a page and a ticket as Prometheus posts them; the page reaches Lifeline's receiver (an incident on
+the node it names, on-call told) and PagerDuty's Events API v2, the ticket Lifeline and Slack; and when the page
+resolves, the incident is Stable and PagerDuty's incident resolved. PagerDuty and Slack are stand-ins here that
+record what they receive, in their documented shapes."""
 
 import datetime as dt
 import json
@@ -26,7 +26,7 @@ from recovery.choices import IncidentSeverity, IncidentStatus
 from recovery.models import Alert, Notification
 from workers.protocol import Registration
 
-CONFIG = BASE_DIR / "prometheus" / "alertmanager.yml"
+CONFIG = BASE_DIR / "prometheus" / "alertmanager" / "alertmanager.yml"
 
 
 def routes(*labels: str) -> str:
