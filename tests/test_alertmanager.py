@@ -11,7 +11,6 @@ import signal
 import subprocess
 import threading
 import urllib.request
-import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -21,10 +20,9 @@ from console.models import ApiToken
 from console.stack import BASE_DIR, free_port
 from harness import alertmanager as am
 from harness.processes import http_json, wait_for
-from recovery.actions import nodes
 from recovery.choices import IncidentSeverity, IncidentStatus
 from recovery.models import Alert, Notification
-from workers.protocol import Registration
+from tests.recovery.test_alerts import register
 
 CONFIG = BASE_DIR / "prometheus" / "alertmanager" / "alertmanager.yml"
 
@@ -129,22 +127,6 @@ def alertmanager(tmp_path):
         log.close()
 
 
-def register(name: str) -> None:
-    registration = {
-        "name": name,
-        "session": uuid.uuid4().hex,
-        "address": "http://127.0.0.1:9",
-        "rack": "rack-a",
-        "model": "Qwen3-32B",
-        "gpu": "H100-SXM",
-        "tp": 1,
-        "pid": 1,
-        "host": "gpu-host-9",
-        "gpus": [{"index": 0, "uuid": f"GPU-{name}", "name": "H100", "memory_bytes": 80 * 10**9}],
-    }
-    nodes.transition_node(nodes.register_node(Registration.parse(registration)), "serving", "test")
-
-
 def posted(name: str, severity: str, model: str, ends: dt.datetime | None = None, **labels) -> dict:
     """An alert as Prometheus posts it to Alertmanager's API (v2)."""
     alert = {
@@ -163,7 +145,7 @@ def test_a_page_reaches_lifeline_on_call_and_pagerduty_a_ticket_slack_and_the_re
 ):
     stand_in, received = outside
     _, token = ApiToken.issue(cast["operator"], "alertmanager")
-    register("am-node-1")
+    register("am-node-1", "gpu-host-9")
     url = alertmanager(local_config(tmp_path, live_server.url, stand_in, token))
     page = posted("LifelineCanaryMismatch", "page", "Qwen3-32B", node="am-node-1", check="logprob")
     ticket = posted("LifelineDegraded", "ticket", "Llama-3.1-8B")
