@@ -176,8 +176,19 @@ CHECKPOINTS_KEPT = 120  # checkpoint holdings per node: two minutes at one heart
 
 
 def heartbeat(
-    name: str, now: float, model_state: str, load: dict, checkpoints: dict | None = None, gpus: list | None = None
+    name: str,
+    now: float,
+    model_state: str,
+    load: dict,
+    checkpoints: dict | None = None,
+    gpus: list | None = None,
+    taken: float | None = None,
 ) -> None:
+    """A node's beat, sent at `now`; taken in at `taken` (now, unless said). The control plane's hearing is judged by
+    when beats are taken in: a web process just restarted takes a backlog of beats in at once, each sent within an
+    interval of the one before, and judged by when they were sent no gap showed, so no node's allowance ran from the
+    end of the deafness (a chaos run on 2026-12-07 marked two nodes DOWN so, 6 s into a deafness the sweep had seen)."""
+    taken = time.time() if taken is None else taken
     pipe = client().pipeline()
     fields = {"last_seen": now, "model_state": model_state, "checkpoints": json.dumps(checkpoints or {})}
     fields.update({f: load[f] for f in LOAD_FIELDS if f in load})
@@ -188,8 +199,8 @@ def heartbeat(
         pipe.ltrim(keys().telemetry(name), 0, TELEMETRY_KEPT - 1)
     pipe.lpush(keys().checkpoint_history(name), json.dumps({"at": now, "checkpoints": checkpoints or {}}))
     pipe.ltrim(keys().checkpoint_history(name), 0, CHECKPOINTS_KEPT - 1)
-    pipe.getset(keys().heartbeats_ingested, now)
-    _heard_after(pipe.execute()[-1], now)
+    pipe.getset(keys().heartbeats_ingested, taken)
+    _heard_after(pipe.execute()[-1], taken)
 
 
 def _heard_after(previous: str | None, now: float) -> None:

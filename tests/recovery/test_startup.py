@@ -207,7 +207,8 @@ def test_beat_restarting_alone_while_the_fleet_is_heard_is_not_a_start_and_a_nod
 
 def test_beat_starting_after_the_fleet_went_unheard_longer_than_the_deaf_allowance_is_a_start(commit, tokens, settings):
     settings.LIFELINE_HEARTBEAT_DEAF_MAX_S = 5
-    hot.heartbeat("su-k", time.time() - 6, "serving", {})  # the last beat taken in: 6 s ago, the web process away
+    six_ago = time.time() - 6
+    hot.heartbeat("su-k", six_ago, "serving", {}, taken=six_ago)  # the last beat taken in: 6 s ago, the web away
     before = timezone.now()
     assert capacity.beat_started() is not None
     assert Cluster.default().control_plane_started_at >= before

@@ -74,7 +74,8 @@ def serving_node(name: str, rack: str = "rack-a") -> Node:
 
 
 def beat(name: str, at: float) -> None:
-    hot.heartbeat(name, at, "serving", {"running": 1, "waiting": 0})
+    """A beat sent and taken in at `at`."""
+    hot.heartbeat(name, at, "serving", {"running": 1, "waiting": 0}, taken=at)
 
 
 def forget_heartbeat_history() -> None:
@@ -130,6 +131,22 @@ def test_after_a_deafness_the_allowance_runs_from_when_beats_are_taken_in_not_fr
     beat("node-a", now - 3.2)  # its request began 3.2 s ago; taken in only now
     assert hot.heartbeats_resumed_at() >= now
     assert nodes.mark_silent_nodes_down() == []  # node-b's beat may wait in the same queue
+    assert Node.objects.get(name="node-b").state == NodeState.SERVING
+
+
+@pytest.mark.django_db
+def test_a_backlog_of_beats_taken_in_at_once_after_a_deafness_gives_every_node_its_allowance(namespace, settings):
+    """The chaos runs at 56d49ac and 829d875 (2026-12-07): after a web restart and an empty Redis, the new web
+    process took in at once beats sent over the seconds before, each within an interval of the one before: judged
+    by when they were sent, no gap showed, no resumption was marked, and the nodes whose beats were still on their
+    way were marked DOWN 6 s into a deafness the sweep had logged."""
+    settings.LIFELINE_HEARTBEAT_MISS_S = 3.0
+    settings.LIFELINE_HEARTBEAT_INTERVAL_S = 1.0
+    now = last_heard(6.0)
+    for ago in (4.8, 3.6, 2.4, 1.2, 0.1):  # node-a's backlog, sent 1.2 s apart, all taken in now
+        hot.heartbeat("node-a", now - ago, "serving", {"running": 1, "waiting": 0})
+    assert hot.heartbeats_resumed_at() >= now
+    assert nodes.mark_silent_nodes_down() == []  # node-b's beats may be in the same backlog
     assert Node.objects.get(name="node-b").state == NodeState.SERVING
 
 
