@@ -204,14 +204,11 @@ def heartbeat(
 
 
 def _heard_after(previous: str | None, now: float) -> None:
-    """A node was heard at `now` (a beat, a registration: when its request began), the one before at `previous`:
-    after a gap no listening control plane has, its deafness ended, and each node's allowance runs from when this
-    was taken in (heartbeats_resumed_at): not from `now`, since a web process just restarted can take beats in
-    seconds after they came, and the other nodes' beats may still wait in it (a chaos run on 2026-12-07 marked
-    three nodes DOWN 3 s after a resumption stamped with a beat's start, their own beats still on their way in).
-    (None: the first Redis holds; every silence it can measure starts after it anyway.)"""
+    """A node was heard, taken in at `now` (a beat, a registration), the one before at `previous`: after a gap no
+    listening control plane has, its deafness ended now, and each node's allowance runs from here
+    (heartbeats_resumed_at). (None: the first Redis holds; every silence it can measure starts after it anyway.)"""
     if previous is not None and now - float(previous) > deaf_after_s():
-        client().set(keys().heartbeats_resumed, max(now, time.time()), ex=RESUMED_KEPT_S)
+        client().set(keys().heartbeats_resumed, now, ex=RESUMED_KEPT_S)
 
 
 def deaf_after_s() -> float:

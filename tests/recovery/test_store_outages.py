@@ -128,7 +128,7 @@ def test_after_a_deafness_the_allowance_runs_from_when_beats_are_taken_in_not_fr
     settings.LIFELINE_HEARTBEAT_MISS_S = 3.0
     settings.LIFELINE_HEARTBEAT_INTERVAL_S = 1.0
     now = last_heard(6.0)
-    beat("node-a", now - 3.2)  # its request began 3.2 s ago; taken in only now
+    hot.heartbeat("node-a", now - 3.2, "serving", {"running": 1, "waiting": 0})  # sent 3.2 s ago, taken in now
     assert hot.heartbeats_resumed_at() >= now
     assert nodes.mark_silent_nodes_down() == []  # node-b's beat may wait in the same queue
     assert Node.objects.get(name="node-b").state == NodeState.SERVING
