@@ -340,16 +340,19 @@ class Soak:
             pass
 
     def holder_pair(self, spared: set[str] = frozenset()) -> list[str]:
-        """A node serving a request and that request's first checkpoint holder, from a gateway's in-flight table;
-        a pair without a `spared` node where there is one."""
+        """A node serving a request and that request's first checkpoint holder, from a gateway's in-flight table,
+        neither of them `spared`; two serving nodes not spared where no such pair is in flight. (A pair with a
+        spared node was once taken when every pair in flight had one: the corrupt node, serving several streams,
+        died before its drain and the sdc fault went unjudged.)"""
         client = redis.Redis.from_url(self.redis_url, decode_responses=True, socket_timeout=2)
         pairs = []
         for gateway in ("gateway-1", "gateway-2"):
             for raw in client.hgetall(Keys(self.namespace).gateway_inflight(gateway)).values():
                 flight = json.loads(raw)
                 if flight.get("node") and flight.get("holders"):
-                    pairs.append([flight["node"], flight["holders"][0]])
-        pairs.sort(key=lambda pair: bool(spared & set(pair)))
+                    pair = [flight["node"], flight["holders"][0]]
+                    if not spared & set(pair):
+                        pairs.append(pair)
         if pairs:
             return pairs[0]
         serving = self.serving_nodes()

@@ -16,6 +16,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -60,14 +61,59 @@ def parse(log: str) -> dict:
     }
 
 
-def run_suite(commit: str, hog: bool) -> tuple[str, float]:
-    """`.ci/run` from a fresh clone of `commit` under `time`; its log. With `hog`, a process spins on one core."""
+def cpu_times() -> tuple[float, float]:
+    """The machine's busy and total CPU time so far (/proc/stat's first line, in clock ticks)."""
+    fields = [float(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle and iowait
+    return sum(fields) - idle, sum(fields)
+
+
+class CpuSampler(threading.Thread):
+    """The machine's CPU busy fraction, every `every_s` seconds through a run: whether a phase was bound by the
+    cores or by waiting (timeouts, sleeps, I/O) says which cut can shorten it."""
+
+    def __init__(self, every_s: float = 5.0):
+        super().__init__(daemon=True)
+        self.every_s, self.samples, self.halt = every_s, [], threading.Event()
+
+    def run(self) -> None:
+        start = time.monotonic()
+        last = cpu_times()
+        while not self.halt.wait(self.every_s):
+            current = cpu_times()
+            busy, total = current[0] - last[0], current[1] - last[1]
+            self.samples.append((round(time.monotonic() - start, 1), round(busy / total, 3) if total else 0.0))
+            last = current
+
+    def busy(self, since_s: float | None = None, until_s: float | None = None) -> float | None:
+        """The mean busy fraction of the samples taken within [since_s, until_s] seconds of the start."""
+        kept = [b for t, b in self.samples if (since_s is None or t >= since_s) and (until_s is None or t <= until_s)]
+        return round(sum(kept) / len(kept), 3) if kept else None
+
+
+def cpu_by_phase(sampler: CpuSampler, run: dict) -> dict:
+    """Mean CPU busy per phase: the parallel phase runs first, the process phase is the last of the run (the
+    engine preparation and the wait for it follow it only on a cold machine)."""
+    total, process = run["total_s"], run["phases"]["process"]["seconds"]
+    return {
+        "every_s": sampler.every_s,
+        "whole_run": sampler.busy(),
+        "process_phase": sampler.busy(since_s=total - process, until_s=total),
+        "parallel_phase": sampler.busy(until_s=run["phases"]["parallel"]["seconds"]),
+    }
+
+
+def run_suite(commit: str, hog: bool, sampler: CpuSampler | None = None) -> tuple[str, float]:
+    """`.ci/run` from a fresh clone of `commit` under `time`; its log. With `hog`, a process spins on one core;
+    with `sampler`, the machine's CPU use is sampled through the run."""
     with tempfile.TemporaryDirectory(prefix="lifeline-suite-") as work:
         clone = Path(work) / "lifeline"
         subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
         subprocess.run(["git", "checkout", "-q", commit], cwd=clone, check=True)
         spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if hog else None
         started = time.monotonic()
+        if sampler is not None:
+            sampler.start()
         try:
             env = {**os.environ, "CI": "true", "PYTEST_ADDOPTS": "--durations=30"}
             done = subprocess.run(
@@ -76,6 +122,8 @@ def run_suite(commit: str, hog: bool) -> tuple[str, float]:
         finally:
             if spinner is not None:
                 spinner.kill()
+            if sampler is not None:
+                sampler.halt.set()
         return done.stdout + done.stderr, time.monotonic() - started
 
 
@@ -93,10 +141,12 @@ def main(argv=None) -> int:
         ["git", "rev-parse", args.commit or "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout.strip()
     began = args.started or datetime.now(UTC).isoformat(timespec="seconds")
+    sampler = None
     if args.from_log:
         log = args.from_log.read_text()
     else:
-        log, _ = run_suite(commit, args.hog)
+        sampler = CpuSampler()
+        log, _ = run_suite(commit, args.hog, sampler)
         kept = ROOT / "var" / f"suite-time-{args.label}-{began.replace(':', '')}.log"
         kept.parent.mkdir(exist_ok=True)
         kept.write_text(log)
@@ -106,6 +156,8 @@ def main(argv=None) -> int:
     if args.note:
         entry["note"] = args.note
     entry.update(parse(log))
+    if sampler is not None and sampler.samples:
+        entry["cpu_busy"] = cpu_by_phase(sampler, entry)  # the hog's own core is counted busy
     if not args.from_log:
         entry["command"] = provenance.command_line(sys.argv)
     data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"runs": []}

@@ -4,6 +4,8 @@ leaves a corrupt node whose drain is not raised yet alone while another can be b
 on the run's PostgreSQL with the few columns the soak reads, as the stack's database would hold them, read through
 psql as the soak reads it."""
 
+import json
+import os
 import time
 
 import psycopg
@@ -164,3 +166,20 @@ def test_a_node_fault_goes_to_a_listed_node_that_takes_it_when_the_first_choice_
     down = {"node-04", "node-05", "node-06"}
     with pytest.raises(RuntimeError, match="no node took the nvlink_down fault: .*node-04.*Connection refused"):
         soak.agent_fault_on_one(["node-04", "node-05", "node-06"], "nvlink_down")
+
+
+def test_node_and_holder_never_takes_a_pair_with_the_corrupt_node_in_it(redis_keys):
+    """Every pair in flight has the undrained corrupt node in it (it serves several streams, or holds their
+    checkpoints): the fault takes two other serving nodes, not the corrupt one, so its sdc is still judged by its
+    drain (a loaded run on 2026-12-07 lost the sdc's drain rows to such a pair)."""
+    client, keys = redis_keys
+    soak = Soak.__new__(Soak)  # only the choice of victims: no stack
+    soak.redis_url, soak.namespace = os.environ["REDIS_URL"], keys.namespace
+    soak.serving_nodes = lambda: ["node-01", "node-02", "node-03", "node-04"]
+    flights = {"r1": {"node": "node-02", "holders": ["node-01"]}, "r2": {"node": "node-03", "holders": ["node-02"]}}
+    for request, flight in flights.items():
+        client.hset(keys.gateway_inflight("gateway-1"), request, json.dumps(flight))
+    assert soak.holder_pair({"node-02"}) == ["node-01", "node-03"]
+    assert soak.holder_pair(set()) in (["node-02", "node-01"], ["node-03", "node-02"])  # a pair in flight
+    client.hset(keys.gateway_inflight("gateway-2"), "r3", json.dumps({"node": "node-04", "holders": ["node-03"]}))
+    assert soak.holder_pair({"node-02"}) == ["node-04", "node-03"]

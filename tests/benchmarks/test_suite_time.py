@@ -59,3 +59,18 @@ def test_the_readmes_block_says_the_latest_clean_runs_and_whether_the_goal_is_me
     assert "**14.7, 15.3 minutes**" in text and "2 of 2 green" in text and "`bbbbbbb`" in text
     assert "Under 15 minutes: not met (the fastest clean run 14.7)" in text  # every clean run must be under
     assert "at `aaaaaaa`: 25.0 minutes" in text
+
+
+def test_the_cpu_samples_are_split_into_the_runs_phases():
+    """The process phase is the run's last stretch: its mean busy fraction is of the samples taken in it."""
+    sampler = suite_time.CpuSampler(every_s=5)
+    sampler.samples = [(5.0, 1.0), (10.0, 0.9), (15.0, 0.4), (20.0, 0.5), (25.0, 0.6)]
+    run = {"total_s": 25.0, "phases": {"parallel": {"seconds": 10.0}, "process": {"seconds": 12.0}}}
+    assert suite_time.cpu_by_phase(sampler, run) == {
+        "every_s": 5,
+        "whole_run": 0.68,
+        "process_phase": 0.5,
+        "parallel_phase": 0.95,
+    }
+    busy, total = suite_time.cpu_times()
+    assert 0 < busy < total  # /proc/stat read: some of this machine's time was idle, some not

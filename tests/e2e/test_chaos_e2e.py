@@ -34,5 +34,7 @@ def test_every_fault_kind_at_once_breaks_no_invariant(tmp_path):
     assert report["streams_checked"] >= 100 and report["tokens_checked"] >= 5_000, detail
     assert report["tokens_lost"] == 0 and report["tokens_repeated_or_wrong"] == 0 and report["requests_lost"] == 0
     assert report["streams_resumed_on_another_gateway"] >= 1, detail  # the killed gateway's clients carried on
-    assert report["rows_counted"]["node transitions"] >= 1 and report["rows_counted"]["drain steps"] >= 1, detail
+    # A key is missing where no fault needed the row (a corrupt node killed before its drain is excused): still a fail.
+    rows = report["rows_counted"]
+    assert rows.get("node transitions", 0) >= 1 and rows.get("drain steps", 0) >= 1, detail
     assert report["converged_after_last_fault_s"] is not None, detail
