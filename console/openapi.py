@@ -404,6 +404,27 @@ def document() -> dict:
                 {"200": _json(INCIDENT_DETAIL, "The incident."), "404": _error("No such incident."), **NOT_ALLOWED},
             ),
         },
+        "/api/prometheus/targets": {
+            "get": _operation(
+                "Prometheus's HTTP service discovery (http_sd_configs) of the nodes: a target group per node that has "
+                "not left the fleet, its agent's address (it serves /metrics) and its labels.",
+                {
+                    "200": _json(
+                        _array(
+                            _obj(
+                                {
+                                    "targets": _array({"type": "string"}),
+                                    "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                                },
+                                ["targets", "labels"],
+                            )
+                        ),
+                        "The target groups, one per node.",
+                    ),
+                    **NOT_ALLOWED,
+                },
+            )
+        },
         "/api/alerts/alertmanager": {
             "post": _operation(
                 "Alertmanager's webhook receiver (operator, on-call token): a group's alerts open or join an incident, "

@@ -103,6 +103,7 @@ urlpatterns = [
     path("api/schema", schema.api_schema, name="api-schema"),
     path("healthz", cluster.healthz, name="healthz"),
     path("metrics", cluster.metrics, name="metrics"),
+    path("api/prometheus/targets", cluster.api_prometheus_targets, name="api-prometheus-targets"),
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),

@@ -156,6 +156,7 @@ MATRIX: dict[str, dict[str, dict]] = {
     "api-schema": {"GET": everyone(200)},
     "healthz": {"GET": everyone(200), "POST": everyone(200)},
     "metrics": {"GET": api(), "POST": api()},
+    "api-prometheus-targets": {"GET": api(), "POST": api(405)},
     # A session is sent on to the console; everyone else gets the form (an empty POST: the form with its errors).
     "login": {
         "GET": _others(200, operator=302, oncall=302, manager=302, admin=302),

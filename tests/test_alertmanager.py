@@ -6,25 +6,18 @@ resolves, the incident is Stable and PagerDuty's incident resolved. PagerDuty an
 record what they receive, in their documented shapes."""
 
 import datetime as dt
-import json
-import signal
 import subprocess
-import threading
-import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-import yaml
 
 from console.models import ApiToken
-from console.stack import BASE_DIR, free_port
 from harness import alertmanager as am
 from harness.processes import http_json, wait_for
 from recovery.choices import IncidentSeverity, IncidentStatus
 from recovery.models import Alert, Notification
 from tests.recovery.test_alerts import register
 
-CONFIG = BASE_DIR / "prometheus" / "alertmanager" / "alertmanager.yml"
+CONFIG = am.CONFIG
 
 
 def routes(*labels: str) -> str:
@@ -42,53 +35,11 @@ def test_the_shipped_configuration_is_valid_and_routes_pages_tickets_and_moe_mod
     assert routes("alertname=DCGMXidErrors", "Hostname=dgx-07") == "lifeline"
 
 
-class Recorder(BaseHTTPRequestHandler):
-    """PagerDuty's and Slack's side: what each was sent, by path."""
-
-    received: dict[str, list] = {}
-
-    def do_POST(self):  # noqa: N802 - http.server's name
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        self.received.setdefault(self.path, []).append(body)
-        answer = b'{"status": "success", "dedup_key": "x"}' if self.path.startswith("/v2") else b"ok"
-        self.send_response(202 if self.path.startswith("/v2") else 200)
-        self.send_header("Content-Length", str(len(answer)))
-        self.end_headers()
-        self.wfile.write(answer)
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture
 def outside():
     """The stand-ins for PagerDuty and Slack, on one local server."""
-    Recorder.received = {}
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_port}", Recorder.received
-    server.shutdown()
-
-
-def local_config(tmp_path, console: str, outside: str, token: str) -> dict:
-    """The shipped configuration with its addresses and secret files made local, and its waits made short."""
-    config = yaml.safe_load(CONFIG.read_text())
-    secrets = {"lifeline-token": token, "pagerduty-serving": "routing-serving", "pagerduty-moe": "routing-moe"}
-    secrets["slack-serving"] = f"{outside}/slack/serving"
-    for name, value in secrets.items():
-        (tmp_path / name).write_text(value)
-    config["route"].update(group_wait="1s", group_interval="1s")
-    for receiver in config["receivers"]:
-        for hook in receiver.get("webhook_configs", []):
-            hook["url"] = console + "/api/alerts/alertmanager"
-            auth = hook["http_config"]["authorization"]
-            auth["credentials_file"] = str(tmp_path / "lifeline-token")
-        for pager in receiver.get("pagerduty_configs", []):
-            pager["routing_key_file"] = str(tmp_path / pager["routing_key_file"].rsplit("/", 1)[1])
-            pager["url"] = outside + "/v2/enqueue"
-        for chat in receiver.get("slack_configs", []):
-            chat["api_url_file"] = str(tmp_path / chat["api_url_file"].rsplit("/", 1)[1])
-    return config
+    with am.StandIns() as stand_ins:
+        yield stand_ins.url, stand_ins.received
 
 
 @pytest.fixture
@@ -97,34 +48,12 @@ def alertmanager(tmp_path):
     started = []
 
     def start(config: dict) -> str:
-        path = tmp_path / "alertmanager.yml"
-        path.write_text(yaml.safe_dump(config, sort_keys=False))
-        port = free_port()
-        argv = am.server_argv(
-            f"--config.file={path}",
-            f"--storage.path={tmp_path / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--cluster.listen-address=",  # alone: no gossip with peers
-        )
-        log = open(tmp_path / "alertmanager.log", "wb")
-        started.append((subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT), log))
-        url = f"http://127.0.0.1:{port}"
-
-        def ready():
-            try:
-                with urllib.request.urlopen(url + "/-/ready", timeout=5) as answer:
-                    return answer.status == 200
-            except OSError:
-                return started[0][0].poll() is not None and pytest.fail((tmp_path / "alertmanager.log").read_text())
-
-        wait_for(ready, 30, 0.2, "Alertmanager ready")
-        return url
+        started.append(am.start(tmp_path, config))
+        return started[-1].url
 
     yield start
-    for proc, log in started:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(10)
-        log.close()
+    for server in started:
+        server.stop()
 
 
 def posted(name: str, severity: str, model: str, ends: dt.datetime | None = None, **labels) -> dict:
@@ -146,7 +75,7 @@ def test_a_page_reaches_lifeline_on_call_and_pagerduty_a_ticket_slack_and_the_re
     stand_in, received = outside
     _, token = ApiToken.issue(cast["operator"], "alertmanager")
     register("am-node-1", "gpu-host-9")
-    url = alertmanager(local_config(tmp_path, live_server.url, stand_in, token))
+    url = alertmanager(am.local_config(tmp_path, live_server.url, stand_in, token))
     page = posted("LifelineCanaryMismatch", "page", "Qwen3-32B", node="am-node-1", check="logprob")
     ticket = posted("LifelineDegraded", "ticket", "Llama-3.1-8B")
     assert http_json(url + "/api/v2/alerts", data=[page, ticket])[0] == 200

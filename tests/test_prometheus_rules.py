@@ -55,6 +55,17 @@ def test_promtool_finds_the_rules_valid():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_the_shipped_prometheus_configuration_is_valid_and_scrapes_the_jobs_the_rules_read():
+    """prometheus/server/prometheus.yml (run for real in the operations e2e): promtool finds it valid (its syntax: the
+    secret files it names live on the Prometheus host), and its jobs are those the rules' `job` matchers name."""
+    config = RULES / "server" / "prometheus.yml"
+    result = promtool.run("check", "config", "--syntax-only", str(config), cwd=RULES)
+    assert result.returncode == 0, result.stdout + result.stderr
+    jobs = {job["job_name"] for job in yaml.safe_load(config.read_text())["scrape_configs"]}
+    assert jobs == {"lifeline-control-plane", "lifeline-gateway", "lifeline-node"}
+    assert config not in RULE_FILES  # its folder keeps it out of the rule files' glob
+
+
 def test_promtools_unit_tests_pass():
     result = promtool.run("test", "rules", *[p.name for p in UNIT_TESTS], cwd=RULES / "tests")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -333,3 +344,21 @@ def test_the_consoles_burn_rates_equal_promtools_on_the_same_requests(tmp_path):
     figures = slo_accuracy.compare(minutes=125, seed=3, workdir=tmp_path)
     for window, f in figures["windows"].items():
         assert f["console"] > 1 and f["console"] == pytest.approx(f["promtool"], rel=1e-9), (window, f)
+
+
+def test_every_answer_a_rule_counts_is_exported_at_zero_for_each_tier_of_a_model_served_before_any_request():
+    """Prometheus's rate() starts a series at its first sample: a shed series born with a burst of sheds, scraped
+    once, counts none of them (a real Prometheus in the operations e2e read an error ratio of 0 so). The gateway's
+    /metrics makes them present at 0 for the models it serves."""
+    registry = CollectorRegistry()
+    metrics = GatewayMetrics(registry)
+    metrics.served({"Qwen3-32B"})
+    text = generate_latest(registry).decode()
+    for tier in ("premium", "standard", "best_effort"):
+        for status, code in (("ok", 200), ("error", 500), ("shed", 429), ("shed", 503)):
+            line = f'lifeline_gateway_requests_total{{code="{code}",model="Qwen3-32B",status="{status}",tier="{tier}"}}'
+            assert f"{line} 0.0" in text, line
+        assert f'lifeline_tokens_lost_total{{model="Qwen3-32B",tier="{tier}"}} 0.0' in text
+    metrics.answered("shed", "best_effort", 429, "Qwen3-32B")
+    metrics.served({"Qwen3-32B"})  # again, at the next scrape: what was counted stays
+    assert 'code="429",model="Qwen3-32B",status="shed",tier="best_effort"} 1.0' in generate_latest(registry).decode()

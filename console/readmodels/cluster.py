@@ -8,6 +8,7 @@ import datetime as dt
 import logging
 import time
 from collections import Counter
+from urllib.parse import urlsplit
 
 import redis
 from django.conf import settings
@@ -541,3 +542,26 @@ def traffic_series(minutes: int = 15, now: float | None = None) -> dict:
         "requests": len(rows),
         "truncated": len(rows) == SERIES_MAX_ROWS,
     }
+
+
+def scrape_targets() -> list[dict]:
+    """Prometheus's HTTP service discovery (http_sd_configs): one target group per node that has not left, its
+    agent's address (which serves /metrics) and the labels an operator filters by. A node that is DOWN stays listed,
+    so Prometheus's `up` says so; one that LEFT the fleet is dropped."""
+    groups = []
+    for node in Node.objects.exclude(state=NodeState.LEFT).select_related("rack").order_by("name"):
+        address = urlsplit(node.address)
+        if not address.hostname or not address.port:
+            continue  # registered without a reachable agent address: nothing to scrape
+        labels = {
+            "__scheme__": address.scheme or "http",
+            "node": node.name,
+            "rack": node.rack.name,
+            "model": node.model_key,
+            "gpu": node.gpu_key,
+            "engine": node.engine,
+        }
+        if node.host:
+            labels["hostname"] = node.host
+        groups.append({"targets": [address.netloc], "labels": labels})
+    return groups

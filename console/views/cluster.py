@@ -58,6 +58,14 @@ def api_cluster(request):
 
 @api_view()
 @allow("GET")
+def api_prometheus_targets(request):
+    """Prometheus's HTTP service discovery of the nodes (prometheus/server/prometheus.yml's lifeline-node job): the
+    fleet as it is, so a node that joins is scraped without a change to Prometheus's configuration."""
+    return JsonResponse(cluster_model.scrape_targets(), safe=False)
+
+
+@api_view()
+@allow("GET")
 def api_cluster_series(request):
     """The cluster page's charts: per model and tier, TTFT and TPOT p50/p99, tokens/s, error and shed shares."""
     raw = request.GET.get("minutes", "15")

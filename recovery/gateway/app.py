@@ -12,6 +12,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -22,7 +23,7 @@ from recovery.gateway.coordinator import Coordinator, Flight
 from recovery.gateway.relay import ClientGone, Relay, Takeover, openai_error
 from recovery.gateway.signals import Signals
 from recovery.gateway.table import RoutingView, Tenant
-from recovery.policy import slo
+from recovery.policy import slo, slo_rules
 from workers import catalog
 from workers.aio import cancel
 from workers.openai_api import json_errors, read_json
@@ -58,6 +59,11 @@ TAKEOVER_WAIT_S = 3.0  # how long a resumed stream waits for this gateway to let
 
 
 NO_MODEL = "none"  # the model label of an answer given before the request named a model this cluster serves
+# The answers the SLO rules count (prometheus/slo.yml: ok, error, shed), by the codes they come with: made present at
+# 0 for every tier of every model served. Prometheus's rate() takes a series' first sample as its start: a series
+# born with the first shed request would not count it, and a burst of them scraped once not at all (found by a real
+# Prometheus in the suite: best effort shed 35 times, its 5-minute error ratio 0).
+COUNTED_ANSWERS = (("ok", 200), ("error", 200), ("error", 500), ("error", 502), ("shed", 429), ("shed", 503))
 
 
 class GatewayMetrics:
@@ -65,6 +71,7 @@ class GatewayMetrics:
     rollups' bounds (recovery.policy.slo), so every objective's threshold is a bucket bound there too."""
 
     def __init__(self, registry: CollectorRegistry):
+        self.zeroed: set[str] = set()  # the models whose counters are present (served())
         self.requests = Counter(
             "lifeline_gateway_requests",
             "Every answer the gateway gave, by outcome (ok, error, shed, rejected, client_gone), tier, HTTP status "
@@ -117,6 +124,16 @@ class GatewayMetrics:
 
     def answered(self, outcome: str, tier: str, code: int, model: str = NO_MODEL) -> None:
         self.requests.labels(outcome, tier, str(code), model).inc()
+
+    def served(self, models: Iterable[str]) -> None:
+        """Every counter a rule reads, present at 0 for each tier of `models` (COUNTED_ANSWERS), once per model."""
+        for model in set(models) - self.zeroed:
+            for tier in slo_rules.TIERS:
+                for outcome, code in COUNTED_ANSWERS:
+                    self.requests.labels(outcome, tier, str(code), model)
+                self.shed.labels(model, tier)
+                self.tokens_lost.labels(tier, model)
+            self.zeroed.add(model)
 
 
 def _authenticate(request: web.Request) -> Tenant | None:
@@ -416,6 +433,7 @@ async def healthz(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     gateway_metrics: GatewayMetrics = request.app[METRICS_KEY]
     gateway_metrics.in_flight.set(len(request.app[COORDINATOR_KEY].flights))
+    gateway_metrics.served(request.app[VIEW_KEY].served_models())
     return web.Response(
         body=generate_latest(request.app[REGISTRY_KEY]), headers={"Content-Type": "text/plain; version=0.0.4"}
     )
