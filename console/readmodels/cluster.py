@@ -558,7 +558,7 @@ def scrape_targets() -> list[dict]:
             "node": node.name,
             "rack": node.rack.name,
             "model": node.model_key,
-            "gpu": node.gpu_key,
+            "gpu_type": node.gpu_key,  # not `gpu`: DCGM's series name the GPU index so
             "engine": node.engine,
         }
         if node.host:

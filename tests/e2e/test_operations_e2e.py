@@ -27,6 +27,7 @@ import time
 import openai
 import pytest
 
+from console import dashboards
 from harness import alertmanager as am
 from harness import prometheus as prom
 from harness.processes import demo
@@ -394,6 +395,7 @@ GOOD = 120
 # page (14.4× over 1h and 5m, or 6× over 6h and 30m) resolves after a few hundred answered again.
 SHED = 35
 BURN = "LifelineAvailabilityBudgetBurnPage"
+DASHBOARDS = dashboards.FOLDER  # the committed JSON, as Grafana would load it
 
 
 @pytest.fixture
@@ -460,6 +462,7 @@ def test_shedding_best_effort_burns_its_budget_and_pages(browser, ops_stack, wat
     except AssertionError as exc:
         raise AssertionError(f"{exc}; up: {seen}; Prometheus's log: {prometheus.log()}") from None
     assert prom.firing(prometheus, BURN) == []
+    watched_since = time.time()
 
     # Served: the objective counts the requests.
     assert [complete() for _ in range(GOOD)] == [200] * GOOD
@@ -595,6 +598,16 @@ def test_shedding_best_effort_burns_its_budget_and_pages(browser, ops_stack, wat
     closed = wait_for(stable, 30, 0.5, f"incident {incident['id']} Stable")
     statuses = [e["details"]["status"] for e in closed["events"] if e["kind"] == "alert"]
     assert statuses[0] == "firing" and statuses[-1] == "resolved", closed["events"]
+    # Every panel of Lifeline's Grafana dashboards, its query as Grafana sends it over the time this test ran (every
+    # model; the rate window four scrapes, as Grafana's $__rate_interval), has data.
+    empty = []
+    for board in sorted(DASHBOARDS.glob("*.json")):
+        for title, expr in dashboards.queries(json.loads(board.read_text())):
+            query = expr.replace("$model", ".*").replace("$__rate_interval", "4s")
+            found = prom.api(prometheus, "query_range", query=query, start=watched_since, end=time.time(), step=2)
+            if not found["result"]:
+                empty.append(f"{board.stem} / {title}: {query}")
+    assert empty == [], "\n".join(empty)
     # Through all of it, the rule that must never fire did not.
     never = prom.api(prometheus, "query", query='max_over_time(ALERTS{alertname="LifelineTokensLost"}[15m])')
     assert never["result"] == [], never
