@@ -394,7 +394,69 @@ def recovery() -> Dashboard:
     )
 
 
-DASHBOARDS = {"fleet": fleet, "gateway": gateway, "slo": slo, "recovery": recovery}
+def moe() -> Dashboard:
+    return _dashboard(
+        "lifeline-moe",
+        "Lifeline / Mixture of experts",
+        "Each decoupled MoE deployment: its expert workers, the experts nobody serves, the routing table in force and "
+        "its shadows, and how evenly the experts' work is spread. The console's /moe/ page has the table itself.",
+        [
+            (
+                "Expert workers",
+                [
+                    Panel(
+                        "Expert workers by state",
+                        "serving, loading (experts being loaded), standby, suspect (not answering), down, drained.",
+                        (
+                            (
+                                "sum by (deployment, state) (lifeline_moe_expert_workers{" + MODEL + "})",
+                                "{{deployment}} {{state}}",
+                            ),
+                        ),
+                    ),
+                    Panel(
+                        "Experts no serving worker holds",
+                        "As primary or shadow: a step that needs one waits for a new table. 0 in a whole deployment.",
+                        (("lifeline_moe_experts_unserved{" + MODEL + "}", "{{deployment}}"),),
+                    ),
+                    Panel(
+                        "Tokens through the experts per second",
+                        "Summed over the experts, from the workers' own counts.",
+                        (
+                            (
+                                f"sum by (deployment) (rate(lifeline_moe_expert_tokens_total{{{MODEL}}}[{RATE}]))",
+                                "{{deployment}}",
+                            ),
+                        ),
+                    ),
+                    Panel(
+                        "Balancedness",
+                        "Mean over max tokens per serving expert worker (vLLM's EPLB measure; 1 is even).",
+                        (("lifeline_moe_balancedness{" + MODEL + "}", "{{deployment}}"),),
+                    ),
+                ],
+            ),
+            (
+                "Routing table",
+                [
+                    Panel(
+                        "Table version",
+                        "The expert routing table in force; it steps up at every change the control plane pushes.",
+                        (("lifeline_moe_table_version{" + MODEL + "}", "{{deployment}}"),),
+                    ),
+                    Panel(
+                        "Shadow coverage",
+                        "Share of the experts with a shadow copy on another worker: what a lost worker fails over to.",
+                        (("lifeline_moe_shadow_coverage{" + MODEL + "}", "{{deployment}}"),),
+                        unit="percentunit",
+                    ),
+                ],
+            ),
+        ],
+    )
+
+
+DASHBOARDS = {"fleet": fleet, "gateway": gateway, "slo": slo, "recovery": recovery, "moe": moe}
 
 
 def render(dashboard: Dashboard) -> str:

@@ -3,7 +3,8 @@
 Worker status per node (0 healthy … 4 dead), circuit breaker state, hot spares, nodes serving each
 model, each model's degradation level and capacity ratio, canary results by check and outcome with a
 counter of mismatches of their own and a latency histogram, GPU Xid events by class, checkpoint
-coverage and holder balance, drains by state with the age of the oldest. Read at scrape time from
+coverage and holder balance, drains by state with the age of the oldest, each MoE deployment's expert workers
+by state, unserved experts, table version, shadow coverage, tokens and balancedness. Read at scrape time from
 the database and Redis into a fresh registry, so several web processes answer alike. What only
 grows (canary results, Xid events) is exposed as counters counted from the database rows, so
 Prometheus' rate() and increase() work on them across scrapes and web processes. Requests,
@@ -16,13 +17,13 @@ from collections.abc import Iterator
 
 from django.db.models import Count, Min, Q, Sum
 from django.utils import timezone
-from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 
 from console.readmodels import checkpoints as checkpoint_model
-from recovery.actions import capacity
-from recovery.choices import OPEN_DRAIN_STATES, CanaryKind, NodeState
-from recovery.models import CanaryResult, Cluster, Drain, ModelCapacity, Node, XidEvent
+from recovery.actions import capacity, moe
+from recovery.choices import OPEN_DRAIN_STATES, CanaryKind, ExpertWorkerState, NodeState
+from recovery.models import CanaryResult, Cluster, Drain, ModelCapacity, MoeDeployment, Node, XidEvent
 from recovery.policy import breaker, health
 
 # Document 003's four canary checks, in its order; a result says which one failed, and the ones before it passed.
@@ -216,4 +217,60 @@ def render() -> bytes:
         Drain.objects.filter(state__in=OPEN_DRAIN_STATES).values("state").annotate(since=Min("state_changed_at"))
     ):
         oldest.labels(row["state"]).set((now - row["since"]).total_seconds())
+    _moe(registry)
     return generate_latest(registry)
+
+
+def _moe(registry: CollectorRegistry) -> None:
+    """Each mixture-of-experts deployment: its expert workers by state, the experts no serving worker holds (a step
+    that needs one waits or fails), its table's version, the share of experts with a shadow, its balancedness."""
+    workers = Gauge(
+        "lifeline_moe_expert_workers",
+        "Expert workers of each MoE deployment, by state.",
+        ["deployment", "model", "state"],
+        registry=registry,
+    )
+    unserved = Gauge(
+        "lifeline_moe_experts_unserved",
+        "Experts no serving expert worker holds, as primary or shadow: 0 in a whole deployment.",
+        ["deployment", "model"],
+        registry=registry,
+    )
+    version = Gauge(
+        "lifeline_moe_table_version",
+        "The expert routing table's version in force.",
+        ["deployment", "model"],
+        registry=registry,
+    )
+    coverage = Gauge(
+        "lifeline_moe_shadow_coverage",
+        "Share of the experts with a shadow copy on another expert worker.",
+        ["deployment", "model"],
+        registry=registry,
+    )
+    balance = Gauge(
+        "lifeline_moe_balancedness",
+        "Mean over max tokens per expert worker, last measured (1 is even).",
+        ["deployment", "model"],
+        registry=registry,
+    )
+    tokens = Counter(
+        "lifeline_moe_expert_tokens",
+        "Tokens the expert workers served, summed over the experts, since the deployment was registered.",
+        ["deployment", "model"],
+        registry=registry,
+    )
+    for deployment in MoeDeployment.objects.prefetch_related("ews"):
+        labels = (deployment.name, deployment.model)
+        states = Tally(ew.state for ew in deployment.ews.all())
+        for state in ExpertWorkerState.values:
+            workers.labels(*labels, state).set(states[state])
+        serving = {ew.name for ew in deployment.ews.all() if ew.state == ExpertWorkerState.SERVING}
+        ert = moe.table(deployment)
+        unserved.labels(*labels).set(sum(1 for loc in ert.experts if not serving & set(loc.ews())))
+        version.labels(*labels).set(ert.version)
+        coverage.labels(*labels).set(moe.shadow_memory(deployment)["coverage"])
+        tokens.labels(*labels).inc(sum(int(n) for n in deployment.details.get("tokens_per_expert", {}).values()))
+        series = deployment.details.get("series", [])
+        if series:
+            balance.labels(*labels).set(series[-1]["balancedness"])

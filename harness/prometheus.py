@@ -3,6 +3,7 @@ installed, since installing it would start a Prometheus server; promtool comes f
 configuration Lifeline ships (prometheus/server/prometheus.yml) and its rule files (prometheus/*.yml)."""
 
 import json
+import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -23,11 +24,11 @@ def binary() -> Path:
 
 
 def local_config(
-    folder: Path, *, console: str, gateways: list[str], token: str, alertmanager: str, every_s: float = 1.0
+    folder: Path, *, console: str, gateways: list[str], token: str, alertmanager: str | None, every_s: float = 1.0
 ) -> dict:
     """The shipped configuration with its addresses and secret file made local (the console and gateways as URLs,
-    the console's token written in `folder`), the repository's rule files, and scrapes and rule evaluations every
-    `every_s` seconds."""
+    the console's token written in `folder`; no alerting without `alertmanager`), the repository's rule files, and
+    scrapes and rule evaluations every `every_s` seconds."""
     config = yaml.safe_load(CONFIG.read_text())
     (folder / "lifeline-token").write_text(token)
     console_url = urllib.parse.urlsplit(console)
@@ -77,3 +78,17 @@ def api(server: Server, path: str, **params) -> object:
 def firing(server: Server, name: str) -> list[dict]:
     """The alerts named `name` Prometheus has firing now (not pending)."""
     return [a for a in api(server, "alerts")["alerts"] if a["labels"]["alertname"] == name and a["state"] == "firing"]
+
+
+def dashboard_gaps(server: Server, board: Path, since: float, rate_window: str = "4s") -> list[str]:
+    """The panels of a Grafana dashboard's JSON whose queries, as Grafana sends them (every model; `rate_window` for
+    $__rate_interval, four scrape intervals), return no series over [since, now]: "<dashboard> / <panel>: <query>"."""
+    from console import dashboards
+
+    empty = []
+    for title, expr in dashboards.queries(json.loads(board.read_text())):
+        query = expr.replace("$model", ".*").replace("$__rate_interval", rate_window)
+        found = api(server, "query_range", query=query, start=since, end=time.time(), step=2)
+        if not found["result"]:
+            empty.append(f"{board.stem} / {title}: {query}")
+    return empty

@@ -1,14 +1,18 @@
 """`manage.py demo --moe` (issue 15): the whole system with a decoupled Mixtral-8x7B beside the dense model. Its
 attention workers register and serve as nodes, the gateway routes them, and an expert worker SIGKILLed in the
 middle of a stream is replayed on its experts' shadows: the text is an undisturbed run's, and the supervisor starts
-the expert worker again."""
+the expert worker again. A real Prometheus scraping the stack with the shipped configuration sees the expert
+worker down and the table step up, and every panel of the MoE dashboard has data."""
 
 import os
 import signal
 import threading
+import time
 
 import pytest
 
+from console import dashboards
+from harness import prometheus as prom
 from harness.processes import demo
 from tests.conftest import demo_env, stack_database
 from tests.helpers import chat_stream, http_json, wait_for
@@ -29,6 +33,17 @@ def moe_stack(tmp_path_factory):
             yield stack
         finally:
             assert stack.stop(signum=signal.SIGTERM) == 0, stack.log()
+
+
+@pytest.fixture
+def prometheus(moe_stack, tmp_path):
+    """Debian's Prometheus with prometheus/server/prometheus.yml (addresses and token made local, scrapes every
+    second, no Alertmanager) against the MoE stack."""
+    console, gateway = moe_stack.info["urls"]["console"], moe_stack.info["urls"]["gateway"].removesuffix("/v1")
+    token = moe_stack.info["api_token"]
+    config = prom.local_config(tmp_path, console=console, gateways=[gateway], token=token, alertmanager=None)
+    with prom.start(tmp_path, config) as server:
+        yield server
 
 
 def test_an_expert_worker_killed_mid_stream_in_the_demo_loses_nothing(moe_stack):
@@ -58,7 +73,9 @@ def test_an_expert_worker_killed_mid_stream_in_the_demo_loses_nothing(moe_stack)
 
 
 @pytest.mark.browser
-def test_the_moe_page_shows_the_table_heal_live_while_an_expert_worker_is_killed_and_replaced(browser, moe_stack):
+def test_the_moe_page_shows_the_table_heal_live_while_an_expert_worker_is_killed_and_replaced(
+    browser, moe_stack, prometheus
+):
     """The control plane owns the table: an EW SIGKILLed is confirmed lost, its experts' shadows promoted (v+1), the
     standby provisioned with its experts and joined (v+2), and the killed EW, started again by its supervisor, is
     the next standby. The MoE page's heatmap follows each version without a reload."""
@@ -71,6 +88,7 @@ def test_the_moe_page_shows_the_table_heal_live_while_an_expert_worker_is_killed
         message="every expert worker serving or standing by (the last test's kill healed)",
     )
     before = moe_stack.api("/api/moe/mixtral-moe")[1]
+    watched_since = time.time()
     victim = next(ew for ew in before["ews"] if ew["in_table"] and ew["primaries"])
     standby = next(ew["name"] for ew in before["ews"] if ew["state"] == "standby")
     column = before["ew_names"].index(victim["name"])
@@ -113,3 +131,15 @@ def test_the_moe_page_shows_the_table_heal_live_while_an_expert_worker_is_killed
     assert any(victim["name"] in i["title"] and "mixtral-moe" in i["title"] for i in incidents)
     assert errors == []
     page.close()
+
+    # Prometheus saw it from the control plane's /metrics: an expert worker down, the table stepping up twice; and
+    # every panel of the MoE dashboard has data over the test's time.
+    def over_window(query: str) -> float:
+        [series] = prom.api(prometheus, "query", query=query)["result"]
+        return float(series["value"][1])
+
+    window = f"[{round(time.time() - watched_since) + 5}s]"
+    assert over_window(f'max(max_over_time(lifeline_moe_expert_workers{{state="down"}}{window}))') >= 1
+    steps = f"max_over_time(lifeline_moe_table_version{window}) - min_over_time(lifeline_moe_table_version{window})"
+    assert over_window(steps) == 2
+    assert prom.dashboard_gaps(prometheus, dashboards.FOLDER / "lifeline-moe.json", watched_since) == []
