@@ -9,26 +9,67 @@ demo's, console.stack; systemd or Kubernetes elsewhere, from the same file's
 age) restarts a beat whose file has gone stale, with SIGKILL: a beat stuck in a
 call may not run its SIGTERM handler either (seen in the chaos soak: beat went
 silent after a Redis restart and a SIGTERM did not end it).
+
+A beat that starts while its database refuses connections (restarted, or
+failed over) waits for it, saying why, instead of dying in the
+scheduler's first read with a traceback and a restart (seen in the chaos soak:
+beat restarted by its supervisor a second before a database restart). It
+touches its file while it waits: it is not stuck, and nothing can be scheduled
+until the database is back.
 """
 
+import logging
 import os
+import time
 from pathlib import Path
 
+from django.db import DatabaseError, connection
 from django_celery_beat.schedulers import DatabaseScheduler
 
+log = logging.getLogger(__name__)
+
 ALIVE_FILE_ENV = "LIFELINE_BEAT_ALIVE_FILE"
+DATABASE_WAIT_S = 1.0
 
 
 class Scheduler(DatabaseScheduler):
     def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
         alive = os.environ.get(ALIVE_FILE_ENV)
         self.alive_file = Path(alive) if alive else None
+        wait_for_database(self.touch)
+        super().__init__(*args, **kwargs)
 
-    def tick(self, *args, **kwargs):
+    def touch(self) -> None:
         if self.alive_file is not None:
             try:
                 self.alive_file.touch()
             except OSError:
                 pass  # a full or read-only disk must not stop the schedule; the supervisor will see the age
+
+    def tick(self, *args, **kwargs):
+        self.touch()
         return super().tick(*args, **kwargs)
+
+
+def wait_for_database(alive=lambda: None) -> float:
+    """Return once the database accepts a connection and a query; the seconds waited. While it refuses, log why
+    (without a traceback: an outage is not a bug) every DATABASE_WAIT_S and call `alive`."""
+    began, said = time.monotonic(), None
+    while True:
+        try:
+            connection.ensure_connection()
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT 1")
+        except DatabaseError as exc:
+            connection.close()
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            if reason != said:
+                log.warning("beat waits for its database: %s", reason)
+                said = reason
+            alive()
+            time.sleep(DATABASE_WAIT_S)
+            continue
+        waited = time.monotonic() - began
+        if said is not None:
+            log.warning("beat's database is back after %.1f s; the schedule starts", waited)
+        return waited

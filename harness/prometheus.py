@@ -35,9 +35,12 @@ def local_config(
     config["global"].update(scrape_interval=f"{every_s:g}s", evaluation_interval=f"{every_s:g}s")
     config["global"]["external_labels"]["lifeline_console"] = console.rstrip("/")
     config["rule_files"] = [str(RULES / "*.yml")]
-    config["alerting"]["alertmanagers"][0]["static_configs"] = [
-        {"targets": [urllib.parse.urlsplit(alertmanager).netloc]}
-    ]
+    if alertmanager is None:
+        del config["alerting"]
+    else:
+        config["alerting"]["alertmanagers"][0]["static_configs"] = [
+            {"targets": [urllib.parse.urlsplit(alertmanager).netloc]}
+        ]
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
     control = jobs["lifeline-control-plane"]
     control["static_configs"] = [{"targets": [console_url.netloc]}]

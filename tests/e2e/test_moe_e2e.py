@@ -140,6 +140,8 @@ def test_the_moe_page_shows_the_table_heal_live_while_an_expert_worker_is_killed
 
     window = f"[{round(time.time() - watched_since) + 5}s]"
     assert over_window(f'max(max_over_time(lifeline_moe_expert_workers{{state="down"}}{window}))') >= 1
-    steps = f"max_over_time(lifeline_moe_table_version{window}) - min_over_time(lifeline_moe_table_version{window})"
-    assert over_window(steps) == 2
+    # The table went to two versions past the one the test began with, and no further; the window may reach back
+    # past the test's start, where the last test's heal can show an older version (a CI run: 3 steps seen).
+    assert over_window(f"max_over_time(lifeline_moe_table_version{window})") == before["version"] + 2
+    assert over_window(f"min_over_time(lifeline_moe_table_version{window})") <= before["version"]
     assert prom.dashboard_gaps(prometheus, dashboards.FOLDER / "lifeline-moe.json", watched_since) == []
