@@ -16,10 +16,19 @@ scheduler's first read with a traceback and a restart (seen in the chaos soak:
 beat restarted by its supervisor a second before a database restart). It
 touches its file while it waits: it is not stuck, and nothing can be scheduled
 until the database is back.
+
+SIGTERM and SIGINT end beat by unwinding its loop, whose `finally` saves the
+schedule. Celery's own handler saves it inside the signal handler, on top of
+whatever the loop was doing: a signal that landed during a tick's query
+waited forever for the database connection that query held (the chaos soak's
+beat restart: beat went silent and was killed 30 s later, the control plane
+deciding nothing meanwhile).
 """
 
 import logging
 import os
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -36,6 +45,9 @@ class Scheduler(DatabaseScheduler):
     def __init__(self, *args, **kwargs):
         alive = os.environ.get(ALIVE_FILE_ENV)
         self.alive_file = Path(alive) if alive else None
+        if threading.current_thread() is threading.main_thread():  # beat run on its own, not inside a worker
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(signum, _unwind)
         wait_for_database(self.touch)
         super().__init__(*args, **kwargs)
 
@@ -49,6 +61,10 @@ class Scheduler(DatabaseScheduler):
     def tick(self, *args, **kwargs):
         self.touch()
         return super().tick(*args, **kwargs)
+
+
+def _unwind(signum, frame) -> None:
+    raise SystemExit()
 
 
 def wait_for_database(alive=lambda: None) -> float:
