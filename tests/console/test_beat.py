@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+from urllib.parse import urlsplit
 
 import psycopg
 from psycopg import sql
@@ -55,7 +56,7 @@ def stop(beat: subprocess.Popen) -> None:
 def test_beat_started_while_its_database_refuses_waits_and_then_schedules(tmp_path):
     server = databases.server_url()
     with databases.scratch("lifeline_beat", template_database()) as url:
-        name = url.rsplit("/", 1)[1].split("?")[0]
+        name = urlsplit(url).path.lstrip("/")
         assert scheduled(url) == 0  # the migrated template has no schedule: beat writes it at its start
         allow_connections(server, name, False)
         beat, alive, log = start_beat(url, tmp_path)
@@ -79,7 +80,7 @@ def test_beat_started_while_its_database_refuses_waits_and_then_schedules(tmp_pa
 
 def test_beat_sent_sigterm_while_a_tick_s_query_waits_ends_at_once(tmp_path):
     with databases.scratch("lifeline_beat", template_database()) as url:
-        name = url.rsplit("/", 1)[1].split("?")[0]
+        name = urlsplit(url).path.lstrip("/")
         beat, alive, log = start_beat(url, tmp_path)
         try:
             wait_for(lambda: scheduled(url) == 1, 60, 0.2, "beat's schedule written")
