@@ -15,6 +15,7 @@ from django import forms
 from console.forms import DrainRequestForm
 from console.readmodels import cluster as cluster_model
 from console.readmodels import reports as report_model
+from console.views import drains as drain_views
 from console.views import incidents as incident_views
 from recovery.choices import IncidentSeverity, IncidentStatus
 from recovery.forms import MODEL_RANGES, SettingsForm, SloObjectiveForm
@@ -172,6 +173,14 @@ NODE_HEALTH = _typed(
     drains="array",
 )
 DRAIN = _obj({"id": {"type": "integer"}, "node": {"type": "string"}, "state": {"type": "string"}}, ["id", "state"])
+NOTIFICATION = _obj(
+    {
+        **_typed(id="integer", at="number", kind="string", title="string", body="string", url="string")["properties"],
+        "delivery": {"type": "object", "additionalProperties": {"type": "string"}},
+        "gave_up": _array({"type": "string", "enum": ["webhook", "email"]}),
+    },
+    ["id", "at", "kind", "title", "delivery", "gave_up"],
+)
 PROPOSAL = _typed(
     id="integer",
     state="string",
@@ -604,6 +613,44 @@ def document() -> dict:
                     **NOT_ALLOWED,
                 },
                 body=_obj({"reason": {"type": "string"}}),
+            ),
+        },
+        "/api/notifications": {
+            "get": _operation(
+                "The latest on-call notifications and how each channel's delivery went; undelivered=1: the dead "
+                "letters, a channel that gave up after every try.",
+                {
+                    "200": _json(_obj({"notifications": _array(NOTIFICATION)}, ["notifications"]), "Newest first."),
+                    "400": _error("A filter is malformed: `param` names it."),
+                    **NOT_ALLOWED,
+                },
+                parameters=[
+                    _query(
+                        "limit",
+                        {"type": "integer", "minimum": 1, "maximum": drain_views.MAX_NOTIFICATIONS},
+                        "at most this many (50)",
+                    ),
+                    _query("undelivered", {"type": "string", "enum": ["0", "1"]}, "1: the dead letters only"),
+                ],
+            )
+        },
+        "/api/notifications/{notification_id}/resend": {
+            "parameters": [_path_param("notification_id", "integer", minimum=0, description="the notification's id")],
+            "post": _operation(
+                "Send a dead letter's channel again (on-call, admin), audited: queued for the worker.",
+                {
+                    "202": _json(
+                        _typed(id="integer", channel="string", delivery="string"), "Queued again: sent after commit."
+                    ),
+                    "400": _error("The body is not JSON, or the channel is not webhook or email: `field` names it."),
+                    "404": _error("No such notification."),
+                    "409": _error("That channel did not give up: nothing to send again."),
+                    **NOT_ALLOWED,
+                },
+                body=_obj(
+                    {"channel": {"type": "string", "enum": ["webhook", "email"]}, "reason": {"type": "string"}},
+                    ["channel"],
+                ),
             ),
         },
         "/api/degradation": {

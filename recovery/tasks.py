@@ -137,6 +137,8 @@ def deliver_notification(self, notification_id: int, channel: str) -> str:
     try:
         return notify.deliver(notification, channel)
     except notify.DeliveryFailed as exc:
+        if self.request.retries >= self.max_retries:  # the last try: a dead letter, for on-call to send again
+            return notify.give_up(notification, channel, self.request.retries + 1, str(exc))
         raise self.retry(exc=exc, countdown=min(2**self.request.retries * 5, 300)) from None
 
 

@@ -69,6 +69,7 @@ def everyone(status: int) -> dict:
 
 ACT_ON_NODES = (roles.OPERATOR, roles.ONCALL)
 RECEIVE_ALERTS = (roles.OPERATOR, roles.ONCALL)  # Alertmanager's webhook, with such a user's token
+DECIDE_DRAINS = (roles.ONCALL,)  # and sending a dead letter again
 
 # route name -> method -> caller -> status. GET and POST are asked of every route; other methods where listed.
 MATRIX: dict[str, dict[str, dict]] = {
@@ -85,6 +86,7 @@ MATRIX: dict[str, dict[str, dict]] = {
     "drains": {"GET": page(), "POST": page()},
     "drain": {"GET": page(404), "POST": page(404)},
     "drain-action": {"GET": everyone(405), "POST": page(404)},
+    "notification-resend": {"GET": everyone(405), "POST": page(404, DECIDE_DRAINS)},
     "settings": {"GET": page(200, ()), "POST": page(400, ())},
     "degradation": {"GET": page(), "POST": page()},
     "placement": {"GET": page(), "POST": page()},
@@ -137,6 +139,8 @@ MATRIX: dict[str, dict[str, dict]] = {
     "api-drain": {"GET": api(404), "POST": api(405)},
     # The decision word is checked first: an unknown one is a 404 whatever the method.
     "api-drain-decide": {"GET": api(404), "POST": api(404)},
+    "api-notifications": {"GET": api(), "POST": api(405)},
+    "api-notification-resend": {"GET": api(405, DECIDE_DRAINS), "POST": api(404, DECIDE_DRAINS)},
     "api-degradation": {"GET": api(), "POST": api(405)},
     "api-placement-plan": {"GET": api(405), "POST": api()},
     "api-moe": {"GET": api(404), "POST": api(405)},

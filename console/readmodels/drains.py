@@ -2,6 +2,7 @@
 
 from console.readmodels import slo as slo_readmodel
 from recovery import hot
+from recovery.actions import notify
 from recovery.choices import DRAIN_BADGE, OPEN_DRAIN_STATES, DrainState
 from recovery.models import Drain, Node, Notification, SloObjective
 
@@ -108,7 +109,10 @@ def spare_pool() -> dict:
     }
 
 
-def notifications(limit: int = 20) -> list[dict]:
+def notifications(limit: int = 20, undelivered: bool = False) -> list[dict]:
+    """The latest notifications with how each channel's delivery went; `undelivered`: only those a channel gave up on
+    (dead letters), each with the channels that may be sent again."""
+    rows = notify.undelivered() if undelivered else Notification.objects.all()
     return [
         {
             "id": n.pk,
@@ -118,8 +122,9 @@ def notifications(limit: int = 20) -> list[dict]:
             "body": n.body,
             "url": n.url,
             "delivery": n.delivery,
+            "gave_up": [c for c in notify.CHANNELS if n.delivery.get(c, "").startswith(notify.GAVE_UP)],
         }
-        for n in Notification.objects.all()[:limit]
+        for n in rows[:limit]
     ]
 
 

@@ -1,6 +1,7 @@
 """Drains for on-call: the list, one drain live, deciding and withdrawing, and their JSON."""
 
 from django.contrib import messages
+from django.db import transaction
 from django.http import Http404, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.cache import never_cache
@@ -10,10 +11,13 @@ from console.auth import DECIDE_DRAINS, REQUEST_DRAINS, api_view, page_view
 from console.forms import DrainRequestForm
 from console.readmodels import drains as drain_model
 from console.views import allow, refuse_nul
-from recovery import roles
-from recovery.actions import drains
+from recovery import roles, tasks
+from recovery.actions import drains, notify
 from recovery.http import json_error, json_object
-from recovery.models import Drain, DrainDecision, Node
+from recovery.models import Drain, DrainDecision, Node, Notification
+
+UNDELIVERED_SHOWN = 20  # dead letters on the drains page; the API lists up to MAX_NOTIFICATIONS
+MAX_NOTIFICATIONS = 500
 
 
 def _drain(drain_id: int) -> Drain:
@@ -29,7 +33,13 @@ def drain_list(request):
     return render(
         request,
         "console/drains.html",
-        {"drains": rows, "spares": drain_model.spare_pool(), "notifications": drain_model.notifications(10)},
+        {
+            "drains": rows,
+            "spares": drain_model.spare_pool(),
+            "notifications": drain_model.notifications(10),
+            "undelivered": drain_model.notifications(UNDELIVERED_SHOWN, undelivered=True),
+            "can_resend": roles.has_role(request.user, *DECIDE_DRAINS),
+        },
     )
 
 
@@ -76,6 +86,26 @@ def drain_action(request, drain_id: int, action: str):
     except drains.DrainRefused as exc:
         messages.error(request, str(exc))
     return redirect("drain", drain_id=drain.pk)
+
+
+def _resend(notification: Notification, channel: str, user, reason: str) -> str:
+    """A dead letter's channel queued again; sent by the worker once this commits."""
+    outcome = notify.resend(notification, channel, user.get_username(), reason)
+    transaction.on_commit(lambda: tasks.deliver_notification.delay(notification.pk, channel))
+    return outcome
+
+
+@require_POST
+@page_view(*DECIDE_DRAINS)
+def notification_resend(request, notification_id: int):
+    notification = get_object_or_404(Notification, pk=notification_id)
+    channel = request.POST.get("channel", "")
+    try:
+        _resend(notification, channel, request.user, request.POST.get("reason", ""))
+        messages.success(request, f"Notification {notification.pk}'s {channel} delivery queued again.")
+    except (ValueError, notify.NotUndelivered) as exc:
+        messages.error(request, str(exc))
+    return redirect("drains")
 
 
 # --- JSON -------------------------------------------------------------------------------------------------------
@@ -152,3 +182,39 @@ def api_drain_decide(request, drain_id: int, decision: str):
         return json_error(409, str(exc))
     drain.refresh_from_db()
     return JsonResponse(drain_model.drain_detail(drain))
+
+
+@api_view()
+@allow("GET")
+def api_notifications(request):
+    """The latest notifications and how each channel's delivery went; ?undelivered=1: the dead letters only."""
+    try:
+        limit = int(request.GET.get("limit", 50))
+    except ValueError:
+        return json_error(400, "limit: not a whole number of notifications, e.g. 50", param="limit")
+    if not 1 <= limit <= MAX_NOTIFICATIONS:
+        return json_error(400, f"limit: from 1 to {MAX_NOTIFICATIONS} notifications, not {limit}", param="limit")
+    undelivered = request.GET.get("undelivered", "0")
+    if undelivered not in ("0", "1"):
+        return json_error(400, f"undelivered: 1 (the dead letters only) or 0, not {undelivered!r}", param="undelivered")
+    return JsonResponse({"notifications": drain_model.notifications(limit, undelivered=undelivered == "1")})
+
+
+@api_view(*DECIDE_DRAINS)
+@allow("POST")
+def api_notification_resend(request, notification_id: int):
+    """POST {"channel": "webhook" | "email", "reason"}: send a dead letter's channel again."""
+    notification = Notification.objects.filter(pk=notification_id).first()
+    if notification is None:
+        return json_error(404, f"There is no notification {notification_id}: list them at /api/notifications.")
+    body = json_object(request)
+    if isinstance(body, JsonResponse):
+        return body
+    channel = body.get("channel")
+    if channel not in notify.CHANNELS:
+        return json_error(400, f"channel: one of {', '.join(notify.CHANNELS)}, not {channel!r}", field="channel")
+    try:
+        outcome = _resend(notification, channel, request.user, str(body.get("reason", "")))
+    except notify.NotUndelivered as exc:
+        return json_error(409, str(exc))
+    return JsonResponse({"id": notification.pk, "channel": channel, "delivery": outcome}, status=202)

@@ -4,6 +4,10 @@ A Notification row is written with the state change that calls for it; it is
 an outbox row: once committed, recovery.reactions sends the webhook and the
 e-mail from Celery, with retries, and each records how its delivery went on
 the row in words on-call reads at a glance: "not configured", "sent, 200", "sent to …", "failed: <why>".
+
+A delivery that fails every try is a dead letter: "gave up after N tries: <why>" on its channel, listed with the
+others that gave up (`undelivered`) on the drains page and at /api/notifications?undelivered=1, where on-call sends it
+again once the receiver is mended (`resend`, audited).
 """
 
 import json
@@ -16,15 +20,25 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.mail import send_mail
 from django.db import transaction
+from django.db.models import Q, QuerySet
 
 from recovery import events, roles
+from recovery.actions import audit
 from recovery.models import Cluster, Notification
 
 log = logging.getLogger(__name__)
 
 
+CHANNELS = ("webhook", "email")
+GAVE_UP = "gave up"
+
+
 class DeliveryFailed(Exception):
     pass
+
+
+class NotUndelivered(Exception):
+    """A resend asked of a channel that did not give up: nothing to send again."""
 
 
 def send(kind: str, title: str, body: str, url: str = "") -> Notification:
@@ -107,4 +121,38 @@ def deliver(notification: Notification, channel: str) -> str:
     else:
         raise ValueError(f"unknown channel {channel!r}")
     _record(notification, channel, outcome)
+    return outcome
+
+
+def give_up(notification: Notification, channel: str, tries: int, why: str) -> str:
+    """The last try failed: the channel's delivery becomes a dead letter."""
+    outcome = f"{GAVE_UP} after {tries} tries: {why}"
+    _record(notification, channel, outcome)
+    log.warning("notification %d: %s %s", notification.pk, channel, outcome)
+    return outcome
+
+
+def undelivered() -> QuerySet:
+    """The notifications a channel gave up on, newest first."""
+    return Notification.objects.filter(
+        Q(delivery__webhook__startswith=GAVE_UP) | Q(delivery__email__startswith=GAVE_UP)
+    )
+
+
+def resend(notification: Notification, channel: str, actor: str, reason: str = "") -> str:
+    """Queue a dead letter's channel again (the caller sends it after commit): its delivery reads "queued again by
+    <actor>" until the task records how it went. NotUndelivered unless that channel gave up."""
+    if channel not in CHANNELS:
+        raise ValueError(f"channel must be one of {', '.join(CHANNELS)}, not {channel!r}")
+    with transaction.atomic():
+        row = Notification.objects.select_for_update().get(pk=notification.pk)
+        now = row.delivery.get(channel, "pending")
+        if not now.startswith(GAVE_UP):
+            raise NotUndelivered(
+                f"notification {row.pk}'s {channel} delivery is {now!r}: only one that gave up is sent again"
+            )
+        outcome = f"queued again by {actor}"
+        row.delivery = {**row.delivery, channel: outcome}
+        row.save(update_fields=["delivery"])
+        audit.record(actor, "notification.resend", f"notification {row.pk}", reason, channel=channel, was=now)
     return outcome

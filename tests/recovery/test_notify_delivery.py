@@ -1,0 +1,167 @@
+"""On-call's notifications reaching people (issue 48.6): e-mail through a real SMTP server (aiosmtpd, on a socket of
+its own), a mail server that refuses, and a webhook that fails every try becoming a dead letter that on-call sends
+again from the drains page or the API, audited."""
+
+import http.server
+import json
+import threading
+
+import pytest
+from aiosmtpd.controller import Controller
+from aiosmtpd.smtp import Envelope
+
+from console.stack import free_port
+from recovery import tasks
+from recovery.actions import notify
+from recovery.models import AuditEntry, Cluster, Notification
+
+pytestmark = pytest.mark.django_db
+
+
+class Mailbox:
+    """An aiosmtpd handler: keeps what it is sent; refuses every recipient with `refuse` when set."""
+
+    def __init__(self, refuse: str = ""):
+        self.refuse = refuse
+        self.received: list[Envelope] = []
+
+    async def handle_RCPT(self, server, session, envelope, address, rcpt_options):  # noqa: N802
+        if self.refuse:
+            return self.refuse
+        envelope.rcpt_tos.append(address)
+        return "250 OK"
+
+    async def handle_DATA(self, server, session, envelope):  # noqa: N802
+        self.received.append(envelope)
+        return "250 Message accepted for delivery"
+
+
+@pytest.fixture
+def smtp(settings):
+    """A real SMTP server on 127.0.0.1; Django sends through it with its SMTP backend."""
+    servers = []
+
+    def start(handler: Mailbox) -> Mailbox:
+        port = free_port()
+        controller = Controller(handler, hostname="127.0.0.1", port=port)
+        controller.start()
+        servers.append(controller)
+        settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+        settings.EMAIL_HOST, settings.EMAIL_PORT, settings.EMAIL_USE_TLS = "127.0.0.1", port, False
+        settings.EMAIL_HOST_USER = settings.EMAIL_HOST_PASSWORD = ""
+        return handler
+
+    yield start
+    for controller in servers:
+        controller.stop()
+
+
+def configure(**fields):
+    Cluster.objects.filter(pk=Cluster.default().pk).update(**fields)
+
+
+def notification(title: str = "node-07 is UNHEALTHY: canaries failing") -> Notification:
+    return Notification.objects.create(kind="health", title=title, body="Its drain waits for approval.", url="/drains/")
+
+
+def test_e_mail_goes_through_a_real_smtp_server(smtp, settings):
+    mailbox = smtp(Mailbox())
+    configure(oncall_emails="pager@example.com, second@example.com")
+    note = notification()
+    assert notify.deliver(note, "email") == "sent to pager@example.com, second@example.com"
+    [envelope] = mailbox.received
+    assert sorted(envelope.rcpt_tos) == ["pager@example.com", "second@example.com"]
+    assert envelope.mail_from == settings.DEFAULT_FROM_EMAIL
+    text = envelope.content.decode()
+    assert "Subject: [Lifeline] node-07 is UNHEALTHY: canaries failing" in text
+    assert "Its drain waits for approval." in text and settings.LIFELINE_CONSOLE_URL + "/drains/" in text
+    note.refresh_from_db()
+    assert note.delivery["email"] == "sent to pager@example.com, second@example.com"
+
+
+def test_a_mail_server_that_refuses_is_a_failed_try_that_says_why(smtp):
+    smtp(Mailbox(refuse="550 5.1.1 mailbox unavailable"))
+    configure(oncall_emails="pager@example.com")
+    note = notification()
+    with pytest.raises(notify.DeliveryFailed, match="550"):
+        notify.deliver(note, "email")
+    note.refresh_from_db()
+    assert note.delivery["email"].startswith("failed:") and "mailbox unavailable" in note.delivery["email"]
+
+
+class _Hook(http.server.BaseHTTPRequestHandler):
+    """A webhook receiver answering `status` (503: broken; 204: mended), keeping what it is sent."""
+
+    status = 503
+    received: list = []
+
+    def do_POST(self):  # noqa: N802
+        _Hook.received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+        self.send_response(_Hook.status)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def hook():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _Hook.status, _Hook.received = 503, []
+    configure(oncall_webhook_url=f"http://127.0.0.1:{server.server_port}/hook")
+    yield _Hook
+    server.shutdown()
+
+
+def test_a_webhook_that_fails_every_try_is_a_dead_letter_on_call_sends_again(client, cast, monkeypatch, commit, hook):
+    note = notification()
+    # Every try answered 503: retried (run eagerly here, each retry at once), then given up after the sixth.
+    last = tasks.deliver_notification.apply(args=(note.pk, "webhook"))
+    assert last.state == "SUCCESS" and last.result.startswith("gave up after 6 tries:"), last.result
+    assert len(hook.received) == 6 and {r["id"] for r in hook.received} == {note.pk}
+    note.refresh_from_db()
+    assert note.delivery["webhook"].endswith("answered 503")
+
+    # On-call reads it in the API and on the drains page.
+    client.force_login(cast["oncall"])
+    listed = client.get("/api/notifications?undelivered=1").json()["notifications"]
+    assert [(n["id"], n["gave_up"]) for n in listed] == [(note.pk, ["webhook"])]
+    assert client.get("/api/notifications?undelivered=yes").status_code == 400
+    page = client.get("/drains/").content.decode()
+    assert f'data-notification="{note.pk}" data-channel="webhook"' in page and "Send again" in page
+
+    # Only on-call and admins send it again, only a channel that gave up, and it is audited.
+    client.force_login(cast["operator"])
+    refused = client.post(f"/api/notifications/{note.pk}/resend", {"channel": "webhook"}, "application/json")
+    assert refused.status_code == 403
+    assert 'data-channel="webhook"' in client.get("/drains/").content.decode()
+    assert "Send again" not in client.get("/drains/").content.decode()
+    client.force_login(cast["oncall"])
+    answer = client.post(f"/api/notifications/{note.pk}/resend", {"channel": "email"}, "application/json")
+    assert answer.status_code == 409 and "only one that gave up" in answer.json()["error"]["message"]
+    answer = client.post(f"/api/notifications/{note.pk}/resend", {"channel": "sms"}, "application/json")
+    assert answer.status_code == 400 and answer.json()["error"]["field"] == "channel"
+
+    queued = []
+    monkeypatch.setattr(tasks.deliver_notification, "delay", lambda *args: queued.append(args))
+    hook.status = 204  # the receiver mended
+    body = {"channel": "webhook", "reason": "receiver back"}
+    answer = commit(client.post, f"/api/notifications/{note.pk}/resend", body, "application/json")
+    assert answer.status_code == 202 and answer.json()["delivery"] == "queued again by oncall"
+    assert queued == [(note.pk, "webhook")]  # sent by the worker once the resend committed
+    assert list(notify.undelivered()) == []
+    entry = AuditEntry.objects.get(action="notification.resend")
+    assert (entry.actor, entry.target, entry.reason) == ("oncall", f"notification {note.pk}", "receiver back")
+    assert entry.details["was"].startswith("gave up after 6 tries")
+    assert tasks.deliver_notification.apply(args=queued[0]).result == "sent, 204"
+    assert len(hook.received) == 7 and hook.received[-1]["title"] == note.title
+
+    # The page's button does the same: a second dead letter (nothing listens now), sent again from /drains/.
+    configure(oncall_webhook_url=f"http://127.0.0.1:{free_port()}/hook")
+    other = notification("node-02 is DOWN")
+    assert "Connection refused" in tasks.deliver_notification.apply(args=(other.pk, "webhook")).result
+    response = commit(client.post, f"/notifications/{other.pk}/resend", {"channel": "webhook"})
+    assert response.status_code == 302 and response["Location"] == "/drains/"
+    other.refresh_from_db()
+    assert other.delivery["webhook"] == "queued again by oncall" and queued[-1] == (other.pk, "webhook")
