@@ -2,6 +2,7 @@
 
 from django import forms
 
+from recovery.actions import notify
 from recovery.choices import DrainMode, IncidentSeverity, IncidentStatus, PlacementPolicy, Remediation
 from recovery.models import Node
 from recovery.policy.placement import POLICIES
@@ -215,3 +216,15 @@ class ExperimentForm(forms.Form):
         if data["fault_repair_s"] is not None:
             fault["repair_s"] = data["fault_repair_s"]
         return fault
+
+
+class NotificationRuleForm(forms.Form):
+    """What one on-call engineer is e-mailed about: e-mail on or off, and which kinds (none ticked: every kind)."""
+
+    email = forms.BooleanField(required=False, label="E-mail me")
+    kinds = forms.MultipleChoiceField(
+        choices=list(notify.KINDS.items()),
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        error_messages={"invalid_choice": "kinds: %(value)s is not a kind of notification"},
+    )

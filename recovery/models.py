@@ -888,6 +888,22 @@ class Notification(Outbox):
         return self.title
 
 
+class NotificationRule(models.Model):
+    """What one on-call engineer (or admin) is e-mailed about. The console and the team's webhook get every
+    notification; a person without a rule is e-mailed every kind. Changed through recovery.actions.notify.set_rule."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="notification_rule")
+    email = models.BooleanField("e-mail me", default=True)
+    kinds = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="The notification kinds e-mailed (recovery.actions.notify.KINDS); empty: all.",
+    )
+
+    def __str__(self):
+        return f"{self.user}: {'e-mail ' + (', '.join(self.kinds) or 'all') if self.email else 'no e-mail'}"
+
+
 # --- Service-level objectives (recovery.policy.slo has the arithmetic, recovery.actions.slo the changes) -----------
 class SloObjective(models.Model):
     """What a model's tier (optionally one tenant of it) is promised: TTFT, TPOT and availability over a window.

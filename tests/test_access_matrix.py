@@ -87,6 +87,7 @@ MATRIX: dict[str, dict[str, dict]] = {
     "drain": {"GET": page(404), "POST": page(404)},
     "drain-action": {"GET": everyone(405), "POST": page(404)},
     "notification-resend": {"GET": everyone(405), "POST": page(404, DECIDE_DRAINS)},
+    "profile": {"GET": page(), "POST": page(302, DECIDE_DRAINS)},
     "settings": {"GET": page(200, ()), "POST": page(400, ())},
     "degradation": {"GET": page(), "POST": page()},
     "placement": {"GET": page(), "POST": page()},

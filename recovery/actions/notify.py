@@ -24,12 +24,19 @@ from django.db.models import Q, QuerySet
 
 from recovery import events, roles
 from recovery.actions import audit
-from recovery.models import Cluster, Notification
+from recovery.models import Cluster, Notification, NotificationRule
 
 log = logging.getLogger(__name__)
 
 
 CHANNELS = ("webhook", "email")
+# What each kind of notification is, in the words an on-call engineer chooses them by on their profile.
+KINDS = {
+    "alert": "pages from Alertmanager",
+    "drain_requested": "drains waiting for approval",
+    "placement_proposed": "re-placements waiting for approval",
+    "cluster_breaker": "automatic cordons stopped",
+}
 GAVE_UP = "gave up"
 
 
@@ -72,12 +79,44 @@ def post_webhook(url: str, payload: dict, timeout: float = 5.0) -> int:
         raise DeliveryFailed(f"{url}: {getattr(exc, 'reason', exc)}") from None
 
 
-def recipients(cluster: Cluster) -> list[str]:
+def recipients(cluster: Cluster, kind: str = "") -> list[str]:
+    """The team's addresses (`oncall_emails`), and each on-call engineer's and admin's whose rule takes `kind`."""
     listed = [a.strip() for a in cluster.oncall_emails.split(",") if a.strip()]
     users = (
-        get_user_model().objects.filter(groups__name__in=(roles.ONCALL, roles.ADMIN), is_active=True).exclude(email="")
+        get_user_model()
+        .objects.filter(groups__name__in=(roles.ONCALL, roles.ADMIN), is_active=True)
+        .exclude(email="")
+        .select_related("notification_rule")
     )
-    return sorted(set(listed) | set(users.values_list("email", flat=True)))
+    return sorted(set(listed) | {u.email for u in users if wants(u, kind)})
+
+
+def wants(user, kind: str) -> bool:
+    """Whether `user`'s rule has them e-mailed about `kind` (no rule: every kind)."""
+    try:
+        rule = user.notification_rule
+    except NotificationRule.DoesNotExist:
+        return True
+    return rule.email and (not rule.kinds or kind in rule.kinds)
+
+
+def set_rule(user, email: bool, kinds: list[str]) -> NotificationRule:
+    """One person's rule, audited. Only those e-mailed (on-call, admin) have one; ValueError names an unknown kind."""
+    if not roles.has_role(user, roles.ONCALL):
+        raise PermissionError(f"only on-call engineers and admins are e-mailed; {user.get_username()} is not")
+    unknown = sorted(set(kinds) - set(KINDS))
+    if unknown:
+        raise ValueError(f"kinds: {', '.join(unknown)} unknown; the kinds are {', '.join(KINDS)}")
+    with transaction.atomic():
+        rule, _ = NotificationRule.objects.update_or_create(
+            user=user, defaults={"email": email, "kinds": [k for k in KINDS if k in kinds]}
+        )
+        audit.record(user.get_username(), "notification_rule", f"user:{user.get_username()}", "", **_rule(rule))
+    return rule
+
+
+def _rule(rule: NotificationRule) -> dict:
+    return {"email": rule.email, "kinds": rule.kinds}
 
 
 def deliver(notification: Notification, channel: str) -> str:
@@ -105,7 +144,7 @@ def deliver(notification: Notification, channel: str) -> str:
             raise
         outcome = f"sent, {status}"
     elif channel == "email":
-        to = recipients(cluster)
+        to = recipients(cluster, notification.kind)
         if not to:
             outcome = "not configured"
             _record(notification, channel, outcome)

@@ -165,3 +165,44 @@ def test_a_webhook_that_fails_every_try_is_a_dead_letter_on_call_sends_again(cli
     assert response.status_code == 302 and response["Location"] == "/drains/"
     other.refresh_from_db()
     assert other.delivery["webhook"] == "queued again by oncall" and queued[-1] == (other.pk, "webhook")
+
+
+def test_each_on_call_chooses_what_they_are_e_mailed_about_on_their_profile(client, cast, smtp):
+    mailbox = smtp(Mailbox())
+    configure(oncall_emails="team@example.com")
+    second = type(cast["oncall"]).objects.create_user("second", "second@example.com", "x-correct-horse")
+    from console.actions import set_user_role
+
+    set_user_role("second", "oncall")
+    for user in (cast["oncall"], cast["admin"]):
+        user.email = f"{user.username}@example.com"
+        user.save()
+
+    # On-call keeps only the pages; the second on-call engineer turns e-mail off; the admin keeps the default (all).
+    client.force_login(cast["oncall"])
+    page = client.get("/profile/").content.decode()
+    assert 'id="rule-now"' in page and "e-mail about everything" in page
+    assert client.post("/profile/", {"email": "on", "kinds": ["alert"]}).status_code == 302
+    assert "e-mail about pages from Alertmanager" in client.get("/profile/").content.decode()
+    answer = client.post("/profile/", {"email": "on", "kinds": ["sms"]})
+    assert answer.status_code == 400 and "kinds: sms is not a kind of notification" in answer.content.decode()
+    client.force_login(second)
+    assert client.post("/profile/", {}).status_code == 302  # nothing ticked, e-mail unticked: no e-mail
+    client.force_login(cast["operator"])
+    assert "Only on-call engineers and admins are e-mailed" in client.get("/profile/").content.decode()
+    assert client.post("/profile/", {"email": "on"}).status_code == 403
+    entry = AuditEntry.objects.filter(action="notification_rule", actor="oncall").latest("at")
+    assert entry.details == {"email": True, "kinds": ["alert"]}
+
+    drain = notification("Drain of node-03 needs approval")
+    drain.kind = "drain_requested"
+    drain.save()
+    page = notification("Alert: node-03 Xid 79")
+    page.kind = "alert"
+    page.save()
+    assert notify.deliver(drain, "email") == "sent to admin@example.com, team@example.com"
+    assert notify.deliver(page, "email") == "sent to admin@example.com, oncall@example.com, team@example.com"
+    assert [sorted(e.rcpt_tos) for e in mailbox.received] == [
+        ["admin@example.com", "team@example.com"],
+        ["admin@example.com", "oncall@example.com", "team@example.com"],
+    ]
