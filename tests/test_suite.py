@@ -10,6 +10,10 @@ import hypothesis
 from harness import databases
 from tests.helpers import BASE_DIR, EXAMPLES_CI, EXAMPLES_FULL, examples
 
+# The nested pytest runs read their own output: the options a whole run was given (PYTEST_ADDOPTS="-v" turned
+# --collect-only -q's list into a tree, and the marking test failed) are not theirs.
+OWN_OPTIONS = {**os.environ, "PYTEST_ADDOPTS": ""}
+
 
 def test_property_tests_draw_a_quarter_of_their_examples_in_ci_and_all_of_them_in_full():
     loaded = hypothesis.settings.get_current_profile_name()
@@ -39,7 +43,9 @@ def test_what_starts_a_process_is_marked_for_the_process_phase():
         "tests/console/test_slo_pages.py::test_every_role_reads_the_page_with_real_numbers": False,  # a page
     }
     argv = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m", "processes"]
-    listed = subprocess.run([*argv, *tests], cwd=BASE_DIR, capture_output=True, text=True, check=True).stdout
+    listed = subprocess.run(
+        [*argv, *tests], cwd=BASE_DIR, env=OWN_OPTIONS, capture_output=True, text=True, check=True
+    ).stdout
     marked = {test: any(line.startswith(test) for line in listed.splitlines()) for test in tests}
     assert marked == tests, listed
 
@@ -103,7 +109,7 @@ def test_the_process_phase_sends_a_stacks_modules_to_one_worker(tmp_path):
     (tmp_path / "where_plugin.py").write_text(WHERE)
     where = tmp_path / "where.txt"
     tests = ["tests/e2e/test_e2e.py", "tests/e2e/test_bad_requests_e2e.py", "tests/workers/test_node_agent.py"]
-    env = {**os.environ, "PYTHONPATH": str(tmp_path), "LIFELINE_WHERE_FILE": str(where)}
+    env = {**OWN_OPTIONS, "PYTHONPATH": str(tmp_path), "LIFELINE_WHERE_FILE": str(where)}
     argv = [sys.executable, "-m", "pytest", "-q", "-p", "where_plugin", "-p", "no:cacheprovider", "--setup-plan"]
     run = subprocess.run(
         [*argv, "-n", "2", "--dist", "loadgroup", *tests], cwd=BASE_DIR, env=env, capture_output=True, text=True
@@ -145,7 +151,7 @@ def test_the_shared_stacks_tests_run_last_together_and_those_adding_nodes_after_
         "tests/e2e/test_real_engine_e2e.py",  # shared, adds a real engine
         "tests/workers/test_real_engine.py",  # a real engine, no stack
     ]
-    env = {**os.environ, "PYTHONPATH": str(tmp_path), "LIFELINE_ORDER_FILE": str(order)}
+    env = {**OWN_OPTIONS, "PYTHONPATH": str(tmp_path), "LIFELINE_ORDER_FILE": str(order)}
     argv = [sys.executable, "-m", "pytest", "-q", "-p", "order_plugin", "-p", "no:cacheprovider", "--collect-only"]
     run = subprocess.run([*argv, *tests], cwd=BASE_DIR, env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout[-3000:]
