@@ -69,7 +69,8 @@ def _unwind(signum, frame) -> None:
 
 def wait_for_database(alive=lambda: None) -> float:
     """Return once the database accepts a connection and a query; the seconds waited. While it refuses, log why
-    (without a traceback: an outage is not a bug) every DATABASE_WAIT_S and call `alive`."""
+    (once for each reason, without a traceback: an outage is not a bug), and try again and call `alive` every
+    DATABASE_WAIT_S."""
     began, said = time.monotonic(), None
     while True:
         try:
