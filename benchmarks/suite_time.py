@@ -28,6 +28,8 @@ RESULTS = ROOT / "benchmarks" / "results" / "suite_time.json"
 SUMMARY = re.compile(r"^=+ (?P<counts>.*?) in (?P<seconds>[\d.]+)s(?: \([\d:]+\))? =+$")
 DURATION = re.compile(r"^(?P<seconds>[\d.]+)s (?P<when>setup|call|teardown) +(?P<test>\S+)$")
 REAL = re.compile(r"^real\s+(?P<m>\d+)m(?P<s>[\d.]+)s$")
+# pytest -v under xdist: "[gw1] [ 42%] PASSED tests/...::test_x", the worker that ran each test.
+RAN_ON = re.compile(r"^\[(?P<worker>gw\d+)\] \[\s*\d+%\] (?:PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) (?P<test>\S+)")
 KINDS = {"runs[]": "measured"}
 
 
@@ -38,26 +40,55 @@ def phase(counts: str, seconds: str) -> dict:
 
 def parse(log: str) -> dict:
     """A `.ci/run` log (with --durations, under `time`): each phase's counts and seconds, in order (parallel, then
-    process), the slowest tests of each phase, and the whole run's wall time."""
-    phases, slowest, current = [], [], []
+    process), the slowest tests of each phase, and the whole run's wall time; with -v and --durations=0, each
+    process-phase worker's test time and its largest modules (`by_worker`)."""
+    phases, slowest, current, ran_on, on = [], [], [], [], {}
     total_s = None
     for line in log.splitlines():
         if match := DURATION.match(line):
             current.append({"test": match["test"], "when": match["when"], "seconds": float(match["seconds"])})
+        elif match := RAN_ON.match(line):
+            on[match["test"]] = match["worker"]
         elif match := SUMMARY.match(line):
             phases.append(phase(match["counts"], match["seconds"]))
             slowest.append(current)
-            current = []
+            ran_on.append(on)
+            current, on = [], {}
         elif match := REAL.match(line):
             total_s = int(match["m"]) * 60 + float(match["s"])
     if len(phases) != 2 or total_s is None:
         raise ValueError(f"not a whole `time .ci/run` log: {len(phases)} phase summaries, total {total_s}")
     names = ("parallel", "process")
-    return {
+    run = {
         "total_s": round(total_s, 1),
         "phases": dict(zip(names, phases)),
         "slowest": {name: tests[:30] for name, tests in zip(names, slowest)},
         "green": all(not p.get("failed") and not p.get("errors") and not p.get("error") for p in phases),
+    }
+    if ran_on[1]:
+        run["by_worker"] = by_worker(slowest[1], ran_on[1])
+    return run
+
+
+def by_worker(durations: list[dict], ran_on: dict[str, str], modules: int = 10) -> dict:
+    """Each worker's test time (setup, call and teardown of the tests it ran) and its largest modules: whether the
+    phase is bound by one worker (the stacks') while the other waits. Complete only with --durations=0."""
+    workers: dict[str, dict] = {}
+    for entry in durations:
+        worker = ran_on.get(entry["test"], "unknown")
+        module = entry["test"].split("::", 1)[0]
+        figures = workers.setdefault(worker, {"test_s": 0.0, "modules": {}})
+        figures["test_s"] += entry["seconds"]
+        figures["modules"][module] = figures["modules"].get(module, 0.0) + entry["seconds"]
+    return {
+        worker: {
+            "test_s": round(f["test_s"], 1),
+            "largest_modules": [
+                {"module": m, "seconds": round(t, 1)}
+                for m, t in sorted(f["modules"].items(), key=lambda item: -item[1])[:modules]
+            ],
+        }
+        for worker, f in sorted(workers.items())
     }
 
 
@@ -115,7 +146,8 @@ def run_suite(commit: str, hog: bool, sampler: CpuSampler | None = None) -> tupl
         if sampler is not None:
             sampler.start()
         try:
-            env = {**os.environ, "CI": "true", "PYTEST_ADDOPTS": "--durations=30"}
+            # Every test's time and the worker that ran it (-v): each process worker's load, not only the slowest.
+            env = {**os.environ, "CI": "true", "PYTEST_ADDOPTS": "--durations=0 -v"}
             done = subprocess.run(
                 ["bash", "-c", "time bash .ci/run"], cwd=clone, env=env, capture_output=True, text=True
             )

@@ -41,6 +41,34 @@ def test_a_log_gives_each_phases_counts_and_time_its_slowest_tests_and_the_whole
     assert suite_time.parse(LOG.replace("1 failed, ", ""))["green"] is True
 
 
+def test_a_verbose_log_gives_each_process_workers_test_time_and_largest_modules():
+    verbose = LOG.replace(
+        "created: 2/2 workers\n",
+        "created: 2/2 workers\n"
+        "[gw0] [ 10%] PASSED tests/e2e/test_chaos_e2e.py::test_every_fault_kind_at_once_breaks_no_invariant \n"
+        "[gw1] [ 20%] FAILED tests/workers/test_node_agent.py::test_health \n"
+        "[gw1] [ 30%] PASSED tests/workers/test_node_agent.py::test_metrics \n",
+    ).replace(
+        "128.29s call     tests/e2e/test_chaos_e2e.py::test_every_fault_kind_at_once_breaks_no_invariant\n",
+        "128.29s call     tests/e2e/test_chaos_e2e.py::test_every_fault_kind_at_once_breaks_no_invariant\n"
+        "3.50s call     tests/workers/test_node_agent.py::test_health\n"
+        "2.25s call     tests/workers/test_node_agent.py::test_metrics\n"
+        "1.00s setup    tests/workers/test_node_agent.py::test_health\n",
+    )
+    workers = suite_time.parse(verbose)["by_worker"]
+    assert workers == {
+        "gw0": {
+            "test_s": 128.3,
+            "largest_modules": [{"module": "tests/e2e/test_chaos_e2e.py", "seconds": 128.3}],
+        },
+        "gw1": {
+            "test_s": 6.8,
+            "largest_modules": [{"module": "tests/workers/test_node_agent.py", "seconds": 6.8}],
+        },
+    }
+    assert "by_worker" not in suite_time.parse(LOG)  # a log without -v says nothing of its workers
+
+
 def test_a_log_cut_short_is_refused_saying_what_it_lacks():
     with pytest.raises(ValueError, match="1 phase summaries"):
         suite_time.parse(LOG.split("created: 2/2")[0])
