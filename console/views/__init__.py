@@ -35,6 +35,17 @@ def refuse_nul(request, kwargs: dict):
     return json_error(400, f"{field}: must not contain a NUL character (\\u0000).", field=field)
 
 
+def limit_param(request, default: int, maximum: int, things: str):
+    """?limit=, a whole number from 1 to `maximum` (`default` when absent); or the 400 that says what it must be."""
+    try:
+        limit = int(request.GET.get("limit", default))
+    except ValueError:
+        return json_error(400, f"limit: not a whole number of {things}, e.g. {default}", param="limit")
+    if not 1 <= limit <= maximum:
+        return json_error(400, f"limit: from 1 to {maximum} {things}, not {limit}", param="limit")
+    return limit
+
+
 def allow(*methods: str):
     """A JSON endpoint that answers only `methods` (HEAD with GET): any other is a 405 naming those it answers, not a
     GET's answer in disguise; and a NUL character anywhere in what is sent is a 400 naming its field. Inside

@@ -10,7 +10,7 @@ from django.views.decorators.http import require_POST
 from console.auth import DECIDE_DRAINS, REQUEST_DRAINS, api_view, page_view
 from console.forms import DrainRequestForm
 from console.readmodels import drains as drain_model
-from console.views import allow, refuse_nul
+from console.views import allow, limit_param, refuse_nul
 from recovery import roles, tasks
 from recovery.actions import drains, notify
 from recovery.http import json_error, json_object
@@ -188,12 +188,9 @@ def api_drain_decide(request, drain_id: int, decision: str):
 @allow("GET")
 def api_notifications(request):
     """The latest notifications and how each channel's delivery went; ?undelivered=1: the dead letters only."""
-    try:
-        limit = int(request.GET.get("limit", 50))
-    except ValueError:
-        return json_error(400, "limit: not a whole number of notifications, e.g. 50", param="limit")
-    if not 1 <= limit <= MAX_NOTIFICATIONS:
-        return json_error(400, f"limit: from 1 to {MAX_NOTIFICATIONS} notifications, not {limit}", param="limit")
+    limit = limit_param(request, 50, MAX_NOTIFICATIONS, "notifications")
+    if isinstance(limit, JsonResponse):
+        return limit
     undelivered = request.GET.get("undelivered", "0")
     if undelivered not in ("0", "1"):
         return json_error(400, f"undelivered: 1 (the dead letters only) or 0, not {undelivered!r}", param="undelivered")

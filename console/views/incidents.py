@@ -13,7 +13,7 @@ from django.views.decorators.http import require_POST
 from console.auth import ACT_ON_NODES, CLOSE_INCIDENTS, RECEIVE_ALERTS, api_view, page_view
 from console.forms import IncidentFilterForm
 from console.readmodels import incidents as incident_model
-from console.views import allow
+from console.views import allow, limit_param
 from recovery import roles
 from recovery.actions import alerts, incidents
 from recovery.http import json_error, json_object
@@ -124,12 +124,9 @@ def incident_action(request, incident_id: int, action: str):
 @allow("GET")
 def api_incidents(request):
     """The incidents list as JSON, with the page's filters (status, severity, node, since, until) and totals."""
-    try:
-        limit = int(request.GET.get("limit", 100))
-    except ValueError:
-        return json_error(400, "limit: not a whole number of incidents, e.g. 100", param="limit")
-    if not 1 <= limit <= MAX_LIMIT:
-        return json_error(400, f"limit: from 1 to {MAX_LIMIT} incidents, not {limit}", param="limit")
+    limit = limit_param(request, 100, MAX_LIMIT, "incidents")
+    if isinstance(limit, JsonResponse):
+        return limit
     form = IncidentFilterForm(request.GET)
     if not form.is_valid():
         field, errors = next(iter(form.errors.items()))
