@@ -35,13 +35,15 @@ PROCESS_WORDS = re.compile(
     r"real_engine|vllm_engine|AppRunner|TestServer|aiohttp_server|promtool)\b"
 )
 PROCESS_FOLDERS = ("tests/e2e/", "tests/browser/")
-# What holds this machine's cores for seconds at a time: a whole stack, a real engine, a browser. In the process phase
-# these run one after another on one xdist worker (the group "stacks"), and the lighter modules (a few nodes, a
-# gateway, a server) beside them on the other, a module at a time. Two stacks at once are more than this 2-core
-# machine holds: a run on three workers (the browser's stacks on one, the others on another) missed heartbeats for
-# 4.6 s and timed out pages and an engine's reload. The modules that use the stack fixtures are those of
+# What holds this machine's cores for seconds at a time: a whole stack, a browser. In the process phase these run one
+# after another on one xdist worker (the group "stacks"), and the lighter modules (a few nodes, a gateway, a server,
+# a real engine) beside them on the other, a module at a time. Two stacks at once are more than this 2-core machine
+# holds: a run on three workers (the browser's stacks on one, the others on another) missed heartbeats for 4.6 s and
+# timed out pages and an engine's reload. A real engine beside a stack is no more than the loaded run's spinning
+# process (every run under it green): the engines moved to the other worker on 2026-12-07, when the stacks' worker
+# was the whole process phase (824 s of tests against 605). The modules that use the stack fixtures are those of
 # PROCESS_FOLDERS; those that drive the browser take the `browser` fixture (BROWSER_ARGUMENT).
-STACK_WORDS = re.compile(r"\b(stack_database|LlamaServer|real_engine|vllm_engine)\b|[^\w.]demo\(")
+STACK_WORDS = re.compile(r"\bstack_database\b|[^\w.]demo\(")
 BROWSER_ARGUMENT = re.compile(r"[(,]\s*browser\b")
 
 
@@ -60,7 +62,7 @@ def _starts_processes(module) -> bool:
 @functools.cache
 def process_group(path: str) -> str:
     """The xdist group of a process-phase module (`path` relative to the checkout): "stacks" for one that starts a
-    whole stack or a real engine or drives Chromium (its folder or its own code says so), else the module itself."""
+    whole stack or drives Chromium (its folder or its own code says so), else the module itself."""
     text = (BASE_DIR / path).read_text()
     heavy = path.startswith(PROCESS_FOLDERS) or STACK_WORDS.search(text) or BROWSER_ARGUMENT.search(text)
     return "stacks" if heavy else path

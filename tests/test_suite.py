@@ -73,10 +73,10 @@ def test_a_copy_of_the_template_has_every_table_and_no_row_written_since(django_
     assert os.environ["DATABASE_URL"].startswith("postgres")  # PostgreSQL everywhere, embedded or not
 
 
-def test_stacks_engines_and_browsers_share_one_worker_and_every_other_module_keeps_to_one():
+def test_stacks_and_browsers_share_one_worker_and_every_other_module_keeps_to_one():
     """The process phase runs on two xdist workers (`--dist loadgroup`, scheduled by tests/conftest.py): what starts
-    a whole stack or a real engine or drives the browser is one scope, "stacks", run one test after another on one
-    worker; any other module is a scope of its own."""
+    a whole stack or drives the browser is one scope, "stacks", run one test after another on one worker; any other
+    module, a real engine's included, is a scope of its own."""
     from tests.conftest import ByProcessGroup
 
     expected = {
@@ -85,8 +85,8 @@ def test_stacks_engines_and_browsers_share_one_worker_and_every_other_module_kee
         "tests/browser/test_slo_detail_browser.py::test_the_manager_opens_an_objective": "stacks",  # Chromium
         "tests/console/test_experiments_browser.py::test_x": "stacks",  # Chromium
         "tests/console/test_web_processes.py::test_x": "stacks",  # a database and web processes of its own
-        "tests/recovery/gateway/test_vllm_engine.py::test_x": "stacks",  # a real vLLM
-        "tests/workers/test_real_engine.py::test_x[a]": "stacks",  # llama-server
+        "tests/recovery/gateway/test_vllm_engine.py::test_x": "tests/recovery/gateway/test_vllm_engine.py",  # vLLM
+        "tests/workers/test_real_engine.py::test_x[a]": "tests/workers/test_real_engine.py",  # llama-server
         "tests/workers/test_node_agent.py::test_health_status_and_metrics": "tests/workers/test_node_agent.py",
         "tests/recovery/gateway/test_gateway.py::test_keys[x]": "tests/recovery/gateway/test_gateway.py",
     }
