@@ -184,8 +184,10 @@ def test_silent_node_goes_down_then_left_and_a_new_session_rejoins(
     with django_capture_on_commit_callbacks(execute=True):
         beat(node_api, "node-x", body["session"])
     assert nodes.mark_silent_nodes_down() == []
-    # Pretend the last heartbeat was 3.5 s ago.
+    # Pretend the last heartbeat was 3.5 s ago, and the control plane's hearing began before it (its first beat, the
+    # registration, marked when hearing resumed: that mark is older too).
     hot.client().zadd(hot.keys().heartbeats, {"node-x": time.time() - 3.5})
+    hot.client().set(hot.keys().heartbeats_resumed, time.time() - 3.6)
     with django_capture_on_commit_callbacks(execute=True):
         assert nodes.mark_silent_nodes_down() == ["node-x"]
     node = Node.objects.get(name="node-x")

@@ -151,6 +151,27 @@ def test_a_backlog_of_beats_taken_in_at_once_after_a_deafness_gives_every_node_i
 
 
 @pytest.mark.django_db
+def test_the_first_beat_after_redis_restarted_empty_gives_every_node_restored_under_watch_its_allowance(
+    namespace, settings
+):
+    """A chaos run on 2026-12-07 (a web restart, then Redis restarted empty): the hot state's restore put the nodes
+    back under watch as seen at the restore; the first beat after it found no record of hearing in Redis, marked no
+    resumption, and 1.1 s after the sweep had logged the control plane deaf it marked the five nodes whose beats had
+    not come yet DOWN, 4.3 s after the restore."""
+    settings.LIFELINE_HEARTBEAT_MISS_S = 3.0
+    settings.LIFELINE_HEARTBEAT_INTERVAL_S = 1.0
+    for name in ("node-a", "node-b", "node-c"):
+        serving_node(name)
+    wipe(namespace)  # Redis restarted empty
+    now = time.time()
+    hot.client().zadd(hot.keys().heartbeats, {n: now - 4.3 for n in ("node-a", "node-b", "node-c")})  # the restore
+    beat("node-a", now - 0.1)  # the first beat taken in since
+    assert nodes.mark_silent_nodes_down() == []  # node-b's and node-c's beats may be on their way
+    assert set(Node.objects.values_list("state", flat=True)) == {NodeState.SERVING}
+    assert hot.heartbeats_resumed_at() == pytest.approx(now - 0.1)  # their allowance runs from that first beat
+
+
+@pytest.mark.django_db
 def test_the_beat_that_ends_a_deafness_landing_during_the_judgement_gives_every_node_its_allowance(
     namespace, settings, monkeypatch
 ):
@@ -265,7 +286,8 @@ def test_one_node_silent_while_the_rest_of_the_fleet_beats_is_down_at_once(names
     now = last_heard(10)
     for ago in range(9, -1, -1):  # node-a every second, node-b never again: the control plane was listening
         beat("node-a", now - ago)
-    assert hot.heartbeats_resumed_at() == 0.0  # the first beat Redis holds resumes nothing; no gap after it
+    # The first beat Redis holds marks a resumption (node-b's allowance runs from it, 10 s ago); no gap after it.
+    assert hot.heartbeats_resumed_at() == pytest.approx(now - 10)
     assert nodes.mark_silent_nodes_down() == ["node-b"]
     assert Node.objects.get(name="node-b").state == NodeState.DOWN
     assert Node.objects.get(name="node-a").state == NodeState.SERVING
