@@ -101,6 +101,31 @@ def choice(name: str, default: str, choices: tuple[str, ...]) -> str:
     return value
 
 
+def mapping(name: str, values: tuple[str, ...]) -> dict[str, str]:
+    """ "key=value,key=value" as a dict, each value one of `values` (empty when unset)."""
+    found: dict[str, str] = {}
+    for item in (_raw(name) or "").split(","):
+        if not item.strip():
+            continue
+        key, sep, value = (part.strip() for part in item.partition("="))
+        if not sep or not key or value not in values:
+            raise ConfigError(
+                f"{name}: {item.strip()!r} is not key=value with a value of {', '.join(values)} "
+                f"(expected, say, {name}=gpu-oncall={values[0]},sre-leads={values[-1]})"
+            )
+        found[key] = value
+    return found
+
+
+def all_or_none(what: str, values: dict[str, str | None]) -> bool:
+    """Whether every variable of a group that only works whole is set (True) or none is (False); a part of it is an
+    error naming the rest."""
+    missing = [name for name, value in values.items() if not value]
+    if missing and len(missing) < len(values):
+        raise ConfigError(f"{what} is half configured: set {', '.join(missing)} too, or none of {', '.join(values)}")
+    return not missing
+
+
 _NAMESPACE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,40}$")
 
 

@@ -77,6 +77,41 @@ LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "cluster"
 LOGOUT_REDIRECT_URL = "login"
 
+# --- Single sign-on: OpenID Connect (console/sso.py; docs/operations.md) -----------------------------------------
+# Off unless the provider's endpoints and this client's credentials are set; local accounts always work (break-glass).
+AUTHENTICATION_BACKENDS = ["django.contrib.auth.backends.ModelBackend", "console.sso.RoleMappingBackend"]
+OIDC_OP_AUTHORIZATION_ENDPOINT = env.string("LIFELINE_OIDC_AUTHORIZATION_ENDPOINT")
+OIDC_OP_TOKEN_ENDPOINT = env.string("LIFELINE_OIDC_TOKEN_ENDPOINT")
+OIDC_OP_USER_ENDPOINT = env.string("LIFELINE_OIDC_USERINFO_ENDPOINT")
+OIDC_OP_JWKS_ENDPOINT = env.string("LIFELINE_OIDC_JWKS_ENDPOINT")
+OIDC_RP_CLIENT_ID = env.string("LIFELINE_OIDC_CLIENT_ID")
+OIDC_RP_CLIENT_SECRET = env.secret("LIFELINE_OIDC_CLIENT_SECRET")
+LIFELINE_OIDC = env.all_or_none(
+    "single sign-on",
+    {
+        "LIFELINE_OIDC_AUTHORIZATION_ENDPOINT": OIDC_OP_AUTHORIZATION_ENDPOINT,
+        "LIFELINE_OIDC_TOKEN_ENDPOINT": OIDC_OP_TOKEN_ENDPOINT,
+        "LIFELINE_OIDC_USERINFO_ENDPOINT": OIDC_OP_USER_ENDPOINT,
+        "LIFELINE_OIDC_JWKS_ENDPOINT": OIDC_OP_JWKS_ENDPOINT,
+        "LIFELINE_OIDC_CLIENT_ID": OIDC_RP_CLIENT_ID,
+        "LIFELINE_OIDC_CLIENT_SECRET": OIDC_RP_CLIENT_SECRET,
+    },
+)
+LIFELINE_OIDC_PROVIDER_NAME = env.string("LIFELINE_OIDC_PROVIDER_NAME", "single sign-on")
+LIFELINE_OIDC_USERNAME_CLAIM = env.string("LIFELINE_OIDC_USERNAME_CLAIM", "preferred_username")
+LIFELINE_OIDC_ROLE_CLAIM = env.string("LIFELINE_OIDC_ROLE_CLAIM", "groups")
+# "idp-group=role,…": which of the provider's groups gives which Lifeline role (the strongest one wins); the roles
+# are recovery.roles.ROLES, which cannot be imported before the apps are loaded.
+LIFELINE_OIDC_ROLE_MAP = env.mapping("LIFELINE_OIDC_ROLE_MAP", ("operator", "oncall", "manager", "admin"))
+LIFELINE_OIDC_LOGOUT_ENDPOINT = env.string("LIFELINE_OIDC_LOGOUT_ENDPOINT")  # the provider's end_session_endpoint
+OIDC_RP_SIGN_ALGO = env.string("LIFELINE_OIDC_SIGN_ALGO", "RS256")
+OIDC_RP_SCOPES = env.string("LIFELINE_OIDC_SCOPES", "openid email profile")
+OIDC_USE_PKCE = True
+OIDC_STORE_ID_TOKEN = True  # the hint a sign-out at the provider needs
+OIDC_TIMEOUT = 10
+OIDC_AUTHENTICATION_CALLBACK_URL = "oidc_authentication_callback"
+LOGIN_REDIRECT_URL_FAILURE = "/login/sso/refused/"
+
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = False

@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
+from console import sso
 from console.views import (
     audit,
     checkpoints,
@@ -114,7 +115,10 @@ urlpatterns = [
     path("metrics", cluster.metrics, name="metrics"),
     path("api/prometheus/targets", cluster.api_prometheus_targets, name="api-prometheus-targets"),
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
-    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("logout/", sso.logout, name="logout"),
+    path("login/sso/", sso.begin, name="oidc_authentication_init"),
+    path("login/sso/callback/", sso.callback, name="oidc_authentication_callback"),
+    path("login/sso/refused/", sso.refused, name="sso-refused"),
     path("admin/", admin.site.urls),
     path("", include("recovery.urls")),
 ]

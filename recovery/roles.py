@@ -18,7 +18,7 @@ ADMIN = "admin"
 
 ROLES = (OPERATOR, ONCALL, MANAGER, ADMIN)
 # When a user is in several groups, the strongest one is their role.
-_PRECEDENCE = (ADMIN, ONCALL, OPERATOR, MANAGER)
+PRECEDENCE = (ADMIN, ONCALL, OPERATOR, MANAGER)
 
 
 class UnknownRole(ValueError):
@@ -42,7 +42,7 @@ def role_of(user: AbstractBaseUser | AnonymousUser | None) -> str | None:
     if cached is not False:
         return cached
     names = set(user.groups.values_list("name", flat=True))
-    role = next((name for name in _PRECEDENCE if name in names), None)
+    role = next((name for name in PRECEDENCE if name in names), None)
     user._lifeline_role = role
     return role
 

@@ -168,6 +168,10 @@ MATRIX: dict[str, dict[str, dict]] = {
         "POST": _others(200, operator=302, oncall=302, manager=302, admin=302),
     },
     "logout": {"GET": everyone(405), "POST": everyone(302)},
+    # Single sign-on, off in this run (tests/browser/test_sso_browser.py signs in through a real provider).
+    "oidc_authentication_init": {"GET": everyone(404), "POST": everyone(404)},
+    "oidc_authentication_callback": {"GET": everyone(404), "POST": everyone(404)},
+    "sso-refused": {"GET": everyone(403), "POST": everyone(405)},
     "node-register": {"GET": everyone(405), "POST": node()},
     "node-heartbeat": {"GET": everyone(405), "POST": node()},
     "node-deregister": {"GET": everyone(405), "POST": node()},
