@@ -135,6 +135,23 @@ def test_a_hang_with_no_control_plane_fault_near_it_must_be_marked_down(scratch)
     assert soak.violations == ["no node transition row for node-04 after node_hang"]
 
 
+def test_a_down_before_any_fault_touched_its_node_is_a_violation_though_a_later_fault_picks_that_node(scratch):
+    """The run at 7671ff6: after a web restart and an empty Redis, five healthy nodes were marked DOWN; four of them
+    were targets of faults injected later, and the soak excused those four."""
+    web = Fault("web_restart", 8, injected_wall=T - 8, targets=["web"])
+    redis_restart = Fault("redis_restart", 11, injected_wall=T - 6, targets=["redis"])
+    kill = Fault("node_kill", 52, ["node-04"], injected_wall=T + 35)
+    soak = soak_on(scratch, [web, redis_restart, kill])
+    for node in (3, 4):  # both marked DOWN before any fault touched them
+        insert(soak, "recovery_nodetransition", node, "down", at(T), "no heartbeat for 4.3 s")
+    insert(soak, "recovery_nodetransition", 4, "down", at(T + 36), "killed")  # the kill's own DOWN
+    insert(soak, "recovery_incidentevent", 4, at(T + 36))
+    rows = soak.check_rows()
+    assert rows["DOWN transitions of nodes no fault touched"] == 2
+    [said] = soak.violations
+    assert said.startswith("2 DOWN transitions of nodes no fault touched: node-03 at") and "node-04 at" in said
+
+
 def test_a_corrupt_node_is_spared_by_later_faults_until_its_drain_is_raised(scratch):
     sdc = Fault("sdc", 60, ["node-03"], injected_wall=T, note="drift")
     soak = soak_on(scratch, [sdc])
