@@ -218,12 +218,24 @@ async def test_a_target_that_hangs_while_restoring_hands_the_request_on(cluster)
                 data={"kind": "hang", "seconds": 30},
                 headers={"Authorization": "Bearer fault"},
             )
+            # The node answers first and hangs 50 ms later, on its own loop: kill only once it is hung, or (a loaded
+            # run at 9753ba4) the restore reaches it first, it serves three tokens, then hangs: a second move.
+            wait_for(lambda: not answers(cluster.nodes[holder].address), 10, 0.05, f"{holder} hung")
             hung.append(holder)
             cluster.nodes[node].kill(signal.SIGKILL)
 
     text, comments, _ = await asyncio.to_thread(stream_with_the_openai_client, base, on_token)
     assert text == expected
     assert len(comments) == 1 and hung[0] not in comments[0].split(" to ")[1].split(" ")[0]
+
+
+def answers(address: str) -> bool:
+    """Whether a node answers its health check within half a second (a hung one does not)."""
+    try:
+        http_json(address + "/health", timeout=0.5)
+    except OSError:
+        return False
+    return True
 
 
 async def test_planned_migration_moves_a_live_stream_without_a_gap_in_the_text(cluster):
