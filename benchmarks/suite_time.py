@@ -30,8 +30,6 @@ DURATION = re.compile(r"^(?P<seconds>[\d.]+)s (?P<when>setup|call|teardown) +(?P
 REAL = re.compile(r"^real\s+(?P<m>\d+)m(?P<s>[\d.]+)s$")
 # pytest -v under xdist: "[gw1] [ 42%] PASSED tests/...::test_x", the worker that ran each test.
 RAN_ON = re.compile(r"^\[(?P<worker>gw\d+)\] \[\s*\d+%\] (?:PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) (?P<test>\S+)")
-# `./lifeline test` names each phase before its output (the two run side by side; the process phase's shows first).
-PHASE = re.compile(r"^lifeline: phase (?P<name>parallel|process)\b")
 KINDS = {"runs[]": "measured"}
 
 
@@ -41,39 +39,34 @@ def phase(counts: str, seconds: str) -> dict:
 
 
 def parse(log: str) -> dict:
-    """A `.ci/run` log (with --durations, under `time`): each phase's counts and seconds, the slowest tests of each
-    phase, and the whole run's wall time; with -v and --durations=0, each process-phase worker's test time and its
-    largest modules (`by_worker`). A phase is the one named by the last `lifeline: phase` line before its summary;
-    a log without them (the phases one after the other, before 2026-12-07) has the parallel phase first."""
-    names = ("parallel", "process")
-    phases, slowest, ran_on = {}, {}, {}
-    current, on, named, side_by_side = [], {}, None, False
+    """A `.ci/run` log (with --durations, under `time`): each phase's counts and seconds, in order (parallel, then
+    process), the slowest tests of each phase, and the whole run's wall time; with -v and --durations=0, each
+    process-phase worker's test time and its largest modules (`by_worker`)."""
+    phases, slowest, current, ran_on, on = [], [], [], [], {}
     total_s = None
     for line in log.splitlines():
         if match := DURATION.match(line):
             current.append({"test": match["test"], "when": match["when"], "seconds": float(match["seconds"])})
         elif match := RAN_ON.match(line):
             on[match["test"]] = match["worker"]
-        elif match := PHASE.match(line):
-            named, side_by_side = match["name"], True
         elif match := SUMMARY.match(line):
-            name = named or names[len(phases) % 2]
-            phases[name], slowest[name], ran_on[name] = phase(match["counts"], match["seconds"]), current, on
-            current, on, named = [], {}, None
+            phases.append(phase(match["counts"], match["seconds"]))
+            slowest.append(current)
+            ran_on.append(on)
+            current, on = [], {}
         elif match := REAL.match(line):
             total_s = int(match["m"]) * 60 + float(match["s"])
-    if set(phases) != set(names) or total_s is None:
-        raise ValueError(f"not a whole `time .ci/run` log: phase summaries {sorted(phases)}, total {total_s}")
+    if len(phases) != 2 or total_s is None:
+        raise ValueError(f"not a whole `time .ci/run` log: {len(phases)} phase summaries, total {total_s}")
+    names = ("parallel", "process")
     run = {
         "total_s": round(total_s, 1),
-        "phases": {name: phases[name] for name in names},
-        "slowest": {name: slowest[name][:30] for name in names},
-        "green": all(not p.get("failed") and not p.get("errors") and not p.get("error") for p in phases.values()),
+        "phases": dict(zip(names, phases)),
+        "slowest": {name: tests[:30] for name, tests in zip(names, slowest)},
+        "green": all(not p.get("failed") and not p.get("errors") and not p.get("error") for p in phases),
     }
-    if side_by_side:
-        run["side_by_side"] = True  # the phases ran at once: the run's time is about the longer one's, not the sum
-    if ran_on["process"]:
-        run["by_worker"] = by_worker(slowest["process"], ran_on["process"])
+    if ran_on[1]:
+        run["by_worker"] = by_worker(slowest[1], ran_on[1])
     return run
 
 
@@ -130,9 +123,8 @@ class CpuSampler(threading.Thread):
 
 
 def cpu_by_phase(sampler: CpuSampler, run: dict) -> dict:
-    """Mean CPU busy per phase: the parallel phase from the run's start (first, or beside the process phase since
-    2026-12-07), the process phase the last of the run (the engine preparation and the wait for it follow it only
-    on a cold machine)."""
+    """Mean CPU busy per phase: the parallel phase runs first, the process phase is the last of the run (the
+    engine preparation and the wait for it follow it only on a cold machine)."""
     total, process = run["total_s"], run["phases"]["process"]["seconds"]
     return {
         "every_s": sampler.every_s,
