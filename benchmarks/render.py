@@ -309,9 +309,8 @@ def suite_time() -> str:
         parallel = ", ".join(_minutes(r["phases"]["parallel"]["seconds"]) for r in these)
         process = ", ".join(_minutes(r["phases"]["process"]["seconds"]) for r in these)
         green = sum(r["green"] for r in these)
-        together = "side by side: " if all(r.get("side_by_side") for r in these) else ""
         shown.append(
-            f"{what}: **{times} minutes** ({together}parallel phase {parallel}, process phase {process}), "
+            f"{what}: **{times} minutes** (parallel phase {parallel}, process phase {process}), "
             f"{green} of {len(these)} green"
         )
     loaded = [r for r in runs if r["label"] == "loaded"]

@@ -12,7 +12,7 @@ from urllib.parse import urlencode
 
 from django.conf import settings
 from django.contrib import auth
-from django.contrib.auth.models import Group
+from django.contrib.auth import get_user_model
 from django.http import Http404, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
@@ -20,6 +20,7 @@ from django.views.decorators.http import require_GET, require_POST
 from mozilla_django_oidc import views as oidc_views
 from mozilla_django_oidc.auth import OIDCAuthenticationBackend
 
+from console.actions import set_user_role
 from recovery import roles
 from recovery.actions import audit
 
@@ -27,7 +28,7 @@ REFUSED = "lifeline_sso_refused"  # the session key the refusal page reads
 
 
 def enabled() -> bool:
-    return bool(getattr(settings, "LIFELINE_OIDC", False))
+    return settings.LIFELINE_OIDC
 
 
 def mapped_roles(claims: dict) -> tuple[list[str], list[str]]:
@@ -47,8 +48,6 @@ class RoleMappingBackend(OIDCAuthenticationBackend):
         if enabled():
             super().__init__(*args, **kwargs)
         else:
-            from django.contrib.auth import get_user_model
-
             self.UserModel = get_user_model()
 
     def authenticate(self, request, **kwargs):
@@ -87,14 +86,11 @@ class RoleMappingBackend(OIDCAuthenticationBackend):
                 f"Lifeline role (the groups that do: {mapping}); ask for one of them, or an admin to map yours",
             )
         if user is None:
-            user = self.UserModel.objects.create_user(username, email=claims.get("email", ""))
+            user = self.UserModel.objects.create_user(username)
             user.set_unusable_password()  # signs in only through the provider
-        user.email = claims.get("email", user.email) or ""
-        user.first_name = str(claims.get("given_name", user.first_name))[:150]
-        user.last_name = str(claims.get("family_name", user.last_name))[:150]
-        user.is_staff = user.is_superuser = found[0] == roles.ADMIN  # as console.actions.set_user_role does
-        user.save()
-        user.groups.set([Group.objects.get_or_create(name=found[0])[0]])  # one role, the strongest, as everywhere
+            user.save(update_fields=["password"])
+        # The strongest mapped role as their only one, the admin site's flags with it: as an admin would set it.
+        user = set_user_role(username, found[0], email=claims.get("email", ""), actor=f"sso:{username}")
         audit.record(username, "sso_login", f"user:{username}", role=found[0], groups=groups[:20])
         return user
 

@@ -39,10 +39,10 @@ PROCESS_FOLDERS = ("tests/e2e/", "tests/browser/")
 # after another on one xdist worker (the group "stacks"), and the lighter modules (a few nodes, a gateway, a server,
 # a real engine) beside them on the other, a module at a time. Two stacks at once are more than this 2-core machine
 # holds: a run on three workers (the browser's stacks on one, the others on another) missed heartbeats for 4.6 s and
-# timed out pages and an engine's reload. A real engine beside a stack is no more than the loaded run's spinning
-# process (every run under it green): the engines moved to the other worker on 2026-12-07, when the stacks' worker
-# was the whole process phase (824 s of tests against 605). The modules that use the stack fixtures are those of
-# PROCESS_FOLDERS; those that drive the browser take the `browser` fixture (BROWSER_ARGUMENT).
+# timed out pages and an engine's reload. A real engine beside a stack is no more than the loaded runs' spinning
+# process (green under it on the morning's host): the engines moved to the other worker on 2026-12-07, when the
+# stacks' worker was the whole process phase (824 s of tests against 605). The modules that use the stack fixtures
+# are those of PROCESS_FOLDERS; those that drive the browser take the `browser` fixture (BROWSER_ARGUMENT).
 STACK_WORDS = re.compile(r"\bstack_database\b|[^\w.]demo\(")
 BROWSER_ARGUMENT = re.compile(r"[(,]\s*browser\b")
 

@@ -87,9 +87,6 @@ def test_the_readmes_block_says_the_latest_clean_runs_and_whether_the_goal_is_me
     assert "**14.7, 15.3 minutes**" in text and "2 of 2 green" in text and "`bbbbbbb`" in text
     assert "Under 15 minutes: not met (the fastest clean run 14.7)" in text  # every clean run must be under
     assert "at `aaaaaaa`: 25.0 minutes" in text
-    assert "side by side" not in text
-    (tmp_path / "suite_time.json").write_text(json.dumps({"runs": [{**r, "side_by_side": True} for r in runs]}))
-    assert "**14.7, 15.3 minutes** (side by side: parallel phase 3.1, 3.1, process phase" in render.suite_time()
 
 
 def test_the_cpu_samples_are_split_into_the_runs_phases():
