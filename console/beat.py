@@ -17,6 +17,9 @@ beat restarted by its supervisor a second before a database restart). It
 touches its file while it waits: it is not stuck, and nothing can be scheduled
 until the database is back.
 
+It also runs the store watch (recovery.actions.conditions.StoreWatch): a thread that probes Redis and the database
+every half second and opens an incident when either is away longer than a heartbeat interval.
+
 SIGTERM and SIGINT end beat by unwinding its loop, whose `finally` saves the
 schedule. Celery's own handler saves it inside the signal handler, on top of
 whatever the loop was doing: a signal that landed during a tick's query
@@ -50,6 +53,11 @@ class Scheduler(DatabaseScheduler):
                 signal.signal(signum, _unwind)
         wait_for_database(self.touch)
         super().__init__(*args, **kwargs)
+        # Redis or the database away longer than a heartbeat interval is an incident (recovery.actions.conditions):
+        # beat, the control plane's one process of its kind, watches both for the whole of its life.
+        from recovery.actions import conditions
+
+        conditions.StoreWatch().start()
 
     def touch(self) -> None:
         if self.alive_file is not None:

@@ -213,6 +213,94 @@ RUNBOOKS.update(
             ("The node's page (/nodes/<node>/): its Xid events, with what each code calls for.",),
             ("Approve the drain with the remediation the Xid calls for (reset GPU, reboot node).",),
         ),
+        # Failures that open incidents of their own (recovery.actions.conditions): each incident links its runbook.
+        "LifelineNvlinkDown": Runbook(
+            "NVLink down on a node, with no Xid",
+            "A heartbeat's GPU telemetry reports NVLink links down on a node whose driver logged no Xid for it: its "
+            "tensor-parallel group talks over PCIe, so every step is slower. The node stays in routing.",
+            (
+                "The node's page (/nodes/<node>/): the GPU table's NVLink column and the step time; its incident: when "
+                "the links went down and whether a slow-GPU condition followed.",
+            ),
+            (
+                "Drain the node (reset GPU) when the fleet can spare it; reseat or replace the NVLink bridge or "
+                "NVSwitch tray if the links stay down after a reset.",
+                "The condition clears by itself when every link reports up again.",
+            ),
+        ),
+        "LifelineGpuSlow": Runbook(
+            "A GPU slower than its model for a sustained period",
+            "A node's decode steps have run 1.5 times the model's step time for their shape, or slower, for "
+            "LIFELINE_SLOW_GPU_S on end (30 s by default). The incident names thermal throttling when the telemetry "
+            "shows it; otherwise suspect clocks held down, a PCIe fallback, or a noisy neighbour.",
+            (
+                "The node's page (/nodes/<node>/): temperature, SM clock against its maximum, clock-event reasons.",
+                "Degradation (/degradation/): the capacity the slowdown costs (it counts it already).",
+            ),
+            (
+                "Thermal: check the chassis fans and inlet temperature; drain the node (restart) if it stays hot.",
+                "Not thermal: drain it with a GPU reset; hand it to hardware repair if it is slow again after.",
+            ),
+        ),
+        "LifelineNodePartitioned": Runbook(
+            "A node partitioned from the control plane",
+            "The control plane stopped hearing a node's heartbeats, yet the same session answers it: the network "
+            "path its heartbeats take is cut, not the node. It is taken out of routing all the same, since nothing it "
+            "holds is coordinated while unheard; its requests moved as for a failure.",
+            (
+                "Its incident: when the heartbeats stopped and what the probe found.",
+                "The network between the node's host and the control plane (switch port, firewall, the node's DNS).",
+            ),
+            (
+                "Restore the path; the node registers again by itself, the condition clears and it returns to "
+                "routing once serving.",
+                "If it stays cut, drain it (hardware repair) so on-call is not paged again for it.",
+            ),
+        ),
+        "LifelinePoisonRequest": Runbook(
+            "A poison request",
+            "Several requests with one content key each failed on two nodes: the input, not the nodes, is at fault "
+            "(a query of death). No node's breaker counts them, so the fleet stays in service; the clients sending it "
+            "get 500 request_failed_on_two_nodes.",
+            (
+                "Its incident: the request ids, the nodes they failed on and what the engine answered.",
+                "The gateways' logs for the request ids: the tenant and key that sent them.",
+            ),
+            (
+                "Report the engine bug with one request id and the engine's answer; block the tenant's key (API keys "
+                "page) if it keeps sending it.",
+                "The condition clears after ten minutes with no failure of that content.",
+            ),
+        ),
+        "LifelineGatewayLost": Runbook(
+            "A gateway lost",
+            "A gateway stopped publishing its in-flight requests without leaving cleanly: its process died or its "
+            "host is cut off. The streams it held broke; a client that resumes with Last-Event-ID goes on through "
+            "another gateway, with nothing lost.",
+            (
+                "Its incident: the requests it had in flight and the nodes they ran on.",
+                "The load balancer's view of the gateway (HAProxy's stats page) and the gateway's log.",
+            ),
+            (
+                "Restart the gateway (`manage.py gateway`); the condition clears when it publishes again.",
+                "If clients lost streams, check they resume (clients/resuming.py is the reference client).",
+            ),
+        ),
+        "LifelineStoreAway": Runbook(
+            "Redis or the database away",
+            "The control plane's store watch could not reach Redis or the database for longer than a heartbeat "
+            "interval. While Redis is away no heartbeat, gateway signal or Celery task moves and no failure is handled "
+            "(the gateways keep routing on what they last read); while the database is away nothing is recorded.",
+            (
+                "The console's /healthz (database and Redis checks); the store's own log and host.",
+                "Its incident: when it went and when it answered again.",
+            ),
+            (
+                "Bring the store back; Lifeline writes its hot state back to an empty Redis within a second and no "
+                "node is marked DOWN for the control plane's own deafness.",
+                "If it recurs, look at the store's memory, disk and connection limits.",
+            ),
+        ),
         "LifelineGpuXidWarnings": Runbook(
             "Many WARN Xid events on a node",
             "Xid events of the warn class (application faults, row remaps, ECC rates) keep coming: not a drain yet, "

@@ -224,6 +224,9 @@ LIFELINE_HEARTBEAT_MISS_S = env.number("LIFELINE_HEARTBEAT_MISS_S", 3.0, minimum
 LIFELINE_HEARTBEAT_DEAF_MAX_S = env.number("LIFELINE_HEARTBEAT_DEAF_MAX_S", 30.0, minimum=0, maximum=3600)
 # Whole seconds: django-celery-beat stores intervals as integers.
 LIFELINE_HEARTBEAT_CHECK_S = env.integer("LIFELINE_HEARTBEAT_CHECK_S", 1, minimum=1)
+# A node whose decode steps run 1.5 times the model's or slower for this long is a slow GPU: an incident of its own
+# (recovery.actions.conditions). Long enough that a busy minute of the host is not one.
+LIFELINE_SLOW_GPU_S = env.number("LIFELINE_SLOW_GPU_S", 30.0, minimum=1, maximum=86400)
 LIFELINE_LEFT_AFTER_S = env.number("LIFELINE_LEFT_AFTER_S", 600.0, minimum=1, maximum=30 * 86400)
 # Shared secret nodes present when they register and send heartbeats.
 LIFELINE_NODE_TOKEN = env.secret("LIFELINE_NODE_TOKEN")
@@ -291,6 +294,12 @@ CELERY_BEAT_SCHEDULE = {
         "task": "recovery.tasks.process_gateway_streams",
         "schedule": 1.0,
         "options": {"expires": 5.0},
+    },
+    # Failures that last (recovery.actions.conditions): slow GPUs, lost gateways, poison requests gone quiet.
+    "check-conditions": {
+        "task": "recovery.tasks.check_conditions",
+        "schedule": 2.0,
+        "options": {"expires": 4.0},
     },
     "check-incident-recovery": {
         "task": "recovery.tasks.check_incident_recovery",

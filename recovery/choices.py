@@ -105,6 +105,20 @@ class EventKind(models.TextChoices):
     ERT = "ert", "Expert routing table changed"
     PROVISIONING = "provisioning", "Replacement provisioning"
     ALERT = "alert", "Alert"  # from Alertmanager (recovery.actions.alerts), firing or resolved
+    CONDITION = "condition", "Failure began"  # a lasting failure (recovery.actions.conditions)
+    CONDITION_CLEARED = "condition_cleared", "Failure cleared"
+
+
+class FailureClass(models.TextChoices):
+    """The failures that last, each found by its own evidence (recovery.actions.conditions) and each with its runbook
+    (console.runbooks): a node's loss and silent corruption have their own paths (recovery.actions.incidents)."""
+
+    NVLINK_DOWN = "nvlink_down", "NVLink down"
+    SLOW_GPU = "slow_gpu", "Slow GPU"
+    PARTITIONED = "partitioned", "Node partitioned"
+    POISON_REQUEST = "poison_request", "Poison request"
+    GATEWAY_LOST = "gateway_lost", "Gateway lost"
+    STORE_AWAY = "store_away", "Store away"
 
 
 class AlertStatus(models.TextChoices):

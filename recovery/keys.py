@@ -142,6 +142,16 @@ class Keys:
         """Set, expiring: the nodes a request (by its content's fingerprint) failed on, as gateways reported."""
         return self._k("failures", "request", fingerprint)
 
+    def poison_failures(self, fingerprint: str) -> str:
+        """Sorted set, expiring: the requests with one content fingerprint that failed on two nodes, by when
+        (recovery.actions.conditions: a poison request)."""
+        return self._k("failures", "poison", fingerprint)
+
+    @property
+    def poison_last(self) -> str:
+        """Sorted set: content fingerprint -> the last time a request with it failed on two nodes."""
+        return self._k("failures", "poison-last")
+
     def node_failures(self, node: str) -> str:
         """Set, expiring: fingerprints of the requests counted against a node's breaker."""
         return self._k("failures", "node", node)

@@ -27,6 +27,7 @@ from recovery.choices import (
     EventKind,
     ExperimentStatus,
     ExpertWorkerState,
+    FailureClass,
     Health,
     HealthChange,
     IncidentSeverity,
@@ -558,6 +559,38 @@ class Alert(models.Model):
 
     def __str__(self):
         return f"{self.name} ({self.status})"
+
+
+class Condition(models.Model):
+    """A failure that lasts (a link down, a GPU slow, a node partitioned, a poison request, a gateway gone, a store
+    away), from its first evidence until it cleared, on the incident it opened or joined (recovery.actions.conditions).
+    At most one is open per class and subject: the same evidence again is the same condition."""
+
+    incident = models.ForeignKey(Incident, on_delete=models.CASCADE, related_name="conditions")
+    failure_class = models.CharField(max_length=32, choices=FailureClass.choices)
+    subject = models.CharField(
+        max_length=200, help_text="What failed: a node's or a gateway's name, 'redis' or 'database', a request key."
+    )
+    node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.SET_NULL, related_name="conditions")
+    started_at = models.DateTimeField(help_text="Its first evidence.")
+    detected_at = models.DateTimeField(default=timezone.now, help_text="When the control plane recorded it.")
+    cleared_at = models.DateTimeField(null=True, blank=True)
+    summary = models.TextField()
+    cleared_by = models.TextField(blank=True, help_text="The evidence that it cleared.")
+    details = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["started_at", "id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["failure_class", "subject"],
+                condition=models.Q(cleared_at__isnull=True),
+                name="condition_one_open_per_subject",
+            )
+        ]
+
+    def __str__(self):
+        return f"{self.get_failure_class_display()}: {self.subject}"
 
 
 class RequestOutcome(models.Model):

@@ -24,7 +24,7 @@ from django.utils import timezone
 from kombu.exceptions import OperationalError
 
 from recovery import tasks
-from recovery.actions import capacity, drains, health, incidents, live_migration, nodes
+from recovery.actions import capacity, conditions, drains, health, incidents, live_migration, nodes
 from recovery.choices import DrainState, Health, HealthChange, NodeState
 from recovery.models import (
     DegradationChange,
@@ -81,6 +81,10 @@ def on_node_transition(row: NodeTransition) -> None:
         return  # a node of the run before the control plane started, found gone: not a failure
     if row.new_state == NodeState.DOWN and not node.spare:
         health.promote_spare_for(node, f"{node.name} is DOWN: {row.cause}")
+    if row.new_state == NodeState.DOWN and row.cause.startswith(nodes.SILENT):
+        conditions.partitioned(node, row.session, row.at)  # silent, yet it answers: its incident says so
+    elif row.new_state == NodeState.JOIN and row.old_state in (NodeState.DOWN, NodeState.LEFT):
+        conditions.registered_again(node.name, row.at)
     if row.old_state:
         incidents.on_node_transition(node.pk, row.old_state, row.new_state, row.cause, row.at)
     if row.new_state == NodeState.SERVING:

@@ -10,6 +10,7 @@ from celery import shared_task
 
 from recovery.actions import (
     capacity,
+    conditions,
     drains,
     experiments,
     health,
@@ -45,6 +46,16 @@ def restore_hot_state() -> bool:
 def process_gateway_streams() -> dict:
     """Failure symptoms, request fates and outcomes the gateways reported."""
     return streams.process()
+
+
+@shared_task(ignore_result=True)
+def check_conditions() -> dict:
+    return {
+        "nvlink": conditions.check_nvlink(),
+        "slow": conditions.check_slow_gpus(),
+        "gateways": conditions.check_gateways(),
+        "poison_cleared": conditions.check_poison(),
+    }
 
 
 @shared_task(ignore_result=True)

@@ -17,9 +17,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from console.runbooks import RUNBOOKS
 from harness import promtool
 from recovery import hot
-from recovery.actions import nodes
+from recovery.actions import conditions, nodes
 from recovery.actions import slo as slo_actions
-from recovery.choices import OPEN_DRAIN_STATES, CanaryKind, DrainState, NodeState
+from recovery.choices import OPEN_DRAIN_STATES, CanaryKind, DrainState, FailureClass, NodeState
 from recovery.gateway.app import GatewayMetrics
 from recovery.models import CanaryResult, Drain, SloObjective, XidEvent
 from recovery.policy import slo, slo_rules
@@ -128,8 +128,12 @@ def test_the_objectives_are_the_consoles_defaults():
 
 
 def test_each_alerts_runbook_page_answers(client, cast):
-    names = {alert["alert"] for alert in _alerts()}
-    assert set(RUNBOOKS) == names, "a runbook for each alert, and none for an alert that does not exist"
+    alerts = {alert["alert"] for alert in _alerts()}
+    # The failures that open incidents of their own link runbooks too (recovery.actions.conditions), one per class.
+    assert set(conditions.KINDS) == set(FailureClass)
+    failures = {kind.runbook for kind in conditions.KINDS.values()}
+    names = alerts | failures
+    assert set(RUNBOOKS) == names, "a runbook for each alert and failure class, and none for one that does not exist"
     assert client.get("/runbooks/LifelineTokensLost/").status_code == 302  # to the login page
     for role in ("manager", "oncall"):
         client.force_login(cast[role])

@@ -43,8 +43,11 @@ HEARTBEAT_GPU_FIGURES = (
     "temperature_c",
     "power_w",
     "sm_clock_mhz",
+    "sm_clock_max_mhz",
     "throttle_reasons",
     "ecc_uncorrected_volatile",
+    "nvlink_links",
+    "nvlink_links_down",  # the control plane opens an incident for links down with no Xid (recovery.actions.conditions)
 )
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")

@@ -68,6 +68,16 @@ class GpuReading:
     def to_json(self) -> dict:
         return asdict(self)
 
+    @property
+    def nvlink_links(self) -> int | None:
+        """NVLink links this GPU has (None: no NVLink, or not read)."""
+        return None if self.nvlink_up is None else len(self.nvlink_up)
+
+    @property
+    def nvlink_links_down(self) -> int | None:
+        """Its NVLink links reported down: what a heartbeat carries of the NVLink state."""
+        return None if self.nvlink_up is None else sum(1 for up in self.nvlink_up if not up)
+
 
 @dataclass(frozen=True)
 class XidEvent:

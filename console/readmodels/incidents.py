@@ -5,13 +5,16 @@ import datetime as dt
 import math
 
 from django.db.models import Count, Q
+from django.urls import reverse
 from django.utils import timezone
 
+from recovery.actions import conditions
 from recovery.choices import (
     INCIDENT_SEVERITY_BADGE,
     INCIDENT_STATUS_BADGE,
     SYSTEM_EVENT_KINDS,
     EventKind,
+    FailureClass,
     IncidentSeverity,
     IncidentStatus,
 )
@@ -176,8 +179,33 @@ def incident_figures(incident: Incident) -> dict:
 
 
 def incident_facts(incident: Incident) -> dict:
-    """The incident's header: its row and its figures."""
-    return {**incident_row(incident), "figures": incident_figures(incident), "severity_rule": severity_policy.RULE}
+    """The incident's header: its row, its figures and its lasting failures."""
+    return {
+        **incident_row(incident),
+        "figures": incident_figures(incident),
+        "severity_rule": severity_policy.RULE,
+        "conditions": condition_rows(incident),
+    }
+
+
+def condition_rows(incident: Incident) -> list[dict]:
+    """The incident's lasting failures (recovery.actions.conditions), each with its runbook."""
+    return [
+        {
+            "id": c.pk,
+            "class": c.failure_class,
+            "label": FailureClass(c.failure_class).label,
+            "subject": c.subject,
+            "node": c.node.name if c.node_id else None,
+            "started_at": c.started_at.timestamp(),
+            "cleared_at": c.cleared_at.timestamp() if c.cleared_at else None,
+            "lasted_s": (c.cleared_at - c.started_at).total_seconds() if c.cleared_at else None,
+            "summary": c.summary,
+            "cleared_by": c.cleared_by,
+            "runbook": reverse("runbook", args=[conditions.KINDS[FailureClass(c.failure_class)].runbook]),
+        }
+        for c in incident.conditions.select_related("node")
+    ]
 
 
 def event_row(event: IncidentEvent) -> dict:

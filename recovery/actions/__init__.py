@@ -14,6 +14,7 @@ health: canaries, health states, circuit breakers, cordons, Xid events, hot spar
 live_migration: moving every request off a node, live.
 nodes: the node lifecycle (registration, heartbeats, DOWN, LEFT).
 incidents: incidents and their timelines, speculative assist.
+conditions: failures that last (NVLink down, a slow GPU, a partition, a poison request, a gateway lost, a store away).
 alerts: Alertmanager's webhook: its alerts as incidents and their events.
 capacity: capacity against the SLOs, and the degradation level.
 drains: drains approved by on-call, and their run.
@@ -36,6 +37,7 @@ ORDER = (
     "live_migration",
     "nodes",
     "incidents",
+    "conditions",
     "alerts",
     "capacity",
     "cluster_settings",

@@ -28,7 +28,7 @@ from django.utils import timezone
 from recovery import events, hot, nodeclient, roles
 from recovery.actions import audit, health, nodes
 from recovery.choices import OPEN_DRAIN_STATES, AlertStatus, EventKind, Health, IncidentStatus, NodeState
-from recovery.models import Cluster, Drain, Incident, IncidentEvent, Node, RequestOutcome
+from recovery.models import Cluster, Condition, Drain, Incident, IncidentEvent, Node, RequestOutcome
 from recovery.policy import capacity as capacity_policy
 from recovery.policy import load, progressive
 from recovery.policy import severity as severity_policy
@@ -126,11 +126,12 @@ class Coverage:
         return [n.name for n in self.nodes if not self.in_routing[n.name] and n.name not in self.spares]
 
 
-def _back(node: Node, draining: frozenset[str]) -> bool:
-    """An incident's node is back when it serves in routing, healthy, with no drain open on it: under suspicion
-    (SUSPICIOUS) or waiting for a drain, what the incident lost is not back (an SDC incident said "capacity restored
-    … in routing" at +0 ms, its node corrupt and its drain waiting)."""
-    return _in_service(node) and node.health == Health.HEALTHY and node.name not in draining
+def _back(node: Node, draining: frozenset[str], failing: frozenset[str] = frozenset()) -> bool:
+    """An incident's node is back when it serves in routing, healthy, with no drain open on it and no lasting failure
+    of it open (recovery.actions.conditions: a link down, a slow GPU): under suspicion (SUSPICIOUS), waiting for a
+    drain, or still slow, what the incident lost is not back (an SDC incident said "capacity restored … in routing"
+    at +0 ms, its node corrupt and its drain waiting)."""
+    return _in_service(node) and node.health == Health.HEALTHY and node.name not in draining | failing
 
 
 def coverage(incident: Incident) -> Coverage:
@@ -139,9 +140,12 @@ def coverage(incident: Incident) -> Coverage:
     draining = frozenset(
         Drain.objects.filter(node__in=nodes, state__in=OPEN_DRAIN_STATES).values_list("node__name", flat=True)
     )
+    failing = frozenset(
+        Condition.objects.filter(node__in=nodes, cleared_at__isnull=True).values_list("node__name", flat=True)
+    )
     return Coverage(
         nodes,
-        {node.name: _back(node, draining) for node in nodes},
+        {node.name: _back(node, draining, failing) for node in nodes},
         {e.details.get("in_place_of"): e for e in promoted if e.node is not None and _in_service(e.node)},
         draining,
     )
@@ -205,7 +209,7 @@ def open_incident(
     """A new incident of its own, joined to no failure (an alert's: recovery.actions.alerts), with `details`."""
     incident = _open(Cluster.default(), title, at, detected_at=detected_at, kind=kind)
     if details:
-        _merge_details(incident, **details)
+        merge_details(incident, **details)
     return incident
 
 
@@ -227,10 +231,11 @@ def note_failure(node: Node, at, source: str, reason: str) -> Incident:
         # The level rose before this node's failure was known: the incident began at its first symptom.
         incident.opened_at = at
         incident.save(update_fields=["opened_at"])
-    if not incident.nodes.filter(pk=node.pk).exists():
+    if node.name not in incident.details.get("failures", {}):
         incident.nodes.add(node)
-        names = sorted(incident.nodes.values_list("name", flat=True))
-        incident.title = f"{', '.join(names)} failed"
+        if incident.details.get("kind") != "condition":  # opened by a lasting failure: its title says which
+            names = sorted(incident.nodes.values_list("name", flat=True))
+            incident.title = f"{', '.join(names)} failed"
         # The checkpoints as this node failed (one table per failed node), and a recovery to be judged again.
         failed_at = _at_failure(node, at)
         snapshot = checkpoint_distribution(at=failed_at)
@@ -470,7 +475,7 @@ def _open_for_capacity(level: int, cause: str, at: dt.datetime, model: str = "")
     title = f"{named}capacity below the objective: degradation level {level}"
     incident = _open(Cluster.default(), title[0].upper() + title[1:], at, detected_at=at, kind=CAPACITY_KIND)
     if model:
-        _merge_details(incident, model=model)
+        merge_details(incident, model=model)
     add_event(
         incident,
         EventKind.DEGRADATION,
@@ -648,7 +653,7 @@ def _latency_recovered(incident: Incident, now: dt.datetime) -> tuple[str, dict]
     return "no traffic before the failure to compare with; every node involved serves again", figures
 
 
-def _merge_details(incident: Incident, **changes) -> None:
+def merge_details(incident: Incident, **changes) -> None:
     """Add to an incident's details as they are in the database now: another reaction may have added its own
     since `incident` was read. Inside a transaction."""
     current = Incident.objects.select_for_update().filter(pk=incident.pk).values_list("details", flat=True).first()
@@ -670,7 +675,7 @@ def _note_latency(incident: Incident, now: dt.datetime) -> None:
     if not claimed:
         return
     incident.recovered_at, incident.recovery_time_s = now, seconds
-    _merge_details(incident, recovery=figures)
+    merge_details(incident, recovery=figures)
     add_event(
         incident,
         EventKind.RECOVERED,
@@ -690,7 +695,10 @@ def note_capacity(incident: Incident, at: dt.datetime) -> None:
     # One reading decides and is told (a node in routing when judged, out of it and with no spare when described,
     # once killed the periodic check on a KeyError in the chaos soak).
     reading = coverage(incident)
-    if not reading.nodes or reading.missing:
+    if not reading.nodes:
+        _conditions_over(incident, at)
+        return
+    if reading.missing:
         return  # some node neither back nor replaced: judged again as the next one returns, or by the periodic check
     # Dated by the nodes themselves, not by when this runs (a reaction can run late, or for an earlier step): the
     # last node to return, each by the time it entered its current state and health, or its spare by its promotion.
@@ -724,12 +732,39 @@ def note_capacity(incident: Incident, at: dt.datetime) -> None:
     _stabilize(incident, at)
 
 
+def _conditions_over(incident: Incident, at: dt.datetime) -> None:
+    """An incident of no node whose lasting failures (a gateway lost, a store away, a poison request) have all
+    cleared: what it took is restored when the last cleared."""
+    conditions = list(incident.conditions.all())
+    if not conditions or any(c.cleared_at is None for c in conditions):
+        return
+    at = min(max(c.cleared_at for c in conditions), at)
+    claimed = Incident.objects.filter(
+        pk=incident.pk, status=IncidentStatus.ACTIVE, capacity_restored_at__isnull=True
+    ).update(capacity_restored_at=at)
+    if not claimed:
+        return
+    incident.capacity_restored_at = at
+    seconds = (at - incident.opened_at).total_seconds()
+    add_event(
+        incident,
+        EventKind.CAPACITY_RESTORED,
+        f"Restored {seconds:.1f} s after the first symptom: every failure of it cleared",
+        at=at,
+        details={"seconds": round(seconds, 3)},
+    )
+    transaction.on_commit(lambda pk=incident.pk: events.incident_changed(pk))
+    _stabilize(incident, at)
+
+
 def _stabilize(incident: Incident, now: dt.datetime) -> bool:
     """Active → Stable once latency recovered and capacity restored both hold, and no drain is open on its nodes
     (a spare may serve in a node's place while on-call has yet to decide what becomes of it)."""
     if incident.recovered_at is None or incident.capacity_restored_at is None:
         return False
     if incident.alerts.filter(status=AlertStatus.FIRING).exists():  # recovery.actions.alerts: an alert still fires
+        return False
+    if incident.conditions.filter(cleared_at__isnull=True).exists():  # recovery.actions.conditions: one still lasts
         return False
     if Drain.objects.filter(node__in=incident.nodes.all(), state__in=OPEN_DRAIN_STATES).exists():
         return False
@@ -742,7 +777,7 @@ def _stabilize(incident: Incident, now: dt.datetime) -> bool:
     if not claimed:
         return False
     incident.status = IncidentStatus.STABLE
-    _merge_details(incident, checkpoints_after=checkpoint_distribution())
+    merge_details(incident, checkpoints_after=checkpoint_distribution())
     add_event(
         incident,
         EventKind.STATUS,
@@ -782,7 +817,7 @@ def update_severity(incident: Incident, at: dt.datetime | None = None) -> str:
     if not Incident.objects.filter(pk=incident.pk, severity=current).update(severity=judged):
         return current  # raised meanwhile by another reaction
     incident.severity = judged
-    _merge_details(incident, severity={"from": current, "to": judged, "why": why, "at": _at(at).timestamp()})
+    merge_details(incident, severity={"from": current, "to": judged, "why": why, "at": _at(at).timestamp()})
     transaction.on_commit(lambda pk=incident.pk: events.incident_changed(pk))
     return judged
 

@@ -426,7 +426,7 @@ def _incident(
         return active
     title = f"Expert worker {row.name} of {deployment.name} {what}"
     incident = incidents._open(deployment.cluster, title, symptom_at, detected_at=now, kind=MOE_KIND)
-    incidents._merge_details(incident, moe=deployment.name, ew=row.name)
+    incidents.merge_details(incident, moe=deployment.name, ew=row.name)
     return incident
 
 

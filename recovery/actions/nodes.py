@@ -27,6 +27,9 @@ from workers.protocol import Heartbeat, ProtocolError, Registration
 log = logging.getLogger(__name__)
 
 
+# How a DOWN for silence begins its cause (a reaction asks whether such a node is partitioned, not dead).
+SILENT = "no heartbeat for"
+
 # The actor of lifecycle steps that only tidy up after a start of the control plane (a node of the previous
 # run found gone): no incident, no spare promoted (recovery.reactions).
 STARTUP = "start-up"
@@ -336,8 +339,7 @@ def mark_silent_nodes_down() -> list[str]:
             actor = STARTUP
         else:
             cause = (
-                f"no heartbeat for {now - seen:.1f} s (allowed {miss:g} s); last at {_epoch(seen):%H:%M:%S.%f}"[:-3]
-                + " UTC"
+                f"{SILENT} {now - seen:.1f} s (allowed {miss:g} s); last at {_epoch(seen):%H:%M:%S.%f}"[:-3] + " UTC"
             )
             actor = "system"
         if transition_node(node, NodeState.DOWN, cause, actor=actor, last_seen_at=_epoch(seen)):

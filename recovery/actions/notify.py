@@ -36,6 +36,7 @@ KINDS = {
     "drain_requested": "drains waiting for approval",
     "placement_proposed": "re-placements waiting for approval",
     "cluster_breaker": "automatic cordons stopped",
+    "failure": "failures found by the control plane (a gateway lost, a store away, a poison request)",
 }
 GAVE_UP = "gave up"
 

@@ -17,7 +17,7 @@ from django.db import transaction
 from redis.exceptions import ResponseError
 
 from recovery import hot
-from recovery.actions import health, incidents, live_migration, slo
+from recovery.actions import conditions, health, incidents, live_migration, slo
 from recovery.choices import EventKind, IncidentStatus
 from recovery.models import Incident, Node, RequestOutcome
 from recovery.stores import away
@@ -179,7 +179,9 @@ def handle_signal(kind: str, gateway: str, data: dict) -> None:
     elif kind == "migration_command_done":
         live_migration.record_gateway_result(gateway, data)
     elif kind == "request_failed":
-        # A request that failed on two nodes: the request's fault, counted against neither (recovery.gateway.relay).
+        # A request that failed on two nodes: the request's fault, counted against neither (recovery.gateway.relay);
+        # several with one content key are a poison request (recovery.actions.conditions).
+        conditions.request_failed(gateway, data)
         log.warning(
             "%s: request %s failed on %s and was not retried: %s",
             source,

@@ -493,6 +493,7 @@ def build_app(config: GatewayConfig) -> web.Application:
         for task in app_[TASKS_KEY]:
             await cancel(task)
         await coordinator.close()
+        await coordinator.signals.leave()
         await coordinator.signals.close()
         await view.close()
 

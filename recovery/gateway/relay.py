@@ -637,6 +637,7 @@ class Relay:
             "request_failed",
             request_id=self.flight.request_id,
             request_key=self.request_key,
+            content_key=self.client_key,  # the client's content, before a seed is drawn: what a poison request repeats
             nodes=[first.node, second.node],
             statuses=[first.status, second.status],
             answer=second.answer,

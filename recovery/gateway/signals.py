@@ -112,7 +112,9 @@ class Signals:
         pipe.delete(key)
         if flights:
             pipe.hset(key, mapping={rid: json.dumps(f) for rid, f in flights.items()})
-        pipe.expire(key, 5)
+        # Kept a minute, though read only while fresh (hot.gateway_flights): a gateway that dies leaves what it had
+        # in flight for the control plane to name (recovery.actions.conditions.check_gateways).
+        pipe.expire(key, 60)
         pipe.zadd(self.keys.gateways, {self.gateway: time.time()})
         try:
             await pipe.execute()
@@ -123,6 +125,17 @@ class Signals:
         """Wait until everything emitted so far is written (or given up)."""
         while self._writer is not None:
             await asyncio.gather(self._writer, return_exceptions=True)
+
+    async def leave(self) -> None:
+        """This gateway stops cleanly: it is no longer one the control plane watches for (a lost gateway is one that
+        stopped publishing without leaving)."""
+        pipe = self.redis.pipeline()
+        pipe.zrem(self.keys.gateways, self.gateway)
+        pipe.delete(self.keys.gateway_inflight(self.gateway))
+        try:
+            await pipe.execute()
+        except (RedisError, OSError) as exc:
+            log.warning("could not say this gateway leaves: %s", exc)
 
     async def close(self) -> None:
         await self.flush()

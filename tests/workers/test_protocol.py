@@ -52,8 +52,11 @@ def reading(index=0, **figures) -> dict:
         "temperature_c": 61,
         "power_w": 412.5,
         "sm_clock_mhz": 1755,
+        "sm_clock_max_mhz": 1980,
         "throttle_reasons": 0,
         "ecc_uncorrected_volatile": None,
+        "nvlink_links": 18,
+        "nvlink_links_down": 0,
         "lost": False,
         **figures,
     }
