@@ -227,6 +227,8 @@ LIFELINE_HEARTBEAT_CHECK_S = env.integer("LIFELINE_HEARTBEAT_CHECK_S", 1, minimu
 # A node whose decode steps run 1.5 times the model's or slower for this long is a slow GPU: an incident of its own
 # (recovery.actions.conditions). Long enough that a busy minute of the host is not one.
 LIFELINE_SLOW_GPU_S = env.number("LIFELINE_SLOW_GPU_S", 30.0, minimum=1, maximum=86400)
+# A poison request's incident ends after this long with no failure of its content (recovery.actions.conditions).
+LIFELINE_POISON_QUIET_S = env.number("LIFELINE_POISON_QUIET_S", 600.0, minimum=1, maximum=86400)
 LIFELINE_LEFT_AFTER_S = env.number("LIFELINE_LEFT_AFTER_S", 600.0, minimum=1, maximum=30 * 86400)
 # Shared secret nodes present when they register and send heartbeats.
 LIFELINE_NODE_TOKEN = env.secret("LIFELINE_NODE_TOKEN")

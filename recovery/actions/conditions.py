@@ -77,7 +77,6 @@ SLOW_FACTOR = 1.5  # decode steps this many times the model's, or more: slow (a 
 SLOW_CLEAR_SHARE = 1 / 3  # back within the factor for this share of LIFELINE_SLOW_GPU_S: the condition clears
 POISON_AFTER = 3  # requests with one content key, each failed on two nodes ...
 POISON_WINDOW_S = 600.0  # ... within this long: a poison request
-POISON_QUIET_S = 600.0  # none more for this long: it cleared
 GATEWAY_LOST_AFTER_S = 5.0  # a gateway publishes every second; this long silent (and not gone cleanly) is lost
 GATEWAY_FORGOTTEN_S = 3600.0  # a gateway silent longer than this is not judged any more
 STORE_PROBE_S = 0.5
@@ -415,15 +414,16 @@ def request_failed(gateway: str, data: dict) -> Condition | None:
 
 
 def check_poison(now: float | None = None) -> list[str]:
-    """Poison conditions with no failure for POISON_QUIET_S: cleared. Returns the keys cleared."""
+    """Poison conditions with no failure for LIFELINE_POISON_QUIET_S: cleared. Returns the keys cleared."""
     now = time.time() if now is None else now
+    quiet = settings.LIFELINE_POISON_QUIET_S
     r, keys = hot.client(), hot.keys()
     cleared = []
     for condition in Condition.objects.filter(failure_class=FailureClass.POISON_REQUEST, cleared_at__isnull=True):
         last = r.zscore(keys.poison_last, condition.subject)
-        if last is None or now - last >= POISON_QUIET_S:
+        if last is None or now - last >= quiet:
             at = last if last is not None else now
-            clear(FailureClass.POISON_REQUEST, condition.subject, at, f"no failure of it for {POISON_QUIET_S:.0f} s")
+            clear(FailureClass.POISON_REQUEST, condition.subject, at, f"no failure of it for {quiet:.0f} s")
             cleared.append(condition.subject)
     return cleared
 

@@ -44,6 +44,11 @@ def data_line(raw: bytes) -> bytes:
     return raw + b"\n" if raw.endswith(b"\n") else raw + b"\n\n"
 
 
+class NodeHung(TimeoutError):
+    """A node took a request's connection and gave no answer while its status stream went silent: its process is
+    hung (its sockets still accept; nothing reads them). Waiting for its headers would wait out the whole hang."""
+
+
 class UpstreamBroken(Exception):
     """The node stopped giving this request tokens: it died, hung, or failed it.
 
@@ -171,7 +176,7 @@ class Relay:
             payload = self._payload(route, co.assign(flight, route), decision)
             self.nodes.append(route.name)
             try:
-                upstream = await co.send(route, self.path, payload)
+                upstream = await self._send(route, payload)
                 self._answered_at = time.monotonic()
             except BROKEN + (TimeoutError, OSError) as exc:
                 co.refused(flight, route.name)
@@ -238,7 +243,7 @@ class Relay:
         payload = self._payload(route, (), None)
         payload["lifeline"] = {"request_id": flight.request_id, "return_token_ids": True, "attach": takeover.delivered}
         try:
-            upstream = await co.send(route, self.path, payload)
+            upstream = await self._send(route, payload)
         except BROKEN + (TimeoutError, OSError) as exc:
             co.refused(flight, route.name)
             return self._cannot_resume(f"its node {route.name} cannot be reached ({exc.__class__.__name__})")
@@ -257,6 +262,23 @@ class Relay:
         if self._migrated:
             return None
         return await self._finish()
+
+    async def _send(self, route: Route, payload: dict) -> aiohttp.ClientResponse:
+        """The node's answer to the request (its headers; the body streams after). A live node answers at once; one
+        whose status stream falls silent meanwhile (frozen) or that this gateway has lost is given up on: NodeHung.
+        Without this a hung target, chosen in the seconds before its silence showed, held the request for as long
+        as its hang lasted (a loaded run at 7a604f4: 30 s, then served by the hung node)."""
+        sending = asyncio.ensure_future(self.co.send(route, self.path, payload))
+        try:
+            while True:
+                done, _ = await asyncio.wait({sending}, timeout=LIVENESS_CHECK_S)
+                if done:
+                    return sending.result()
+                if self.co.frozen(route.name) or route.name in self.co.failed:
+                    raise NodeHung(f"{route.name} took the request and gave no answer; its status stream is silent")
+        finally:
+            if not sending.done():
+                sending.cancel()
 
     def _cannot_resume(self, reason: str) -> web.Response:
         self.finish_reason = "error"

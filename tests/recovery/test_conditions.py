@@ -249,7 +249,9 @@ def fleet(node_factory, redis_keys, settings, tmp_path):
             proc.wait(10)
 
 
-def test_many_requests_with_one_content_failing_on_two_nodes_each_are_a_poison_request_incident(fleet, tokens):
+def test_many_requests_with_one_content_failing_on_two_nodes_each_are_a_poison_request_incident(
+    fleet, tokens, settings
+):
     fleet.start_nodes("cd-pa", "cd-pb")
     for node in fleet.nodes.values():
         inject(node, "poison", token=CLUSTER_ENV["LIFELINE_FAULT_TOKEN"], match="xyzzy plugh")
@@ -275,7 +277,7 @@ def test_many_requests_with_one_content_failing_on_two_nodes_each_are_a_poison_r
     assert Notification.objects.filter(kind="failure", url=f"/incidents/{condition.incident_id}/").exists()
 
     assert conditions.check_poison() == []  # it fails still: open
-    assert conditions.check_poison(time.time() + conditions.POISON_QUIET_S) == [condition.subject]
+    assert conditions.check_poison(time.time() + settings.LIFELINE_POISON_QUIET_S) == [condition.subject]
     condition.refresh_from_db()
     assert condition.cleared_at is not None
 
