@@ -223,8 +223,8 @@ def _watching(base: str) -> bool:
         return False
 
 
-def ask(base: str, prompt: str, max_tokens: int = 4) -> tuple[int, dict]:
-    body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens}
+def ask(base: str, prompt: str, max_tokens: int = 4, **extra) -> tuple[int, dict]:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, **extra}
     return http_json(base + "/v1/chat/completions", data=body, headers={"Authorization": f"Bearer {KEY}"})
 
 
@@ -287,7 +287,8 @@ def test_a_gateway_killed_under_a_stream_is_a_lost_gateway_incident_and_one_stop
     fleet.start_nodes("cd-ga")
     doomed, base = fleet.gateway_process("gw-doomed")
     stopped, _ = fleet.gateway_process("gw-stopped")
-    stream = threading.Thread(target=ask, args=(base, "a long answer", 4000), daemon=True)
+    # Every token of it (the model may draw its end of text early otherwise): it runs until the kill.
+    stream = threading.Thread(target=ask, args=(base, "a long answer", 4000), kwargs={"min_tokens": 4000}, daemon=True)
     stream.start()
     wait_for(lambda: hot.gateway_flights(), 10, 0.05, "the stream in flight, published")
     stopped.send_signal(signal.SIGTERM)
