@@ -1,6 +1,7 @@
 """Forms: validation only (the actions do the work). Every bad value names its field and the range it must be in."""
 
 from django import forms
+from django.core.validators import URLValidator
 
 from recovery.actions import notify
 from recovery.choices import DrainMode, IncidentSeverity, IncidentStatus, PlacementPolicy, Remediation
@@ -219,12 +220,27 @@ class ExperimentForm(forms.Form):
 
 
 class NotificationRuleForm(forms.Form):
-    """What one on-call engineer is e-mailed about: e-mail on or off, and which kinds (none ticked: every kind)."""
+    """What one on-call engineer is told about and how: e-mail on or off, a webhook of their own, which kinds and
+    which incident severities (none ticked: all)."""
 
     email = forms.BooleanField(required=False, label="E-mail me")
+    webhook_url = forms.URLField(
+        required=False,
+        max_length=500,
+        label="My webhook",
+        assume_scheme="https",
+        validators=[URLValidator(schemes=["http", "https"])],
+        error_messages={"invalid": "webhook_url: enter an http:// or https:// address"},
+    )
     kinds = forms.MultipleChoiceField(
         choices=list(notify.KINDS.items()),
         required=False,
         widget=forms.CheckboxSelectMultiple,
         error_messages={"invalid_choice": "kinds: %(value)s is not a kind of notification"},
+    )
+    severities = forms.MultipleChoiceField(
+        choices=[(s, s.upper()) for s in notify.SEVERITIES],
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        error_messages={"invalid_choice": "severities: %(value)s is not a severity (sev1, sev2, sev3)"},
     )

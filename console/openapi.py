@@ -177,7 +177,7 @@ NOTIFICATION = _obj(
     {
         **_typed(id="integer", at="number", kind="string", title="string", body="string", url="string")["properties"],
         "delivery": {"type": "object", "additionalProperties": {"type": "string"}},
-        "gave_up": _array({"type": "string", "enum": ["webhook", "email"]}),
+        "gave_up": _array({"type": "string", "enum": ["webhook", "email", "personal"]}),
     },
     ["id", "at", "kind", "title", "delivery", "gave_up"],
 )

@@ -912,7 +912,14 @@ class Notification(Outbox):
     title = models.CharField(max_length=200)
     body = models.TextField(blank=True)
     url = models.CharField(max_length=200, blank=True)
-    delivery = models.JSONField(default=dict, blank=True, help_text="{channel: outcome} for webhook and e-mail.")
+    severity = models.CharField(
+        max_length=8, blank=True, help_text="The severity of the incident it is about; blank: none (an approval asked)."
+    )
+    delivery = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="{channel: outcome} for webhook, e-mail and people's own webhooks (personal:<user>: each one's).",
+    )
 
     class Meta:
         ordering = ["-at", "-id"]
@@ -922,19 +929,31 @@ class Notification(Outbox):
 
 
 class NotificationRule(models.Model):
-    """What one on-call engineer (or admin) is e-mailed about. The console and the team's webhook get every
-    notification; a person without a rule is e-mailed every kind. Changed through recovery.actions.notify.set_rule."""
+    """What one on-call engineer (or admin) is told about, and on which channels: e-mail, and a webhook of their own
+    (a chat DM's, a paging service's). The console and the team's webhook get every notification; a person without a
+    rule is e-mailed everything. Changed through recovery.actions.notify.set_rule."""
 
     user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="notification_rule")
     email = models.BooleanField("e-mail me", default=True)
+    webhook_url = models.URLField(
+        "my webhook", max_length=500, blank=True, help_text="Also POSTed what the rule takes (JSON); blank: none."
+    )
     kinds = models.JSONField(
         default=list,
         blank=True,
-        help_text="The notification kinds e-mailed (recovery.actions.notify.KINDS); empty: all.",
+        help_text="The notification kinds taken (recovery.actions.notify.KINDS); empty: all.",
+    )
+    severities = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="The incident severities taken (sev1, sev2, sev3); empty: all. A notification about no incident (an "
+        "approval asked) is taken by its kind alone.",
     )
 
     def __str__(self):
-        return f"{self.user}: {'e-mail ' + (', '.join(self.kinds) or 'all') if self.email else 'no e-mail'}"
+        channels = [c for c, on in (("e-mail", self.email), ("webhook", bool(self.webhook_url))) if on]
+        what, severities = ", ".join(self.kinds) or "all", ", ".join(self.severities) or "all"
+        return f"{self.user}: {' and '.join(channels) or 'nothing'} about {what} ({severities})"
 
 
 # --- Service-level objectives (recovery.policy.slo has the arithmetic, recovery.actions.slo the changes) -----------

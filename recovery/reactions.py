@@ -24,7 +24,7 @@ from django.utils import timezone
 from kombu.exceptions import OperationalError
 
 from recovery import tasks
-from recovery.actions import capacity, conditions, drains, health, incidents, live_migration, nodes
+from recovery.actions import capacity, conditions, drains, health, incidents, live_migration, nodes, notify
 from recovery.choices import DrainState, Health, HealthChange, NodeState
 from recovery.models import (
     DegradationChange,
@@ -152,8 +152,8 @@ def on_degradation_change(row: DegradationChange) -> None:
 
 
 def on_notification(row: Notification) -> None:
-    follow_up(tasks.deliver_notification, row.pk, "webhook")
-    follow_up(tasks.deliver_notification, row.pk, "email")
+    for channel in notify.CHANNELS:
+        follow_up(tasks.deliver_notification, row.pk, channel)
 
 
 REACTIONS = (

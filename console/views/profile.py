@@ -1,4 +1,4 @@
-"""One's own profile: who one is, and, for those e-mailed (on-call, admin), what one is e-mailed about."""
+"""One's own profile: who one is, and, for those told (on-call, admin), what one is told about and how."""
 
 from django.contrib import messages
 from django.shortcuts import redirect, render
@@ -22,12 +22,17 @@ def profile(request):
             return render(request, "console/forbidden.html", {"reason": reason}, status=403)
         form = NotificationRuleForm(request.POST)
         if form.is_valid():
-            notify.set_rule(user, form.cleaned_data["email"], form.cleaned_data["kinds"])
+            data = form.cleaned_data
+            notify.set_rule(user, data["email"], data["kinds"], data["severities"], data["webhook_url"])
             messages.success(request, "Your notification rule is saved.")
             return redirect("profile")
         status = 400
     else:
-        initial = {"email": rule.email, "kinds": rule.kinds} if rule else {"email": True, "kinds": []}
+        initial = (
+            {"email": rule.email, "kinds": rule.kinds, "severities": rule.severities, "webhook_url": rule.webhook_url}
+            if rule
+            else {"email": True, "kinds": [], "severities": []}
+        )
         form, status = NotificationRuleForm(initial=initial), 200
     context = {"form": form, "emailed": emailed, "rule": rule, "kinds": notify.KINDS}
     return render(request, "console/profile.html", context, status=status)

@@ -269,6 +269,7 @@ def _after(incident: Incident, opened: bool, now: dt.datetime) -> None:
             f"Alert: {incident.title}"[:200],
             f"{_describe(first)}. From Alertmanager; incident #{incident.pk}.",
             reverse("incident", args=[incident.pk]),
+            severity=incident.severity,
         )
     firing = [a for a in alerts if a.status == AlertStatus.FIRING]
     failed = incident.events.filter(kind=EventKind.DETECTED).exists() or incident.details.get("failures")

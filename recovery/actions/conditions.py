@@ -173,6 +173,7 @@ def begin(
             f"{FailureClass(failure_class).label}: {subject}"[:200],
             f"{summary}. Incident #{incident.pk}; runbook /runbooks/{kind.runbook}/.",
             f"/incidents/{incident.pk}/",
+            severity=Incident.objects.filter(pk=incident.pk).values_list("severity", flat=True).first() or "",
         )
     transaction.on_commit(lambda pk=incident.pk: events.incident_changed(pk))
     return condition

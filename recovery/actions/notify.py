@@ -1,9 +1,11 @@
-"""Telling on-call: in the console (live), by a webhook and by e-mail.
+"""Telling on-call: in the console (live), by the team's webhook, by e-mail and by each person's own webhook.
 
 A Notification row is written with the state change that calls for it; it is
-an outbox row: once committed, recovery.reactions sends the webhook and the
+an outbox row: once committed, recovery.reactions sends the webhooks and the
 e-mail from Celery, with retries, and each records how its delivery went on
 the row in words on-call reads at a glance: "not configured", "sent, 200", "sent to …", "failed: <why>".
+Each on-call engineer's rule (their profile) says what they are told about (kinds, and the severities of the
+incidents it concerns) and on which of their channels (e-mail, their own webhook).
 
 A delivery that fails every try is a dead letter: "gave up after N tries: <why>" on its channel, listed with the
 others that gave up (`undelivered`) on the drains page and at /api/notifications?undelivered=1, where on-call sends it
@@ -29,7 +31,8 @@ from recovery.models import Cluster, Notification, NotificationRule
 log = logging.getLogger(__name__)
 
 
-CHANNELS = ("webhook", "email")
+CHANNELS = ("webhook", "email", "personal")  # the team's webhook, e-mail, and people's own webhooks
+SEVERITIES = ("sev1", "sev2", "sev3")
 # What each kind of notification is, in the words an on-call engineer chooses them by on their profile.
 KINDS = {
     "alert": "pages from Alertmanager",
@@ -49,9 +52,10 @@ class NotUndelivered(Exception):
     """A resend asked of a channel that did not give up: nothing to send again."""
 
 
-def send(kind: str, title: str, body: str, url: str = "") -> Notification:
-    """Write a notification; after commit it shows in every open console and goes out by webhook and e-mail."""
-    notification = Notification.objects.create(kind=kind, title=title, body=body, url=url)
+def send(kind: str, title: str, body: str, url: str = "", severity: str = "") -> Notification:
+    """Write a notification (`severity`: the incident's it is about, if any); after commit it shows in every open
+    console and goes out by the team's webhook, e-mail and people's own webhooks."""
+    notification = Notification.objects.create(kind=kind, title=title, body=body, url=url, severity=severity)
     transaction.on_commit(lambda: events.notification(notification.pk))
     return notification
 
@@ -61,6 +65,7 @@ def _record(notification: Notification, channel: str, outcome: str) -> None:
         row = Notification.objects.select_for_update().get(pk=notification.pk)
         row.delivery = {**row.delivery, channel: outcome}
         row.save(update_fields=["delivery"])
+    notification.delivery = row.delivery
 
 
 def post_webhook(url: str, payload: dict, timeout: float = 5.0) -> int:
@@ -80,44 +85,76 @@ def post_webhook(url: str, payload: dict, timeout: float = 5.0) -> int:
         raise DeliveryFailed(f"{url}: {getattr(exc, 'reason', exc)}") from None
 
 
-def recipients(cluster: Cluster, kind: str = "") -> list[str]:
-    """The team's addresses (`oncall_emails`), and each on-call engineer's and admin's whose rule takes `kind`."""
-    listed = [a.strip() for a in cluster.oncall_emails.split(",") if a.strip()]
-    users = (
+def _told():
+    """On-call engineers and admins, active, with their rules: the people told."""
+    return (
         get_user_model()
         .objects.filter(groups__name__in=(roles.ONCALL, roles.ADMIN), is_active=True)
-        .exclude(email="")
         .select_related("notification_rule")
+        .distinct()
     )
-    return sorted(set(listed) | {u.email for u in users if wants(u, kind)})
 
 
-def wants(user, kind: str) -> bool:
-    """Whether `user`'s rule has them e-mailed about `kind` (no rule: every kind)."""
+def recipients(cluster: Cluster, kind: str = "", severity: str = "") -> list[str]:
+    """The team's addresses (`oncall_emails`), and each on-call engineer's and admin's whose rule takes `kind` at
+    `severity` by e-mail."""
+    listed = [a.strip() for a in cluster.oncall_emails.split(",") if a.strip()]
+    return sorted(set(listed) | {u.email for u in _told().exclude(email="") if wants(u, kind, severity)})
+
+
+def personal_hooks(kind: str, severity: str = "") -> dict[str, str]:
+    """{username: their own webhook} of each on-call engineer and admin whose rule takes `kind` at `severity`."""
+    return {
+        u.get_username(): u.notification_rule.webhook_url
+        for u in _told().exclude(notification_rule__webhook_url="").exclude(notification_rule__isnull=True)
+        if wants(u, kind, severity, channel="webhook")
+    }
+
+
+def wants(user, kind: str, severity: str = "", channel: str = "email") -> bool:
+    """Whether `user`'s rule has them told about `kind` at `severity` on `channel` (e-mail, or their own webhook). No
+    rule: e-mailed everything, no webhook. A notification about no incident (no severity) is taken by its kind."""
     try:
         rule = user.notification_rule
     except NotificationRule.DoesNotExist:
-        return True
-    return rule.email and (not rule.kinds or kind in rule.kinds)
+        return channel == "email"
+    on = rule.email if channel == "email" else bool(rule.webhook_url)
+    taken_kind = not rule.kinds or kind in rule.kinds
+    taken_severity = not rule.severities or not severity or severity in rule.severities
+    return on and taken_kind and taken_severity
 
 
-def set_rule(user, email: bool, kinds: list[str]) -> NotificationRule:
-    """One person's rule, audited. Only those e-mailed (on-call, admin) have one; ValueError names an unknown kind."""
+def set_rule(
+    user, email: bool, kinds: list[str], severities: list[str] = (), webhook_url: str = ""
+) -> NotificationRule:
+    """One person's rule, audited. Only those told (on-call, admin) have one; ValueError names an unknown kind or
+    severity, or a webhook that is not an http(s) URL."""
     if not roles.has_role(user, roles.ONCALL):
-        raise PermissionError(f"only on-call engineers and admins are e-mailed; {user.get_username()} is not")
+        raise PermissionError(f"only on-call engineers and admins are told; {user.get_username()} is not")
     unknown = sorted(set(kinds) - set(KINDS))
     if unknown:
         raise ValueError(f"kinds: {', '.join(unknown)} unknown; the kinds are {', '.join(KINDS)}")
+    unknown = sorted(set(severities) - set(SEVERITIES))
+    if unknown:
+        raise ValueError(f"severities: {', '.join(unknown)} unknown; the severities are {', '.join(SEVERITIES)}")
+    if webhook_url and not webhook_url.startswith(("http://", "https://")):
+        raise ValueError(f"webhook_url: {webhook_url!r} is not an http:// or https:// address")
     with transaction.atomic():
         rule, _ = NotificationRule.objects.update_or_create(
-            user=user, defaults={"email": email, "kinds": [k for k in KINDS if k in kinds]}
+            user=user,
+            defaults={
+                "email": email,
+                "kinds": [k for k in KINDS if k in kinds],
+                "severities": [s for s in SEVERITIES if s in severities],
+                "webhook_url": webhook_url,
+            },
         )
         audit.record(user.get_username(), "notification_rule", f"user:{user.get_username()}", "", **_rule(rule))
     return rule
 
 
 def _rule(rule: NotificationRule) -> dict:
-    return {"email": rule.email, "kinds": rule.kinds}
+    return {"email": rule.email, "kinds": rule.kinds, "severities": rule.severities, "webhook": bool(rule.webhook_url)}
 
 
 def deliver(notification: Notification, channel: str) -> str:
@@ -129,23 +166,14 @@ def deliver(notification: Notification, channel: str) -> str:
             outcome = "not configured"
             _record(notification, channel, outcome)
             return outcome
-        payload = {
-            "kind": notification.kind,
-            "title": notification.title,
-            "text": f"{notification.title}\n{notification.body}\n{link}",
-            "body": notification.body,
-            "url": link,
-            "at": notification.at.isoformat(),
-            "id": notification.pk,
-        }
         try:
-            status = post_webhook(cluster.oncall_webhook_url, payload)
+            status = post_webhook(cluster.oncall_webhook_url, _payload(notification, link))
         except DeliveryFailed as exc:
             _record(notification, channel, f"failed: {exc}")
             raise
         outcome = f"sent, {status}"
     elif channel == "email":
-        to = recipients(cluster, notification.kind)
+        to = recipients(cluster, notification.kind, notification.severity)
         if not to:
             outcome = "not configured"
             _record(notification, channel, outcome)
@@ -158,9 +186,49 @@ def deliver(notification: Notification, channel: str) -> str:
             _record(notification, channel, f"failed: {exc}")
             raise DeliveryFailed(str(exc)) from None
         outcome = f"sent to {', '.join(to)}"
+    elif channel == "personal":
+        return _deliver_personal(notification, link)
     else:
         raise ValueError(f"unknown channel {channel!r}")
     _record(notification, channel, outcome)
+    return outcome
+
+
+def _payload(notification: Notification, link: str) -> dict:
+    return {
+        "kind": notification.kind,
+        "severity": notification.severity or None,
+        "title": notification.title,
+        "text": f"{notification.title}\n{notification.body}\n{link}",
+        "body": notification.body,
+        "url": link,
+        "at": notification.at.isoformat(),
+        "id": notification.pk,
+    }
+
+
+def _deliver_personal(notification: Notification, link: str) -> str:
+    """Each person's own webhook whose rule takes it; a retry sends only to those not yet reached (each person's
+    outcome is kept as delivery["personal:<username>"]). DeliveryFailed, naming them, while any is not reached."""
+    hooks = personal_hooks(notification.kind, notification.severity)
+    if not hooks:
+        _record(notification, "personal", "not configured")
+        return "not configured"
+    failed = []
+    for person, url in sorted(hooks.items()):
+        channel = f"personal:{person}"  # each person's outcome beside the channel's
+        if notification.delivery.get(channel, "").startswith("sent"):
+            continue
+        try:
+            _record(notification, channel, f"sent, {post_webhook(url, _payload(notification, link))}")
+        except DeliveryFailed as exc:
+            _record(notification, channel, f"failed: {exc}")
+            failed.append(f"{person} ({exc})")
+    if failed:
+        _record(notification, "personal", f"failed: {'; '.join(failed)}")
+        raise DeliveryFailed("; ".join(failed))
+    outcome = f"sent to {', '.join(sorted(hooks))}"
+    _record(notification, "personal", outcome)
     return outcome
 
 
@@ -175,7 +243,9 @@ def give_up(notification: Notification, channel: str, tries: int, why: str) -> s
 def undelivered() -> QuerySet:
     """The notifications a channel gave up on, newest first."""
     return Notification.objects.filter(
-        Q(delivery__webhook__startswith=GAVE_UP) | Q(delivery__email__startswith=GAVE_UP)
+        Q(delivery__webhook__startswith=GAVE_UP)
+        | Q(delivery__email__startswith=GAVE_UP)
+        | Q(delivery__personal__startswith=GAVE_UP)
     )
 
 

@@ -48,11 +48,12 @@ def test_notification_delivery_reads_plainly(client, cast, commit):
     commit(drains.propose, node, source="health machine", reason="canaries failing")
     notification = Notification.objects.get(kind="drain_requested")
     client.force_login(cast["oncall"])
-    assert client.get("/drains/").content.decode().count(">pending<") == 2  # not sent yet
+    assert client.get("/drains/").content.decode().count(">pending<") == 3  # not sent yet, on any channel
     assert notify.deliver(notification, "webhook") == "not configured"
     assert notify.deliver(notification, "email") == "not configured"
+    assert notify.deliver(notification, "personal") == "not configured"  # nobody has a webhook of their own
     html = client.get("/drains/").content.decode()
-    assert html.count(">not configured<") == 2 and ">…<" not in html
+    assert html.count(">not configured<") == 3 and ">…<" not in html
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hook)
     threading.Thread(target=server.serve_forever, daemon=True).start()

@@ -192,7 +192,7 @@ def test_each_on_call_chooses_what_they_are_e_mailed_about_on_their_profile(clie
     assert "Only on-call engineers and admins are e-mailed" in client.get("/profile/").content.decode()
     assert client.post("/profile/", {"email": "on"}).status_code == 403
     entry = AuditEntry.objects.filter(action="notification_rule", actor="oncall").latest("at")
-    assert entry.details == {"email": True, "kinds": ["alert"]}
+    assert entry.details == {"email": True, "kinds": ["alert"], "severities": [], "webhook": False}
 
     drain = notification("Drain of node-03 needs approval")
     drain.kind = "drain_requested"
@@ -206,3 +206,59 @@ def test_each_on_call_chooses_what_they_are_e_mailed_about_on_their_profile(clie
         ["admin@example.com", "team@example.com"],
         ["admin@example.com", "oncall@example.com", "team@example.com"],
     ]
+
+
+def test_each_on_call_chooses_the_severities_and_a_webhook_of_their_own_and_an_unreached_one_is_tried_again(
+    client, cast, smtp
+):
+    """Which severities, which channel: on-call takes SEV1 only, by e-mail and by a webhook of their own; the admin
+    takes everything by e-mail and a webhook that is down. A SEV2 failure reaches the admin alone; a SEV1 reaches
+    both; the admin's dead webhook is tried again alone (on-call's is not sent twice), then given up, and sent again
+    from the dead letters once it is mended."""
+    mailbox = smtp(Mailbox())
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _Hook.status, _Hook.received = 204, []
+    mine = f"http://127.0.0.1:{server.server_port}/oncall"
+    dead = f"http://127.0.0.1:{free_port()}/admin"
+    for user in (cast["oncall"], cast["admin"]):
+        user.email = f"{user.username}@example.com"
+        user.save()
+    try:
+        client.force_login(cast["oncall"])
+        form = {"email": "on", "webhook_url": mine, "severities": ["sev1"]}
+        assert client.post("/profile/", form).status_code == 302
+        page = client.get("/profile/").content.decode()
+        assert "e-mail and your webhook about everything, incidents of SEV1 only" in page
+        answer = client.post("/profile/", {"email": "on", "severities": ["sev9"]})
+        assert answer.status_code == 400 and "severities: sev9 is not a severity" in answer.content.decode()
+        answer = client.post("/profile/", {"email": "on", "webhook_url": "ftp://example.com/x"})
+        assert answer.status_code == 400 and "webhook_url: enter an http:// or https:// address" in answer.content.decode()
+        notify.set_rule(cast["admin"], True, [], [], dead)
+
+        sev2 = notify.send("failure", "Gateway lost: gw-2", "Its streams broke.", "/incidents/7/", severity="sev2")
+        assert notify.deliver(sev2, "email") == "sent to admin@example.com"
+        with pytest.raises(notify.DeliveryFailed, match="admin"):
+            notify.deliver(sev2, "personal")  # the admin's is down; on-call's rule does not take SEV2
+        assert _Hook.received == []
+
+        sev1 = notify.send("failure", "Redis away", "Nothing moves.", "/incidents/8/", severity="sev1")
+        assert notify.deliver(sev1, "email") == "sent to admin@example.com, oncall@example.com"
+        last = tasks.deliver_notification.apply(args=(sev1.pk, "personal"))  # retried eagerly, then given up
+        assert last.result.startswith("gave up after 6 tries: admin"), last.result
+        [received] = _Hook.received  # on-call's own webhook: once, not again with each retry of the admin's
+        assert (received["severity"], received["title"], received["kind"]) == ("sev1", "Redis away", "failure")
+        sev1.refresh_from_db()
+        assert sev1.delivery["personal:oncall"] == "sent, 204" and sev1.delivery["personal:admin"].startswith("failed")
+        assert sev1 in notify.undelivered()
+        approval = notify.send("drain_requested", "Drain of node-03 needs approval", "")  # no incident, no severity
+        assert notify.deliver(approval, "email") == "sent to admin@example.com, oncall@example.com"
+        assert [sorted(e.rcpt_tos) for e in mailbox.received][-1] == ["admin@example.com", "oncall@example.com"]
+
+        # The admin's receiver mended: on-call sends the dead letter again; only the admin's is sent.
+        notify.set_rule(cast["admin"], True, [], [], mine.replace("oncall", "admin"))
+        notify.resend(sev1, "personal", "oncall", "receiver back")
+        assert notify.deliver(sev1, "personal") == "sent to admin, oncall"
+        assert [r["title"] for r in _Hook.received] == ["Redis away", "Redis away"]
+    finally:
+        server.shutdown()

@@ -83,13 +83,16 @@ def test_a_follow_up_the_broker_never_takes_is_logged_as_lost_and_the_other_reac
     records = [r for r in caplog.records if r.name == "recovery.reactions"]
     assert not [r for r in records if r.exc_info], "a broker outage is not a traceback"
     lost = [r.getMessage() for r in records if "not queued" in r.getMessage()]
-    assert len(lost) == 4 and f"({first.pk}, 'webhook')" in lost[0] and "unreachable" in lost[0]
-    # The first tried every second for the whole wait; the three after it, within a wait of that, once each.
+    assert len(lost) == 6 and f"({first.pk}, 'webhook')" in lost[0] and "unreachable" in lost[0]
+    # The first tried every second for the whole wait; the five after it (each notification's three channels),
+    # within a wait of that, once each.
     retried = attempts.count((first.pk, "webhook"))
     assert retried >= 2 and attempts[:retried] == [(first.pk, "webhook")] * retried
     assert attempts[retried:] == [
         (first.pk, "email"),
+        (first.pk, "personal"),
         (second.pk, "webhook"),
         (second.pk, "email"),
+        (second.pk, "personal"),
     ]
     assert not Notification.objects.filter(reacted_at__isnull=True).exists()
