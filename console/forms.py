@@ -229,6 +229,7 @@ class NotificationRuleForm(forms.Form):
         max_length=500,
         label="My webhook",
         assume_scheme="https",
+        widget=forms.URLInput(attrs={"size": 60, "placeholder": "https://hooks.example.com/…"}),
         validators=[URLValidator(schemes=["http", "https"])],
         error_messages={"invalid": "webhook_url: enter an http:// or https:// address"},
     )

@@ -5,13 +5,15 @@ import asyncio
 import hashlib
 import json
 import os
+import subprocess
+import sys
 import time
 
 import aiohttp
 from aiohttp.test_utils import TestServer
 
 from recovery.gateway.app import COORDINATOR_KEY, GatewayConfig, build_app
-from tests.helpers import http_json
+from tests.helpers import BASE_DIR, http_json
 
 KEY = "llk_test-key-for-the-gateway"
 AGENT = "agent-token-for-tests"
@@ -129,3 +131,25 @@ class Cluster:
 async def gw(url, **kwargs):
     """A call to the in-process gateway, from a thread: the gateway runs on this event loop."""
     return await asyncio.to_thread(http_json, url, **kwargs)
+
+
+def gateway_process(namespace: str, name: str, tmp_path) -> tuple[subprocess.Popen, str]:
+    """`manage.py gateway` as a process of its own, on a free port, reading the routing table under `namespace`; its
+    address. Not waited for: the caller waits for what it needs of it."""
+    from console.stack import free_port
+
+    port = free_port()
+    env = {
+        **os.environ,
+        "LIFELINE_NAMESPACE": namespace,
+        "LIFELINE_AGENT_TOKEN": AGENT,
+        "LIFELINE_VAR_DIR": str(tmp_path / name),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "manage.py", "gateway", "--port", str(port), "--name", name],
+        cwd=BASE_DIR,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    return proc, f"http://127.0.0.1:{port}"

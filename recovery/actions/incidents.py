@@ -492,16 +492,27 @@ def _capacity_back(incident: Incident, at: dt.datetime) -> None:
     """A capacity incident's level is back at 0: its capacity is restored (Stable once latency has recovered too)."""
     if incident.status != IncidentStatus.ACTIVE or incident.capacity_restored_at is not None:
         return
-    Incident.objects.filter(pk=incident.pk).update(capacity_restored_at=at)
+    _restored(incident, at, "the level first rose: degradation level back to 0")
+
+
+def _restored(incident: Incident, at: dt.datetime, why: str) -> None:
+    """Capacity restored at `at`, once (claimed: another reaction may get there first), on the timeline as
+    "Capacity restored <s> s after `why`"; Stable if latency has recovered too."""
+    claimed = Incident.objects.filter(
+        pk=incident.pk, status=IncidentStatus.ACTIVE, capacity_restored_at__isnull=True
+    ).update(capacity_restored_at=at)
+    if not claimed:
+        return
     incident.capacity_restored_at = at
     seconds = (at - incident.opened_at).total_seconds()
     add_event(
         incident,
         EventKind.CAPACITY_RESTORED,
-        f"Capacity restored {seconds:.1f} s after the level first rose: degradation level back to 0",
+        f"Capacity restored {seconds:.1f} s after {why}",
         at=at,
         details={"seconds": round(seconds, 3)},
     )
+    transaction.on_commit(lambda pk=incident.pk: events.incident_changed(pk))
     _stabilize(incident, at)
 
 
@@ -738,23 +749,9 @@ def _conditions_over(incident: Incident, at: dt.datetime) -> None:
     conditions = list(incident.conditions.all())
     if not conditions or any(c.cleared_at is None for c in conditions):
         return
-    at = min(max(c.cleared_at for c in conditions), at)
-    claimed = Incident.objects.filter(
-        pk=incident.pk, status=IncidentStatus.ACTIVE, capacity_restored_at__isnull=True
-    ).update(capacity_restored_at=at)
-    if not claimed:
-        return
-    incident.capacity_restored_at = at
-    seconds = (at - incident.opened_at).total_seconds()
-    add_event(
-        incident,
-        EventKind.CAPACITY_RESTORED,
-        f"Restored {seconds:.1f} s after the first symptom: every failure of it cleared",
-        at=at,
-        details={"seconds": round(seconds, 3)},
+    _restored(
+        incident, min(max(c.cleared_at for c in conditions), at), "the first symptom: every failure of it cleared"
     )
-    transaction.on_commit(lambda pk=incident.pk: events.incident_changed(pk))
-    _stabilize(incident, at)
 
 
 def _stabilize(incident: Incident, now: dt.datetime) -> bool:

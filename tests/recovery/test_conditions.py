@@ -3,10 +3,8 @@ beating to a live control plane with their faults injected (NVLink down, a slow 
 gateway process answering requests that fail on every node and then SIGKILLed, a Redis server killed and a database
 cut off. Each test reads the incident: its failure, timeline, severity and runbook, and its end when the fault ends."""
 
-import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 
@@ -20,9 +18,10 @@ from recovery import hot
 from recovery.actions import conditions, incidents, nodes, streams
 from recovery.choices import EventKind, FailureClass, IncidentStatus, NodeState
 from recovery.models import Condition, Incident, Node, Notification
+from tests import gateway_cluster
 from tests.gateway_cluster import AGENT, KEY, Cluster
 from tests.gateway_cluster import ENV as CLUSTER_ENV
-from tests.helpers import BASE_DIR, http_json, wait_for
+from tests.helpers import http_json, wait_for
 from tests.recovery.conftest import FAULT
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -197,21 +196,7 @@ def test_a_partitioned_node_is_told_from_a_dead_one_and_its_partition_ends_when_
 
 # --- a poison request, through a real gateway ----------------------------------------------------------------------
 def gateway_process(namespace: str, name: str, tmp_path) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    env = {
-        **os.environ,
-        "LIFELINE_NAMESPACE": namespace,
-        "LIFELINE_AGENT_TOKEN": AGENT,
-        "LIFELINE_VAR_DIR": str(tmp_path / name),
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "manage.py", "gateway", "--port", str(port), "--name", name],
-        cwd=BASE_DIR,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    base = f"http://127.0.0.1:{port}"
+    proc, base = gateway_cluster.gateway_process(namespace, name, tmp_path)
     wait_for(lambda: _watching(base), 30, 0.1, f"gateway {name} watching its nodes")
     return proc, base
 

@@ -15,6 +15,7 @@ import aiohttp
 import pytest
 
 from clients.resuming import Resumes, stream
+from tests import gateway_cluster
 from tests.gateway_cluster import AGENT, KEY
 from tests.helpers import BASE_DIR, http_json, wait_for
 
@@ -55,23 +56,7 @@ async def collect(session, gateways, request_body, resumes=None, key=KEY, seen=N
 
 
 def gateway_process(cluster, name: str, tmp_path) -> tuple[subprocess.Popen, str]:
-    from console.stack import free_port
-
-    port = free_port()
-    env = {
-        **os.environ,
-        "LIFELINE_NAMESPACE": cluster.keys.namespace,
-        "LIFELINE_AGENT_TOKEN": AGENT,
-        "LIFELINE_VAR_DIR": str(tmp_path / name),
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "manage.py", "gateway", "--port", str(port), "--name", name],
-        cwd=BASE_DIR,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    return proc, f"http://127.0.0.1:{port}"
+    return gateway_cluster.gateway_process(cluster.keys.namespace, name, tmp_path)
 
 
 UNDER_WAY = 3  # chunks every stream has read before its gateway is killed
