@@ -102,14 +102,7 @@ def _incident_for(at: dt.datetime, node: Node | None, title: str) -> Incident:
         joined = node.incidents.select_for_update().filter(status=IncidentStatus.ACTIVE).order_by("-opened_at").first()
         if joined is not None:
             return joined
-    cluster = Cluster.default()
-    window = dt.timedelta(seconds=cluster.incident_window_s)
-    joined = (
-        Incident.objects.select_for_update()
-        .filter(cluster=cluster, status=IncidentStatus.ACTIVE, opened_at__gte=at - window)
-        .order_by("-opened_at")
-        .first()
-    )
+    joined = incidents.active_within_window(Cluster.default(), at)
     if joined is not None:
         return joined
     return incidents.open_incident(title[:200], at, kind="condition")

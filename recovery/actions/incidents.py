@@ -213,18 +213,24 @@ def open_incident(
     return incident
 
 
-@transaction.atomic
-def note_failure(node: Node, at, source: str, reason: str) -> Incident:
-    """A failure symptom on `node`: join the incident active within the window, or open one."""
-    at = _at(at)
-    cluster = Cluster.default()
+def active_within_window(cluster: Cluster, at: dt.datetime) -> Incident | None:
+    """The newest active incident opened within the cluster's incident window before `at`, locked: failures that
+    begin close together are one incident. Inside a transaction."""
     window = dt.timedelta(seconds=cluster.incident_window_s)
-    incident = (
+    return (
         Incident.objects.select_for_update()
         .filter(cluster=cluster, status=IncidentStatus.ACTIVE, opened_at__gte=at - window)
         .order_by("-opened_at")
         .first()
     )
+
+
+@transaction.atomic
+def note_failure(node: Node, at, source: str, reason: str) -> Incident:
+    """A failure symptom on `node`: join the incident active within the window, or open one."""
+    at = _at(at)
+    cluster = Cluster.default()
+    incident = active_within_window(cluster, at)
     if incident is None:
         incident = _open(cluster, f"{node.name} failed", at, failed=node)
     elif at < incident.opened_at and incident.details.get("kind") == CAPACITY_KIND:
