@@ -159,26 +159,17 @@ def begin(
             **(details or {}),
         },
     )
-    _raise_severity(incident, kind.severity, f"{FailureClass(failure_class).label}: {subject}", at)
+    severity = incidents.raise_severity(incident, kind.severity, f"{FailureClass(failure_class).label}: {subject}", at)
     if kind.tell_on_call:
         notify.send(
             "failure",
             f"{FailureClass(failure_class).label}: {subject}"[:200],
             f"{summary}. Incident #{incident.pk}; runbook /runbooks/{kind.runbook}/.",
             f"/incidents/{incident.pk}/",
-            severity=Incident.objects.filter(pk=incident.pk).values_list("severity", flat=True).first() or "",
+            severity=severity,
         )
     transaction.on_commit(lambda pk=incident.pk: events.incident_changed(pk))
     return condition
-
-
-def _raise_severity(incident: Incident, floor: str, why: str, at: dt.datetime) -> None:
-    current = Incident.objects.filter(pk=incident.pk).values_list("severity", flat=True).first()
-    if severity_policy.worse(floor, current) == current:
-        return
-    if Incident.objects.filter(pk=incident.pk, severity=current).update(severity=floor):
-        incident.severity = floor
-        incidents.merge_details(incident, severity={"from": current, "to": floor, "why": why, "at": at.timestamp()})
 
 
 @transaction.atomic

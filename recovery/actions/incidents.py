@@ -814,15 +814,20 @@ def severity_inputs(incident: Incident) -> dict:
 def update_severity(incident: Incident, at: dt.datetime | None = None) -> str:
     """Raise the incident's severity to what it did (recovery.policy.severity), with why; never lowered."""
     judged, why = severity_policy.severity(**severity_inputs(incident))
+    return raise_severity(incident, judged, why, at)
+
+
+def raise_severity(incident: Incident, to: str, why: str, at=None) -> str:
+    """The incident's severity raised to `to` (with why), never lowered; the severity it has now."""
     current = Incident.objects.filter(pk=incident.pk).values_list("severity", flat=True).first() or incident.severity
-    if severity_policy.worse(judged, current) == current:
+    if severity_policy.worse(to, current) == current:
         return current
-    if not Incident.objects.filter(pk=incident.pk, severity=current).update(severity=judged):
+    if not Incident.objects.filter(pk=incident.pk, severity=current).update(severity=to):
         return current  # raised meanwhile by another reaction
-    incident.severity = judged
-    merge_details(incident, severity={"from": current, "to": judged, "why": why, "at": _at(at).timestamp()})
+    incident.severity = to
+    merge_details(incident, severity={"from": current, "to": to, "why": why, "at": _at(at).timestamp()})
     transaction.on_commit(lambda pk=incident.pk: events.incident_changed(pk))
-    return judged
+    return to
 
 
 def check_recovery(now: dt.datetime | None = None) -> list[int]:
