@@ -255,7 +255,7 @@ class Vllm(Dialect):
                 chunk.pieces.append(
                     Piece(
                         ids[i] if i < len(ids) else None,
-                        text if i == 0 else "",  # a chunk's text is not split between its tokens: the first has it
+                        text if i == 0 else "",  # not split between its tokens: the first has it, all go out as one
                         chosen[i] if i < len(chosen) else None,
                         spelled[i] if i < len(spelled) else None,
                         tuple((tops[i] or {}).items()) if i < len(tops) else (),
@@ -846,14 +846,16 @@ class AdapterEngine:
             first = False
         # Sequence.generated is typed for the emulated engine's ids; here an id may be unknown (None).
         generated = cast("list[int | None]", seq.generated)
-        for piece in pieces:
+        last = len(pieces) - 1
+        for i, piece in enumerate(pieces):
             if seq.first_token_at is None:
                 seq.first_token_at = now
             generated.append(piece.token_id)
             seq.text += piece.text
             self.tokens_relayed += 1
+            index = len(generated) - 1
             seq.events.put_nowait(
-                TokenEvent(len(generated) - 1, piece.token_id, piece.text, piece.logprob, piece.top, wall, piece.token)
+                TokenEvent(index, piece.token_id, piece.text, piece.logprob, piece.top, wall, piece.token, i < last)
             )
         if first:
             self._publish("admitted", seq.request_id)  # prefilled: it decodes now

@@ -262,7 +262,7 @@ async def _run_request(request: web.Request, kind: str) -> web.StreamResponse:
         writer.resumed(seq.generated[: seq.resumed_with])
     extension = {"resume": resume.to_json()} if resume is not None else None
     last_at = None
-    backlog: deque[tuple[int, bytes]] = deque(maxlen=PARK_BACKLOG)
+    backlog: deque[tuple[int, int, bytes]] = deque(maxlen=PARK_BACKLOG)
     try:
         if req.stream:
             response = web.StreamResponse(
@@ -331,7 +331,7 @@ def _park_or_abort(
                 engine.abort(seq.request_id)
 
     log.info("request %s: its stream broke at token %d; held %g s for a gateway to take it over",
-             seq.request_id, backlog[-1][0] + 1 if backlog else 0, runtime.park_grace_s)  # fmt: skip
+             seq.request_id, backlog[-1][1] if backlog else 0, runtime.park_grace_s)  # fmt: skip
     expiry = asyncio.get_running_loop().call_later(runtime.park_grace_s, expire)
     parked = Parked(seq, writer, req, backlog, expiry)
     runtime.parked[seq.request_id] = parked
@@ -347,15 +347,20 @@ async def _relay_events(
     role_sent: bool,
     extension: dict | None = None,
 ) -> None:
-    """Write the request's events as they come, each token's chunk kept in `backlog` (by its output index) before
-    it goes out, until it ends."""
+    """Write the request's events as they come, each chunk kept in `backlog` (by the output indexes of its first
+    token and of the token after its last) before it goes out, until it ends. The tokens an engine sent in one chunk
+    go out in one (TokenEvent.more)."""
     first, last_at = True, None
     while True:
         event = await seq.events.get()
         if isinstance(event, TokenEvent):
-            last_at = metrics.token(seq, event, last_at)
-            chunk = writer.token_sse(event, not role_sent, extension if first else None)
-            backlog.append((event.index, chunk))
+            group = [event]
+            while group[-1].more and not seq.events.empty():  # queued together by the adapter
+                group.append(seq.events.get_nowait())
+            for token in group:
+                last_at = metrics.token(seq, token, last_at)
+            chunk = writer.tokens_sse(group, not role_sent, extension if first else None)
+            backlog.append((group[0].index, group[-1].index + 1, chunk))
             await response.write(chunk)
             first, role_sent = False, True
             continue
@@ -393,7 +398,7 @@ async def _attach(request: web.Request, runtime: NodeRuntime, req: CompletionReq
             headers,
         )
     seq, backlog = parked.seq, parked.backlog
-    written = backlog[-1][0] + 1 if backlog else seq.resumed_with  # output tokens written to the stream that broke
+    written = backlog[-1][1] if backlog else seq.resumed_with  # output tokens written to the stream that broke
     oldest = backlog[0][0] if backlog else written
     if delivered > written or (delivered < oldest and delivered < written):
         reason = "more output tokens than this node has written" if delivered > written else "too far behind"
@@ -406,6 +411,17 @@ async def _attach(request: web.Request, runtime: NodeRuntime, req: CompletionReq
             ),
             headers,
         )
+    inside = next(((start, end) for start, end, _chunk in backlog if start < delivered < end), None)
+    if inside is not None:  # a client is given whole chunks: a count inside one is not what a gateway relayed
+        return error_response(
+            ApiError(
+                409,
+                f"lifeline.attach: the client has {delivered} output tokens, inside the chunk of tokens "
+                f"{inside[0]}-{inside[1] - 1} that this node wrote as one; attach at a chunk's end",
+                param="lifeline.attach",
+            ),
+            headers,
+        )
     del runtime.parked[req.request_id]
     parked.expiry.cancel()
     response = web.StreamResponse(headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -413,8 +429,8 @@ async def _attach(request: web.Request, runtime: NodeRuntime, req: CompletionReq
         await response.prepare(request)
         attached = {"attached": {"generated_token_ids": list(seq.generated[:delivered]), "written": written}}
         await response.write(sse({"lifeline": attached}))
-        for index, chunk in list(backlog):
-            if index >= delivered:
+        for start, _end, chunk in list(backlog):
+            if start >= delivered:
                 await response.write(chunk)
         role_sent = bool(backlog) or delivered > 0 or seq.resumed_with > 0
         runtime.streaming.add(seq.request_id)

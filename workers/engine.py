@@ -58,6 +58,11 @@ class TokenEvent:
     token: str | None = (
         None  # the token as the engine spells it in logprobs; None: workers.tokens spells it from its id
     )
+    # More tokens of the same engine chunk follow at once. An engine behind an adapter (vLLM, SGLang) may send
+    # several tokens in one chunk with one text for them all: they are written to the client as one chunk too, so
+    # no stream is ever cut between them (the text cannot be split by token, and a stream resumed inside such a
+    # chunk would repeat or lose the part of its text that belongs to the tokens on the far side of the cut).
+    more: bool = False
 
 
 @dataclass

@@ -187,6 +187,26 @@ class ChunkWriter:
             return ((self._first if first else self._next) + json.dumps(text) + self._tail).encode()
         return sse(self.token_chunk(event, first, extension))
 
+    def tokens_sse(self, events: list[TokenEvent], first: bool, extension: dict | None = None) -> bytes:
+        """The SSE bytes for tokens an engine sent in one chunk: one chunk, as the engine's (vLLM's shape: its
+        `token_ids` and logprobs list every token, its text is theirs together)."""
+        if len(events) == 1:
+            return self.token_sse(events[0], first, extension)
+        chunks = [self.token_chunk(e, first and i == 0, extension if i == 0 else None) for i, e in enumerate(events)]
+        merged, choice = chunks[0], chunks[0]["choices"][0]
+        for later in (c["choices"][0] for c in chunks[1:]):
+            if "text" in choice:
+                choice["text"] += later["text"]
+            else:
+                choice["delta"]["content"] += later["delta"]["content"]
+            if "token_ids" in choice:
+                choice["token_ids"] += later["token_ids"]
+            if choice["logprobs"] is not None:
+                for key, values in later["logprobs"].items():
+                    if isinstance(values, list):
+                        choice["logprobs"][key] += values
+        return sse(merged)
+
     def _envelope(self, choice: dict, obj: str) -> dict:
         return {
             "id": self.req.request_id,

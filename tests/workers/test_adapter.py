@@ -9,6 +9,7 @@ real llama-server in tests/workers/test_real_engine.py and tests/e2e. SGLang can
 """
 
 import asyncio
+import contextlib
 import json
 import threading
 import urllib.request
@@ -456,6 +457,60 @@ def test_a_node_in_front_of_a_mismatched_engine_never_registers(tmp_path):
     finally:
         asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(5)
         loop.call_soon_threadsafe(loop.stop)
+
+
+@contextlib.contextmanager
+def served_in_a_thread(app: web.Application):
+    """`app` served on a free port by an event loop of its own in a thread (a node process can reach it)."""
+
+    async def serve():
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        return runner, site._server.sockets[0].getsockname()[1]
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    runner, port = asyncio.run_coroutine_threadsafe(serve(), loop).result(5)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(5)
+        loop.call_soon_threadsafe(loop.stop)
+
+
+async def test_tokens_an_engine_sent_in_one_chunk_go_to_the_client_in_one(node_factory):
+    """vLLM sends a busy step's tokens in one chunk, with one text for them all. Written one chunk per token (the
+    text on the first), a stream cut between them and resumed by re-prefill repeated the text of the tokens after
+    the cut: a CI run of the real vLLM (tests/recovery/gateway/test_vllm_engine.py) got " keeper hear netsmore"
+    twice. The node writes them as the engine did, so every cut a gateway can make is at the engine's boundary."""
+    chunks = [
+        completion_chunk("A", [11]),
+        completion_chunk(" busy step", [12, 13, 14]),
+        completion_chunk(" ends", [15], "length"),
+        "[DONE]",
+    ]
+    with served_in_a_thread(fake_vllm(chunks, [])) as url:
+        node = node_factory("grouped", "--engine-url", url, "--engine-kind", "vllm", env=ENV)
+        wait_for(lambda: http_json(node.address + "/health")[0] == 200, 20, 0.1, "the node passes its engine's probe")
+        for path, base in (("/v1/completions", {"prompt": "p"}), ("/v1/chat/completions", {"messages": MESSAGES})):
+            body = {"model": "Qwen3-32B", **base, "max_tokens": 5, "logprobs": None, "temperature": 0}
+            got, usage = await sse_choices(node.address, path, {**body, "lifeline": {"return_token_ids": True}})
+            kind = "chat" if "messages" in base else "completion"
+            said = [(c["token_ids"], texts([c], kind)) for c in got if c.get("token_ids")]
+            assert said == [([11], "A"), ([12, 13, 14], " busy step"), ([15], " ends")], path
+            assert usage["completion_tokens"] == 5
+            # Asked for logprobs, the chunk lists one for each of its tokens, as vLLM's does.
+            asked = {"logprobs": 1} if kind == "completion" else {"logprobs": True, "top_logprobs": 1}
+            got, _ = await sse_choices(node.address, path, {**body, **asked})
+            key = "token_logprobs" if kind == "completion" else "content"
+            listed = [c["logprobs"][key] for c in got if c["logprobs"]]
+            assert [len(each) for each in listed] == [1, 3, 1], path
+
+
+MESSAGES = [{"role": "user", "content": "hi"}]
 
 
 async def test_an_engine_failing_mid_stream_ends_the_request_with_an_error(engine_at):
