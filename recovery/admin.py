@@ -22,6 +22,7 @@ from recovery.models import (
     Node,
     NodeTransition,
     Rack,
+    ReactionFailure,
     SloCorrection,
     SloObjective,
     SloRollup,
@@ -83,6 +84,12 @@ class NodeTransitionAdmin(ReadOnlyAdmin):
     list_display = ("node", "old_state", "new_state", "at", "actor", "cause")
     list_filter = ("new_state", "actor")
     search_fields = ("node__name", "cause")
+
+
+@admin.register(ReactionFailure)
+class ReactionFailureAdmin(ReadOnlyAdmin):
+    list_display = ("outbox", "row_id", "tries", "first_at", "next_try_at", "gave_up_at", "error")
+    list_filter = ("outbox",)
 
 
 @admin.register(AuditEntry)

@@ -387,6 +387,25 @@ class Outbox(models.Model):
         abstract = True
 
 
+class ReactionFailure(models.Model):
+    """An outbox row whose reaction raised (recovery.reactions): tried again with backoff until it runs, and after its
+    last try given up, with on-call told what did not happen. Deleted once a retry runs it."""
+
+    outbox = models.CharField(max_length=40, help_text="The outbox row's model: NodeTransition, DrainStep, …")
+    row_id = models.BigIntegerField()
+    tries = models.PositiveIntegerField(default=0)
+    error = models.TextField(help_text="What the last try raised.")
+    first_at = models.DateTimeField(default=timezone.now)
+    next_try_at = models.DateTimeField(null=True, blank=True, help_text="Not tried again before this.")
+    gave_up_at = models.DateTimeField(null=True, blank=True, help_text="After the last try: the row counts as handled.")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["outbox", "row_id"], name="one_failure_per_outbox_row")]
+
+    def __str__(self):
+        return f"{self.outbox} #{self.row_id}: {self.tries} tries"
+
+
 class NodeTransition(Outbox):
     """One lifecycle step of a node: the audit log, the timeline and the outbox."""
 

@@ -15,11 +15,13 @@ follows happens here, off every request's path, where it can be read in one
 place.
 """
 
+import datetime
 import logging
 import time
 
 from celery import shared_task
 from django.db import transaction
+from django.urls import reverse
 from django.utils import timezone
 from kombu.exceptions import OperationalError
 
@@ -33,6 +35,7 @@ from recovery.models import (
     Node,
     NodeTransition,
     Notification,
+    ReactionFailure,
 )
 from recovery.policy import capacity as capacity_policy
 from recovery.stores import away
@@ -40,6 +43,15 @@ from recovery.stores import away
 log = logging.getLogger(__name__)
 
 BATCH = 500  # rows of one kind per pass; the next pass takes the rest
+RETRY_S = (1, 2, 4, 8, 16)  # a reaction that raised is tried again after each of these; after the last, given up
+# What each kind of row's reaction does, in the words of the notification that says one did not run.
+WHAT_IT_DOES = {
+    "NodeTransition": "a spare for a node gone DOWN, the incident's timeline, the batch limit",
+    "HealthTransition": "a spare and a drain for an unhealthy node, an incident for corruption or an Xid",
+    "DrainStep": "the drain's next step, its incident, its trial canary",
+    "DegradationChange": "the level's incident, the re-placement proposal, the batch limit on every node",
+    "Notification": "the notification's delivery",
+}
 # A follow-up task is published after its reaction commits. The broker (Redis) may be restarting right then: the
 # publish tries again every second for this long (a supervised Redis is back in a second or two).
 PUBLISH_WAIT_S = 30.0
@@ -166,18 +178,26 @@ REACTIONS = (
 
 
 def process() -> int:
-    """Run the reaction of every committed outbox row not yet handled; returns how many were handled.
+    """Run the reaction of every committed outbox row not yet handled; returns how many were tried.
 
     Each row is claimed and reacted to in one transaction (SELECT … FOR UPDATE SKIP LOCKED): two workers never react
     twice, and a reaction cut short by a store going away (the database restarting, Redis gone) is rolled back with
     its claim, so the next call reacts to the row again; before, the claim was committed first and such a reaction
-    was lost for good (the chaos soak found a spare promotion lost so). A reaction that fails for any other reason
-    is logged and not retried: every one of them is either retried by its own task (a notification's delivery) or
-    redone by the periodic work it feeds (drains advance every second, canaries come due, capacity is re-evaluated).
+    was lost for good (the chaos soak found a spare promotion lost so). A reaction that raises for any other reason
+    is rolled back too and tried again after RETRY_S (1, 2, 4, 8, 16 s: a row it needs not yet visible, a lock, a
+    bug a deploy fixes); after the last try the row counts as handled and on-call is told what did not happen. Rows
+    left unclaimed by a worker that died are simply found again: every pass reads every row not yet handled.
     """
     handled = 0
+    now = timezone.now()
     for model, react in REACTIONS:
-        for row_id in model.objects.filter(reacted_at__isnull=True).order_by("pk").values_list("pk", flat=True)[:BATCH]:
+        waiting = set(
+            ReactionFailure.objects.filter(outbox=model.__name__, next_try_at__gt=now).values_list("row_id", flat=True)
+        )
+        rows = model.objects.filter(reacted_at__isnull=True).order_by("pk").values_list("pk", flat=True)
+        for row_id in rows[:BATCH]:
+            if row_id in waiting:
+                continue
             try:
                 with transaction.atomic():
                     row = model.objects.select_for_update(skip_locked=True).filter(pk=row_id, reacted_at=None).first()
@@ -185,13 +205,55 @@ def process() -> int:
                         continue  # another worker has it, or had it
                     react(row)  # its follow-up tasks are queued once this commits (follow_up)
                     model.objects.filter(pk=row_id).update(reacted_at=timezone.now())
+                    ReactionFailure.objects.filter(outbox=model.__name__, row_id=row_id).delete()
             except Exception as exc:  # noqa: BLE001 - one reaction's failure must not stop the others
                 if away(exc):
                     raise  # the row stays unclaimed: reacted to once the store is back
-                log.exception("reaction to %s #%d failed", model.__name__, row_id)
-                model.objects.filter(pk=row_id, reacted_at=None).update(reacted_at=timezone.now())
+                _failed(model, row_id, exc)
             handled += 1
     return handled
+
+
+def _failed(model, row_id: int, exc: Exception) -> None:
+    """A reaction raised (and was rolled back): count the try, and either set when to try again or give up."""
+    name, now = model.__name__, timezone.now()
+    with transaction.atomic():
+        failure, _ = ReactionFailure.objects.select_for_update().get_or_create(
+            outbox=name, row_id=row_id, defaults={"error": ""}
+        )
+        failure.tries += 1
+        failure.error = f"{exc.__class__.__name__}: {exc}"[:2000]
+        if failure.tries <= len(RETRY_S):
+            failure.next_try_at = now + datetime.timedelta(seconds=RETRY_S[failure.tries - 1])
+            failure.save()
+            log.exception("reaction to %s #%d failed (try %d); tried again at %s", name, row_id, failure.tries,
+                          failure.next_try_at.isoformat(timespec="seconds"))  # fmt: skip
+            return
+        failure.gave_up_at, failure.next_try_at = now, None
+        failure.save()
+        model.objects.filter(pk=row_id, reacted_at=None).update(reacted_at=now)
+        log.exception("reaction to %s #%d failed %d times: given up", name, row_id, failure.tries)
+        if model is not Notification:  # a notification's own reaction failing is not told by another one
+            notify.send(
+                "failure",
+                f"A reaction did not run: {name} #{row_id}",
+                f"The control plane's reaction to {name} #{row_id} ({WHAT_IT_DOES[name]}) raised on each of "
+                f"{failure.tries} tries over {(now - failure.first_at).total_seconds():.0f} s and was given up: what "
+                f"it would have done did not happen. The last error: {failure.error}. Do by hand what it calls for; "
+                "admins see every failed reaction under Reaction failures in the admin.",
+                url=_page_of(model, row_id),
+                severity="sev2",
+            )
+
+
+def _page_of(model, row_id: int) -> str:
+    """The console page where a person sees what the row was about."""
+    row = model.objects.filter(pk=row_id).first()
+    if isinstance(row, (NodeTransition, HealthTransition)):
+        return reverse("node", args=[row.node.name])
+    if isinstance(row, DrainStep):
+        return reverse("drain", args=[row.drain_id])
+    return reverse("degradation")
 
 
 @shared_task(ignore_result=True, expires=5)
