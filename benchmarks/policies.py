@@ -203,7 +203,8 @@ def bench_decision(events: int, rebuilt: bool = False, decisions: int = DECISION
 def gateway_coordinator(fleet: Fleet, clock: list[float]):
     """A real Coordinator (no network) routing over `fleet`, on the clock `clock[0]`, its statuses all pushed."""
     from recovery.gateway.coordinator import Coordinator
-    from recovery.gateway.table import ClusterConfig, Route, RoutingView
+    from recovery.gateway.table import RoutingView
+    from recovery.protocol import ClusterConfig, Route
 
     view = RoutingView("redis://127.0.0.1:1/0", "bench")  # never connected: routes are set here
     view.config = ClusterConfig(placement_policy="lifeline", alpha=ALPHA, beta=BETA)

@@ -81,6 +81,7 @@ class EventKind(models.TextChoices):
     NOT_CONFIRMED = "not_confirmed", "Symptom not confirmed"
     REMOVED = "removed", "Removed from routing"
     REQUEST_MOVED = "request_moved", "Request moved"
+    REQUEST_RESUMED = "request_resumed", "Stream taken over"  # by another gateway, after a lost one (Last-Event-ID)
     HOLDER_REPLACED = "holder_replaced", "Checkpoint re-placed"
     RESTART = "restart", "Node restarted"
     DRAFT_READY = "draft_ready", "Draft model ready"

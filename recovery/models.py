@@ -43,6 +43,7 @@ from recovery.policy import capacity as capacity_policy
 from recovery.policy import health as health_policy
 from recovery.policy import severity as severity_policy
 from recovery.policy import slo as slo_policy
+from recovery.protocol import ClusterConfig, ModelLevel
 
 
 class Cluster(models.Model):
@@ -154,29 +155,25 @@ class Cluster(models.Model):
     def __str__(self):
         return self.name
 
-    def gateway_config(self) -> dict:
+    def gateway_config(self) -> ClusterConfig:
         """What every gateway needs: the recovery settings, and each model's degradation level with its effects (a
         model not listed is at level 0)."""
         models_ = {}
         for row in self.model_capacities.all():
             effects = capacity_policy.EFFECTS[row.degradation_level]
-            models_[row.model_key] = {
-                "level": row.degradation_level,
-                "shed_tiers": list(effects.shed_tiers),
-                "accept_new": effects.accept_new,
-            }
-        return {
-            "placement_policy": self.placement_policy,
-            "tau_tokens": self.tau_tokens,
-            "theta_factor": self.theta_factor,
-            "alpha": self.alpha,
-            "beta": self.beta,
-            "stall_timeout_s": self.stall_timeout_s,
-            "dispatch_accounting": self.dispatch_accounting,
-            "degradation_level": self.degradation_level,
-            "models": models_,
-            "starting_until": self.starting_until(),
-        }
+            models_[row.model_key] = ModelLevel(row.degradation_level, tuple(effects.shed_tiers), effects.accept_new)
+        return ClusterConfig(
+            placement_policy=self.placement_policy,
+            tau_tokens=self.tau_tokens,
+            theta_factor=self.theta_factor,
+            alpha=self.alpha,
+            beta=self.beta,
+            stall_timeout_s=self.stall_timeout_s,
+            dispatch_accounting=self.dispatch_accounting,
+            degradation_level=self.degradation_level,
+            models=models_,
+            starting_until=self.starting_until(),
+        )
 
     def starting_until(self) -> float | None:
         """When the start-up grace of the control plane ends (epoch seconds), or None when it has ended."""

@@ -46,6 +46,7 @@ from recovery.choices import EventKind, FailureClass, IncidentStatus, NodeState
 from recovery.models import Cluster, Condition, Incident, Node
 from recovery.policy import capacity as capacity_policy
 from recovery.policy import severity as severity_policy
+from recovery.protocol import RequestFailed
 from recovery.stores import STORE_ERRORS, away
 from workers import catalog
 from workers import telemetry as telemetry_mod
@@ -365,18 +366,18 @@ def registered_again(name: str, at: dt.datetime) -> None:
 
 
 # --- poison requests, from the gateways' signals ---------------------------------------------------------------------
-def request_failed(gateway: str, data: dict) -> Condition | None:
+def request_failed(gateway: str, signal: RequestFailed) -> Condition | None:
     """A request failed on two nodes (a gateway's signal): the POISON_AFTER-th such failure of one content within
     POISON_WINDOW_S begins its condition. The content is the client's request as sent (`content_key`, before the
     gateway draws a sampled request's seed); its failures are counted in Redis (a sorted set per key, by time)."""
-    key_of_request = data.get("content_key") or data.get("request_key") or ""
+    key_of_request = signal.content_key or signal.request_key or ""
     if not key_of_request:
         return None
     now = time.time()
     r, keys = hot.client(), hot.keys()
     failures = keys.poison_failures(key_of_request)
     pipe = r.pipeline()
-    pipe.zadd(failures, {data.get("request_id") or f"{gateway}:{now}": now})
+    pipe.zadd(failures, {signal.request_id or f"{gateway}:{now}": now})
     pipe.zremrangebyscore(failures, "-inf", now - POISON_WINDOW_S)
     pipe.zcard(failures)
     pipe.expire(failures, int(POISON_WINDOW_S))
@@ -385,8 +386,8 @@ def request_failed(gateway: str, data: dict) -> Condition | None:
     if count < POISON_AFTER:
         return None
     requests = r.zrange(failures, 0, -1)
-    nodes = sorted(set(data.get("nodes") or []))
-    answer = (data.get("answer") or "")[:200]
+    nodes = sorted(set(signal.nodes))
+    answer = signal.answer[:200]
     return begin(
         FailureClass.POISON_REQUEST,
         key_of_request,
@@ -443,6 +444,12 @@ def check_gateways(now: float | None = None) -> dict[str, str]:
             clear(FailureClass.GATEWAY_LOST, gateway, seen, "it publishes again")
             changed[gateway] = "back"
     return changed
+
+
+def lost_gateway_of(request_id: str) -> Condition | None:
+    """The open lost-gateway condition that had `request_id` in flight when its gateway went silent, if any."""
+    lost = Condition.objects.filter(failure_class=FailureClass.GATEWAY_LOST, cleared_at__isnull=True)
+    return next((c for c in lost.select_related("incident") if request_id in c.details.get("requests", ())), None)
 
 
 # --- Redis and the database, from a watch of its own ----------------------------------------------------------------

@@ -8,28 +8,30 @@ from recovery import hot
 from recovery.choices import NodeState
 from recovery.models import ApiKey, Cluster, Node
 from recovery.policy import lifecycle
+from recovery.protocol import Route, Tenant, Trust
 
 
 def routing_entries() -> dict[str, dict]:
-    """The routing table gateways use: the nodes that may take traffic now."""
+    """The routing table gateways use: the nodes that may take traffic now, as recovery.protocol.Route writes them."""
     rows = Node.objects.filter(state=NodeState.SERVING).select_related("rack").order_by("name")
     return {
-        n.name: {
-            "address": n.address,
-            "model": n.model_key,
-            "rack": n.rack.name,
-            "server": n.server,
-            "nvl_domain": n.nvl_domain,
-            "network": n.network,
-            "provider": n.provider,
-            "region": n.region,
-            "gpu": n.gpu_key,
-            "tp": n.tp,
-            "weight": n.weight,
-            "session": n.session,
+        n.name: Route(
+            name=n.name,
+            address=n.address,
+            model=n.model_key,
+            rack=n.rack.name,
+            weight=n.weight,
+            gpu=n.gpu_key,
+            tp=n.tp,
+            session=n.session,
             # What the node's engine can do beyond serving: a real engine's node holds no checkpoints.
-            "capabilities": sorted(n.capabilities),
-        }
+            capabilities=frozenset(n.capabilities),
+            server=n.server,
+            nvl_domain=n.nvl_domain,
+            network=n.network,
+            provider=n.provider,
+            region=n.region,
+        ).to_wire()
         for n in rows
     }
 
@@ -54,14 +56,18 @@ def publish_routing() -> None:
 
 def publish_cluster_config() -> None:
     """The cluster's recovery settings and degradation level, for every gateway."""
-    hot.publish_cluster_config(Cluster.default().gateway_config())
+    hot.publish_cluster_config(Cluster.default().gateway_config().to_wire())
 
 
 def gateway_key_entries() -> dict[str, dict]:
     rows = ApiKey.objects.filter(revoked_at__isnull=True)
     return {
-        k.digest: {"id": k.pk, "tenant": k.tenant, "tier": k.tier}
-        | ({"providers": k.trusted_providers, "regions": k.trusted_regions} if k.restricted else {})
+        k.digest: Tenant(
+            k.pk,
+            k.tenant,
+            k.tier,
+            Trust(frozenset(k.trusted_providers), frozenset(k.trusted_regions)) if k.restricted else None,
+        ).to_wire()
         for k in rows
     }
 
@@ -76,7 +82,7 @@ def sync_hot_state() -> None:
         hot.record_node(node.name, node.session, node.state, node.address, watch=node.state in lifecycle.ALIVE)
     with hot.routing_publish():
         hot.publish_hot_state(
-            routing_entries(), deployed_models(), gateway_key_entries(), Cluster.default().gateway_config()
+            routing_entries(), deployed_models(), gateway_key_entries(), Cluster.default().gateway_config().to_wire()
         )
 
 

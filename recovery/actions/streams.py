@@ -16,7 +16,7 @@ import time
 from django.db import transaction
 from redis.exceptions import ResponseError
 
-from recovery import hot
+from recovery import hot, protocol
 from recovery.actions import conditions, health, incidents, live_migration, slo
 from recovery.choices import EventKind, IncidentStatus
 from recovery.models import Incident, Node, RequestOutcome
@@ -132,63 +132,109 @@ def _trim_processed(r, stream: str) -> None:
 
 
 def handle_signal(kind: str, gateway: str, data: dict) -> None:
-    source = f"gateway {gateway}"
-    if kind == "symptom":
-        incidents.confirm_failure(data["node"], data.get("at"), source, data.get("reason", "lost"))
-    elif kind == "request_moved":
-        node = Node.objects.filter(name=data.get("from")).first()
-        incident = incidents.open_incident_for(node) if node else None
-        if incident is None:
-            return
-        with transaction.atomic():
-            incidents.add_event(
-                incident,
-                EventKind.REQUEST_MOVED,
-                describe_move(data),
-                at=data.get("at"),
-                source=source,
-                node=node,
-                request_id=data.get("request_id", ""),
-                details=data,
-            )
-    elif kind == "holder_replaced":
-        lost = Node.objects.filter(name=data.get("lost")).first()
-        incident = incidents.open_incident_for(lost) if lost else None
-        if incident is None:
-            return
-        with transaction.atomic():
-            incidents.add_event(
-                incident,
-                EventKind.HOLDER_REPLACED,
-                describe_replacement(data),
-                at=data.get("at"),
-                source=source,
-                node=lost,
-                request_id=data.get("request_id", ""),
-                details=data,
-            )
-    elif kind == "node_error":
-        node = Node.objects.filter(name=data.get("node")).first()
-        if node is not None:
-            served = f"; {data['served_by']} served the same request" if data.get("served_by") else ""
-            health.record_node_failure(
-                node,
-                f"{source}: {node.name} answered {data.get('status')} ({data.get('answer', '')[:120]}){served}",
-                data.get("request_key"),
-            )
-    elif kind == "migration_command_done":
-        live_migration.record_gateway_result(gateway, data)
-    elif kind == "request_failed":
-        # A request that failed on two nodes: the request's fault, counted against neither (recovery.gateway.relay);
-        # several with one content key are a poison request (recovery.actions.conditions).
-        conditions.request_failed(gateway, data)
-        log.warning(
-            "%s: request %s failed on %s and was not retried: %s",
-            source,
-            data.get("request_id"),
-            " and ".join(data.get("nodes") or []),
-            (data.get("answer") or "")[:200],
+    """One gateway signal (recovery.protocol), into the incident it belongs to. UnknownSignal for a kind this control
+    plane has no class for and ProtocolError for a malformed one: the stream's reader logs either as an error."""
+    signal = protocol.read_signal(kind, data)
+    HANDLERS[type(signal)](signal, f"gateway {gateway}", gateway)
+
+
+def _symptom(signal: protocol.Symptom, source: str, gateway: str) -> None:
+    incidents.confirm_failure(signal.node, signal.at, source, signal.reason or "lost")
+
+
+def _request_moved(signal: protocol.RequestMoved, source: str, gateway: str) -> None:
+    node = Node.objects.filter(name=signal.from_node).first()
+    incident = incidents.open_incident_for(node) if node else None
+    if incident is None:
+        return
+    data = signal.to_wire()
+    with transaction.atomic():
+        incidents.add_event(
+            incident,
+            EventKind.REQUEST_MOVED,
+            describe_move(data),
+            at=signal.at,
+            source=source,
+            node=node,
+            request_id=signal.request_id,
+            details=data,
         )
+
+
+def _request_resumed(signal: protocol.RequestResumed, source: str, gateway: str) -> None:
+    """A client's stream taken over by this gateway: on the timeline of the lost gateway's incident that had the
+    request in flight, if one does (a client may also reconnect while its first gateway lives: nothing to record)."""
+    condition = conditions.lost_gateway_of(signal.request_id)
+    if condition is None:
+        log.info("%s took over %s on %s at token %d", source, signal.request_id, signal.node, signal.at_token)
+        return
+    with transaction.atomic():
+        incidents.add_event(
+            condition.incident,
+            EventKind.REQUEST_RESUMED,
+            f"Request {signal.request_id}'s stream taken over by gateway {gateway} from lost gateway "
+            f"{condition.subject}: {signal.node} kept it running and goes on from token {signal.at_token}",
+            at=signal.at,
+            source=source,
+            request_id=signal.request_id,
+            details=signal.to_wire(),
+        )
+
+
+def _holder_replaced(signal: protocol.HolderReplaced, source: str, gateway: str) -> None:
+    lost = Node.objects.filter(name=signal.lost).first()
+    incident = incidents.open_incident_for(lost) if lost else None
+    if incident is None:
+        return
+    data = signal.to_wire()
+    with transaction.atomic():
+        incidents.add_event(
+            incident,
+            EventKind.HOLDER_REPLACED,
+            describe_replacement(data),
+            at=signal.at,
+            source=source,
+            node=lost,
+            request_id=signal.request_id,
+            details=data,
+        )
+
+
+def _node_error(signal: protocol.NodeError, source: str, gateway: str) -> None:
+    node = Node.objects.filter(name=signal.node).first()
+    if node is not None:
+        served = f"; {signal.served_by} served the same request" if signal.served_by else ""
+        health.record_node_failure(
+            node, f"{source}: {node.name} answered {signal.status} ({signal.answer[:120]}){served}", signal.request_key
+        )
+
+
+def _migration_command_done(signal: protocol.MigrationCommandDone, source: str, gateway: str) -> None:
+    live_migration.record_gateway_result(gateway, signal.to_wire())
+
+
+def _request_failed(signal: protocol.RequestFailed, source: str, gateway: str) -> None:
+    # A request that failed on two nodes: the request's fault, counted against neither (recovery.gateway.relay);
+    # several with one content key are a poison request (recovery.actions.conditions).
+    conditions.request_failed(gateway, signal)
+    log.warning(
+        "%s: request %s failed on %s and was not retried: %s",
+        source,
+        signal.request_id,
+        " and ".join(signal.nodes),
+        signal.answer[:200],
+    )
+
+
+HANDLERS = {
+    protocol.Symptom: _symptom,
+    protocol.RequestMoved: _request_moved,
+    protocol.RequestResumed: _request_resumed,
+    protocol.HolderReplaced: _holder_replaced,
+    protocol.NodeError: _node_error,
+    protocol.MigrationCommandDone: _migration_command_done,
+    protocol.RequestFailed: _request_failed,
+}
 
 
 # How a node resumed a moved request (workers.engine.ResumeInfo.method), as the dispatch plan names it.

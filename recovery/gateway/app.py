@@ -22,8 +22,9 @@ from redis.exceptions import RedisError
 from recovery.gateway.coordinator import Coordinator, Flight
 from recovery.gateway.relay import ClientGone, Relay, Takeover, openai_error
 from recovery.gateway.signals import Signals
-from recovery.gateway.table import RoutingView, Tenant
+from recovery.gateway.table import RoutingView
 from recovery.policy import slo, slo_rules
+from recovery.protocol import Tenant
 from workers import catalog
 from workers.aio import cancel
 from workers.openai_api import json_errors, read_json

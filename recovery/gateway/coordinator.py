@@ -20,9 +20,10 @@ import aiohttp
 
 from recovery.gateway.fleet import FleetState
 from recovery.gateway.signals import Signals
-from recovery.gateway.table import Route, RoutingView, Trust
+from recovery.gateway.table import RoutingView
 from recovery.gateway.watch import NodeWatcher
 from recovery.policy import dispatch, placement, recovery
+from recovery.protocol import HolderReplaced, MigrationCommandDone, Route, Signal, Symptom, Trust
 from workers.catalog import BLOCK_TOKENS
 
 log = logging.getLogger(__name__)
@@ -205,9 +206,9 @@ class Coordinator:
             return [self.view.routes[decision.source].peer()]
         return []
 
-    def report(self, kind: str, /, **data) -> None:
+    def report(self, signal: Signal) -> None:
         """Tell the control plane (recovery.gateway.signals)."""
-        self.signals.emit(kind, **data)
+        self.signals.emit(signal)
 
     def answering(self, node: str) -> bool:
         return self.watcher.answering(node)
@@ -368,11 +369,7 @@ class Coordinator:
         self.fleet.node_changed(name)
         log.warning("node %s lost: %s", name, reason)
         self.signals.emit(
-            "symptom",
-            node=name,
-            reason=reason,
-            at=at,
-            in_flight=sum(1 for f in self.flights.values() if f.node == name),
+            Symptom(node=name, reason=reason, at=at, in_flight=sum(1 for f in self.flights.values() if f.node == name))
         )
         self._plan(name)
         waiting = {f.request_id for f in self.flights.values() if f.node == name}
@@ -523,22 +520,18 @@ class Coordinator:
         except Exception as exc:  # noqa: BLE001 - the request goes on without a checkpoint; say so
             log.warning("could not re-place the checkpoint of %s: %s", flight.request_id, exc)
             self.signals.emit(
-                "holder_replaced",
-                request_id=flight.request_id,
-                node=serving.name,
-                lost=lost,
-                holders=[],
-                error=str(exc),
+                HolderReplaced(request_id=flight.request_id, node=serving.name, lost=lost, holders=[], error=str(exc))
             )
             return
         flight.holders = tuple(h.name for h in holders)
         self.signals.emit(
-            "holder_replaced",
-            request_id=flight.request_id,
-            node=serving.name,  # the node told about its holders: the request may have moved on since the call
-            lost=lost,
-            holders=list(flight.holders),
-            blocks_resent=answer.get("blocks_sent", 0),
+            HolderReplaced(
+                request_id=flight.request_id,
+                node=serving.name,  # the node told about its holders: the request may have moved on since the call
+                lost=lost,
+                holders=list(flight.holders),
+                blocks_resent=answer.get("blocks_sent", 0),
+            )
         )
 
     async def add_second_holder(self, flight: Flight) -> None:
@@ -623,5 +616,5 @@ class Coordinator:
                 results["failed"] += 1
             finally:
                 handed_over.set()
-        self.signals.emit("migration_command_done", **results)
+        self.signals.emit(MigrationCommandDone(**results))
         return results

@@ -20,8 +20,9 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from recovery.gateway.table import Route, RoutingView
+from recovery.gateway.table import RoutingView
 from recovery.policy import load, placement
+from recovery.protocol import Route
 
 # Pages placed on a holder count in its L̂ at once, until its own status reports them (a
 # status event comes within a few steps) or this long has passed.

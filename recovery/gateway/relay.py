@@ -20,8 +20,8 @@ import aiohttp
 from aiohttp import web
 
 from recovery.gateway.coordinator import Coordinator, Flight
-from recovery.gateway.table import Route
 from recovery.policy.dispatch import Decision
+from recovery.protocol import NodeError, RequestFailed, RequestMoved, RequestResumed, Route
 from workers.openai_schema import CompletionRequest
 
 log = logging.getLogger(__name__)
@@ -297,13 +297,14 @@ class Relay:
         failure, self._failure = self._failure, None
         if failure is not None and failure.node != node:
             self.co.report(
-                "node_error",
-                node=failure.node,
-                status=failure.status,
-                answer=failure.answer,
-                request_id=self.flight.request_id,
-                request_key=self.request_key,
-                served_by=node,
+                NodeError(
+                    node=failure.node,
+                    status=failure.status,
+                    answer=failure.answer,
+                    request_id=self.flight.request_id,
+                    request_key=self.request_key,
+                    served_by=node,
+                )
             )
 
     @property
@@ -482,8 +483,11 @@ class Relay:
         flight.first_token_at = flight.last_token_at = time.monotonic()
         self.streamed_on = node
         self._record_stream()
-        self.co.report("request_resumed", request_id=flight.request_id, tenant=flight.tenant, node=node,
-                       at_token=len(flight.generated))  # fmt: skip
+        self.co.report(
+            RequestResumed(
+                request_id=flight.request_id, tenant=flight.tenant, node=node, at_token=len(flight.generated)
+            )
+        )
         if self.client_stream:
             await self._write(f": lifeline resumed this stream on {node} at token {len(flight.generated)}\n\n".encode())
 
@@ -553,7 +557,8 @@ class Relay:
             "cause": reason,
         }
         flight.migrations.append(move)
-        self.co.report("request_moved", request_id=flight.request_id, tenant=flight.tenant, **move)
+        rest = {k: v for k, v in move.items() if k not in ("from", "to")}
+        self.co.report(RequestMoved(flight.request_id, previous, node, tenant=flight.tenant, **rest))
         if self.client_stream:
             await self._write(
                 f": lifeline moved this stream from {previous} to {node} at token {move['at_token']} "
@@ -656,13 +661,14 @@ class Relay:
             second.answer[:200],
         )
         self.co.report(
-            "request_failed",
-            request_id=self.flight.request_id,
-            request_key=self.request_key,
-            content_key=self.client_key,  # the client's content, before a seed is drawn: what a poison request repeats
-            nodes=[first.node, second.node],
-            statuses=[first.status, second.status],
-            answer=second.answer,
+            RequestFailed(
+                request_id=self.flight.request_id,
+                request_key=self.request_key,
+                content_key=self.client_key,  # the client's content, before a seed is drawn: what a poison one repeats
+                nodes=[first.node, second.node],
+                statuses=[first.status, second.status],
+                answer=second.answer,
+            )
         )
         if self.response is None and not self._sent_any:
             return openai_error(500, message, "server_error", code="request_failed_on_two_nodes")

@@ -18,6 +18,7 @@ from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError
 
 from recovery.keys import Keys
+from recovery.protocol import Signal
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +41,11 @@ class Signals:
         self._queue: list[tuple[str, Callable[[Pipeline], object]]] = []  # (what it is, for a log line; the commands)
         self._writer: asyncio.Task | None = None
 
-    def emit(self, kind: str, /, **data) -> None:
-        data.setdefault("at", time.time())
-        fields = {"kind": kind, "gateway": self.gateway, "data": json.dumps(data)}
+    def emit(self, signal: Signal) -> None:
+        """Tell the control plane (recovery.protocol's signals, read back by recovery.actions.streams)."""
+        fields = {"kind": signal.KIND, "gateway": self.gateway, "data": json.dumps(signal.to_wire())}
         self._write(
-            f"a signals entry ({kind})",
+            f"a signals entry ({signal.KIND})",
             lambda pipe: pipe.xadd(self.keys.signals, fields, maxlen=MAX_SIGNALS, approximate=True),
         )
 

@@ -1,4 +1,5 @@
-"""The gateway's copy of the routing table, the valid API keys and the cluster's settings.
+"""The gateway's copy of the routing table, the valid API keys and the cluster's settings (their shapes:
+recovery.protocol).
 
 Read from Redis at start, again whenever the control plane announces a change
 on the pub/sub channel, and every few seconds in case an announcement was
@@ -7,7 +8,6 @@ missed. Requests read the in-memory copy only.
 
 import asyncio
 import hashlib
-import json
 import logging
 from dataclasses import dataclass, field
 
@@ -15,136 +15,10 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from recovery.keys import Keys
-from workers import catalog
+from recovery.protocol import ClusterConfig, ProtocolError, Route, Tenant, loads
 from workers.aio import cancel
-from workers.checkpoint import Peer
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Route:
-    name: str
-    address: str
-    model: str
-    rack: str
-    weight: float
-    gpu: str = "H100-SXM"
-    tp: int = 1
-    session: str = ""
-    # What the node offers beyond serving (workers.engine_api.CAPABILITIES): a node without
-    # "checkpoint" neither streams KV pages nor holds them; one without "resume" continues no request.
-    capabilities: frozenset[str] = frozenset(("checkpoint", "resume", "migrate"))
-    # Its place in the fabric beyond its rack, as the node registered it (workers.catalog.Placement).
-    server: str = ""
-    nvl_domain: str = ""
-    network: str = "infiniband"
-    provider: str = ""  # who runs its machine, and where: a restricted key's requests stay on the ones it trusts
-    region: str = ""
-
-    @property
-    def placement(self) -> catalog.Placement:
-        return catalog.Placement(self.rack, self.server, self.nvl_domain, self.network)
-
-    @property
-    def holds_checkpoints(self) -> bool:
-        return "checkpoint" in self.capabilities
-
-    @property
-    def resumes(self) -> bool:
-        return "resume" in self.capabilities
-
-    @property
-    def migrates(self) -> bool:
-        return "migrate" in self.capabilities
-
-    @property
-    def deployment(self) -> catalog.Deployment:
-        return _deployment(self.model, self.gpu, self.tp)
-
-    def peer(self) -> dict:
-        """The node as a workers.checkpoint.Peer: what another node needs to reach it and time the link."""
-        return Peer(self.name, self.address, self.rack, self.server, self.nvl_domain, self.network).to_json()
-
-
-_deployments: dict[tuple[str, str, int], catalog.Deployment] = {}
-
-
-def _deployment(model: str, gpu: str, tp: int) -> catalog.Deployment:
-    key = (model, gpu, tp)
-    if key not in _deployments:
-        _deployments[key] = catalog.Deployment.of(model, gpu, tp)
-    return _deployments[key]
-
-
-@dataclass(frozen=True)
-class Trust:
-    """The providers and regions a restricted API key trusts (document 004): its requests run, and keep their
-    checkpoints, only on a node of one of the providers or in one of the regions."""
-
-    providers: frozenset[str] = frozenset()
-    regions: frozenset[str] = frozenset()
-
-    def trusts(self, route: Route) -> bool:
-        return route.provider in self.providers or route.region in self.regions
-
-    def __str__(self) -> str:
-        parts = [f"provider {', '.join(sorted(self.providers))}"] if self.providers else []
-        parts += [f"region {', '.join(sorted(self.regions))}"] if self.regions else []
-        return " or ".join(parts)
-
-    @classmethod
-    def of(cls, entry: dict) -> "Trust | None":
-        providers, regions = frozenset(entry.get("providers") or ()), frozenset(entry.get("regions") or ())
-        return cls(providers, regions) if providers or regions else None
-
-
-@dataclass(frozen=True)
-class Tenant:
-    key_id: int
-    tenant: str
-    tier: str
-    trust: Trust | None = None  # None: any node
-
-
-@dataclass(frozen=True)
-class ClusterConfig:
-    """How this cluster recovers; set in the console, published by the control plane."""
-
-    placement_policy: str = "lifeline"
-    tau_tokens: int = 512  # a checkpointed prefix above this is worth restoring on a busy holder
-    theta_factor: float = 2.0  # a holder is overloaded above this many times the mean recovery load
-    alpha: float = 1.0  # weight of checkpoint pages held in the recovery load
-    beta: float = 1.0  # weight of queue depth in the recovery load
-    stall_timeout_s: float = 5.0  # no byte from a node for this long: it is treated as failed
-    dispatch_accounting: bool = True  # count a request on its node at dispatch (document 002)
-    # Degradation (document 003), set by the control plane's capacity evaluation for each model on its own.
-    degradation_level: int = 0  # the fleet's: the worst model's, for status pages
-    models: dict[str, "ModelLevel"] = field(default_factory=dict)  # a model not listed is at level 0
-    starting_until: float | None = None  # the control plane's start-up grace ends (epoch s): nodes are joining
-
-    @classmethod
-    def parse(cls, raw: str | None) -> "ClusterConfig":
-        if not raw:
-            return cls()
-        data = json.loads(raw)
-        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        known["models"] = {
-            model: ModelLevel(int(v.get("level", 0)), tuple(v.get("shed_tiers") or ()), bool(v.get("accept_new", True)))
-            for model, v in (known.get("models") or {}).items()
-        }
-        return cls(**known)
-
-    def level_of(self, model: str) -> "ModelLevel":
-        """The degradation `model`'s requests meet: its own level, never another model's."""
-        return self.models.get(model, ModelLevel())
-
-
-@dataclass(frozen=True)
-class ModelLevel:
-    level: int = 0
-    shed_tiers: tuple[str, ...] = ()  # tiers answered 429 at this level
-    accept_new: bool = True  # False at level 4: new requests get 503, those in flight finish
 
 
 @dataclass
@@ -200,40 +74,26 @@ class RoutingView:
         self.whole_seen = self.whole_seen or written is not None
         routes = {}
         for name, raw in raw_routes.items():
-            entry = json.loads(raw)
             try:
-                routes[name] = Route(
-                    name,
-                    entry["address"],
-                    entry["model"],
-                    entry.get("rack", ""),
-                    float(entry.get("weight", 1.0)),
-                    entry.get("gpu", "H100-SXM"),
-                    int(entry.get("tp", 1)),
-                    entry.get("session", ""),
-                    frozenset(entry["capabilities"]) if "capabilities" in entry else Route.capabilities,
-                    entry.get("server", ""),
-                    entry.get("nvl_domain", ""),
-                    entry.get("network", "infiniband"),
-                    entry.get("provider", ""),
-                    entry.get("region", ""),
-                )
-                routes[name].deployment  # noqa: B018 - refuse a route the catalog cannot time
-            except (KeyError, ValueError, catalog.CatalogError) as exc:
-                log.warning("ignoring route %s: %s", name, exc)
-                routes.pop(name, None)
+                routes[name] = Route.from_wire(name, loads(raw, f"route {name}"))
+            except ProtocolError as exc:
+                log.warning("ignoring a route: %s", exc)
         self.routes = routes
-        self.tenants = {
-            d: Tenant(i["id"], i["tenant"], i["tier"], Trust.of(i))
-            for d, i in ((d, json.loads(v)) for d, v in raw_keys.items())
-        }
+        tenants = {}
+        for digest, raw in raw_keys.items():
+            try:
+                tenants[digest] = Tenant.from_wire(loads(raw, "a key entry"))
+            except ProtocolError as exc:
+                log.warning("ignoring a key entry: %s", exc)
+        self.tenants = tenants
         try:
-            self.config = ClusterConfig.parse(raw_config)
-        except (ValueError, TypeError) as exc:
+            self.config = ClusterConfig.from_wire(loads(raw_config, "the cluster config"))
+        except ProtocolError as exc:
             log.warning("ignoring a malformed cluster config: %s", exc)
         try:
-            self.deployed = frozenset(json.loads(raw_models)) if raw_models else frozenset()
-        except (ValueError, TypeError) as exc:
+            deployed = loads(raw_models, "the deployed models") or []
+            self.deployed = frozenset(str(m) for m in deployed)
+        except (ProtocolError, TypeError) as exc:
             log.warning("ignoring a malformed list of deployed models: %s", exc)
         self.loaded.set()
         for listener in list(self.listeners):

@@ -18,8 +18,9 @@ from collections.abc import Callable
 
 import aiohttp
 
-from recovery.gateway.table import Route, RoutingView
+from recovery.gateway.table import RoutingView
 from recovery.policy.load import ClockOffset, NodeStatus, Pending
+from recovery.protocol import Route
 from workers.aio import cancel
 
 log = logging.getLogger(__name__)

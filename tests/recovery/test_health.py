@@ -301,7 +301,10 @@ def test_a_gateways_5xx_counts_against_the_breaker_and_a_4xx_never_does(commit, 
     configure(breaker_threshold=2)
     for _ in range(2):
         commit(
-            streams.handle_signal, "node_error", "gw-1", {"node": "hc-5xx", "status": 500, "answer": "engine crashed"}
+            streams.handle_signal,
+            "node_error",
+            "gw-1",
+            {"node": "hc-5xx", "status": 500, "answer": "engine crashed", "request_id": "r-5xx"},
         )
     node.refresh_from_db()
     assert node.breaker == "open" and "answered 500" in node.health_transitions.filter(kind="breaker").first().cause

@@ -286,18 +286,16 @@ async def test_the_gateway_reports_a_move_from_the_node_the_request_streamed_on(
 
     reported = []
 
-    def report(kind, /, **data):
-        reported.append((kind, data))
-
-    co = SimpleNamespace(report=report)
+    co = SimpleNamespace(report=reported.append)
     flight = Flight("r-1", "t", "standard", "Qwen3-32B", 10, 100, node="node-01", generated=[7] * 40)
     relay = Relay(co, None, {}, SimpleNamespace(stream=False, include_usage=False), flight, "/v1/completions", "k")
     relay.nodes, relay.streamed_on = ["node-08", "node-04", "node-01"], "node-08"
     resume = {"method": "re-prefill", "restored_tokens": 0, "reprefill_tokens": 50, "reason": "no usable pages"}
     decision = Decision("r-1", "node-04", "restore", "node-04", "holder node-04 not overloaded")
     await relay._announce("node-01", decision, None, time.monotonic(), {"lifeline": {"resume": resume}}, "broke")
-    [(signal_kind, move)] = reported
-    assert signal_kind == "request_moved"
+    [signal] = reported
+    move = signal.to_wire()
+    assert signal.KIND == "request_moved"
     assert (move["from"], move["to"], move["tried"]) == ("node-08", "node-01", ["node-04"])
     assert move["resume_reason"] == "no usable pages"
     assert streams.describe_move({**move, "request_id": "r-1"}).startswith(
@@ -315,7 +313,7 @@ async def test_a_moves_stall_is_broken_down_into_noticing_the_target_answering_a
     from recovery.policy.dispatch import Decision
 
     reported = []
-    co = SimpleNamespace(report=lambda kind, /, **data: reported.append(data))
+    co = SimpleNamespace(report=lambda signal: reported.append(signal.to_wire()))
     flight = Flight("r-2", "t", "standard", "Qwen3-32B", 10, 100, node="node-08", generated=[7] * 40)
     relay = Relay(co, None, {}, SimpleNamespace(stream=False, include_usage=False), flight, "/v1/completions", "k")
     relay.nodes, relay.streamed_on = ["node-08", "node-01"], "node-08"

@@ -9,7 +9,7 @@ import uuid
 import pytest
 from django.utils import timezone
 
-from recovery import hot
+from recovery import hot, protocol
 from recovery.actions import incidents, live_migration, nodes, streams
 from recovery.choices import EventKind, IncidentStatus, NodeState
 from recovery.models import AuditEntry, Cluster, Incident, Node, RequestOutcome
@@ -42,8 +42,11 @@ def register(name, address="http://127.0.0.1:9", rack="rack-a", serving=True):
 
 
 def signal(kind, /, gateway="gw-1", **data):
-    data.setdefault("at", time.time())
-    hot.client().xadd(hot.keys().signals, {"kind": kind, "gateway": gateway, "data": json.dumps(data)})
+    """A gateway's signal on the stream, as the gateway writes it (recovery.protocol: a malformed one fails here)."""
+    if kind == "symptom":
+        data.setdefault("reason", "stream broke (ClientPayloadError)")
+    sent = protocol.read_signal(kind, {"at": time.time(), **data})
+    hot.client().xadd(hot.keys().signals, {"kind": kind, "gateway": gateway, "data": json.dumps(sent.to_wire())})
 
 
 def outcome(ttft, tpot, started, e2e_ms=100.0, **extra):

@@ -20,9 +20,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from recovery.gateway.fleet import FleetState
-from recovery.gateway.table import ClusterConfig, Route
 from recovery.policy import breaker
 from recovery.policy.load import Pending
+from recovery.protocol import ClusterConfig, Route
 from tests.gateway_cluster import KEY, gw
 from tests.helpers import examples, http_json
 from workers import catalog, tokens

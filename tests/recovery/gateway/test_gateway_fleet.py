@@ -3,7 +3,8 @@
 import pytest
 
 from recovery.gateway.coordinator import Coordinator, Flight
-from recovery.gateway.table import ClusterConfig, Route, RoutingView
+from recovery.gateway.table import RoutingView
+from recovery.protocol import ClusterConfig, Route
 
 NOW = 1_700_000_000.0
 GB = 10**9

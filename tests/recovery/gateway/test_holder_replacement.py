@@ -13,8 +13,9 @@ import asyncio
 import pytest
 
 from recovery.gateway.coordinator import Coordinator, Flight
-from recovery.gateway.table import ClusterConfig, Route, RoutingView
+from recovery.gateway.table import RoutingView
 from recovery.policy import recovery
+from recovery.protocol import ClusterConfig, Route
 
 MODEL = "Qwen3-32B"
 

@@ -14,7 +14,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from recovery.gateway.coordinator import Coordinator, Flight
-from recovery.gateway.table import ClusterConfig, Route, RoutingView
+from recovery.gateway.table import RoutingView
+from recovery.protocol import ClusterConfig, Route
 
 NOW = 1_700_000_000.0
 

@@ -8,6 +8,7 @@ import os
 import pytest
 
 from recovery.gateway.signals import Signals
+from recovery.protocol import RequestMoved
 
 
 @pytest.fixture
@@ -33,7 +34,7 @@ async def test_what_a_turn_of_the_loop_queues_goes_out_in_one_round_trip_in_orde
         sent.stream_record(f"r{i}", {"node": "n0", "tenant": "t"})
     sent.outcome(request_id="r0", status="ok")
     sent.stream_over("r0", "ok")
-    sent.emit("request_moved", request_id="r1")
+    sent.emit(RequestMoved("r1", "n0", "n1"))
     await sent.flush()
     # 3 records, an outcome, the end of r0 (a delete and a marker) and a signal: 7 commands, 1 round trip
     assert sent.round_trips == [7]

@@ -1,8 +1,9 @@
 """A second checkpoint copy only from a holder's spare room: first copies of later requests keep the rest."""
 
 from recovery.gateway.coordinator import Coordinator, Flight
-from recovery.gateway.table import ClusterConfig, Route, RoutingView
+from recovery.gateway.table import RoutingView
 from recovery.policy.placement import SECOND_COPY_SHARE, HolderCandidate, place, second_copy_fits
+from recovery.protocol import ClusterConfig, Route
 from recovery.sim import scenario as scenarios
 from recovery.sim.fleet import Simulation
 from recovery.sim.workload import Request

@@ -16,8 +16,9 @@ from dataclasses import asdict, dataclass, field
 import pytest
 
 from recovery.gateway.coordinator import Coordinator, Flight
-from recovery.gateway.table import ClusterConfig, Route, RoutingView
+from recovery.gateway.table import RoutingView
 from recovery.policy import dispatch, recovery
+from recovery.protocol import ClusterConfig, Route
 from recovery.sim import scenario as scenarios
 from recovery.sim.fleet import Simulation
 
