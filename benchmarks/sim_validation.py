@@ -198,7 +198,7 @@ class Sent:
     moves: list[str] = field(default_factory=list)
     error: str | None = None
     done: bool = False  # the stream ended with [DONE]
-    resume: dict | None = None  # the resumed node's account of a move (workers.engine.ResumeInfo), when it moved
+    resume: dict | None = None  # the resumed node's account of a move (workers.engine_api.ResumeInfo), when it moved
 
 
 async def stream(session: aiohttp.ClientSession, gateway: str, prompt: str, max_tokens: int) -> Sent:
@@ -433,7 +433,7 @@ RESUME_METHODS = {"checkpoint-local": "restore", "checkpoint-fetched": "fetch", 
 
 
 def _move_method(announcement: str) -> str:
-    """How the moved stream resumed, in the simulator's words (workers.engine.ResumeInfo's method, else as said)."""
+    """How the moved stream resumed, in the simulator's words (workers.engine_api.ResumeInfo's method, else as said)."""
     method = MOVED.search(announcement).group(2)
     return RESUME_METHODS.get(method, method)
 

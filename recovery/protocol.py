@@ -301,7 +301,7 @@ class RequestMoved(Signal):
     at_token: int = 0
     kind: str = "failure"  # or "planned"
     planned_method: str = ""
-    method: str | None = None  # as the node resumed it (workers.engine.ResumeInfo.method)
+    method: str | None = None  # as the node resumed it (workers.engine_api.ResumeInfo.method)
     restored_tokens: int | None = None
     reprefill_tokens: int | None = None
     source: str | None = None

@@ -58,7 +58,7 @@ from typing import ClassVar, cast
 import aiohttp
 
 from workers.catalog import BLOCK_TOKENS, Deployment
-from workers.engine import EngineError, FinishEvent, ResumeInfo, Sequence, TokenEvent
+from workers.engine_api import EngineError, FinishEvent, ResumeInfo, Sequence, TokenEvent
 from workers.engine_process import EngineProcess
 from workers.openai_schema import ApiError, CompletionRequest, parse
 from workers.protocol import NodeStatus
@@ -528,6 +528,33 @@ class AdapterEngine:
         """Start the engine this node owns (before waiting for it to answer)."""
         if self.process is not None:
             await self.process.start()
+
+    async def before_joining(self, wait_s: float) -> None:
+        """Before the node registers: the engine it owns started (--engine-command), then the real engine answering as
+        this adapter needs, or EngineMismatch (EngineStartError) saying why, and the node stops rather than join."""
+        await self.start_process()
+        if not await self.wait_ready(wait_s):
+            process = self.process
+            if process is not None and process.exits_unanswered >= GIVE_UP_AFTER_EXITS:
+                raise EngineMismatch(
+                    f"the engine this node starts ({process.describe()['command']}) exited "
+                    f"{process.exits_unanswered} times before it answered /health at {self.engine_url}"
+                    + (
+                        f": see its output in {process.log_path}"
+                        if process.log_path
+                        else ": give --engine-log to see why"
+                    )
+                )
+            raise EngineMismatch(
+                f"the engine at {self.engine_url} did not answer /health with 200 within {wait_s:.0f} s"
+            )
+        await self.identify()
+        problems = await self.probe()
+        if problems:
+            raise EngineMismatch(
+                f"refusing to register in front of the engine at {self.engine_url}:\n  - " + "\n  - ".join(problems)
+            )
+        log.info("%s: the engine at %s answers as %s needs", self.name, self.engine_url, self.dialect.title)
 
     async def stop(self) -> None:
         tasks = [task for task, _ in self._relays.values()]

@@ -22,8 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from workers import control_api, protocol
 from workers.checkpoint import fetch_checkpoint
-from workers.engine import EngineError, FinishEvent, Sequence, TokenEvent
-from workers.engine_api import CAPABILITIES, ResumeEngine, ServingEngine
+from workers.engine_api import CAPABILITIES, EngineError, FinishEvent, ResumeEngine, Sequence, ServingEngine, TokenEvent
 from workers.openai_api import ChunkWriter, error_response, json_errors, read_json, sse
 from workers.openai_schema import ApiError, CompletionRequest, parse
 from workers.runtime import Identity, NodeRuntime, token_matches
@@ -647,7 +646,7 @@ def build_app(runtime: NodeRuntime, telemetry_collector=None) -> web.Application
     app.router.add_get(protocol.EVENTS_PATH, events)
     app.router.add_get("/agent/telemetry", telemetry)
     app.router.add_get("/agent/capabilities", capabilities)
-    if runtime.engine.describe()["kind"] == "emulated":
+    if "tokenize" in runtime.engine.capabilities:
         app.router.add_post("/tokenize", tokenize)
     control_api.add_routes(app)
     return app

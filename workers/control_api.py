@@ -25,13 +25,15 @@ from workers import catalog
 from workers import faults as faults_
 from workers.catalog import BLOCK_TOKENS
 from workers.checkpoint import Peer
-from workers.engine import Assist, EngineError, propose_drafts
+from workers.engine import propose_drafts
 from workers.engine_api import (
     CAPABILITIES,
+    Assist,
     AssistEngine,
     CheckpointEngine,
     ConfigEngine,
     DraftEngine,
+    EngineError,
     FaultsEngine,
     MigrateEngine,
     ReloadEngine,
@@ -437,13 +439,6 @@ async def switch_model(request: web.Request, runtime: NodeRuntime) -> web.Respon
     `vllm serve` restarted with another model would. 202 once it is on its way; 409 while requests are in flight."""
     body = await _body(request)
     engine = runtime.engine
-    if engine.describe()["kind"] != "emulated":
-        return error(
-            501,
-            "This node fronts a real engine, whose model is set by the engine's own command line: start the engine "
-            "on the other model (and the node with its --model), rather than switching it here",
-            "model",
-        )
     model = body.get("model")
     if not isinstance(model, str) or model not in catalog.MODELS or catalog.MODELS[model].is_draft:
         served = ", ".join(k for k, m in catalog.MODELS.items() if not m.is_draft)
@@ -610,7 +605,7 @@ ROUTES = (
     ("DELETE", "/agent/assist", assist_stop, "assist"),
     ("POST", "/agent/draft", draft, "draft"),
     ("POST", "/agent/reload", reload, "reload"),
-    ("POST", "/agent/model", switch_model, "reload"),
+    ("POST", "/agent/model", switch_model, "switch_model"),
     ("POST", "/agent/reset", reset, "reset"),
     ("GET", "/agent/config", config_get, "config"),
     ("POST", "/agent/config", config_set, "config"),

@@ -20,23 +20,24 @@ import hashlib
 import logging
 import time
 import uuid
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, cast
 
-from workers import catalog, core, moe, tokens
+from workers import catalog, moe, tokens
 from workers.aio import cancel
 from workers.catalog import BLOCK_TOKENS, Deployment
 from workers.checkpoint import CheckpointStreamer, Peer
 from workers.core import BlockComplete, EngineCore, EngineError, Finished, SamplingParams, StepPlan, Token
+from workers.engine_api import Assist, EngineConfig, FinishEvent, ResumeInfo, Sequence, TokenEvent
 from workers.faults import FaultState
 from workers.kvstore import CheckpointStore, Page
+from workers.openai_schema import CompletionRequest
 from workers.protocol import AssistStatus, NodeStatus
 from workers.status_feed import StatusFeed
 
-if TYPE_CHECKING:  # for the annotations only: workers.openai_schema imports this module
-    from workers.openai_schema import CompletionRequest
+if TYPE_CHECKING:
     from workers.refe import ExpertPath
 
 log = logging.getLogger(__name__)
@@ -45,92 +46,24 @@ DELIVER_SLICE = 32  # events handed out between two yields to the event loop
 MAX_CATCH_UP_S = 0.25  # how far behind its model the step loop catches up rather than resets
 
 
-@dataclass
-class TokenEvent:
-    index: int  # position in the output, from 0
-    token_id: int | None  # None where an engine behind an adapter does not say (workers.adapter)
-    text: str
-    logprob: float | None  # None where the engine was not asked for logprobs
-    # The top candidates with their logprobs, each named by its token id, or by its text
-    # where the engine names it so (a real engine's logprobs, through an adapter).
-    top: tuple[tuple[int | str, float], ...]
-    at: float
-    token: str | None = (
-        None  # the token as the engine spells it in logprobs; None: workers.tokens spells it from its id
-    )
-    # More tokens of the same engine chunk follow at once. An engine behind an adapter (vLLM, SGLang) may send
-    # several tokens in one chunk with one text for them all: they are written to the client as one chunk too, so
-    # no stream is ever cut between them (the text cannot be split by token, and a stream resumed inside such a
-    # chunk would repeat or lose the part of its text that belongs to the tokens on the far side of the cut).
-    more: bool = False
-
-
-@dataclass
-class FinishEvent:
-    reason: str  # "stop", "length", "abort", "migrated" or "error"
-    prompt_tokens: int
-    completion_tokens: int
-    at: float
-    detail: dict | None = None
-
-
-@dataclass
-class ResumeInfo:
-    method: str  # "checkpoint-local", "checkpoint-fetched" or "re-prefill"
-    restored_tokens: int
-    reprefill_tokens: int
-    restore_ms: float
-    source: str | None = None
-    reason: str | None = None
-
-    def to_json(self) -> dict:
-        return {k: v for k, v in vars(self).items() if v is not None}
-
-
-@dataclass(eq=False)
-class Sequence(core.Sequence):
-    """A request as the node serves it: the core's sequence, the stream its tokens go out on, and the
-    future its live migration's snapshot goes to."""
-
-    migration: asyncio.Future | None = None
-    events: asyncio.Queue = field(default_factory=asyncio.Queue)
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    max_num_seqs: int = 128  # batch limit
-    max_batched_tokens: int = 2048  # token budget per step (chunked prefill)
-    time_scale: float = 1.0  # multiplies every emulated duration; 0.5 runs twice as fast
-    status_every_steps: int = 4  # push a status after this many token-emitting steps
-    max_assisted: int = 64  # decode sequences a draft node helps per step
-
-
-@dataclass
-class Assist:
-    """This node verifies drafts proposed by a restarting node's draft model."""
-
-    draft: Peer
-    k: int
-    agreement: float  # the pair's modelled per-token agreement (catalog), not a measurement
-    propose: Callable[[list[dict]], Awaitable[list[list[int]]]]
-    close: Callable[[], Awaitable[None]] | None = None
-    since: float = field(default_factory=time.time)
-    failures: int = 0
-    # This pairing's own figures (steps, drafts proposed/accepted/tested, tokens): its report is about it, not
-    # about every pairing since the engine started.
-    counters: Counter = field(default_factory=Counter)
-
-    async def aclose(self) -> None:
-        if self.close is not None:
-            await self.close()
-
-
 class Engine:
     """The emulated engine: a workers.engine_api.ServingEngine with every capability (fault
     injection among them, which a node still switches on only with --enable-faults)."""
 
     capabilities = frozenset(
-        {"checkpoint", "resume", "migrate", "assist", "draft", "reload", "config", "reset", "faults"}
+        {
+            "checkpoint",
+            "resume",
+            "migrate",
+            "assist",
+            "draft",
+            "reload",
+            "config",
+            "reset",
+            "faults",
+            "tokenize",
+            "switch_model",
+        }
     )
 
     def __init__(
@@ -191,6 +124,9 @@ class Engine:
         self._task: asyncio.Task | None = None
         self._load_task: asyncio.Task | None = None
         self._steps_since_status = 0
+
+    async def before_joining(self, wait_s: float) -> None:
+        """Nothing to check: the emulated engine serves as soon as it is built."""
 
     def describe(self) -> dict:
         return {"kind": "emulated"}

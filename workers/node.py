@@ -31,12 +31,12 @@ from typing import cast
 from aiohttp import web
 
 from workers import catalog, protocol
-from workers.adapter import DIALECTS, GIVE_UP_AFTER_EXITS, AdapterEngine, EngineMismatch
+from workers.adapter import DIALECTS, AdapterEngine, EngineMismatch
 from workers.agent import build_app, offered_capabilities
 from workers.checkpoint import CheckpointStreamer
 from workers.control import ControlPlaneLink
-from workers.engine import Engine, EngineConfig
-from workers.engine_api import ServingEngine
+from workers.engine import Engine
+from workers.engine_api import EngineConfig, ServingEngine
 from workers.engine_process import EngineProcess, EngineStartError, default_reset_command
 from workers.faults import FaultState
 from workers.kvstore import CheckpointStore
@@ -495,14 +495,12 @@ async def serve(args: argparse.Namespace) -> str | None:
 
     async def join() -> None:
         """Register once the engine is known to answer as it must (a real engine's adapter checks it first)."""
-        if isinstance(engine, AdapterEngine):
-            try:
-                await engine.start_process()  # the engine this node owns (--engine-command), if any
-                await _check_engine(engine, args.engine_wait)
-            except (EngineMismatch, EngineStartError) as exc:
-                refused.append(exc)
-                stop.set()
-                return
+        try:
+            await engine.before_joining(args.engine_wait)
+        except (EngineMismatch, EngineStartError) as exc:
+            refused.append(exc)
+            stop.set()
+            return
         if link is not None:
             await link.run()
 
@@ -535,26 +533,6 @@ async def serve(args: argparse.Namespace) -> str | None:
     if refused:
         raise refused[0]
     return runtime.switch_to
-
-
-async def _check_engine(engine: AdapterEngine, wait_s: float) -> None:
-    """Before registering: the real engine answers as its adapter needs, or the node stops saying why."""
-    if not await engine.wait_ready(wait_s):
-        process = engine.process
-        if process is not None and process.exits_unanswered >= GIVE_UP_AFTER_EXITS:
-            raise EngineMismatch(
-                f"the engine this node starts ({process.describe()['command']}) exited "
-                f"{process.exits_unanswered} times before it answered /health at {engine.engine_url}"
-                + (f": see its output in {process.log_path}" if process.log_path else ": give --engine-log to see why")
-            )
-        raise EngineMismatch(f"the engine at {engine.engine_url} did not answer /health with 200 within {wait_s:.0f} s")
-    await engine.identify()
-    problems = await engine.probe()
-    if problems:
-        raise EngineMismatch(
-            f"refusing to register in front of the engine at {engine.engine_url}:\n  - " + "\n  - ".join(problems)
-        )
-    log.info("%s: the engine at %s answers as %s needs", engine.name, engine.engine_url, engine.dialect.title)
 
 
 class TokenRate:

@@ -15,7 +15,7 @@ from typing import Any
 from aiohttp import web
 
 from workers import tokens
-from workers.engine import FinishEvent, TokenEvent
+from workers.engine_api import FinishEvent, TokenEvent
 from workers.openai_schema import ApiError, CompletionRequest
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from workers import tokens
 from workers.checkpoint import Peer
-from workers.engine import SamplingParams
+from workers.core import SamplingParams
 
 MAX_STOP = 4
 MAX_TOP_LOGPROBS = 20

@@ -237,7 +237,7 @@ HANDLERS = {
 }
 
 
-# How a node resumed a moved request (workers.engine.ResumeInfo.method), as the dispatch plan names it.
+# How a node resumed a moved request (workers.engine_api.ResumeInfo.method), as the dispatch plan names it.
 RESUMED_AS = {"checkpoint-local": "restore", "checkpoint-fetched": "fetch", "re-prefill": "reprefill"}
 
 

@@ -91,7 +91,7 @@ _PLACEHOLDERS = [COUNTED_TOKEN] * MAX_RUN  # fast path: the tokens of a decode r
 GC_YOUNG_THRESHOLD = 50_000  # allocations between young garbage collections while a run goes on (Simulation.run)
 # Draft assist: drafted tokens per sequence a survivor verifies (recovery.actions.incidents.ASSIST_K, the k that
 # benchmarks/harness.py and workers/control_api.py default to), for at most MAX_ASSISTED decoding sequences a step
-# (workers.engine.EngineConfig.max_assisted).
+# (workers.engine_api.EngineConfig.max_assisted).
 ASSIST_K = 4
 MAX_ASSISTED = 64
 # A failure's move beyond the KV restore: from the gateway noticing the break to the target's answer, less the
@@ -161,7 +161,7 @@ def _arrival_s(flight: Flight) -> float:
 
 @dataclass
 class Assist:
-    """A restarting node's draft model paired with a survivor that verifies its drafts (workers.engine.Assist), from
+    """A restarting node's draft model paired with a survivor that verifies its drafts (workers.engine_api.Assist), from
     the draft node's draft-ready until its full model is loaded, or until the survivor fails."""
 
     draft: str  # the restarting node

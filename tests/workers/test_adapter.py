@@ -31,8 +31,7 @@ from workers.adapter import (
     detect,
     parse_metrics,
 )
-from workers.engine import FinishEvent, TokenEvent
-from workers.engine_api import CAPABILITIES
+from workers.engine_api import CAPABILITIES, FinishEvent, TokenEvent
 from workers.openai_schema import parse
 
 AGENT = "adapter-agent-token"

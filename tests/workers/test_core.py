@@ -9,7 +9,8 @@ import pytest
 
 from workers import catalog, tokens
 from workers.core import BlockComplete, EngineCore, Finished, SamplingParams, Sequence, Token, run_virtual
-from workers.engine import Engine, EngineConfig, FinishEvent, propose_drafts
+from workers.engine import Engine, propose_drafts
+from workers.engine_api import EngineConfig, FinishEvent
 
 DEPLOYMENT = catalog.Deployment.of("Qwen3-32B", "H100-SXM", 2)
 

@@ -7,7 +7,8 @@ import time
 import pytest
 
 from workers import catalog, tokens
-from workers.engine import Engine, EngineConfig, FinishEvent, SamplingParams, TokenEvent
+from workers.engine import Engine
+from workers.engine_api import EngineConfig, FinishEvent, SamplingParams, TokenEvent
 
 FAST = 0.02  # run emulated GPU time 50x faster
 

@@ -11,8 +11,8 @@ from workers import catalog, tokens
 from workers.adapter import AdapterEngine
 from workers.agent import build_app
 from workers.checkpoint import CheckpointStreamer
-from workers.engine import Engine, EngineConfig, FinishEvent, Sequence, TokenEvent
-from workers.engine_api import CAPABILITIES, ServingEngine
+from workers.engine import Engine
+from workers.engine_api import CAPABILITIES, EngineConfig, FinishEvent, Sequence, ServingEngine, TokenEvent
 from workers.faults import FaultState
 from workers.kvstore import CheckpointStore
 from workers.openai_schema import parse
@@ -79,6 +79,9 @@ class ScriptedEngine:
 
     def describe(self) -> dict:
         return {"kind": "scripted"}
+
+    async def before_joining(self, wait_s: float) -> None:
+        pass
 
     def start(self) -> None:
         pass
@@ -162,6 +165,15 @@ async def test_the_one_agent_serves_any_serving_engine():
         )
         response = await client.post("/agent/reload", headers={"Authorization": "Bearer token"})
         assert response.status == 501 and "`reload`" in (await response.json())["error"]["message"]
+        # What the engine declares decides, not what kind it is: no tokenizer to serve, no model to switch.
+        assert (await client.post("/tokenize", json={"prompt": "count"})).status in (404, 405)
+        response = await client.post(
+            "/agent/model", json={"model": "Qwen3-8B"}, headers={"Authorization": "Bearer token"}
+        )
+        assert (
+            response.status == 501
+            and "start the engine on the other model" in (await response.json())["error"]["message"]
+        )
         metrics = await (await client.get("/metrics")).text()
         assert (
             'lifeline_model_ready{model_name="Qwen3-32B",node="scripted-1"} 1.0' in metrics

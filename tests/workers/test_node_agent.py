@@ -427,6 +427,8 @@ def test_a_node_registers_what_it_offers_and_its_heartbeats_carry_its_status(nod
             "reload",
             "config",
             "reset",
+            "tokenize",
+            "switch_model",
             "telemetry",
         ]
         capabilities = http_json(node.address + "/agent/capabilities")[1]

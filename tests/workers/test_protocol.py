@@ -8,7 +8,8 @@ import pytest
 from workers import catalog
 from workers.adapter import AdapterEngine
 from workers.checkpoint import Peer
-from workers.engine import Assist, Engine
+from workers.engine import Engine
+from workers.engine_api import Assist
 from workers.kvstore import CheckpointStore
 from workers.protocol import (
     HEARTBEAT_LOAD_FIELDS,

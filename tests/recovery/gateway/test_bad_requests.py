@@ -26,7 +26,7 @@ from recovery.protocol import ClusterConfig, Route
 from tests.gateway_cluster import KEY, gw
 from tests.helpers import examples, http_json
 from workers import catalog, tokens
-from workers.engine import SamplingParams
+from workers.engine_api import SamplingParams
 from workers.openai_schema import ApiError, parse
 
 QWEN_CONTEXT = catalog.MODELS["Qwen3-32B"].context_tokens
@@ -235,7 +235,8 @@ def test_the_context_length_is_enforced_as_vllm_does():
 
 async def test_a_request_its_kv_cache_can_never_hold_is_refused_not_livelocked():
     """Admitted, it would prefill until the cache ran out, preempt itself and start over, forever."""
-    from workers.engine import Engine, EngineError
+    from workers.engine import Engine
+    from workers.engine_api import EngineError
 
     engine = Engine(catalog.Deployment.of("Qwen3-32B", "H100-SXM", 1))
     limit = engine.total_blocks * catalog.BLOCK_TOKENS

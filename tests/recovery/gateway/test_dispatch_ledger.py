@@ -15,7 +15,8 @@ import pytest
 from recovery.gateway.table import RoutingView
 from recovery.gateway.watch import NodeWatcher
 from workers import catalog, tokens
-from workers.engine import Engine, EngineConfig, FinishEvent, SamplingParams
+from workers.engine import Engine
+from workers.engine_api import EngineConfig, FinishEvent, SamplingParams
 from workers.status_feed import StatusFeed
 
 FAST = 0.02

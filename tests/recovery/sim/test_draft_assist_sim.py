@@ -12,7 +12,7 @@ from recovery.sim.metrics import ASSIST_KIND, assist_figures, request_metrics, r
 from recovery.sim.workload import Request
 from workers import catalog
 from workers.core import COUNTED_TOKEN, EngineCore, Sequence
-from workers.engine import EngineConfig
+from workers.engine_api import EngineConfig
 
 MODEL = "Qwen3-32B"
 CRASH_AT, REPAIR_S = 3.0, 1.0
