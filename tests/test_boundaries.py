@@ -9,7 +9,14 @@ import pytest
 
 from tests.helpers import BASE_DIR
 
-DJANGO_FREE = ["workers", "recovery/policy", "recovery/sim", "recovery/gateway", "recovery/keys.py"]
+DJANGO_FREE = [
+    "workers",
+    "recovery/policy",
+    "recovery/sim",
+    "recovery/gateway",
+    "recovery/keys.py",
+    "recovery/protocol.py",
+]
 FORBIDDEN = ("django", "channels", "celery", "console", "recovery.models", "recovery.actions", "recovery.hot")
 
 
@@ -106,3 +113,19 @@ def test_tasks_are_enqueued_by_reference_and_every_scheduled_name_exists():
     app.loader.import_default_modules()
     missing = [entry["task"] for entry in settings.CELERY_BEAT_SCHEDULE.values() if entry["task"] not in app.tasks]
     assert not missing, f"scheduled but not registered: {missing}"
+
+
+def _module_of(path: Path) -> str:
+    parts = path.relative_to(BASE_DIR).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_no_two_modules_of_the_product_import_each_other():
+    """Issue 44: a pair that imports each other (workers.engine and workers.openai_schema did, one of the two under
+    TYPE_CHECKING) is one module in two files; the shared part belongs below both."""
+    paths = [p for package in ("workers", "recovery", "console") for p in _python_files(package)]
+    modules = {_module_of(p): p for p in paths if "migrations" not in p.parts}
+    imported = {name: {m for m in _imports(path) if m in modules and m != name} for name, path in modules.items()}
+    pairs = sorted({tuple(sorted((a, b))) for a, found in imported.items() for b in found if a in imported[b]})
+    assert pairs == []
+    assert imported["workers.engine"] and imported["workers.openai_schema"]  # the check reads imports at all
