@@ -36,6 +36,7 @@ BROKEN = (
 )
 RETRY_AFTER_S = 2
 LIVENESS_CHECK_S = 0.5  # while a node is given time for a line, whether it still answers at all is looked at this often
+RECORD_WAIT_S = 0.5  # the longest a stream's first token waits for its record to be written (_until_recorded)
 YIELD_EVERY = 32  # lines relayed (16 events) between two turns given to the gateway's other work (`_next_line`)
 
 
@@ -394,8 +395,11 @@ class Relay:
                     resumed = False
                 if self.streamed_on != node:
                     self.streamed_on = node
-                    self._record_stream()
+                    first_record = not self.recorded
+                    recorded = self._record_stream()
                     self.co.streams_on(flight)
+                    if first_record and recorded is not None:
+                        await self._until_recorded(recorded)
                 for token in ids.group(1).split(b","):
                     flight.generated.append(int(token))
                 flight.first_token_at = flight.first_token_at or now
@@ -491,13 +495,14 @@ class Relay:
         if self.client_stream:
             await self._write(f": lifeline resumed this stream on {node} at token {len(flight.generated)}\n\n".encode())
 
-    def _record_stream(self) -> None:
-        """Where the stream runs now, for a gateway that takes it over if this one dies (Last-Event-ID)."""
+    def _record_stream(self) -> asyncio.Future | None:
+        """Where the stream runs now, for a gateway that takes it over if this one dies (Last-Event-ID); the future of
+        its write, None for a client that does not stream."""
         flight = self.flight
         if not self.client_stream:
-            return
+            return None
         self.recorded = True
-        self.co.signals.stream_record(
+        return self.co.signals.stream_record(
             flight.request_id,
             {
                 "tenant": flight.tenant,
@@ -508,6 +513,21 @@ class Relay:
                 "gateway": self.co.name,
             },
         )
+
+    async def _until_recorded(self, recorded: asyncio.Future) -> None:
+        """A client's first token waits for its stream's record: a client that has a token can always resume through
+        another gateway. Before, a gateway killed while the record was still queued (Redis slow on a loaded host) left
+        clients with tokens and a 404 for their resume. Not for longer than RECORD_WAIT_S: the stream is served even
+        when Redis does not answer (it cannot be taken over then, and the log says so)."""
+        try:
+            await asyncio.wait_for(asyncio.shield(recorded), RECORD_WAIT_S)
+        except TimeoutError:
+            log.warning(
+                "the stream record of %s was not written in %.1f s: served on, not resumable through another gateway "
+                "until it is",
+                self.flight.request_id,
+                RECORD_WAIT_S,
+            )
 
     def _handed_over(self) -> bool:
         """This gateway ended the node's stream to move the request (coordinator.migrate_node): a planned move."""

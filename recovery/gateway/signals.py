@@ -38,7 +38,8 @@ class Signals:
         self.redis = aioredis.Redis.from_url(redis_url, decode_responses=True)
         self.keys = Keys(namespace)
         self.gateway = gateway
-        self._queue: list[tuple[str, Callable[[Pipeline], object]]] = []  # (what it is, for a log line; the commands)
+        # (what it is, for a log line; the commands; a future resolved once they are written, or None)
+        self._queue: list[tuple[str, Callable[[Pipeline], object], asyncio.Future | None]] = []
         self._writer: asyncio.Task | None = None
 
     def emit(self, signal: Signal) -> None:
@@ -57,14 +58,17 @@ class Signals:
         )
 
     # --- streams another gateway may take over (Last-Event-ID) ---------------------------------------------------
-    def stream_record(self, request_id: str, record: dict) -> None:
+    def stream_record(self, request_id: str, record: dict) -> asyncio.Future:
         """Where the request's stream runs now (written when its node changes), so that any gateway can take it over
-        if this one dies."""
+        if this one dies. Returns a future done once the batch holding it has been written (or given up)."""
         value = json.dumps(record)
+        written = asyncio.get_running_loop().create_future()
         self._write(
             f"the stream record of {request_id}",
             lambda pipe: pipe.set(self.keys.stream(request_id), value, ex=STREAM_RECORD_S),
+            written,
         )
+        return written
 
     def stream_over(self, request_id: str, how: str) -> None:
         """The request ended (`how`): a resume of it is answered 404, saying so."""
@@ -81,9 +85,9 @@ class Signals:
         record, over = await self.redis.mget(self.keys.stream(request_id), self.keys.stream_over(request_id))
         return (json.loads(record) if record else None), (json.loads(over) if over else None)
 
-    def _write(self, what: str, commands: Callable[[Pipeline], object]) -> None:
+    def _write(self, what: str, commands: Callable[[Pipeline], object], written: asyncio.Future | None = None) -> None:
         """Queue `commands` for the writer, starting it unless it runs: it takes what has queued meanwhile too."""
-        self._queue.append((what, commands))
+        self._queue.append((what, commands, written))
         if self._writer is None:
             self._writer = asyncio.get_running_loop().create_task(self._drain())
 
@@ -94,15 +98,19 @@ class Signals:
             while self._queue:
                 batch, self._queue = self._queue, []
                 pipe = self.redis.pipeline(transaction=False)
-                for _, commands in batch:
+                for _, commands, _ in batch:
                     commands(pipe)
                 try:
                     await pipe.execute()
                 except (RedisError, OSError) as exc:
-                    lost = ", ".join(what for what, _ in batch[:3]) + (
+                    lost = ", ".join(what for what, _, _ in batch[:3]) + (
                         f" and {len(batch) - 3} more" if len(batch) > 3 else ""
                     )
                     log.warning("lost %d write(s) to the control plane (%s): %s", len(batch), exc, lost)
+                finally:
+                    for _, _, written in batch:
+                        if written is not None and not written.done():
+                            written.set_result(None)
         finally:
             self._writer = None
 

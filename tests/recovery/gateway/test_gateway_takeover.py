@@ -15,6 +15,7 @@ import aiohttp
 import pytest
 
 from clients.resuming import Resumes, stream
+from recovery.gateway.app import COORDINATOR_KEY
 from tests import gateway_cluster
 from tests.gateway_cluster import AGENT, KEY
 from tests.helpers import BASE_DIR, http_json, wait_for
@@ -125,6 +126,40 @@ async def test_a_sigkilled_gateways_streams_finish_through_the_other_with_identi
     assert max(at_kill) < TAKEOVER_TOKENS, at_kill  # none had ended when its gateway died
     assert [(r.count, r.restarts) for r in resumes] == [(1, 0)] * 24, [(r.from_ids, r.restarts) for r in resumes]
     assert all(0 < int(r.from_ids[0].rsplit(".", 1)[1]) < TAKEOVER_TOKENS for r in resumes)
+
+
+async def test_a_streams_first_token_reaches_its_client_only_once_its_record_is_written(cluster, monkeypatch):
+    """A client that has a token can resume through another gateway. The record that lets it was queued with the
+    first token and written a batch later: on a loaded host (the suite beside other work) a gateway SIGKILLed in
+    between left clients with tokens and a 404 for their resume. Here Redis answers the gateway's writes 0.4 s late."""
+    cluster.start_nodes("tk-r")
+    base = await cluster.gateway("gw-record")
+    signals = cluster.servers[-1].app[COORDINATOR_KEY].signals
+    pipeline = signals.redis.pipeline
+
+    def slow_pipeline(*args, **kwargs):
+        pipe = pipeline(*args, **kwargs)
+        execute = pipe.execute
+
+        async def late(*a, **k):
+            await asyncio.sleep(0.4)
+            return await execute(*a, **k)
+
+        pipe.execute = late
+        return pipe
+
+    monkeypatch.setattr(signals.redis, "pipeline", slow_pipeline)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        async with session.post(
+            base + "/v1/chat/completions", json={**body(2), "stream": True}, headers={"Authorization": f"Bearer {KEY}"}
+        ) as response:
+            async for line in response.content:
+                if line.startswith(b"id: "):
+                    request_id = line[4:].decode().strip().rsplit(".", 1)[0]
+                    assert cluster.client.get(cluster.keys.stream(request_id)) is not None  # there, with the token
+                    break
+            else:
+                raise AssertionError("the stream sent no token")
 
 
 async def test_a_client_that_comes_back_within_the_hold_gets_the_rest_and_after_it_a_410(cluster):
