@@ -114,13 +114,24 @@ class ApiKeyAdmin(admin.ModelAdmin):
 @admin.register(Cluster)
 class ClusterAdmin(admin.ModelAdmin):
     form = SettingsForm
-    readonly_fields = (
-        "name",
-        "degradation_level",
-        "degradation_changed_at",
-        "auto_cordon_breaker_open",
-        "auto_cordon_breaker_reason",
-    )
+    readonly_fields = ("name", "degradation_level", "degradation_changed_at", "breaker", "control_plane_started_at")
+
+    @admin.display(description="degradation level (the fleet's worst)")
+    def degradation_level(self, obj):
+        return obj.state.degradation_level
+
+    @admin.display(description="degradation changed at")
+    def degradation_changed_at(self, obj):
+        return obj.state.degradation_changed_at
+
+    @admin.display(description="automatic cordons")
+    def breaker(self, obj):
+        state = obj.state
+        return f"stopped: {state.auto_cordon_breaker_reason}" if state.auto_cordon_breaker_open else "allowed"
+
+    @admin.display(description="control plane started at")
+    def control_plane_started_at(self, obj):
+        return obj.state.control_plane_started_at
 
     def has_add_permission(self, request):
         return False

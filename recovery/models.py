@@ -113,20 +113,11 @@ class Cluster(models.Model):
         default=0.10, help_text="Share of the fleet the health machine may cordon within the window."
     )
     auto_cordon_window_s = models.PositiveIntegerField(default=600)
-    auto_cordon_breaker_open = models.BooleanField(
-        default=False, help_text="Automatic cordons are stopped until an admin resets this."
-    )
-    auto_cordon_breaker_changed_at = models.DateTimeField(null=True, blank=True)
-    auto_cordon_breaker_reason = models.TextField(blank=True)
     # Degradation (document 003): each served model's objective and level are a ModelCapacity; these are shared.
     degradation_margin = models.FloatField(
         default=0.05, help_text="A level falls only when the capacity ratio clears it by this share..."
     )
     degradation_hold_s = models.FloatField("degradation hold (s)", default=30.0, help_text="...for this long.")
-    degradation_level = models.PositiveSmallIntegerField(
-        default=0, help_text="The fleet's worst: the highest level of any served model (ModelCapacity)."
-    )
-    degradation_changed_at = models.DateTimeField(null=True, blank=True)
     # A fleet that is starting is not a capacity loss (see recovery.actions.capacity).
     startup_grace_s = models.FloatField(
         "start-up grace (s)",
@@ -134,7 +125,6 @@ class Cluster(models.Model):
         help_text="After the control plane starts, nodes that have not served yet are joining, not lost: "
         "the level is not raised for them until they serve or this long has passed.",
     )
-    control_plane_started_at = models.DateTimeField(null=True, blank=True)
     # Who is told when on-call must act.
     oncall_webhook_url = models.URLField(
         "on-call webhook", blank=True, help_text="POSTed a JSON message for every drain request."
@@ -170,16 +160,17 @@ class Cluster(models.Model):
             beta=self.beta,
             stall_timeout_s=self.stall_timeout_s,
             dispatch_accounting=self.dispatch_accounting,
-            degradation_level=self.degradation_level,
+            degradation_level=self.state.degradation_level,
             models=models_,
             starting_until=self.starting_until(),
         )
 
     def starting_until(self) -> float | None:
         """When the start-up grace of the control plane ends (epoch seconds), or None when it has ended."""
-        if self.control_plane_started_at is None:
+        started = self.state.control_plane_started_at
+        if started is None:
             return None
-        until = self.control_plane_started_at.timestamp() + self.startup_grace_s
+        until = started.timestamp() + self.startup_grace_s
         return until if until > time.time() else None
 
     def returning_nodes(self) -> list["Node"]:
@@ -194,7 +185,7 @@ class Cluster(models.Model):
     def returning_node_ids(self) -> list[int]:
         """The nodes (pk) that deregistered while alive in the RETURNING_WITHIN_S before the control plane
         started, whatever they did since: those of them still LEFT are the returning nodes."""
-        started = self.control_plane_started_at
+        started = self.state.control_plane_started_at
         if started is None:
             return []
         left = NodeTransition.objects.filter(
@@ -208,8 +199,34 @@ class Cluster(models.Model):
 
     @classmethod
     def default(cls) -> "Cluster":
-        cluster, _ = cls.objects.get_or_create(name=settings.LIFELINE_CLUSTER_NAME)
+        cluster, created = cls.objects.select_related("state").get_or_create(name=settings.LIFELINE_CLUSTER_NAME)
+        if created:  # the first call on a new database: its state beside it (once, whoever gets there first)
+            state = ClusterState(cluster=cluster)
+            ClusterState.objects.bulk_create([state], ignore_conflicts=True)
+            cluster.state = state
         return cluster
+
+
+class ClusterState(models.Model):
+    """What the control plane writes about a cluster as it runs, apart from the settings people edit (Cluster): the
+    fleet's degradation level, the automatic-cordon breaker, when the control plane started. A page saving settings
+    never writes these, and the control plane never writes a setting. Written by conditional updates of the columns
+    that change (recovery.actions.capacity, recovery.actions.health); `cluster.state` reads it."""
+
+    cluster = models.OneToOneField(Cluster, on_delete=models.CASCADE, primary_key=True, related_name="state")
+    degradation_level = models.PositiveSmallIntegerField(
+        default=0, help_text="The fleet's worst: the highest level of any served model (ModelCapacity)."
+    )
+    degradation_changed_at = models.DateTimeField(null=True, blank=True)
+    auto_cordon_breaker_open = models.BooleanField(
+        default=False, help_text="Automatic cordons are stopped until an admin resets this."
+    )
+    auto_cordon_breaker_changed_at = models.DateTimeField(null=True, blank=True)
+    auto_cordon_breaker_reason = models.TextField(blank=True)
+    control_plane_started_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self):
+        return f"{self.cluster}: level {self.degradation_level}"
 
 
 class ModelCapacity(models.Model):

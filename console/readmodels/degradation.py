@@ -17,7 +17,8 @@ def degradation(cluster: Cluster | None = None) -> dict:
     """The banner on every page: the fleet's level (the worst model's), what it does, since when, and the capacity
     behind it; each served model's own level and figures under `models` (a model sheds only its own traffic)."""
     cluster = cluster or Cluster.default()
-    level = cluster.degradation_level
+    state = cluster.state
+    level = state.degradation_level
     latest = _latest_capacity()
     models = [_model(row, (latest.get("models") or {}).get(row.model_key, {})) for row in _served(cluster, latest)]
     worst = next((m for m in models if m["model"] == latest.get("model")), models[0] if models else None)
@@ -26,7 +27,7 @@ def degradation(cluster: Cluster | None = None) -> dict:
         "level": level,
         "badge": LEVEL_BADGE[level],
         "doc": LEVEL_DOCS[level],
-        "since": cluster.degradation_changed_at.timestamp() if cluster.degradation_changed_at else None,
+        "since": state.degradation_changed_at.timestamp() if state.degradation_changed_at else None,
         "batch_factor": effects.batch_factor,
         "shed_tiers": list(effects.shed_tiers),
         "accept_new": effects.accept_new,
@@ -36,8 +37,8 @@ def degradation(cluster: Cluster | None = None) -> dict:
         "capacity": latest,
         "models": models,
         "starting": _starting(latest),
-        "cluster_breaker_open": cluster.auto_cordon_breaker_open,
-        "cluster_breaker_reason": cluster.auto_cordon_breaker_reason,
+        "cluster_breaker_open": state.auto_cordon_breaker_open,
+        "cluster_breaker_reason": state.auto_cordon_breaker_reason,
         "left_out_of_service": left_out_of_service(cluster),
     }
 

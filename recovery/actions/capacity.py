@@ -34,6 +34,7 @@ from recovery.actions import nodes, routing
 from recovery.choices import Health, HealthChange, NodeState
 from recovery.models import (
     Cluster,
+    ClusterState,
     DegradationChange,
     HealthTransition,
     ModelCapacity,
@@ -214,7 +215,7 @@ def _since_start(cluster: Cluster) -> _Start | None:
     until = cluster.starting_until()
     if until is None:
         return None
-    since = NodeTransition.objects.filter(at__gte=cluster.control_plane_started_at)
+    since = NodeTransition.objects.filter(at__gte=cluster.state.control_plane_started_at)
     served = since.filter(new_state=NodeState.SERVING).values_list("node__name", flat=True)
     # A node found gone since the start other than by the start-up sweep (its previous run's session, never heard
     # again) was serving when the control plane started: a loss, not a node on its way. So when beat alone restarts
@@ -270,7 +271,7 @@ def control_plane_started() -> int:
     grace; and the levels persisted from before are not trusted but evaluated afresh, without the hold that kept
     them. Returns the fleet's level."""
     cluster = Cluster.default()
-    Cluster.objects.filter(pk=cluster.pk).update(control_plane_started_at=timezone.now())
+    ClusterState.objects.filter(cluster=cluster).update(control_plane_started_at=timezone.now())
     ModelCapacity.objects.filter(cluster=cluster).update(degradation_better_since=None)
     level = evaluate(fresh=True)
     routing.publish_cluster_config()  # gateways learn the grace: a request no node takes yet waits for one
@@ -309,7 +310,8 @@ def evaluate(now: float | None = None, *, fresh: bool = False) -> int:
         shown[model] = {**figures.to_json(), "level": level}
     client = hot.client()
     previous = client.get(hot.keys().capacity)
-    latest_ = _summary(shown, now, Cluster.objects.values_list("degradation_level", flat=True).get(pk=cluster.pk))
+    fleet_level = ClusterState.objects.values_list("degradation_level", flat=True).get(cluster=cluster)
+    latest_ = _summary(shown, now, fleet_level)
     client.set(hot.keys().capacity, json.dumps(latest_))
     if _banner_moves(json.loads(previous) if previous else None, latest_):
         # The banner shows the figures, not only the level: every page refreshes it when they move.
@@ -410,7 +412,7 @@ def set_level(model_key: str, level: int, cause: str, figures: Report | None = N
             details=figures.to_json() if figures else {},
         )
         worst = max(ModelCapacity.objects.filter(cluster=cluster).values_list("degradation_level", flat=True))
-        Cluster.objects.filter(pk=cluster.pk).exclude(degradation_level=worst).update(
+        ClusterState.objects.filter(cluster=cluster).exclude(degradation_level=worst).update(
             degradation_level=worst, degradation_changed_at=timezone.now()
         )
         transaction.on_commit(lambda: _published(worst))

@@ -32,6 +32,7 @@ from recovery.models import (
     CanaryGolden,
     CanaryResult,
     Cluster,
+    ClusterState,
     Drain,
     HealthTransition,
     Node,
@@ -133,7 +134,7 @@ def _take_out(node: Node, cluster: Cluster, cause: str, details: dict, remediati
     Either way a drain is wanted: the transition's details say so, with the remediation
     the evidence calls for, and recovery.reactions proposes it (and promotes a spare)."""
     details = {**details, "drain": remediation}
-    if cluster.auto_cordon_breaker_open:
+    if cluster.state.auto_cordon_breaker_open:
         _keep_suspicious(
             node, f"{cause}; automatic cordons are stopped by the cluster breaker, so it keeps weight 0.5", details
         )
@@ -167,11 +168,11 @@ def _keep_suspicious(node: Node, cause: str, details: dict) -> None:
 
 def open_cluster_breaker(cluster: Cluster, why: str) -> None:
     with transaction.atomic():
-        opened = Cluster.objects.filter(pk=cluster.pk, auto_cordon_breaker_open=False).update(
+        opened = ClusterState.objects.filter(cluster=cluster, auto_cordon_breaker_open=False).update(
             auto_cordon_breaker_open=True, auto_cordon_breaker_changed_at=timezone.now(), auto_cordon_breaker_reason=why
         )
         if opened:
-            cluster.auto_cordon_breaker_open = True
+            cluster.state.auto_cordon_breaker_open = True
             audit.record("system", "cluster_breaker_open", f"cluster:{cluster.name}", why)
             notify.send(
                 "cluster_breaker",
@@ -185,7 +186,7 @@ def reset_cluster_breaker(cluster: Cluster, user, reason: str) -> None:
     if not reason.strip():
         raise ValueError("reason: resetting the cluster breaker needs a reason")
     with transaction.atomic():
-        Cluster.objects.filter(pk=cluster.pk).update(
+        ClusterState.objects.filter(cluster=cluster).update(
             auto_cordon_breaker_open=False,
             auto_cordon_breaker_changed_at=timezone.now(),
             auto_cordon_breaker_reason=reason.strip(),
@@ -542,7 +543,7 @@ def schedule_canaries(now: float | None = None) -> list[tuple[int, bool]]:
     """The nodes due for a canary now, each claimed so that no other scheduler takes it: (node id, trial)."""
     now = time.time() if now is None else now
     cluster = Cluster.default()
-    started = cluster.control_plane_started_at
+    started = cluster.state.control_plane_started_at
     due = []
     for node in Node.objects.filter(state=NodeState.SERVING).exclude(health=Health.DRAINING):
         if started is not None and node.session_started_at and node.session_started_at < started:

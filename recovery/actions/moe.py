@@ -352,7 +352,7 @@ def _awaited(row: ExpertWorkerNode) -> bool:
     cluster = Cluster.default()
     if cluster.starting_until() is None:
         return False
-    return row.last_seen is None or row.last_seen < cluster.control_plane_started_at
+    return row.last_seen is None or row.last_seen < cluster.state.control_plane_started_at
 
 
 def _lose(

@@ -188,7 +188,7 @@ def _ended_unseen(node: Node, reg: Registration, now: dt.datetime) -> None:
     database away, say), and what it was serving was lost. Its DOWN is written now, with its own cause, so that the
     node's timeline, the incident and a spare see the failure a slower restart would have shown them. A session of
     the run before the control plane started is judged as mark_silent_nodes_down judges it: gone, not failed."""
-    started = Cluster.default().control_plane_started_at
+    started = Cluster.default().state.control_plane_started_at
     heard = node.last_seen_at.timestamp() if node.last_seen_at else None
     if _of_a_previous_run(node, heard, started):
         cause = f"session {node.session[:8]} ended before the control plane started at {started:%H:%M:%S} UTC"
@@ -309,7 +309,7 @@ def mark_silent_nodes_down() -> list[str]:
     miss = settings.LIFELINE_HEARTBEAT_MISS_S
     now = time.time()
     downed = []
-    started = Cluster.default().control_plane_started_at
+    started = Cluster.default().state.control_plane_started_at
     silent = hot.silent_nodes(now - miss)
     if _deaf(silent, now, started):
         return []

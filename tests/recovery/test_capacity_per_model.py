@@ -44,7 +44,7 @@ def test_one_models_loss_raises_its_own_level_and_not_the_other_models(commit, t
     assert commit(capacity.evaluate, 1001.0) == 2  # the fleet's level: the worst model's
     assert ModelCapacity.of(QWEN).degradation_level == 2
     assert ModelCapacity.of(LLAMA).degradation_level == 0
-    assert Cluster.default().degradation_level == 2
+    assert Cluster.default().state.degradation_level == 2
     change = DegradationChange.objects.get()
     assert change.model_key == QWEN and change.cause.startswith(f"{QWEN}: capacity")
 

@@ -19,6 +19,7 @@ from recovery.models import (
     AuditEntry,
     CanaryGolden,
     Cluster,
+    ClusterState,
     Drain,
     HealthTransition,
     ModelCapacity,
@@ -69,8 +70,14 @@ def register(
     return node, reg
 
 
+STATE = {f.name for f in ClusterState._meta.get_fields()}
+
+
 def configure(**fields):
-    Cluster.objects.filter(pk=Cluster.default().pk).update(**fields)
+    """The cluster's settings, and its live state (ClusterState) where a field is one of that."""
+    cluster = Cluster.default()
+    Cluster.objects.filter(pk=cluster.pk).update(**{k: v for k, v in fields.items() if k not in STATE})
+    ClusterState.objects.filter(cluster=cluster).update(**{k: v for k, v in fields.items() if k in STATE})
 
 
 def objective(model="Qwen3-32B", **fields):
@@ -78,7 +85,7 @@ def objective(model="Qwen3-32B", **fields):
     ModelCapacity.objects.filter(pk=ModelCapacity.of(model).pk).update(**fields)
     if "degradation_level" in fields:
         worst = max(ModelCapacity.objects.values_list("degradation_level", flat=True))
-        Cluster.objects.filter(pk=Cluster.default().pk).update(degradation_level=worst)
+        ClusterState.objects.filter(cluster=Cluster.default()).update(degradation_level=worst)
 
 
 def weight(name):
@@ -174,10 +181,9 @@ def test_latency_is_not_judged_during_the_control_planes_start_up_grace(pair, co
     for _ in range(policy.BASELINE_SAMPLES):
         _canary_round(commit, names)
     inject(a, "slow", factor=10)
-    cluster = Cluster.default()
-    Cluster.objects.filter(pk=cluster.pk).update(control_plane_started_at=timezone.now(), startup_grace_s=60)
+    configure(control_plane_started_at=timezone.now(), startup_grace_s=60)
     assert commit(health.run_canary, Node.objects.get(name="hc-a")).passed
-    Cluster.objects.filter(pk=cluster.pk).update(control_plane_started_at=timezone.now() - timedelta(seconds=120))
+    configure(control_plane_started_at=timezone.now() - timedelta(seconds=120))
     late = commit(health.run_canary, Node.objects.get(name="hc-a"))
     assert late.kind == "latency_spike" and "against a baseline of" in late.detail
 
@@ -321,13 +327,13 @@ def test_the_cluster_breaker_stops_automatic_cordons_until_an_admin_resets_it(co
     assert nodes[0].health == Health.UNHEALTHY  # the one cordon 10% of four nodes allows
     assert nodes[1].health == Health.SUSPICIOUS and weight("hc-cb-1") == 0.5  # stopped: it stays in routing
     cluster = Cluster.default()
-    assert cluster.auto_cordon_breaker_open and "one more (hc-cb-1)" in cluster.auto_cordon_breaker_reason
+    assert cluster.state.auto_cordon_breaker_open and "one more (hc-cb-1)" in cluster.state.auto_cordon_breaker_reason
     react()
     assert Drain.objects.filter(node=nodes[1], state=DrainState.PROPOSED).exists()  # a person decides
     with pytest.raises(ValueError, match="reason"):
         health.reset_cluster_breaker(cluster, cast["admin"], "  ")
     health.reset_cluster_breaker(cluster, cast["admin"], "driver rolled back")
-    assert not Cluster.default().auto_cordon_breaker_open
+    assert not Cluster.default().state.auto_cordon_breaker_open
     assert AuditEntry.objects.filter(action="cluster_breaker_reset", actor="admin").exists()
 
 
@@ -826,7 +832,7 @@ def test_a_settings_change_never_undoes_what_the_control_plane_wrote_meanwhile(c
     )
     assert response.status_code == 200 and response.json()["changed"] == ["degradation_hold_s"]
     row = Cluster.objects.get(pk=stale.pk)
-    assert row.degradation_hold_s == 7 and row.degradation_level == 2  # ...and the save leaves it where Celery put it
+    assert row.degradation_hold_s == 7 and row.state.degradation_level == 2  # ...and the save leaves Celery's level
 
 
 def test_the_control_planes_own_metrics(client, cast, commit, tokens):

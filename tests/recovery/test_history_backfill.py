@@ -149,7 +149,7 @@ def test_level_changes_are_simulated_handled_and_never_the_live_level(backfilled
     assert max(c.new_level for c in changes) >= 2
     assert [c.new_level for c in changes.order_by("at")][-1] == 0  # the history ends on a whole fleet
     assert reactions.process() == 0  # nothing for recovery.reactions to act on
-    assert Cluster.default().degradation_level == 0
+    assert Cluster.default().state.degradation_level == 0
     assert all(h["simulated"] for h in degradation_history())
 
 

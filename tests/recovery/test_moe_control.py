@@ -17,6 +17,7 @@ from recovery.choices import EventKind, ExpertWorkerState, NodeState
 from recovery.models import (
     AuditEntry,
     Cluster,
+    ClusterState,
     DegradationChange,
     ExpertWorkerNode,
     Incident,
@@ -190,8 +191,9 @@ def test_an_ew_not_heard_since_the_control_plane_started_is_awaited_through_the_
     assert ExpertWorkerNode.objects.get(name="ew-1").state == ExpertWorkerState.DOWN
     # The grace over, ew-0, still unheard, is lost too.
     cluster = Cluster.default()
-    Cluster.objects.filter(pk=cluster.pk).update(
-        control_plane_started_at=cluster.control_plane_started_at - dt.timedelta(seconds=cluster.startup_grace_s + 1)
+    started = cluster.state.control_plane_started_at
+    ClusterState.objects.filter(cluster=cluster).update(
+        control_plane_started_at=started - dt.timedelta(seconds=cluster.startup_grace_s + 1)
     )
     moe.watch()
     assert ExpertWorkerNode.objects.get(name="ew-0").state == ExpertWorkerState.DOWN

@@ -282,7 +282,7 @@ def test_a_node_of_the_run_before_the_control_plane_started_is_recorded_gone_not
     """A restart of the whole stack: the old session began, and was last heard, before the control plane started."""
     from django.utils import timezone
 
-    from recovery.models import Cluster
+    from recovery.models import Cluster, ClusterState
 
     first = registration()
     with django_capture_on_commit_callbacks(execute=True):
@@ -290,7 +290,7 @@ def test_a_node_of_the_run_before_the_control_plane_started_is_recorded_gone_not
     with django_capture_on_commit_callbacks(execute=True):
         beat(node_api, "node-x", first["session"])
     Node.objects.filter(name="node-x").update(last_seen_at=timezone.now())
-    Cluster.objects.filter(pk=Cluster.default().pk).update(control_plane_started_at=timezone.now())
+    ClusterState.objects.filter(cluster=Cluster.default()).update(control_plane_started_at=timezone.now())
     with django_capture_on_commit_callbacks(execute=True):
         node_api("/api/nodes/register", registration())
     down = NodeTransition.objects.get(node__name="node-x", new_state="down")

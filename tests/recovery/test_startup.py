@@ -167,7 +167,7 @@ def test_celery_beat_starting_is_the_control_plane_starting(commit, tokens):
     hot.client().delete(hot.keys().heartbeats_ingested)  # the control plane's first start: no heartbeat taken in yet
     before = timezone.now()
     commit(beat_init.send, sender=None)
-    started = Cluster.default().control_plane_started_at
+    started = Cluster.default().state.control_plane_started_at
     assert started is not None and started >= before
 
 
@@ -183,10 +183,8 @@ def test_beat_restarting_alone_while_the_fleet_is_heard_is_not_a_start_and_a_nod
 
     settings.LIFELINE_HEARTBEAT_MISS_S = 0.5
     commit(capacity.control_plane_started)
-    Cluster.objects.filter(pk=Cluster.default().pk).update(
-        control_plane_started_at=timezone.now() - dt.timedelta(minutes=10)
-    )
-    started = Cluster.default().control_plane_started_at
+    configure(control_plane_started_at=timezone.now() - dt.timedelta(minutes=10))
+    started = Cluster.default().state.control_plane_started_at
     node, _ = commit(register, "su-j-node")
     spare, _ = commit(register, "su-j-spare", spare=True)
     for name in ("su-j-node", "su-j-spare"):
@@ -194,7 +192,7 @@ def test_beat_restarting_alone_while_the_fleet_is_heard_is_not_a_start_and_a_nod
     Node.objects.filter(pk__in=(node.pk, spare.pk)).update(session_started_at=started + dt.timedelta(minutes=1))
     # su-j-node dies; beat restarts while the spare is still heard.
     commit(beat_init.send, sender=None)
-    assert Cluster.default().control_plane_started_at == started  # not moved: beat alone restarted
+    assert Cluster.default().state.control_plane_started_at == started  # not moved: beat alone restarted
     for _ in range(3):
         time.sleep(0.2)
         hot.heartbeat("su-j-spare", time.time(), "serving", {})
@@ -211,10 +209,10 @@ def test_beat_starting_after_the_fleet_went_unheard_longer_than_the_deaf_allowan
     hot.heartbeat("su-k", six_ago, "serving", {}, taken=six_ago)  # the last beat taken in: 6 s ago, the web away
     before = timezone.now()
     assert capacity.beat_started() is not None
-    assert Cluster.default().control_plane_started_at >= before
+    assert Cluster.default().state.control_plane_started_at >= before
     hot.heartbeat("su-k", time.time(), "serving", {})
-    later = Cluster.default().control_plane_started_at
-    assert capacity.beat_started() is None and Cluster.default().control_plane_started_at == later
+    later = Cluster.default().state.control_plane_started_at
+    assert capacity.beat_started() is None and Cluster.default().state.control_plane_started_at == later
 
 
 def test_beat_starting_while_redis_is_away_waits_for_it_instead_of_losing_the_start(commit, tokens, monkeypatch):
@@ -240,7 +238,7 @@ def test_beat_starting_while_redis_is_away_waits_for_it_instead_of_losing_the_st
     results = commit(beat_init.send, sender=None)
     assert [error for _, error in results if isinstance(error, Exception)] == []  # nothing raised into Celery's log
     assert len(calls) == 3 and waits == [1, 2]  # backoff, then the start went through
-    assert Cluster.default().control_plane_started_at >= before
+    assert Cluster.default().state.control_plane_started_at >= before
 
 
 def test_a_node_lost_after_beat_alone_restarts_is_a_loss_not_a_joining_node(commit, tokens, react, settings):
