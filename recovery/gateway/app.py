@@ -48,7 +48,6 @@ class GatewayConfig:
 
 VIEW_KEY = web.AppKey("view", RoutingView)
 COORDINATOR_KEY = web.AppKey("coordinator", Coordinator)
-METRICS_KEY = web.AppKey("metrics", object)
 REGISTRY_KEY = web.AppKey("registry", CollectorRegistry)
 TASKS_KEY = web.AppKey("tasks", list)
 STARTED_KEY = web.AppKey("started", int)
@@ -135,6 +134,9 @@ class GatewayMetrics:
                 self.shed.labels(model, tier)
                 self.tokens_lost.labels(tier, model)
             self.zeroed.add(model)
+
+
+METRICS_KEY = web.AppKey("metrics", GatewayMetrics)
 
 
 def _authenticate(request: web.Request) -> Tenant | None:
@@ -266,7 +268,7 @@ async def _serve(request: web.Request, path: str) -> web.StreamResponse:
         return response
     except ClientGone:
         status = "client_gone"
-        response = relay.response
+        response = relay.stream  # gone while being written to: its response exists
         return response
     except asyncio.CancelledError:
         status = "client_gone"
@@ -350,7 +352,8 @@ def _report(app: web.Application, flight: Flight, relay: Relay, status: str, cod
     metrics.answered(status, flight.tier, code, flight.model)
     ttft = (flight.first_token_at - flight.started) if flight.first_token_at else None
     n = len(flight.generated)
-    tpot = ((flight.last_token_at - flight.first_token_at) / (n - 1)) if n > 1 and flight.first_token_at else None
+    first, last = flight.first_token_at, flight.last_token_at
+    tpot = ((last - first) / (n - 1)) if n > 1 and first is not None and last is not None else None
     if ttft is not None:
         metrics.ttft.labels(flight.tier, flight.model).observe(ttft)
     if tpot is not None:

@@ -14,7 +14,9 @@ import asyncio
 import logging
 import math
 import time
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 
@@ -103,6 +105,12 @@ class Coordinator:
         self.watcher.start()
         self.view.listeners.append(self.fleet.rebuild)
         self.fleet.rebuild()
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        """The session calls to nodes go through; start() opens it."""
+        assert self._session is not None, "start() opens the session before any call to a node"
+        return self._session
 
     async def close(self) -> None:
         await self.watcher.close()
@@ -196,7 +204,7 @@ class Coordinator:
 
     async def send(self, route: Route, path: str, payload: dict) -> aiohttp.ClientResponse:
         """POST a request to a node, its stream read as it comes (no read timeout: the relay watches for stalls)."""
-        return await self._session.post(
+        return await self.session.post(
             route.address + path, json=payload, timeout=aiohttp.ClientTimeout(total=None, connect=2, sock_read=None)
         )
 
@@ -299,7 +307,7 @@ class Coordinator:
             return set()
         return {r.name for r in self.view.candidates(flight.model) if not flight.trust.trusts(r)}
 
-    def routable(self, model: str, exclude: set[str] = frozenset()) -> dict[str, Route]:
+    def routable(self, model: str, exclude: AbstractSet[str] = frozenset()) -> dict[str, Route]:
         return {r.name: r for r in self.view.candidates(model) if r.name not in self.failed and r.name not in exclude}
 
     def l_hat(self, name: str) -> float:
@@ -345,7 +353,7 @@ class Coordinator:
             return "the fleet is starting: no node of it has finished loading its model yet"
         return "no node can take it"
 
-    def choose(self, model: str, prompt_tokens: int, exclude: set[str] = frozenset()) -> Route | None:
+    def choose(self, model: str, prompt_tokens: int, exclude: AbstractSet[str] = frozenset()) -> Route | None:
         """The least-loaded node for a new request (document 002), by its predicted status and pending work."""
         name = self.fleet.choose(model, prompt_tokens, exclude)
         return self.view.routes.get(name) if name else None
@@ -409,7 +417,9 @@ class Coordinator:
             route.name, route.placement, self.l_hat(route.name), self.watcher.status(route.name), route.deployment
         )
 
-    def _plan(self, failed_node: str, only: list[Flight] | None = None, exclude: set[str] = frozenset()) -> None:
+    def _plan(
+        self, failed_node: str, only: list[Flight] | None = None, exclude: AbstractSet[str] = frozenset()
+    ) -> None:
         stranded = only if only is not None else [f for f in self.flights.values() if f.node == failed_node]
         by_trust: dict[Trust | None, list[Flight]] = {}
         for flight in stranded:  # a restricted key's requests are planned among the nodes it trusts only
@@ -510,7 +520,7 @@ class Coordinator:
 
     async def _set_holders(self, flight: Flight, serving: Route, lost: str, holders: list[Route]) -> None:
         try:
-            async with self._session.post(
+            async with self.session.post(
                 f"{serving.address}/agent/requests/{flight.request_id}/holders",
                 json={"holders": [h.peer() for h in holders]},
             ) as response:
@@ -564,7 +574,7 @@ class Coordinator:
         """Move every request this gateway has on `name` elsewhere, live, at token boundaries."""
         moving = [f for f in self.flights.values() if f.node == name and f.request_id not in self._planned]
         source = self.view.routes.get(name)
-        results = {
+        results: dict[str, Any] = {
             "command": command,
             "node": name,
             "gateway": self.name,
@@ -602,7 +612,7 @@ class Coordinator:
                 "handed_over": handed_over,
             }
             try:
-                async with self._session.post(
+                async with self.session.post(
                     f"{source.address}/agent/requests/{flight.request_id}/migrate",
                     json={"target": target.peer(), "transfer": method == "transfer"},
                 ) as response:

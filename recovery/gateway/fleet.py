@@ -18,6 +18,7 @@ indexes.
 
 import time
 from collections import deque
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from recovery.gateway.table import RoutingView
@@ -53,7 +54,7 @@ class FleetState:
         self._recent_count: dict[str, int] = {}  # placements behind each sum: at 0 the sum goes, whatever rounding left
         self._stale: set[str] = set()  # holders whose L̂ moved since their candidate was made: re-ranked before a use
         self._kv: dict[str, tuple[int, int]] = {}  # model -> its KV bytes per token and per block
-        self._signature = None
+        self._signature: tuple | None = None
 
     # --- events ---------------------------------------------------------------------------
     def rebuild(self) -> None:
@@ -79,7 +80,7 @@ class FleetState:
     def node_changed(self, name: str) -> None:
         """A status event from `name`, or the gateway lost it or got it back."""
         pool, route = self._pool_of(name)
-        if pool is not None:
+        if pool is not None and route is not None:
             pool.nodes.set(name, self._entry(route))
             pool.holders.set(self._holder(route))
             self._stale.discard(name)
@@ -162,7 +163,12 @@ class FleetState:
         return pool.nodes.choose(prompt_tokens, self.clock(), exclude, upkeep=False)
 
     def place(
-        self, model: str, serving: str, request_tokens: int, prefix_tokens: int, exclude: set[str] = frozenset()
+        self,
+        model: str,
+        serving: str,
+        request_tokens: int,
+        prefix_tokens: int,
+        exclude: AbstractSet[str] = frozenset(),
     ) -> tuple[str, ...]:
         """Holders for a request on `serving` by the cluster's policy; never one of `exclude` (nodes its key does
         not trust)."""
@@ -208,5 +214,5 @@ class FleetState:
 
     def _refresh_holder(self, name: str) -> None:
         pool, route = self._pool_of(name)
-        if pool is not None:
+        if pool is not None and route is not None:
             pool.holders.set(self._holder(route))

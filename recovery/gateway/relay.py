@@ -15,6 +15,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -189,12 +190,12 @@ class Relay:
             async with upstream:
                 if upstream.status != 200:
                     co.refused(flight, route.name)
-                    answer = await upstream.read()
+                    refusal = await upstream.read()
                     if upstream.status >= 500 and upstream.status != 503:
                         # The node failed this request but answers: the node's fault, or the request's? A second
                         # node decides. If it fails there too, the request is poison: it stops here and counts
                         # against no node. If another node serves it, the first one's breaker counts it.
-                        failure = Failure(route.name, upstream.status, answer[:200].decode(errors="replace"))
+                        failure = Failure(route.name, upstream.status, refusal[:200].decode(errors="replace"))
                         if self._failure is not None:
                             return await self._request_failed(self._failure, failure)
                         self._failure = failure
@@ -207,7 +208,7 @@ class Relay:
                         return await self._give_up(f"{route.name} refused to continue it ({upstream.status})")
                     return web.Response(
                         status=upstream.status,
-                        body=answer,
+                        body=refusal,
                         content_type="application/json",
                         headers={"X-Lifeline-Node": route.name, "X-Request-Id": flight.request_id},
                     )
@@ -390,7 +391,7 @@ class Relay:
             if ids and ids.group(1):
                 now = time.monotonic()
                 pace.timeout, pace.waiting_since = stall, now
-                if resumed:
+                if resumed and decision is not None:  # a resume is always a decision's
                     await self._announce(node, decision, broke_at, now, chunk, reason)
                     resumed = False
                 if self.streamed_on != node:
@@ -603,15 +604,21 @@ class Relay:
             if not self._done_sent:
                 raise ClientGone(str(exc)) from None
 
+    @property
+    def stream(self) -> web.StreamResponse:
+        """The client's stream, once something was written to it (_write prepares it)."""
+        assert self.response is not None, "a stream is written to (_write) before it is ended"
+        return self.response
+
     async def _finish(self) -> web.StreamResponse:
         if self.client_stream:
             if self.response is None:
                 await self._write(b"")
             try:
-                await self.response.write_eof()
+                await self.stream.write_eof()
             except ConnectionResetError:
                 pass  # the client had its last event ([DONE]) and hung up first: the answer is complete
-            return self.response
+            return self.stream
         return web.json_response(
             self._assemble(),
             headers={
@@ -625,7 +632,8 @@ class Relay:
         """A non-streaming answer from the chunks, however many nodes they came from."""
         first = next((c for c in self.chunks if c.get("choices")), {})
         chat = first.get("object", "").startswith("chat")
-        text, logprobs = [], None
+        text: list[str] = []
+        logprobs: dict[str, Any] | None = None
         for chunk in self.chunks:
             for choice in chunk.get("choices", []):
                 text.append(choice.get("delta", {}).get("content") or "" if chat else choice.get("text") or "")
@@ -697,8 +705,8 @@ class Relay:
         }
         if self.client_stream:
             await self._write(f"data: {json.dumps(error)}\n\n".encode())
-            await self.response.write_eof()
-            return self.response
+            await self.stream.write_eof()
+            return self.stream
         return web.json_response(error, status=500)
 
     async def fail_stream(self, reason: str) -> web.StreamResponse:
@@ -713,11 +721,11 @@ class Relay:
             }
         }
         try:
-            await self.response.write(f"data: {json.dumps(error)}\n\n".encode())
-            await self.response.write_eof()
+            await self.stream.write(f"data: {json.dumps(error)}\n\n".encode())
+            await self.stream.write_eof()
         except (ConnectionResetError, RuntimeError):
             pass
-        return self.response
+        return self.stream
 
     async def _give_up(self, reason: str) -> web.StreamResponse:
         """Nothing can continue the request: 503 before anything was sent, an error event after."""
@@ -741,6 +749,6 @@ class Relay:
         }
         if self.client_stream:
             await self._write(f"data: {json.dumps(error)}\n\n".encode())
-            await self.response.write_eof()
-            return self.response
+            await self.stream.write_eof()
+            return self.stream
         return web.json_response(error, status=503, headers={"Retry-After": str(RETRY_AFTER_S)})

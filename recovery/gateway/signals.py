@@ -12,6 +12,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
@@ -44,14 +45,14 @@ class Signals:
 
     def emit(self, signal: Signal) -> None:
         """Tell the control plane (recovery.protocol's signals, read back by recovery.actions.streams)."""
-        fields = {"kind": signal.KIND, "gateway": self.gateway, "data": json.dumps(signal.to_wire())}
+        fields: dict[Any, Any] = {"kind": signal.KIND, "gateway": self.gateway, "data": json.dumps(signal.to_wire())}
         self._write(
             f"a signals entry ({signal.KIND})",
             lambda pipe: pipe.xadd(self.keys.signals, fields, maxlen=MAX_SIGNALS, approximate=True),
         )
 
     def outcome(self, **data) -> None:
-        fields = {"gateway": self.gateway, "data": json.dumps(data)}
+        fields: dict[Any, Any] = {"gateway": self.gateway, "data": json.dumps(data)}
         self._write(
             "an outcomes entry",
             lambda pipe: pipe.xadd(self.keys.outcomes, fields, maxlen=MAX_OUTCOMES, approximate=True),

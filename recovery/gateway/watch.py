@@ -15,6 +15,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from typing import cast
 
 import aiohttp
 
@@ -22,6 +23,7 @@ from recovery.gateway.table import RoutingView
 from recovery.policy.load import ClockOffset, NodeStatus, Pending
 from recovery.protocol import Route
 from workers.aio import cancel
+from workers.protocol import RoutingStatus
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +50,7 @@ class NodeWatcher:
         self.headers = headers or {}
         self.clock = clock  # the gateway's epoch seconds: what a node's status time is put on
         self._clocks: dict[str, ClockOffset] = {}  # node -> its clock's offset from ours, as its statuses show it
-        self.statuses: dict[str, NodeStatus] = {}
+        self.statuses: dict[str, RoutingStatus] = {}  # every figure a number (NodeStatus.from_event, or defaults)
         self.pending: dict[str, Pending] = {}
         self._ledger: dict[str, dict[str, int]] = {}  # node -> request id -> prompt tokens, until the node confirms
         self._tasks: dict[str, tuple[str, asyncio.Task]] = {}  # node -> (session, task)
@@ -99,6 +101,7 @@ class NodeWatcher:
         while True:
             connected = False
             try:
+                assert self._session is not None, "start() opens the session before any stream is followed"
                 async with self._session.get(route.address + "/agent/events") as response:
                     response.raise_for_status()
                     connected = True
@@ -192,10 +195,10 @@ class NodeWatcher:
         for prompt in self._ledger.pop(name, {}).values():
             self.pending_for(name).confirm(prompt)
 
-    def status(self, name: str) -> NodeStatus:
+    def status(self, name: str) -> RoutingStatus:
         status = self.statuses.get(name)
         if status is None:  # not heard from yet: idle as far as we know (kept, so it is the same object next time)
-            status = self.statuses[name] = NodeStatus(at=self.clock())
+            status = self.statuses[name] = cast(RoutingStatus, NodeStatus(at=self.clock()))
         return status
 
     def pending_for(self, name: str) -> Pending:

@@ -199,7 +199,9 @@ _rankings: dict[int, _Ranking] = {}
 _lock = threading.Lock()
 
 
-def _by_load(candidates: Sequence[HolderCandidate]) -> tuple[Iterator[HolderCandidate], _Ranking | None]:
+def _by_load(
+    candidates: "Sequence[HolderCandidate] | HolderRanking",
+) -> tuple[Iterator[HolderCandidate], _Ranking | None]:
     """The candidates in order of (L̂, name), and the ranking that keeps that order if there is one: the caller's
     HolderRanking, the ranking kept for this list, or (None) a scan."""
     if isinstance(candidates, HolderRanking):
@@ -234,7 +236,7 @@ def second_copy_fits(bytes_held: int, budget_bytes: int, request_bytes: int) -> 
     return bytes_held + request_bytes <= SECOND_COPY_SHARE * budget_bytes
 
 
-def _fixed_neighbour(serving: str, candidates: Sequence[HolderCandidate]) -> HolderCandidate | None:
+def _fixed_neighbour(serving: str, candidates: "Sequence[HolderCandidate] | HolderRanking") -> HolderCandidate | None:
     alive = [c for c in candidates if c.alive and c.name != serving]
     after = [c for c in alive if c.name > serving]
     return min(after or alive, key=_NAME, default=None)
@@ -243,7 +245,7 @@ def _fixed_neighbour(serving: str, candidates: Sequence[HolderCandidate]) -> Hol
 def place(
     policy: str,
     serving: str,
-    candidates: Sequence[HolderCandidate],
+    candidates: "Sequence[HolderCandidate] | HolderRanking",
     request_bytes: int,
     prefix_tokens: int,
     tau: int = 512,
