@@ -140,14 +140,18 @@ def _take_out(node: Node, cluster: Cluster, cause: str, details: dict, remediati
         )
         return False
     window_start = timezone.now() - dt.timedelta(seconds=cluster.auto_cordon_window_s)
-    recent = HealthTransition.objects.filter(
-        kind=HealthChange.HEALTH, new=Health.UNHEALTHY, actor="system", at__gte=window_start
-    ).count()
+    # The share is of the fleet: a node cordoned again in the window (back, then sick again) is no more of it.
+    recent = set(
+        HealthTransition.objects.filter(
+            kind=HealthChange.HEALTH, new=Health.UNHEALTHY, actor="system", at__gte=window_start
+        ).values_list("node_id", flat=True)
+    )
     fleet = Node.objects.filter(state=NodeState.SERVING).count()
-    if breakers.cluster_breaker_trips(recent, fleet, cluster.auto_cordon_max_share):
+    if node.pk not in recent and breakers.cluster_breaker_trips(len(recent), fleet, cluster.auto_cordon_max_share):
         allowed = breakers.auto_cordons_allowed(fleet, cluster.auto_cordon_max_share)
         why = (
-            f"{recent} automatic cordons in the last {cluster.auto_cordon_window_s} s; "
+            f"{len(recent)} node{'s' if len(recent) != 1 else ''} cordoned automatically in the last "
+            f"{cluster.auto_cordon_window_s} s; "
             f"one more ({node.name}) would pass the "
             f"{allowed} allowed ({cluster.auto_cordon_max_share:.0%} of {fleet} nodes)"
         )

@@ -72,19 +72,33 @@ async def decode(refe: Refe, tokens: dict[str, bytes], steps: int, on_layer=None
     longest, last, done = 0.0, time.monotonic(), 0
     for _ in range(steps):
         for layer in range(LAYERS):
-            try:
-                tokens = await refe.layer(layer, tokens)
-            except NoLocation as exc:
-                # As the attention worker does (workers/refe.py, _layer): an EW taken as down for its silence alone
-                # (a live one on a loaded host that missed its probes) is asked again before the expert is lost.
-                if not await refe.recheck(exc.expert):
-                    raise
-                tokens = await refe.layer(layer, tokens)
+            tokens = await _layer_as_the_aw_does(refe, layer, tokens)
             now = time.monotonic()
             longest, last, done = max(longest, now - last), now, done + 1
             if on_layer:
                 on_layer(done)
     return tokens, longest
+
+
+async def _layer_as_the_aw_does(refe: Refe, layer: int, tokens: dict[str, bytes], wait_s: float = 5.0):
+    """One layer, as the attention worker runs it (workers/refe.py, ExpertPath._layer): where an expert has no live
+    location because the EWs holding it were taken as down for their silence alone (live ones on a loaded host that
+    missed their 10 ms probes), they are asked again, and the layer waits for one to be used again (its background
+    probe) rather than losing the expert. Raising on the first failed ask, as this helper once did, failed a suite
+    run beside other work: the ask itself timed out (0.2 s) while the EW lived ("expert 7 has no live location")."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return await refe.layer(layer, tokens)
+        except NoLocation as exc:
+            if time.monotonic() > deadline or not (set(refe.ert.experts[exc.expert].ews()) & refe.silent):
+                raise  # lost for good: no holder of it is only silent
+            refe.back.clear()
+            if not await refe.recheck(exc.expert):
+                try:
+                    await asyncio.wait_for(refe.back.wait(), max(deadline - time.monotonic(), 0.01))
+                except TimeoutError:
+                    pass
 
 
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "hung"])
