@@ -143,22 +143,7 @@ def _symptom(signal: protocol.Symptom, source: str, gateway: str) -> None:
 
 
 def _request_moved(signal: protocol.RequestMoved, source: str, gateway: str) -> None:
-    node = Node.objects.filter(name=signal.from_node).first()
-    incident = incidents.open_incident_for(node) if node else None
-    if incident is None:
-        return
-    data = signal.to_wire()
-    with transaction.atomic():
-        incidents.add_event(
-            incident,
-            EventKind.REQUEST_MOVED,
-            describe_move(data),
-            at=signal.at,
-            source=source,
-            node=node,
-            request_id=signal.request_id,
-            details=data,
-        )
+    _on_lost_nodes_incident(signal.from_node, EventKind.REQUEST_MOVED, describe_move, signal, source)
 
 
 def _request_resumed(signal: protocol.RequestResumed, source: str, gateway: str) -> None:
@@ -182,19 +167,24 @@ def _request_resumed(signal: protocol.RequestResumed, source: str, gateway: str)
 
 
 def _holder_replaced(signal: protocol.HolderReplaced, source: str, gateway: str) -> None:
-    lost = Node.objects.filter(name=signal.lost).first()
-    incident = incidents.open_incident_for(lost) if lost else None
+    _on_lost_nodes_incident(signal.lost, EventKind.HOLDER_REPLACED, describe_replacement, signal, source)
+
+
+def _on_lost_nodes_incident(name: str, kind: str, describe, signal, source: str) -> None:
+    """A request's fate on the timeline of the open incident of the node it lost (none open: nothing to add)."""
+    node = Node.objects.filter(name=name).first()
+    incident = incidents.open_incident_for(node) if node else None
     if incident is None:
         return
     data = signal.to_wire()
     with transaction.atomic():
         incidents.add_event(
             incident,
-            EventKind.HOLDER_REPLACED,
-            describe_replacement(data),
+            kind,
+            describe(data),
             at=signal.at,
             source=source,
-            node=lost,
+            node=node,
             request_id=signal.request_id,
             details=data,
         )

@@ -429,33 +429,14 @@ async def test_an_engine_serving_another_model_or_without_metrics_is_refused(eng
 
 
 def test_a_node_in_front_of_a_mismatched_engine_never_registers(tmp_path):
-    async def serve():  # an engine serving another model, in this process's own loop, in a thread
-        runner = web.AppRunner(fake_vllm([], [], models=("other/model",)))
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        return runner, site._server.sockets[0].getsockname()[1]
-
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    runner, port = asyncio.run_coroutine_threadsafe(serve(), loop).result(5)
-    try:
+    with served_in_a_thread(fake_vllm([], [], models=("other/model",))) as url:
         node = NodeProcess(
-            "mismatched",
-            "--engine-url",
-            f"http://127.0.0.1:{port}",
-            "--control-url",
-            "http://127.0.0.1:9",
-            log_dir=tmp_path,
+            "mismatched", "--engine-url", url, "--control-url", "http://127.0.0.1:9", log_dir=tmp_path
         ).start()
         assert node.proc.wait(timeout=20) == 3
         log = (tmp_path / "mismatched.log").read_text()
         assert "refusing to register" in log and "serves other/model, not 'Qwen/Qwen3-32B'" in log
         assert "control plane" not in log  # it never tried to register
-    finally:
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(5)
-        loop.call_soon_threadsafe(loop.stop)
 
 
 @contextlib.contextmanager
